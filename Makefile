@@ -1,0 +1,33 @@
+# Set-up and the main jobs. `make demo` and `make test` work on a fresh clone: they create
+# .venv, install torch 2.13.0 (the CPU test oracle) first, then symgrad with its extras,
+# pinned by constraints.txt.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test lint bench clean
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev,fast]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m symgrad.demo
+
+test: $(STAMP)
+	$(PY) -m ruff check symgrad tests benchmarks
+	$(PY) -m pytest -n 2 -q
+
+lint: $(STAMP)
+	$(PY) -m ruff check symgrad tests benchmarks
+
+bench: $(STAMP)
+	$(PY) benchmarks/bench_core.py
+
+clean:
+	rm -rf $(VENV) demo-output test-artifacts .pytest_cache

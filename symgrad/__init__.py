@@ -1,0 +1,41 @@
+"""symgrad: a PyTorch-shaped autograd engine whose gradients you can see and prove.
+
+``import symgrad as sg`` gives torch-like tensors, autograd and (lazily) the SymPy
+verifier. Importing stays light: SymPy, symengine, numba.cuda and ipywidgets load on
+first use.
+"""
+
+from __future__ import annotations
+
+from . import autograd, cuda, ops
+from .autograd import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled
+from .creation import (arange, empty, empty_like, eye, from_numpy, full, full_like, linspace,
+                       manual_seed, ones, ones_like, rand, randint, randn, zeros, zeros_like)
+from .device import device
+from .dtypes import bool_ as bool  # noqa: A001
+from .dtypes import dtype, float32, float64, int64
+from .functional import (abs, add, clone, cos, div, dot, eq, exp, expand, flatten, ge, gt,
+                         le, log, logical_not, lt, matmul, mean, mm, mul, mv, ne, neg, permute,
+                         pow, reciprocal, relu, reshape, sigmoid, sign, sin, sqrt, squeeze, sub,
+                         sum, t, tanh, transpose, unsqueeze, view, where)
+from .memory import max_memory_allocated, memory_allocated, reset_peak_memory_stats
+from .tensor import Size, Tensor, tensor
+
+float = float32  # noqa: A001
+double = float64
+long = int64
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Tensor", "Size", "tensor", "dtype", "device", "float32", "float64", "int64", "bool",
+    "float", "double", "long", "autograd", "cuda", "ops",
+    "no_grad", "enable_grad", "set_grad_enabled", "inference_mode", "is_grad_enabled",
+    "zeros", "ones", "full", "empty", "zeros_like", "ones_like", "full_like", "empty_like",
+    "eye", "arange", "linspace", "rand", "randn", "randint", "from_numpy", "manual_seed",
+    "add", "sub", "mul", "div", "neg", "pow", "exp", "log", "sin", "cos", "tanh", "sigmoid",
+    "relu", "sqrt", "abs", "sign", "reciprocal", "sum", "mean", "matmul", "mm", "mv", "dot",
+    "t", "transpose", "permute", "reshape", "view", "flatten", "squeeze", "unsqueeze",
+    "expand", "clone", "where", "eq", "ne", "gt", "ge", "lt", "le", "logical_not",
+    "memory_allocated", "max_memory_allocated", "reset_peak_memory_stats",
+]

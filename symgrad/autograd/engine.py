@@ -1,0 +1,238 @@
+"""The backward engine: iterative, dependency-counted, PyTorch's execution order.
+
+``run_backward`` walks from the roots' grad_fns, counts how many edges point at each
+node, and runs a node once all its incoming gradients have arrived (highest sequence
+number first, as PyTorch does). It never recurses, so a 100,000-node chain is fine.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from .function import accumulator_of
+from .grad_mode import _state
+from .node import FREED_MESSAGE, AccumulateGrad, OpNode
+
+__all__ = ["run_backward"]
+
+
+def _needed_nodes(roots, targets):
+    """Nodes from which some target node is reachable (only these run with ``inputs=``)."""
+    needed: dict = {}
+    stack = [(r, False) for r in roots]
+    while stack:
+        node, expanded = stack.pop()
+        if expanded:
+            needed[node] = node in targets or any(
+                needed.get(n, False) for n, _ in node.next_functions if n is not None)
+            continue
+        if node in needed:
+            continue
+        needed[node] = False  # placeholder while visiting (graphs are acyclic)
+        stack.append((node, True))
+        for n, _ in node.next_functions:
+            if n is not None and n not in needed:
+                stack.append((n, False))
+    return {n for n, ok in needed.items() if ok}
+
+
+def run_backward(roots, grad_roots, *, retain_graph: bool, create_graph: bool,
+                 inputs=None, accumulate: bool = True, allow_unused: bool = False):
+    """Backpropagate ``grad_roots`` from ``roots``.
+
+    accumulate=True: add into leaves' ``.grad`` (``Tensor.backward``), restricted to
+    ``inputs`` when given. accumulate=False: return the gradients of ``inputs``
+    (``autograd.grad``) without touching any ``.grad``.
+    """
+    root_edges = []
+    for t in roots:
+        if t._grad_fn is not None:
+            root_edges.append((t._grad_fn, t._output_nr))
+        elif t._requires_grad:
+            root_edges.append((accumulator_of(t), 0))
+        else:
+            raise RuntimeError(
+                "element 0 of tensors does not require grad and does not have a grad_fn")
+
+    # Where the gradients of `inputs` are caught: {(node, output_nr): index in inputs}.
+    capture: dict = {}
+    if inputs is not None:
+        for i, t in enumerate(inputs):
+            if t._grad_fn is not None:
+                key = (t._grad_fn, t._output_nr)
+            elif t._requires_grad:
+                key = (accumulator_of(t), 0)
+            else:
+                raise RuntimeError("One of the differentiated Tensors does not require grad")
+            capture[key] = i
+        needed = _needed_nodes([n for n, _ in root_edges], {n for n, _ in capture})
+    else:
+        needed = None
+
+    # Dependency counts over the part of the graph that will run.
+    deps: dict = {}
+    seen = set()
+    stack = [n for n, _ in root_edges if needed is None or n in needed]
+    for n in stack:
+        seen.add(n)
+    while stack:
+        node = stack.pop()
+        for nxt, _ in node.next_functions:
+            if nxt is None or (needed is not None and nxt not in needed):
+                continue
+            deps[nxt] = deps.get(nxt, 0) + 1
+            if nxt not in seen:
+                seen.add(nxt)
+                stack.append(nxt)
+
+    buffers: dict = {}
+    shared = set()  # storages that alias a caller's tensor: never accumulated into in place
+    for (node, nr), g in zip(root_edges, grad_roots):
+        _add_to_buffer(buffers, node, nr, g)
+        shared.add(id(g._storage))
+
+    results = [None] * (len(inputs) if inputs is not None else 0)
+    ready = []
+    for node, _ in root_edges:
+        if deps.get(node, 0) == 0 and (needed is None or node in needed):
+            heapq.heappush(ready, (-node._sequence_nr, id(node), node))
+    queued = {id(n) for _, _, n in ready}
+
+    prev_mode = _state.enabled
+    _state.enabled = create_graph
+    try:
+        while ready:
+            _, _, node = heapq.heappop(ready)
+            grads = buffers.pop(node, None) or [None] * node._num_outputs()
+            grads = _run_pre_hooks(node, grads, shared)
+            stop_here = False
+            if capture:
+                for nr, g in enumerate(grads):
+                    idx = capture.get((node, nr))
+                    if idx is None:
+                        continue
+                    if accumulate:
+                        target = (node.variable if isinstance(node, AccumulateGrad)
+                                  else inputs[idx])
+                        _accumulate_into(target, g, create_graph, shared)
+                    else:
+                        results[idx] = g
+                # a captured node runs on only if other captures lie below it
+                stop_here = not any(nxt is not None and nxt in needed
+                                    for nxt, _ in node.next_functions)
+            if isinstance(node, AccumulateGrad):
+                if inputs is None and accumulate:
+                    _accumulate_into(node.variable, grads[0], create_graph, shared)
+                continue
+            if stop_here:
+                if not retain_graph:
+                    node._release()
+                continue
+            outs = _apply(node, grads, needed, shared)
+            if not retain_graph:
+                node._release()
+            for (nxt, nr), g in zip(node.next_functions, outs):
+                if nxt is None or (needed is not None and nxt not in needed):
+                    continue
+                if g is not None:
+                    _add_to_buffer(buffers, nxt, nr, g)
+                deps[nxt] -= 1
+                if deps[nxt] == 0 and id(nxt) not in queued:
+                    queued.add(id(nxt))
+                    heapq.heappush(ready, (-nxt._sequence_nr, id(nxt), nxt))
+    finally:
+        _state.enabled = prev_mode
+
+    if not accumulate and inputs is not None:
+        for i, r in enumerate(results):
+            if r is None and not allow_unused:
+                raise RuntimeError(
+                    "One of the differentiated Tensors appears to not have been used in the "
+                    "graph. Set allow_unused=True if this is the desired behavior.")
+            if r is not None and not create_graph:
+                results[i] = r.detach()
+        return tuple(results)
+    return None
+
+
+def _add_to_buffer(buffers, node, nr, g) -> None:
+    buf = buffers.get(node)
+    if buf is None:
+        buf = buffers[node] = [None] * node._num_outputs()
+    buf[nr] = g if buf[nr] is None else buf[nr] + g
+
+
+def _run_pre_hooks(node, grads, shared):
+    if node._tensor_hooks:
+        for nr, hooks in node._tensor_hooks.items():
+            for fn in list(hooks.values()):
+                if grads[nr] is None:
+                    continue
+                new = fn(grads[nr])
+                if new is not None:
+                    grads[nr] = new
+    if node._retained:
+        for nr, ref in node._retained.items():
+            t = ref()
+            if t is not None and grads[nr] is not None:
+                g = grads[nr]
+                t._grad = g if _state.enabled else g.detach()
+                shared.add(id(g._storage))
+    if node._pre_hooks:
+        for fn in list(node._pre_hooks.values()):
+            new = fn(tuple(grads))
+            if new is not None:
+                grads = list(new)
+    return grads
+
+
+def _apply(node, grads, needed, shared):
+    if isinstance(node, OpNode) and node._freed:
+        raise RuntimeError(FREED_MESSAGE)
+    mask = tuple(nxt is not None and (needed is None or nxt in needed)
+                 for nxt, _ in node.next_functions)
+    outs = node.apply(grads, mask)
+    in_storages = {id(g._storage) for g in grads if g is not None}
+    meta = getattr(node, "_input_meta", None)
+    for i, g in enumerate(outs):
+        if g is None:
+            continue
+        if meta is not None and meta[i] is not None:
+            shape, dtype = meta[i]
+            if g.shape != shape:
+                g = outs[i] = g.sum_to_size(shape)
+            if g.dtype is not dtype:
+                g = outs[i] = g.to(dtype)
+        if id(g._storage) in in_storages:
+            shared.add(id(g._storage))
+    if node._hooks:
+        for fn in list(node._hooks.values()):
+            new = fn(tuple(outs), tuple(grads))
+            if new is not None:
+                outs = list(new)
+    return outs
+
+
+def _accumulate_into(variable, g, create_graph, shared) -> None:
+    """AccumulateGrad: ``.grad = g`` the first time, then ``.grad += g``."""
+    if g is None:
+        return
+    for fn in list((variable._backward_hooks or {}).values()):
+        new = fn(g)
+        if new is not None:
+            g = new
+    old = variable._grad
+    if create_graph:
+        variable._grad = g if old is None else old + g
+        return
+    if old is None:
+        if id(g._storage) in shared or not g._data.flags.c_contiguous \
+                or not g._data.flags.writeable or g._storage.nbytes != g._data.nbytes:
+            g = g.detach().clone()
+        else:
+            g = g.detach()
+        variable._grad = g
+    elif old._grad_fn is not None:
+        variable._grad = (old + g).detach()
+    else:
+        old._inplace_add(g)

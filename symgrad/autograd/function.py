@@ -1,0 +1,227 @@
+"""``apply``: run one registered op and, when grad mode needs it, record its node.
+
+This is the hot path of every forward op, so it does only what is needed: promote
+dtypes, call the backend kernel, wrap the output, and (only if an input requires grad
+and grad mode is on) build the node, save the operands its formulas name, and keep
+weak references to all inputs for the verifier.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+
+from ..backends import backend_for
+from ..dtypes import bool_, default_float, int64, promote
+from .grad_mode import _state
+from .node import AccumulateGrad, SavedTensor, _WrappedScalar, node_class_for
+
+__all__ = ["apply", "edge_of"]
+
+_tensor_cls = None
+
+
+def _T():
+    global _tensor_cls
+    if _tensor_cls is None:
+        from ..tensor import Tensor
+
+        _tensor_cls = Tensor
+    return _tensor_cls
+
+
+def edge_of(t) -> tuple:
+    """The (node, output_nr) edge through which gradient flows into ``t``."""
+    if t._grad_fn is not None:
+        return (t._grad_fn, t._output_nr)
+    if t._requires_grad:
+        return (accumulator_of(t), 0)
+    return (None, 0)
+
+
+def accumulator_of(t) -> AccumulateGrad:
+    """The leaf's AccumulateGrad, shared by every node that uses it while any lives."""
+    ref = t._accumulator
+    acc = ref() if ref is not None else None
+    if acc is None:
+        acc = AccumulateGrad(t)
+        t._accumulator = weakref.ref(acc)
+    return acc
+
+
+def _result_dtype(rule, tensors, scalars, params):
+    if rule == "same":
+        return tensors[0].dtype
+    if rule == "float":
+        d = tensors[0].dtype
+        return d if d.is_floating_point else default_float()
+    pairs = [(t.dtype, t._data.ndim == 0) for t in tensors]
+    if rule in ("promote", "promote_float", "bool_compare", "where"):
+        if rule == "where":
+            pairs = pairs[1:]
+        d = promote(pairs, scalars)
+        if rule == "promote_float" and not d.is_floating_point:
+            return default_float()
+        return d
+    if rule == "bool":
+        return bool_
+    if rule == "sum":
+        d = params.get("dtype") or tensors[0].dtype
+        return d if d.is_floating_point else int64
+    if rule == "float_only":
+        d = tensors[0].dtype
+        if not d.is_floating_point:
+            raise RuntimeError(
+                "mean(): could not infer output dtype. Input dtype must be either a floating "
+                f"point or complex dtype. Got: {d.name.capitalize()}")
+        return d
+    if rule == "same_required":
+        d0 = tensors[0].dtype
+        for t in tensors[1:]:
+            if t.dtype is not d0:
+                raise RuntimeError("expected m1 and m2 to have the same dtype, but got: "
+                                   f"{d0.name} != {t.dtype.name}")
+        return d0
+    if rule == "param":
+        return params["dtype"]
+    raise ValueError(f"unknown dtype rule {rule!r}")
+
+
+def apply(spec, inputs, params=None):
+    """Run ``spec`` on ``inputs`` (tensors or Python scalars, in ``spec.inputs`` order)."""
+    Tensor = _T()
+    params = params or {}
+    tensors = [x for x in inputs if isinstance(x, Tensor)]
+    first = tensors[0]
+    device = first._device
+    for t in tensors[1:]:
+        if t._device != device:
+            raise RuntimeError(
+                "Expected all tensors to be on the same device, but found at least two "
+                f"devices, {t._device} and {device}!")
+    scalars = [x for x in inputs if not isinstance(x, Tensor)]
+    dtype = _result_dtype(spec.dtype_rule, tensors, scalars, params)
+    be = backend_for(device.type)
+    compute = dtype
+    if spec.dtype_rule == "bool_compare":
+        compute = promote([(t.dtype, t._data.ndim == 0) for t in tensors], scalars)
+    elif spec.dtype_rule in ("bool", "same", "param", "same_required", "float_only", "sum"):
+        compute = None
+    arrays = []
+    for x in inputs:
+        if isinstance(x, Tensor):
+            a = x._data
+            if compute is not None and a.dtype != compute.np and \
+                    not (spec.dtype_rule == "where" and x is inputs[0]):
+                a = be.cast(a, compute.np)
+            arrays.append(a)
+        else:
+            arrays.append(x)
+    try:
+        out = spec.forward(be, *arrays, **params)
+    except ValueError as exc:
+        raise _shape_error(spec, inputs, exc) from None
+    multi = len(spec.outputs) > 1
+    outs = out if multi else (out,)
+    wrapped = []
+    for k, o in enumerate(outs):
+        if type(o) is not np.ndarray and not hasattr(o, "__cuda_array_interface__"):
+            o = np.asarray(o)
+        if k == 0 and o.dtype != dtype.np and spec.dtype_rule != "bool_compare":
+            o = be.cast(o, dtype.np)
+        storage = first._storage if (spec.view and be.shares_memory(o, first._data)) else None
+        wrapped.append(Tensor._wrap(o, device, storage))
+    if (_state.enabled and spec.grad_fn is not None
+            and any(t._requires_grad for t in tensors)):
+        _record(spec, inputs, params, wrapped)
+    return tuple(wrapped) if multi else wrapped[0]
+
+
+def _record(spec, inputs, params, outputs) -> None:
+    Tensor = _T()
+    node = node_class_for(spec)()
+    next_functions = []
+    refs = []
+    meta = []
+    for x in inputs:
+        if isinstance(x, Tensor):
+            next_functions.append(edge_of(x) if x._requires_grad else (None, 0))
+            refs.append(weakref.ref(x))
+            meta.append((x._data.shape, x.dtype))
+        else:
+            next_functions.append((None, 0))
+            refs.append(x)
+            meta.append(None)
+    node.next_functions = tuple(next_functions)
+    node._input_refs = tuple(refs)
+    node._input_meta = tuple(meta)
+    node._out_meta = tuple((o._data.shape, o.dtype) for o in outputs[:spec.differentiable_outputs])
+    node._freed = False
+    saved = {}
+    for i, input_name in enumerate(spec.inputs):
+        if next_functions[i][0] is None:
+            continue
+        for p in spec.formula_params.get(input_name, ()):
+            if p not in saved:
+                saved[p] = _save(spec, p, inputs, params, outputs)
+    for p in spec.saved:  # names no needed formula uses read back as None, as in torch
+        saved.setdefault(p, _save_param_only(spec, p, inputs, params))
+    node._saved = saved
+    for k in range(spec.differentiable_outputs):
+        o = outputs[k]
+        o._grad_fn = node
+        o._output_nr = k
+        o._requires_grad = True
+
+
+def _save(spec, name, inputs, params, outputs):
+    kind, detail = spec.saved_kind(name)
+    if kind == "input":
+        x = inputs[spec.inputs.index(name)]
+        if isinstance(x, _T()):
+            return SavedTensor(x, is_output=False)
+        return _WrappedScalar(x, _scalar_dtype(x))
+    if kind == "output":
+        k = spec.outputs.index(name)
+        if k < spec.differentiable_outputs:
+            return SavedTensor(outputs[k], is_output=True, output_nr=k)
+        return SavedTensor(outputs[k], is_output=False)
+    if kind == "meta":
+        x = inputs[spec.inputs.index(name[: -len(detail)])]
+        data = x._data
+        if detail == "_sym_sizes":
+            return tuple(data.shape)
+        if detail == "_sym_numel":
+            return int(data.size)
+        return tuple(s // data.itemsize for s in data.strides)
+    return params.get(name)
+
+
+def _save_param_only(spec, name, inputs, params):
+    kind, _ = spec.saved_kind(name)
+    return None if kind in ("input", "output") else _save(spec, name, inputs, params, ())
+
+
+def _scalar_dtype(x):
+    from ..dtypes import float64
+
+    if isinstance(x, bool):
+        return bool_
+    if isinstance(x, int):
+        return int64
+    return float64
+
+
+def _shape_error(spec, inputs, exc: ValueError) -> Exception:
+    shapes = [tuple(x.shape) for x in inputs if isinstance(x, _T())]
+    if len(shapes) == 2 and "broadcast" in str(exc):
+        a, b = shapes
+        for i in range(1, max(len(a), len(b)) + 1):
+            da = a[-i] if i <= len(a) else 1
+            db = b[-i] if i <= len(b) else 1
+            if da != db and da != 1 and db != 1:
+                return RuntimeError(
+                    f"The size of tensor a ({da}) must match the size of tensor b ({db}) "
+                    f"at non-singleton dimension {max(len(a), len(b)) - i}")
+    return RuntimeError(f"{spec.name}: {exc} (input shapes {shapes})")

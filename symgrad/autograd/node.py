@@ -1,0 +1,257 @@
+"""Graph objects: Node (a grad_fn), AccumulateGrad, and saved tensors.
+
+Ownership runs one way only, as in PyTorch, so no reference cycles exist: a tensor owns
+its grad_fn, a node owns its ``next_functions`` and what it saved, a leaf only weakly
+knows its AccumulateGrad, and a saved *output* is stored without its grad_fn (it gets the
+node back on unpacking). Dropping the last user reference frees the graph at once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+from typing import Any
+
+__all__ = ["Node", "OpNode", "AccumulateGrad", "SavedTensor", "node_class_for"]
+
+_sequence = itertools.count()
+
+FREED_MESSAGE = (
+    "Trying to backward through the graph a second time (or directly access saved tensors "
+    "after they have already been freed). Saved intermediate values of the graph are freed "
+    "when you call .backward() or autograd.grad(). Specify retain_graph=True if you need to "
+    "backward through the graph a second time or if you need to access saved tensors after "
+    "calling backward.")
+
+
+class Node:
+    """Base of every grad_fn: edges to the next nodes, hooks, metadata."""
+
+    __slots__ = ("next_functions", "_sequence_nr", "_metadata", "_pre_hooks", "_hooks",
+                 "_tensor_hooks", "_retained", "__weakref__")
+
+    def __init__(self) -> None:
+        self.next_functions: tuple[tuple[Node | None, int], ...] = ()
+        self._sequence_nr = next(_sequence)
+        self._metadata = None
+        self._pre_hooks = None
+        self._hooks = None
+        self._tensor_hooks = None  # {output_nr: [fn]}: Tensor.register_hook on outputs
+        self._retained = None  # {output_nr: weakref(tensor)}: retain_grad()
+
+    def name(self) -> str:
+        return type(self).__name__
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} object at {hex(id(self))}>"
+
+    @property
+    def metadata(self) -> dict:
+        if self._metadata is None:
+            self._metadata = {}
+        return self._metadata
+
+    def register_hook(self, fn):
+        """``fn(grad_inputs, grad_outputs)`` after this node ran; may return new grad_inputs."""
+        if self._hooks is None:
+            self._hooks = _HookDict()
+        return _add_hook(self._hooks, fn)
+
+    def register_prehook(self, fn):
+        """``fn(grad_outputs)`` before this node runs; may return new grad_outputs."""
+        if self._pre_hooks is None:
+            self._pre_hooks = _HookDict()
+        return _add_hook(self._pre_hooks, fn)
+
+    def _num_outputs(self) -> int:
+        return 1
+
+    def _release(self) -> None:
+        """Free saved tensors after a backward without retain_graph."""
+
+    def apply(self, grad_outputs: list, needed: tuple[bool, ...]) -> list:
+        raise NotImplementedError
+
+    def __call__(self, *grad_outputs):
+        needed = tuple(nf[0] is not None for nf in self.next_functions)
+        return tuple(self.apply(list(grad_outputs), needed))
+
+
+class RemovableHandle:
+    __slots__ = ("_hooks_ref", "id")
+    _ids = itertools.count()
+
+    def __init__(self, hooks: dict) -> None:
+        self._hooks_ref = weakref.ref(hooks)
+        self.id = next(self._ids)
+
+    def remove(self) -> None:
+        hooks = self._hooks_ref()
+        if hooks is not None:
+            hooks.pop(self.id, None)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.remove()
+
+
+class _HookDict(dict):
+    """A dict that can be weakly referenced, so handles do not keep nodes alive."""
+
+    __slots__ = ("__weakref__",)
+
+
+def _add_hook(hooks: dict, fn) -> RemovableHandle:
+    handle = RemovableHandle(hooks)
+    hooks[handle.id] = fn
+    return handle
+
+
+class SavedTensor:
+    """A tensor a node saved, with the storage version it had when saved.
+
+    A saved input is the very object the user passed. A saved output is kept as a
+    grad_fn-free alias (owning it with its grad_fn would be a cycle); unpacking it
+    gives a new tensor whose grad_fn is the node, as PyTorch does.
+    """
+
+    __slots__ = ("tensor", "version", "output_nr", "producer_name")
+
+    def __init__(self, tensor, is_output: bool, output_nr: int = 0) -> None:
+        self.version = tensor._storage.version
+        self.output_nr = output_nr if is_output else -1
+        if is_output:
+            from ..tensor import Tensor
+
+            tensor = Tensor._alias(tensor)
+            self.producer_name = None
+        else:
+            fn = tensor._grad_fn
+            self.producer_name = None if fn is None else (fn.name(), tensor._output_nr)
+        self.tensor = tensor
+
+    def unpack(self, node: Node):
+        t = self.tensor
+        if t._storage.version != self.version:
+            raise RuntimeError(self._version_message(node))
+        if self.output_nr >= 0:
+            from ..tensor import Tensor
+
+            return Tensor._alias(t, grad_fn=node, output_nr=self.output_nr)
+        return t
+
+    def _version_message(self, node: Node) -> str:
+        t = self.tensor
+        desc = f"[symgrad.{t.dtype.name} {list(t.shape)}]"
+        if self.output_nr >= 0:
+            where = f", which is output {self.output_nr} of {node.name()},"
+        elif self.producer_name is not None:
+            where = f", which is output {self.producer_name[1]} of {self.producer_name[0]},"
+        else:
+            where = ""
+        return ("one of the variables needed for gradient computation has been modified by "
+                f"an inplace operation: {desc}{where} is at version {t._storage.version}; "
+                f"expected version {self.version} instead. Hint: the backward of "
+                f"{node.name()} needed it; use .clone() before the in-place op, or enable "
+                "anomaly detection with symgrad.autograd.set_detect_anomaly(True) to find "
+                "the forward op that saved it.")
+
+
+class OpNode(Node):
+    """The grad_fn of a registered op; one subclass per grad_fn name (AddBackward0 ...)."""
+
+    __slots__ = ("_saved", "_input_refs", "_input_meta", "_out_meta", "_freed")
+    _spec: Any = None
+
+    def _num_outputs(self) -> int:
+        return len(self._out_meta)
+
+    def __getattr__(self, attr: str):
+        if attr.startswith("_saved_"):
+            name = attr[7:]
+            if name in type(self)._spec.saved:
+                return self._unpack_saved(name, for_user=True)
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{attr}'")
+
+    def __dir__(self):
+        return list(super().__dir__()) + [f"_saved_{n}" for n in type(self)._spec.saved]
+
+    def _unpack_saved(self, name: str, for_user: bool = False):
+        if self._freed:
+            raise RuntimeError(FREED_MESSAGE)
+        value = self._saved.get(name)
+        if type(value) is SavedTensor:
+            return value.unpack(self)
+        if for_user and type(value) is _WrappedScalar:
+            from ..tensor import tensor
+
+            return tensor(value.value, dtype=value.dtype)
+        if type(value) is _WrappedScalar:
+            return value.value
+        return value
+
+    def _release(self) -> None:
+        if not self._freed:
+            self._saved = None
+            self._freed = True
+
+    def apply(self, grad_outputs: list, needed: tuple[bool, ...]) -> list:
+        spec = type(self)._spec
+        grad = grad_outputs[0]
+        if grad is None:
+            from ..tensor import zeros
+
+            shape, dtype = self._out_meta[0]
+            grad = zeros(shape, dtype=dtype)
+        cache: dict[str, Any] = {}
+        results = []
+        for i, input_name in enumerate(spec.inputs):
+            if not needed[i] or input_name not in spec.grads:
+                results.append(None)
+                continue
+            kwargs = {}
+            for p in spec.formula_params[input_name]:
+                if p not in cache:
+                    cache[p] = self._unpack_saved(p)
+                kwargs[p] = cache[p]
+            results.append(spec.grads[input_name](grad, **kwargs))
+        return results
+
+
+class _WrappedScalar:
+    """A Python number saved where PyTorch saves a wrapped 0-dim tensor (``a * 2``)."""
+
+    __slots__ = ("value", "dtype")
+
+    def __init__(self, value, dtype) -> None:
+        self.value = value
+        self.dtype = dtype
+
+
+_NODE_CLASSES: dict[str, type] = {}
+
+
+def node_class_for(spec) -> type:
+    """The Node subclass named after ``spec.grad_fn`` (one per op spec)."""
+    cls = _NODE_CLASSES.get(spec.name)
+    if cls is None:
+        cls = type(spec.grad_fn, (OpNode,), {"__slots__": (), "_spec": spec,
+                                             "__module__": "symgrad.autograd.graph_nodes"})
+        _NODE_CLASSES[spec.name] = cls
+    return cls
+
+
+class AccumulateGrad(Node):
+    """Adds the incoming gradient into a leaf's ``.grad``."""
+
+    __slots__ = ("variable",)
+
+    def __init__(self, variable) -> None:
+        super().__init__()
+        self.variable = variable
+        self._sequence_nr = 1 << 62  # runs as soon as it is ready, as in PyTorch
+
+    def apply(self, grad_outputs, needed):
+        raise RuntimeError("AccumulateGrad is applied by the engine")

@@ -1,0 +1,39 @@
+"""Backends: kernel sets behind one interface, chosen per device.
+
+``numpy`` is the reference. The compiled CPU backend (Numba) and the CUDA backend
+register themselves here when they land; ``set_cpu_backend`` switches the default.
+"""
+
+from __future__ import annotations
+
+from .numpy_backend import NumpyBackend
+
+_BACKENDS: dict[str, object] = {"numpy": NumpyBackend()}
+_DEVICE_DEFAULT: dict[str, str] = {"cpu": "numpy"}
+
+
+def register_backend(name: str, backend: object, *, default_for: str | None = None) -> None:
+    _BACKENDS[name] = backend
+    if default_for:
+        _DEVICE_DEFAULT[default_for] = name
+
+
+def get_backend(name: str):
+    return _BACKENDS[name]
+
+
+def backend_for(device_type: str):
+    """The backend that runs kernels for tensors on ``device_type``."""
+    try:
+        return _BACKENDS[_DEVICE_DEFAULT[device_type]]
+    except KeyError:
+        raise RuntimeError(f"no backend for device type {device_type!r}") from None
+
+
+def set_cpu_backend(name: str) -> str:
+    """Select the CPU backend by name; returns the previous one (tests run both)."""
+    if name not in _BACKENDS:
+        raise ValueError(f"unknown backend {name!r}; known: {sorted(_BACKENDS)}")
+    previous = _DEVICE_DEFAULT["cpu"]
+    _DEVICE_DEFAULT["cpu"] = name
+    return previous

@@ -1,0 +1,37 @@
+"""The kernel interface every backend implements.
+
+Ops (symgrad/ops) are written once against this interface: they receive a backend and
+call its kernels by name on backend-native arrays (NumPy arrays on the CPU, device
+arrays on CUDA, object arrays of SymPy expressions in the verifier). A backend never
+sees a Tensor and never records a graph; inputs reaching it are already checked.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+Array = Any
+
+#: Kernels every backend provides. A test checks each backend against this list.
+ELEMENTWISE_UNARY = ("neg", "exp", "log", "sin", "cos", "tanh", "sigmoid", "relu", "sqrt",
+                     "abs", "sign", "reciprocal", "logical_not")
+ELEMENTWISE_BINARY = ("add", "sub", "mul", "div", "pow", "gt", "ge", "lt", "le", "eq", "ne",
+                      "maximum", "minimum", "logical_or", "logical_and")
+STRUCTURAL = ("sum", "mean", "amax", "amin", "argmax", "argmin", "matmul", "reshape",
+              "transpose", "broadcast_to", "getitem", "setitem", "where", "cast", "copy",
+              "concatenate", "stack", "full", "arange", "from_host", "to_host")
+KERNELS = ELEMENTWISE_UNARY + ELEMENTWISE_BINARY + STRUCTURAL
+
+
+class Backend(Protocol):
+    """What ops may call. Shapes and axes are already validated by the caller."""
+
+    name: str
+    device_type: str
+
+    def sum(self, x: Array, axis: tuple[int, ...] | None, keepdims: bool) -> Array: ...
+    def matmul(self, a: Array, b: Array) -> Array: ...
+    def reshape(self, x: Array, shape: tuple[int, ...]) -> Array: ...
+    def transpose(self, x: Array, axes: tuple[int, ...]) -> Array: ...
+    def broadcast_to(self, x: Array, shape: tuple[int, ...]) -> Array: ...
+    def cast(self, x: Array, np_dtype) -> Array: ...

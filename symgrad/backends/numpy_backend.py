@@ -1,0 +1,187 @@
+"""The plain NumPy reference backend: the oracle the compiled backends are tested against."""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["NumpyBackend"]
+
+
+def _quiet(fn):
+    """NumPy warns on log(-1) or 1/0; PyTorch silently gives nan/inf, so do we."""
+
+    def kernel(*args):
+        with np.errstate(all="ignore"):
+            return fn(*args)
+
+    kernel.__name__ = getattr(fn, "__name__", "kernel")
+    return kernel
+
+
+def _sigmoid(x):
+    from scipy.special import expit  # accurate in both tails; loaded on first use
+
+    return expit(x)
+
+
+def _pow(a, b):
+    with np.errstate(all="ignore"):
+        if isinstance(b, (int, np.integer)) and not isinstance(b, bool) and b < 0 \
+                and np.asarray(a).dtype.kind in "iu":
+            raise RuntimeError("Integers to negative integer powers are not allowed.")
+        return np.power(a, b)
+
+
+class NumpyBackend:
+    name = "numpy"
+    device_type = "cpu"
+
+    neg = staticmethod(np.negative)
+    exp = staticmethod(_quiet(np.exp))
+    log = staticmethod(_quiet(np.log))
+    sin = staticmethod(np.sin)
+    cos = staticmethod(np.cos)
+    tanh = staticmethod(np.tanh)
+    sigmoid = staticmethod(_sigmoid)
+    sqrt = staticmethod(_quiet(np.sqrt))
+    abs = staticmethod(np.abs)
+    sign = staticmethod(np.sign)
+    reciprocal = staticmethod(_quiet(lambda x: np.divide(1, x, dtype=x.dtype)))
+
+    add = staticmethod(np.add)
+    sub = staticmethod(np.subtract)
+    mul = staticmethod(np.multiply)
+    div = staticmethod(_quiet(np.true_divide))
+    pow = staticmethod(_pow)
+    gt = staticmethod(np.greater)
+    ge = staticmethod(np.greater_equal)
+    lt = staticmethod(np.less)
+    le = staticmethod(np.less_equal)
+    eq = staticmethod(np.equal)
+    ne = staticmethod(np.not_equal)
+    maximum = staticmethod(np.maximum)
+    logical_or = staticmethod(np.logical_or)
+    logical_and = staticmethod(np.logical_and)
+    logical_not = staticmethod(np.logical_not)
+    minimum = staticmethod(np.minimum)
+
+    @staticmethod
+    def relu(x):
+        return np.maximum(x, 0).astype(x.dtype, copy=False)
+
+    @staticmethod
+    def sum(x, axis=None, keepdims=False, dtype=None):
+        return np.asarray(np.sum(x, axis=axis, keepdims=keepdims, dtype=dtype))
+
+    @staticmethod
+    def mean(x, axis=None, keepdims=False):
+        return np.asarray(np.mean(x, axis=axis, keepdims=keepdims), dtype=x.dtype)
+
+    @staticmethod
+    def amax(x, axis=None, keepdims=False):
+        return np.asarray(np.max(x, axis=axis, keepdims=keepdims))
+
+    @staticmethod
+    def amin(x, axis=None, keepdims=False):
+        return np.asarray(np.min(x, axis=axis, keepdims=keepdims))
+
+    @staticmethod
+    def argmax(x, axis=None, keepdims=False):
+        return np.asarray(np.argmax(x, axis=axis, keepdims=keepdims), dtype=np.int64)
+
+    @staticmethod
+    def argmin(x, axis=None, keepdims=False):
+        return np.asarray(np.argmin(x, axis=axis, keepdims=keepdims), dtype=np.int64)
+
+    @staticmethod
+    def matmul(a, b):
+        return np.matmul(a, b)
+
+    @staticmethod
+    def reshape(x, shape):
+        return np.reshape(x, shape)
+
+    @staticmethod
+    def transpose(x, axes):
+        return np.transpose(x, axes)
+
+    @staticmethod
+    def broadcast_to(x, shape):
+        return np.broadcast_to(x, shape)
+
+    @staticmethod
+    def getitem(x, index):
+        return np.asarray(x[index])
+
+    @staticmethod
+    def setitem(x, index, value):
+        x[index] = value
+
+    @staticmethod
+    def where(cond, a, b):
+        return np.where(cond, a, b)
+
+    @staticmethod
+    def cast(x, np_dtype):
+        return np.asarray(x).astype(np_dtype, copy=False)
+
+    @staticmethod
+    def copy(x):
+        return np.array(x, copy=True, order="C")
+
+    @staticmethod
+    def concatenate(xs, axis):
+        return np.concatenate(xs, axis=axis)
+
+    @staticmethod
+    def stack(xs, axis):
+        return np.stack(xs, axis=axis)
+
+    @staticmethod
+    def full(shape, value, np_dtype):
+        return np.full(shape, value, dtype=np_dtype)
+
+    @staticmethod
+    def empty(shape, np_dtype):
+        return np.empty(shape, dtype=np_dtype)
+
+    @staticmethod
+    def arange(start, end, step, np_dtype):
+        return np.arange(start, end, step, dtype=np_dtype)
+
+    @staticmethod
+    def from_host(x):
+        return x
+
+    @staticmethod
+    def to_host(x):
+        return x
+
+    @staticmethod
+    def fill_(x, value):
+        x[...] = value
+
+    @staticmethod
+    def copy_(dst, src):
+        np.copyto(dst, src, casting="unsafe")
+
+    @staticmethod
+    def add_(dst, src):
+        np.add(dst, src, out=dst, casting="unsafe")
+
+    @staticmethod
+    def sub_(dst, src):
+        np.subtract(dst, src, out=dst, casting="unsafe")
+
+    @staticmethod
+    def mul_(dst, src):
+        np.multiply(dst, src, out=dst, casting="unsafe")
+
+    @staticmethod
+    def div_(dst, src):
+        with np.errstate(all="ignore"):
+            np.true_divide(dst, src, out=dst, casting="unsafe")
+
+    @staticmethod
+    def shares_memory(a, b) -> bool:
+        return np.may_share_memory(a, b)

@@ -1,0 +1,53 @@
+"""Storage: one allocation shared by a tensor and its views, and the live-byte counters.
+
+``memory_allocated`` counts bytes of live storages per device type, like PyTorch's
+caching allocator reports them (views share one storage, so they cost nothing).
+A storage gives its bytes back in ``__del__``: the graph holds no reference cycles,
+so this happens the moment the last tensor using it is dropped, even with gc disabled.
+"""
+
+from __future__ import annotations
+
+__all__ = ["Storage", "memory_allocated", "max_memory_allocated", "reset_peak_memory_stats"]
+
+_live: dict[str, int] = {"cpu": 0, "cuda": 0}
+_peak: dict[str, int] = {"cpu": 0, "cuda": 0}
+
+
+class Storage:
+    """Bytes of one buffer plus the version counter that in-place ops bump."""
+
+    __slots__ = ("nbytes", "device_type", "version", "__weakref__")
+
+    def __init__(self, nbytes: int, device_type: str = "cpu") -> None:
+        self.nbytes = nbytes
+        self.device_type = device_type
+        self.version = 0
+        live = _live[device_type] + nbytes
+        _live[device_type] = live
+        if live > _peak[device_type]:
+            _peak[device_type] = live
+
+    def __del__(self) -> None:
+        _live[self.device_type] -= self.nbytes
+
+
+def _type_of(device) -> str:
+    if device is None:
+        return "cpu"
+    return getattr(device, "type", None) or str(device).split(":")[0]
+
+
+def memory_allocated(device="cpu") -> int:
+    """Bytes held by live tensor storages on ``device``."""
+    return _live[_type_of(device)]
+
+
+def max_memory_allocated(device="cpu") -> int:
+    """Peak of :func:`memory_allocated` since start or the last reset."""
+    return _peak[_type_of(device)]
+
+
+def reset_peak_memory_stats(device="cpu") -> None:
+    t = _type_of(device)
+    _peak[t] = _live[t]

@@ -1,0 +1,7 @@
+"""Every op, defined once. Importing this package fills ``OPS``."""
+
+from . import elementwise, linalg, movement, reduce  # noqa: F401  (registration)
+from .registry import OPS, check_complete, register
+from .spec import STRUCTURAL, OpSpec
+
+__all__ = ["OPS", "OpSpec", "STRUCTURAL", "check_complete", "register"]

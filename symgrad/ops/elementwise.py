@@ -1,0 +1,127 @@
+"""Elementwise ops: arithmetic and the unary math functions.
+
+Each stanza gives the forward kernel, one backward formula per input written in tensor
+ops, and the scalar SymPy meaning ``sympy(sp, *scalars)``. Broadcast gradients are summed
+back to each input's shape by the engine, as PyTorch's engine does, so formulas here stay
+as plain as the math.
+"""
+
+from __future__ import annotations
+
+from .registry import register
+from .spec import OpSpec
+
+
+def _binary(name, grad_fn, grads, sympy, dtype_rule="promote", **kw):
+    kernel = name
+
+    def forward(be, self, other):
+        return getattr(be, kernel)(self, other)
+
+    forward.__name__ = name
+    return register(OpSpec(name, grad_fn, ("self", "other"), forward, grads, sympy,
+                           dtype_rule=dtype_rule, **kw))
+
+
+def _unary(name, grad_fn, grad, sympy, dtype_rule="float", kernel=None):
+    kernel = kernel or name
+
+    def forward(be, self):
+        return getattr(be, kernel)(self)
+
+    forward.__name__ = name
+    return register(OpSpec(name, grad_fn, ("self",), forward, {"self": grad}, sympy,
+                           dtype_rule=dtype_rule))
+
+
+# -- arithmetic (alpha follows torch.add(a, b, alpha=1)) -----------------------------------
+register(OpSpec(
+    "add", "AddBackward0", ("self", "other"),
+    lambda be, self, other, alpha=1: be.add(self, other if alpha == 1 else be.mul(other, alpha)),
+    {"self": lambda grad: grad, "other": lambda grad, alpha: grad if alpha == 1 else grad * alpha},
+    lambda sp, x, y, alpha=1: x + alpha * y))
+register(OpSpec(
+    "sub", "SubBackward0", ("self", "other"),
+    lambda be, self, other, alpha=1: be.sub(self, other if alpha == 1 else be.mul(other, alpha)),
+    {"self": lambda grad: grad, "other": lambda grad, alpha: -grad if alpha == 1 else grad * -alpha},
+    lambda sp, x, y, alpha=1: x - alpha * y))
+register(OpSpec(
+    "rsub", "RsubBackward1", ("self",),
+    lambda be, self, other, alpha=1: be.sub(other, self if alpha == 1 else be.mul(self, alpha)),
+    {"self": lambda grad, alpha: -grad if alpha == 1 else grad * -alpha},
+    lambda sp, x, other, alpha=1: other - alpha * x,
+    doc="``scalar - tensor``: torch's rsub.Scalar, one tensor input."))
+_binary("mul", "MulBackward0",
+        {"self": lambda grad, other: grad * other, "other": lambda grad, self: grad * self},
+        lambda sp, x, y: x * y)
+_binary("div", "DivBackward0",
+        {"self": lambda grad, other: grad / other,
+         "other": lambda grad, self, other: -grad * self / (other * other)},
+        lambda sp, x, y: x / y, dtype_rule="promote_float")
+_unary("neg", "NegBackward0", lambda grad: -grad, lambda sp, x: -x, dtype_rule="same")
+_unary("reciprocal", "ReciprocalBackward0",
+       lambda grad, result: -grad * result * result, lambda sp, x: 1 / x)
+
+# -- powers: tensor**scalar, tensor**tensor, scalar**tensor (torch's three overloads) -------
+register(OpSpec(
+    "pow", "PowBackward0", ("self",),
+    lambda be, self, exponent: be.pow(self, exponent),
+    {"self": lambda grad, self, exponent:
+        grad * 0 if exponent == 0 else grad * exponent * self ** (exponent - 1)},
+    lambda sp, x, exponent: x ** exponent, dtype_rule="promote"))
+register(OpSpec(
+    "pow_tensor", "PowBackward1", ("self", "exponent"),
+    lambda be, self, exponent: be.pow(self, exponent),
+    {"self": lambda grad, self, exponent:
+        grad * exponent * self ** (exponent - 1),
+     "exponent": lambda grad, self, exponent, result:
+        grad * (result * self.log()).where((self != 0) | (exponent < 0), 0.0)},
+    lambda sp, x, y: x ** y, dtype_rule="promote"))
+register(OpSpec(
+    "pow_scalar_base", "PowBackward2", ("exponent",),
+    lambda be, exponent, self: be.pow(self, exponent),
+    {"exponent": lambda grad, self, exponent, result:
+        grad * (result * _log(self)) if self != 0 else grad * 0 * exponent},
+    lambda sp, y, self: self ** y, dtype_rule="promote_float_scalar"))
+
+
+def _log(x: float) -> float:
+    import math
+
+    return math.log(x)
+
+
+# -- unary math ------------------------------------------------------------------------------
+_unary("exp", "ExpBackward0", lambda grad, result: grad * result, lambda sp, x: sp.exp(x))
+_unary("log", "LogBackward0", lambda grad, self: grad / self, lambda sp, x: sp.log(x))
+_unary("sin", "SinBackward0", lambda grad, self: grad * self.cos(), lambda sp, x: sp.sin(x))
+_unary("cos", "CosBackward0", lambda grad, self: grad * -self.sin(), lambda sp, x: sp.cos(x))
+_unary("tanh", "TanhBackward0", lambda grad, result: grad * (1 - result * result),
+       lambda sp, x: sp.tanh(x))
+_unary("sigmoid", "SigmoidBackward0", lambda grad, result: grad * (result * (1 - result)),
+       lambda sp, x: 1 / (1 + sp.exp(-x)))
+_unary("sqrt", "SqrtBackward0", lambda grad, result: grad / (2 * result),
+       lambda sp, x: sp.sqrt(x))
+# Kinks follow PyTorch: relu'(0) = 0 and abs'(0) = sign(0) = 0.
+_unary("relu", "ReluBackward0", lambda grad, result: grad * (result > 0),
+       lambda sp, x: sp.Piecewise((x, x > 0), (0, True)), dtype_rule="same")
+_unary("abs", "AbsBackward0", lambda grad, self: grad * self.sign(),
+       lambda sp, x: sp.Abs(x), dtype_rule="same")
+_unary("sign", "SignBackward0", lambda grad: grad * 0, lambda sp, x: sp.sign(x),
+       dtype_rule="same")
+
+# -- comparisons: bool results, no gradient --------------------------------------------------
+for _name in ("gt", "ge", "lt", "le", "eq", "ne"):
+    _binary(_name, None, {}, None, dtype_rule="bool_compare")
+for _name in ("logical_or", "logical_and"):
+    _binary(_name, None, {}, None, dtype_rule="bool")
+
+# -- where(condition, self, other): selection, so structural -----------------------------
+register(OpSpec(
+    "where", "WhereBackward0", ("condition", "self", "other"),
+    lambda be, condition, self, other: be.where(condition, self, other),
+    {"self": lambda grad, condition: grad.where(condition, 0.0),
+     "other": lambda grad, condition: grad.where(condition.logical_not(), 0.0)},
+    lambda sp, c, x, y: x if c else y, nondifferentiable=("condition",), dtype_rule="where"))
+register(OpSpec("logical_not", None, ("self",), lambda be, self: be.logical_not(self),
+                dtype_rule="bool"))

@@ -1,0 +1,82 @@
+"""Ops that move or reshape elements without arithmetic; all are structural for SymPy."""
+
+from __future__ import annotations
+
+from .registry import register
+from .spec import STRUCTURAL, OpSpec
+
+
+def _inverse(perm):
+    inv = [0] * len(perm)
+    for i, p in enumerate(perm):
+        inv[p] = i
+    return tuple(inv)
+
+
+def _unsqueeze_to(grad, dim, self_sym_sizes):
+    """Undo ``squeeze(dim)``: put the size-1 dim back if squeeze removed one."""
+    sizes = tuple(self_sym_sizes)
+    if not sizes:
+        return grad.reshape(())
+    d = dim % len(sizes)
+    return grad.unsqueeze(d) if sizes[d] == 1 else grad
+
+
+register(OpSpec(
+    "view", "ViewBackward0", ("self",), lambda be, self, size: be.reshape(self, size),
+    {"self": lambda grad, self_sym_sizes: grad.reshape(self_sym_sizes)},
+    STRUCTURAL, dtype_rule="same", view=True))
+register(OpSpec(
+    "t", "TBackward0", ("self",),
+    lambda be, self: be.transpose(self, tuple(range(self.ndim))[::-1]),
+    {"self": lambda grad: grad.t()}, STRUCTURAL, dtype_rule="same", view=True))
+register(OpSpec(
+    "transpose", "TransposeBackward0", ("self",),
+    lambda be, self, dim0, dim1: be.transpose(self, _swap(self.ndim, dim0, dim1)),
+    {"self": lambda grad, dim0, dim1: grad.transpose(dim0, dim1)},
+    STRUCTURAL, dtype_rule="same", view=True))
+register(OpSpec(
+    "permute", "PermuteBackward0", ("self",),
+    lambda be, self, dims: be.transpose(self, tuple(d % self.ndim for d in dims)),
+    {"self": lambda grad, dims: grad.permute(_inverse([d % len(dims) for d in dims]))},
+    STRUCTURAL, dtype_rule="same", view=True))
+register(OpSpec(
+    "expand", "ExpandBackward0", ("self",), lambda be, self, size: be.broadcast_to(self, size),
+    {"self": lambda grad, self_sym_sizes: grad.sum_to_size(self_sym_sizes)},
+    STRUCTURAL, dtype_rule="same", view=True))
+register(OpSpec(
+    "unsqueeze", "UnsqueezeBackward0", ("self",),
+    lambda be, self, dim: be.reshape(self, self.shape[:dim] + (1,) + self.shape[dim:]),
+    {"self": lambda grad, dim: grad.squeeze(dim)}, STRUCTURAL, dtype_rule="same", view=True))
+register(OpSpec(
+    "squeeze", "SqueezeBackward1", ("self",),
+    lambda be, self, dim: be.reshape(self, _squeezed(self.shape, dim)),
+    {"self": lambda grad, dim, self_sym_sizes: _unsqueeze_to(grad, dim, self_sym_sizes)},
+    STRUCTURAL, dtype_rule="same", view=True))
+register(OpSpec(
+    "squeeze_", "SqueezeBackward4", ("self",),
+    lambda be, self, dim: be.reshape(self, _squeezed(self.shape, dim)),
+    {"self": lambda grad, dim, self_sym_sizes: _unsqueeze_to(grad, dim, self_sym_sizes)},
+    STRUCTURAL, dtype_rule="same", view=True,
+    doc="In-place squeeze; PyTorch's 1-D @ 2-D matmul ends with it."))
+register(OpSpec(
+    "clone", "CloneBackward0", ("self",), lambda be, self: be.copy(self),
+    {"self": lambda grad: grad}, STRUCTURAL, dtype_rule="same"))
+register(OpSpec(
+    "to_copy", "ToCopyBackward0", ("self",), lambda be, self, dtype: be.cast(self, dtype.np),
+    {"self": lambda grad: grad}, STRUCTURAL, dtype_rule="param",
+    doc="dtype casts; the engine casts the gradient back to the input's dtype."))
+
+
+def _swap(ndim, dim0, dim1):
+    axes = list(range(ndim))
+    if ndim:
+        axes[dim0], axes[dim1] = axes[dim1], axes[dim0]
+    return tuple(axes)
+
+
+def _squeezed(shape, dim):
+    if not shape:
+        return shape
+    d = dim % len(shape)
+    return shape[:d] + shape[d + 1:] if shape[d] == 1 else shape

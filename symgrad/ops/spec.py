@@ -1,0 +1,78 @@
+"""OpSpec: the one place an op is defined.
+
+Like a row of PyTorch's derivatives.yaml, written as Python: the grad_fn name, the
+forward against the backend interface, one backward formula per differentiable input
+(in differentiable tensor ops, so ``create_graph=True`` works), and the SymPy meaning.
+The saved operands are *derived* from the formulas' parameter names, as PyTorch derives
+them: ``grads={"self": lambda grad, other: grad * other}`` saves ``other``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["OpSpec", "STRUCTURAL"]
+
+#: ``sympy=STRUCTURAL``: the op only moves, selects or sums elements, so its forward run
+#: on the SymPy backend (object arrays) is its exact meaning.
+STRUCTURAL = "structural"
+
+#: Saved names that are read from an input tensor's metadata rather than kept as tensors.
+_META_SUFFIXES = ("_sym_sizes", "_sym_strides", "_sym_numel")
+
+
+@dataclass(eq=False)
+class OpSpec:
+    name: str
+    grad_fn: str | None
+    inputs: tuple[str, ...]
+    forward: Callable[..., Any]
+    grads: dict[str, Callable[..., Any]] = field(default_factory=dict)
+    sympy: Callable[..., Any] | str | None = None
+    #: promote | promote_float | float | same | bool | int64
+    dtype_rule: str = "promote"
+    #: the output may alias input 0's storage (reshape, transpose, expand ...)
+    view: bool = False
+    #: names of the forward's outputs; "result" is output 0
+    outputs: tuple[str, ...] = ("result",)
+    #: how many leading outputs carry gradients (max(dim) gives values + indices)
+    differentiable_outputs: int = 1
+    #: inputs that never get a gradient (a where() condition, an index tensor)
+    nondifferentiable: tuple[str, ...] = ()
+    doc: str = ""
+
+    # derived in __post_init__
+    formula_params: dict[str, tuple[str, ...]] = field(init=False, repr=False)
+    saved: tuple[str, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.formula_params = {}
+        for input_name, formula in self.grads.items():
+            if input_name not in self.inputs:
+                raise ValueError(f"{self.name}: gradient for unknown input {input_name!r}")
+            params = tuple(inspect.signature(formula).parameters)
+            if not params or params[0] != "grad":
+                raise ValueError(f"{self.name}: formula for {input_name} must take grad first")
+            self.formula_params[input_name] = params[1:]
+        names: set[str] = set()
+        for params in self.formula_params.values():
+            names.update(params)
+        self.saved = tuple(sorted(names))
+
+    @property
+    def differentiable(self) -> bool:
+        return self.grad_fn is not None
+
+    def saved_kind(self, saved_name: str) -> tuple[str, str | None]:
+        """Classify a saved name: ('input', i) | ('output', name) | ('meta', suffix) | ('param', None)."""
+        if saved_name in self.inputs:
+            return "input", saved_name
+        if saved_name in self.outputs:
+            return "output", saved_name
+        for suffix in _META_SUFFIXES:
+            if saved_name.endswith(suffix) and saved_name[: -len(suffix)] in self.inputs:
+                return "meta", suffix
+        return "param", None
