@@ -44,7 +44,7 @@ def _size(size) -> tuple[int, ...]:
 
 def _finish(arr: np.ndarray, device, requires_grad: bool) -> Tensor:
     dev = as_device(device)
-    t = Tensor._wrap(np.ascontiguousarray(arr), as_device("cpu"))
+    t = Tensor._wrap(arr if arr.flags.c_contiguous else arr.copy(), as_device("cpu"))
     if dev.type != "cpu":
         t = t.to(dev)
     if requires_grad:

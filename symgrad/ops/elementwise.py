@@ -82,7 +82,7 @@ register(OpSpec(
     lambda be, exponent, self: be.pow(self, exponent),
     {"exponent": lambda grad, self, exponent, result:
         grad * (result * _log(self)) if self != 0 else grad * 0 * exponent},
-    lambda sp, y, self: self ** y, dtype_rule="promote_float_scalar"))
+    lambda sp, y, self: self ** y, dtype_rule="promote"))
 
 
 def _log(x: float) -> float:
