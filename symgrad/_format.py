@@ -45,7 +45,11 @@ def format_data(a: np.ndarray, indent: int) -> str:
         fmt = lambda v: "True" if v else "False"  # noqa: E731
     else:
         fmt = lambda v: str(int(v))  # noqa: E731
-    width = max((len(fmt(v)) for v in sample.tolist()), default=1)
+    # torch sizes columns by the finite values only (nan/inf are not padded for)
+    values = sample.tolist()
+    if a.dtype.kind == "f":
+        values = [v for v in values if math.isfinite(v)] or [0.0]
+    width = max((len(fmt(v)) for v in values), default=1)
 
     def render(x: np.ndarray, depth: int) -> str:
         if x.ndim == 0:
@@ -53,7 +57,7 @@ def format_data(a: np.ndarray, indent: int) -> str:
         if x.ndim == 1:
             items = x.tolist()
             if summarize and len(items) > 2 * _EDGE:
-                cells = [fmt(v).rjust(width) for v in items[:_EDGE]] + ["..."] + \
+                cells = [fmt(v).rjust(width) for v in items[:_EDGE]] + [" ..."] + \
                         [fmt(v).rjust(width) for v in items[-_EDGE:]]
             else:
                 cells = [fmt(v).rjust(width) for v in items]

@@ -167,7 +167,7 @@ class Tensor:
 
     @property
     def grad(self) -> Tensor | None:
-        if self._grad_fn is not None and not self._retains_grad:
+        if self._grad_fn is not None and not self._retains_grad and self._grad is None:
             warnings.warn(
                 "The .grad attribute of a Tensor that is not a leaf Tensor is being accessed. "
                 "Its .grad attribute won't be populated during autograd.backward(). If you "

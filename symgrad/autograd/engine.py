@@ -11,7 +11,7 @@ import heapq
 
 from .function import accumulator_of
 from .grad_mode import _state
-from .node import FREED_MESSAGE, AccumulateGrad, OpNode
+from .node import AccumulateGrad
 
 __all__ = ["run_backward"]
 
@@ -187,8 +187,6 @@ def _run_pre_hooks(node, grads, shared):
 
 
 def _apply(node, grads, needed, shared):
-    if isinstance(node, OpNode) and node._freed:
-        raise RuntimeError(FREED_MESSAGE)
     mask = tuple(nxt is not None and (needed is None or nxt in needed)
                  for nxt, _ in node.next_functions)
     outs = node.apply(grads, mask)

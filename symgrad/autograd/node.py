@@ -179,9 +179,9 @@ class OpNode(Node):
         return list(super().__dir__()) + [f"_saved_{n}" for n in type(self)._spec.saved]
 
     def _unpack_saved(self, name: str, for_user: bool = False):
-        if self._freed:
-            raise RuntimeError(FREED_MESSAGE)
         value = self._saved.get(name)
+        if value is _FREED:
+            raise RuntimeError(FREED_MESSAGE)
         if type(value) is SavedTensor:
             return value.unpack(self)
         if for_user and type(value) is _WrappedScalar:
@@ -193,9 +193,12 @@ class OpNode(Node):
         return value
 
     def _release(self) -> None:
-        if not self._freed:
-            self._saved = None
-            self._freed = True
+        """Drop saved tensors (numbers such as alpha stay readable, as in torch)."""
+        saved = self._saved
+        for k, v in saved.items():
+            if type(v) is SavedTensor:
+                saved[k] = _FREED
+                self._freed = True
 
     def apply(self, grad_outputs: list, needed: tuple[bool, ...]) -> list:
         spec = type(self)._spec
@@ -218,6 +221,9 @@ class OpNode(Node):
                 kwargs[p] = cache[p]
             results.append(spec.grads[input_name](grad, **kwargs))
         return results
+
+
+_FREED = object()  # marks a saved tensor released by backward
 
 
 class _WrappedScalar:

