@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -c constraints.txt -e '.[dev,fast]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev,fast,jupyter]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -16,6 +16,7 @@ from ..backends import backend_for
 from ..dtypes import bool_, default_float, int64, promote
 from .grad_mode import _state
 from .node import AccumulateGrad, SavedTensor, _WrappedScalar, node_class_for
+from .record import _recording
 
 __all__ = ["apply", "edge_of"]
 
@@ -147,7 +148,7 @@ def _record(spec, inputs, params, outputs) -> None:
     for x in inputs:
         if isinstance(x, Tensor):
             next_functions.append(edge_of(x) if x._requires_grad else (None, 0))
-            refs.append(weakref.ref(x))
+            refs.append(x if _recording else weakref.ref(x))  # strong under record()
             meta.append((x._data.shape, x.dtype))
         else:
             next_functions.append((None, 0))
@@ -158,6 +159,7 @@ def _record(spec, inputs, params, outputs) -> None:
     node._input_meta = tuple(meta)
     node._out_meta = tuple((o._data.shape, o.dtype) for o in outputs[:spec.differentiable_outputs])
     node._freed = False
+    node._params = params  # the verifier replays the forward from these
     saved = {}
     for i, input_name in enumerate(spec.inputs):
         if next_functions[i][0] is None:

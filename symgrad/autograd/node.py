@@ -162,7 +162,7 @@ class SavedTensor:
 class OpNode(Node):
     """The grad_fn of a registered op; one subclass per grad_fn name (AddBackward0 ...)."""
 
-    __slots__ = ("_saved", "_input_refs", "_input_meta", "_out_meta", "_freed")
+    __slots__ = ("_saved", "_input_refs", "_input_meta", "_out_meta", "_freed", "_params")
     _spec: Any = None
 
     def _num_outputs(self) -> int:
