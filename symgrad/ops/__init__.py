@@ -1,6 +1,8 @@
 """Every op, defined once. Importing this package fills ``OPS``."""
 
-from . import elementwise, linalg, movement, reduce  # noqa: F401  (registration)
+from . import (elementwise, indexing, linalg, minmax, movement, nn, reduce,  # noqa: F401
+               shape, softmax)  # (registration)
+from . import inplace  # noqa: F401  (zero_, fill_, copy_)
 from .registry import OPS, check_complete, register
 from .spec import STRUCTURAL, OpSpec
 

@@ -38,11 +38,8 @@ def _addmm_forward(be, self, mat1, mat2, beta=1, alpha=1):
         out = be.mul(out, alpha)
     if beta == 0:
         return out
-    bias = self if beta == 1 else be.mul(self, beta)
-    if out.shape == be.broadcast_to(bias, out.shape).shape and out.dtype == bias.dtype:
-        be.add_(out, bias)  # the product is a fresh array: add the bias into it
-        return out
-    return be.add(out, bias)
+    be.add_(out, self if beta == 1 else be.mul(self, beta))  # the product is a fresh array
+    return out
 
 
 def _scaled(grad, factor):
@@ -83,12 +80,12 @@ def _bce_logits_forward(be, self, target, weight=None, pos_weight=None, reductio
     # torch's stable form: (1 - t) x + lw * softplus(-x), softplus(-x) = m + log(e^-m + e^(-x-m))
     # with m = max(-x, 0) and lw = 1 + (pos_weight - 1) t.
     neg_x = be.neg(self)
-    m = be.maximum(neg_x, be.mul(self, 0))
+    m = be.maximum(neg_x, 0)
     softplus = be.add(m, be.log(be.add(be.exp(be.neg(m)), be.exp(be.sub(neg_x, m)))))
     if pos_weight is not None:
         lw = be.add(be.mul(be.sub(_arr(pos_weight), 1), target), 1)
         softplus = be.mul(lw, softplus)
-    loss = be.add(be.mul(be.sub(1, target), self), softplus)
+    loss = be.sub(softplus, be.mul(be.sub(target, 1), self))
     if weight is not None:
         loss = be.mul(loss, _arr(weight))
     return _reduce(be, loss, reduction)

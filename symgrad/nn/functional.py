@@ -1,0 +1,265 @@
+"""``symgrad.nn.functional``: layers and losses as functions, with torch's arguments.
+
+Each function checks its arguments the way PyTorch does (same exception types and key
+words) and calls one registered op, so the grad_fn names match torch's:
+``linear`` is ``AddmmBackward0`` with a bias on 2-D input, ``cross_entropy`` is
+``NllLossBackward0`` over ``LogSoftmaxBackward0``.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from .. import functional as _F
+from ..autograd.function import apply
+from ..ops import OPS
+from ..tensor import Tensor
+
+__all__ = ["linear", "relu", "tanh", "sigmoid", "softmax", "log_softmax", "mse_loss",
+           "binary_cross_entropy_with_logits", "nll_loss", "cross_entropy"]
+
+_REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
+
+
+def _reduction_enum(reduction: str) -> int:
+    try:
+        return _REDUCTIONS[reduction]
+    except (KeyError, TypeError):
+        raise ValueError(f"{reduction} is not a valid value for reduction") from None
+
+
+def _check_tensor(x, fn: str, arg: str) -> None:
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{fn}(): argument '{arg}' (position 1) must be Tensor, not "
+                        f"{type(x).__name__}")
+
+
+# -- layers ----------------------------------------------------------------------------------
+def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``input @ weight.T + bias``; torch's dispatch: addmm for 2-D input with a bias."""
+    _check_tensor(input, "linear", "input")
+    if input.ndim == 0:
+        raise RuntimeError("both arguments to linear need to be at least 1D, but they are 0D "
+                           f"and {weight.ndim}D")
+    if input.shape[-1] != weight.shape[-1]:
+        rows = input.numel() // max(input.shape[-1], 1)
+        raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied ({rows}x"
+                           f"{input.shape[-1]} and {weight.shape[-1]}x{weight.shape[0]})")
+    if bias is None:
+        if input.ndim <= 2:
+            return _F.matmul(input, _F.t(weight))
+        lead = tuple(input.shape[:-1])
+        flat = _F.mm(_F.reshape(input, (-1, input.shape[-1])), _F.t(weight))
+        return _F.reshape(flat, lead + (weight.shape[0],))
+    if input.dtype is not weight.dtype or bias.dtype is not weight.dtype:
+        other = input.dtype if input.dtype is not weight.dtype else bias.dtype
+        raise RuntimeError(f"mat1 and mat2 must have the same dtype, but got "
+                           f"{_torch_name(other)} and {_torch_name(weight.dtype)}")
+    if input.ndim == 2:
+        return addmm(bias, input, _F.t(weight))
+    lead = tuple(input.shape[:-1])
+    out = addmm(bias, _F.reshape(input, (-1, input.shape[-1])), _F.t(weight))
+    return _F.reshape(out, lead + (weight.shape[0],))
+
+
+def _torch_name(d) -> str:
+    return {"float32": "Float", "float64": "Double", "int64": "Long", "bool": "Bool"}[d.name]
+
+
+def addmm(input: Tensor, mat1: Tensor, mat2: Tensor, *, beta=1, alpha=1) -> Tensor:
+    """``beta * input + alpha * (mat1 @ mat2)`` (``AddmmBackward0``)."""
+    if mat1.ndim != 2 or mat2.ndim != 2:
+        raise RuntimeError(f"mat1 must be a matrix, got {mat1.ndim}-D tensor" if mat1.ndim != 2
+                           else f"mat2 must be a matrix, got {mat2.ndim}-D tensor")
+    if mat1.shape[1] != mat2.shape[0]:
+        raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied ({mat1.shape[0]}x"
+                           f"{mat1.shape[1]} and {mat2.shape[0]}x{mat2.shape[1]})")
+    out_shape = (mat1.shape[0], mat2.shape[1])
+    shape = tuple(input.shape)
+    pairs = zip(shape[::-1], out_shape[::-1], strict=False)
+    if len(shape) > 2 or any(s not in (1, o) for s, o in pairs):
+        raise RuntimeError(f"The expanded size of the tensor ({out_shape[-1]}) must match the "
+                           f"existing size ({shape[-1] if shape else 1}) at non-singleton "
+                           f"dimension 1.  Target sizes: {list(out_shape)}.  Tensor sizes: "
+                           f"{list(shape)}")
+    return apply(OPS["addmm"], (input, mat1, mat2), {"beta": beta, "alpha": alpha})
+
+
+def relu(input: Tensor, inplace: bool = False) -> Tensor:
+    """``max(input, 0)``. ``inplace=True`` is accepted but computes out of place."""
+    return _F.relu(input)
+
+
+def tanh(input: Tensor) -> Tensor:
+    return _F.tanh(input)
+
+
+def sigmoid(input: Tensor) -> Tensor:
+    return _F.sigmoid(input)
+
+
+def _softmax_impl(name: str):
+    fn = getattr(_F, name, None)
+    if fn is None:
+        raise NotImplementedError(f"symgrad.{name} is not available yet (the op lands with "
+                                  "the reductions issue)")
+    return fn
+
+
+def _softmax_dim(ndim: int, name: str) -> int:
+    warnings.warn(f"Implicit dimension choice for {name} has been deprecated. Change the call "
+                  "to include dim=X as an argument.", UserWarning, stacklevel=3)
+    return 0 if ndim in (0, 1, 3) else 1
+
+
+def softmax(input: Tensor, dim: int | None = None, dtype=None) -> Tensor:
+    if dim is None:
+        dim = _softmax_dim(input.ndim, "softmax")
+    if dtype is not None:
+        input = input.to(dtype)
+    return _softmax_impl("softmax")(input, dim)
+
+
+def log_softmax(input: Tensor, dim: int | None = None, dtype=None) -> Tensor:
+    if dim is None:
+        dim = _softmax_dim(input.ndim, "log_softmax")
+    if dtype is not None:
+        input = input.to(dtype)
+    return _softmax_impl("log_softmax")(input, dim)
+
+
+# -- losses ----------------------------------------------------------------------------------
+def mse_loss(input: Tensor, target: Tensor, size_average=None, reduce=None,
+             reduction: str = "mean", weight=None) -> Tensor:
+    """Mean squared error (``MseLossBackward0``); broadcasts with torch's warning."""
+    if weight is not None:
+        raise NotImplementedError("mse_loss(weight=...) is not supported")
+    red = _reduction_enum(_legacy_reduction(size_average, reduce, reduction))
+    _check_tensor(input, "mse_loss", "input")
+    _check_tensor(target, "mse_loss", "target")
+    if tuple(target.shape) != tuple(input.shape):
+        warnings.warn(
+            f"Using a target size ({target.shape!r}) that is different to the input size "
+            f"({input.shape!r}). This will likely lead to incorrect results due to "
+            "broadcasting. Please ensure they have the same size.", UserWarning, stacklevel=2)
+        shape = _broadcast_shape(input.shape, target.shape)
+        input, target = _F.expand(input, shape), _F.expand(target, shape)
+    for t in (input, target):
+        if not t.dtype.is_floating_point:
+            raise NotImplementedError(f'"mse_cpu" not implemented for '
+                                      f"'{_torch_name(t.dtype)}'")
+    return apply(OPS["mse_loss"], (input, target), {"reduction": red})
+
+
+def _legacy_reduction(size_average, reduce, reduction: str) -> str:
+    if size_average is None and reduce is None:
+        return reduction
+    size_average = True if size_average is None else size_average
+    reduce = True if reduce is None else reduce
+    if not reduce:
+        return "none"
+    return "mean" if size_average else "sum"
+
+
+def _broadcast_shape(a, b) -> tuple[int, ...]:
+    out = []
+    for i in range(1, max(len(a), len(b)) + 1):
+        da = a[-i] if i <= len(a) else 1
+        db = b[-i] if i <= len(b) else 1
+        if da != db and da != 1 and db != 1:
+            raise RuntimeError(f"The size of tensor a ({da}) must match the size of tensor b "
+                               f"({db}) at non-singleton dimension {max(len(a), len(b)) - i}")
+        out.append(max(da, db) if 0 not in (da, db) else 0)
+    return tuple(reversed(out))
+
+
+def binary_cross_entropy_with_logits(input: Tensor, target: Tensor, weight: Tensor | None = None,
+                                     size_average=None, reduce=None, reduction: str = "mean",
+                                     pos_weight: Tensor | None = None) -> Tensor:
+    """Sigmoid + binary cross entropy, one stable op (BinaryCrossEntropyWithLogitsBackward0)."""
+    red = _reduction_enum(_legacy_reduction(size_average, reduce, reduction))
+    _check_tensor(input, "binary_cross_entropy_with_logits", "input")
+    _check_tensor(target, "binary_cross_entropy_with_logits", "target")
+    if tuple(target.shape) != tuple(input.shape):
+        raise ValueError(f"Target size ({target.shape!r}) must be the same as input size "
+                         f"({input.shape!r})")
+    for name, extra in (("weight", weight), ("pos_weight", pos_weight)):
+        if extra is not None:
+            _check_tensor(extra, "binary_cross_entropy_with_logits", name)
+            _broadcast_shape(extra.shape, input.shape)
+            if extra.device != input.device:
+                raise RuntimeError("Expected all tensors to be on the same device, but found "
+                                   f"at least two devices, {extra.device} and {input.device}!")
+    return apply(OPS["binary_cross_entropy_with_logits"], (input, target),
+                 {"weight": weight, "pos_weight": pos_weight, "reduction": red})
+
+
+def nll_loss(input: Tensor, target: Tensor, weight: Tensor | None = None, size_average=None,
+             ignore_index: int = -100, reduce=None, reduction: str = "mean") -> Tensor:
+    """Negative log likelihood over class scores (``NllLossBackward0``); input (C,) or (N, C)."""
+    red = _reduction_enum(_legacy_reduction(size_average, reduce, reduction))
+    _check_tensor(input, "nll_loss", "input")
+    _check_tensor(target, "nll_loss", "target")
+    if target.dtype.name != "int64":
+        raise RuntimeError(f"expected target dtype to be Long or Byte, but got "
+                           f"{_torch_name(target.dtype)}")
+    if input.ndim not in (1, 2):
+        if input.ndim == 0:
+            raise ValueError("Expected 1 or more dimensions (got 0)")
+        raise NotImplementedError("symgrad's nll_loss takes input of shape (C,) or (N, C); "
+                                  "reshape (N, C, d1, ...) to (N*d1*..., C) first")
+    if input.ndim == 2 and (target.ndim != 1 or target.shape[0] != input.shape[0]):
+        raise ValueError(f"Expected input batch_size ({input.shape[0]}) to match target "
+                         f"batch_size ({target.shape[0] if target.ndim else 1}).")
+    if input.ndim == 1 and target.ndim != 0:
+        raise RuntimeError("1D target tensor expects 1D input tensors, but found inputs with "
+                           f"sizes {list(input.shape)} and {list(target.shape)}.")
+    n_classes = input.shape[-1]
+    if weight is not None:
+        _check_tensor(weight, "nll_loss", "weight")
+        if weight.numel() != n_classes:
+            raise RuntimeError(f"weight tensor should be defined either for all {n_classes} "
+                               f"classes or no classes but got weight tensor of shape: "
+                               f"{list(weight.shape)}")
+    if target.device != input.device:
+        raise RuntimeError("Expected all tensors to be on the same device, but found at least "
+                           f"two devices, {target.device} and {input.device}!")
+    _check_targets(target, n_classes, ignore_index)
+    out = apply(OPS["nll_loss"], (input,), {"target": target, "weight": weight,
+                                            "reduction": red, "ignore_index": ignore_index})
+    return out[0]
+
+
+def _check_targets(target: Tensor, n_classes: int, ignore_index: int) -> None:
+    """Out-of-range class indices never reach a kernel (torch: IndexError)."""
+    import numpy as np
+
+    from ..backends import backend_for
+
+    t = np.asarray(backend_for(target.device.type).to_host(target._data))
+    bad = t[(t != ignore_index) & ((t < 0) | (t >= n_classes))]
+    if bad.size:
+        raise IndexError(f"Target {int(bad.flat[0])} is out of bounds.")
+
+
+def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None,
+                  size_average=None, ignore_index: int = -100, reduce=None,
+                  reduction: str = "mean", label_smoothing: float = 0.0) -> Tensor:
+    """``nll_loss(log_softmax(input, 1), target)``; also class-probability targets."""
+    reduction = _legacy_reduction(size_average, reduce, reduction)
+    red = _reduction_enum(reduction)
+    _check_tensor(input, "cross_entropy", "input")
+    if label_smoothing != 0.0:
+        raise NotImplementedError("cross_entropy(label_smoothing=...) is not supported yet")
+    class_dim = 0 if input.ndim == 1 else 1
+    logp = log_softmax(input, class_dim)
+    if target.dtype.is_floating_point:  # class probabilities
+        if tuple(target.shape) != tuple(input.shape):
+            raise RuntimeError(f"Expected target size {list(input.shape)}, got "
+                               f"{list(target.shape)}")
+        prod = logp * target if weight is None else logp * target * weight
+        losses = -_F.sum(prod, class_dim)
+        if red == 1:
+            return _F.sum(losses) / (input.shape[0] if input.ndim > 1 else 1)
+        return _F.sum(losses) if red == 2 else losses
+    return nll_loss(logp, target, weight, ignore_index=ignore_index, reduction=reduction)

@@ -1,0 +1,103 @@
+"""Adam (and AMSGrad): torch's single-tensor update, operation for operation."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ..backends import backend_for
+from ..tensor import Tensor
+from .optimizer import Optimizer
+
+__all__ = ["Adam"]
+
+
+class Adam(Optimizer):
+    """``p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)``, as ``torch.optim.Adam``.
+
+    ``m`` moves by ``lerp(m, g, 1 - b1)`` and ``v`` by ``b2 * v + (1 - b2) * g * g``; weight
+    decay adds ``wd * p`` to the gradient (L2) unless ``decoupled_weight_decay`` (AdamW).
+    """
+
+    def __init__(self, params: Iterable, lr: float = 1e-3,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0, amsgrad: bool = False, *,
+                 maximize: bool = False, decoupled_weight_decay: bool = False) -> None:
+        lr = float(lr)
+        if lr < 0.0:
+            raise ValueError(f"Invalid learning rate: {lr}")
+        if eps < 0.0:
+            raise ValueError(f"Invalid epsilon value: {eps}")
+        if not 0.0 <= betas[0] < 1.0:
+            raise ValueError(f"Invalid beta parameter at index 0: {betas[0]}")
+        if not 0.0 <= betas[1] < 1.0:
+            raise ValueError(f"Invalid beta parameter at index 1: {betas[1]}")
+        if weight_decay < 0.0:
+            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps,
+                                  "weight_decay": weight_decay, "amsgrad": amsgrad,
+                                  "maximize": maximize,
+                                  "decoupled_weight_decay": decoupled_weight_decay})
+
+    def _init_state(self, p: Tensor, amsgrad: bool) -> dict:
+        from ..creation import zeros_like
+        from ..dtypes import float32
+        from ..tensor import tensor
+
+        state = {"step": tensor(0.0, dtype=float32), "exp_avg": zeros_like(p),
+                 "exp_avg_sq": zeros_like(p)}
+        if amsgrad:
+            state["max_exp_avg_sq"] = zeros_like(p)
+        self.state[p] = state
+        return state
+
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            from ..autograd.grad_mode import enable_grad
+
+            with enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr = float(group["lr"])
+            beta1, beta2 = group["betas"]
+            eps = group["eps"]
+            wd = group["weight_decay"]
+            amsgrad = group["amsgrad"]
+            for p in group["params"]:
+                grad = p._grad
+                if grad is None:
+                    continue
+                be = backend_for(p._device.type)
+                state = self.state.get(p) or self._init_state(p, amsgrad)
+                step_t = state["step"]
+                be.add_(step_t._data, 1)
+                step_t._storage.version += 1
+                g = grad._data
+                if group["maximize"]:
+                    g = be.neg(g)
+                if wd != 0:
+                    if group["decoupled_weight_decay"]:
+                        be.mul_(p._data, 1 - lr * wd)
+                    else:
+                        g = be.add(g, be.mul(p._data, wd))
+                m = state["exp_avg"]._data
+                v = state["exp_avg_sq"]._data
+                be.add_(m, be.mul(be.sub(g, m), 1 - beta1))  # lerp_(g, 1 - beta1), weight < 0.5
+                be.mul_(v, beta2)
+                be.add_(v, be.mul(be.mul(g, 1 - beta2), g))  # addcmul_(g, g, value=1 - beta2)
+                step = float(be.to_host(step_t._data))
+                bias_correction1 = 1 - beta1 ** step
+                bias_correction2 = 1 - beta2 ** step
+                step_size = lr / bias_correction1
+                bias_correction2_sqrt = bias_correction2 ** 0.5
+                if amsgrad:
+                    vmax = state["max_exp_avg_sq"]._data
+                    be.copy_(vmax, be.maximum(vmax, v))
+                    state["max_exp_avg_sq"]._storage.version += 1
+                    v = vmax
+                denom = be.add(be.div(be.sqrt(v), bias_correction2_sqrt), eps)
+                be.add_(p._data, be.div(be.mul(m, -step_size), denom))  # addcdiv_
+                p._storage.version += 1
+                state["exp_avg"]._storage.version += 1
+                state["exp_avg_sq"]._storage.version += 1
+        return loss

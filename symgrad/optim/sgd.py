@@ -1,0 +1,72 @@
+"""SGD with momentum, dampening, Nesterov and weight decay: torch's single-tensor update."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ..backends import backend_for
+from ..tensor import Tensor
+from .optimizer import Optimizer
+
+__all__ = ["SGD"]
+
+
+class SGD(Optimizer):
+    """``p -= lr * d`` where ``d`` is the (momentum, Nesterov) direction of ``grad + wd * p``.
+
+    Matches ``torch.optim.SGD``: the momentum buffer starts as a copy of the first
+    direction (no dampening on that step), then ``buf = momentum * buf + (1 - dampening) * d``.
+    """
+
+    def __init__(self, params: Iterable, lr: float = 1e-3, momentum: float = 0,
+                 dampening: float = 0, weight_decay: float = 0, nesterov: bool = False, *,
+                 maximize: bool = False) -> None:
+        lr = float(lr)
+        if lr < 0.0:
+            raise ValueError(f"Invalid learning rate: {lr}")
+        if momentum < 0.0:
+            raise ValueError(f"Invalid momentum value: {momentum}")
+        if weight_decay < 0.0:
+            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise ValueError("Nesterov momentum requires a momentum and zero dampening")
+        super().__init__(params, {"lr": lr, "momentum": momentum, "dampening": dampening,
+                                  "weight_decay": weight_decay, "nesterov": nesterov,
+                                  "maximize": maximize})
+
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            from ..autograd.grad_mode import enable_grad
+
+            with enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr = float(group["lr"])
+            momentum = group["momentum"]
+            dampening = group["dampening"]
+            wd = group["weight_decay"]
+            nesterov = group["nesterov"]
+            for p in group["params"]:
+                grad = p._grad
+                if grad is None:
+                    continue
+                be = backend_for(p._device.type)
+                d = grad._data
+                if group["maximize"]:
+                    d = be.neg(d)
+                if wd != 0:
+                    d = be.add(d, be.mul(p._data, wd))
+                if momentum != 0:
+                    state = self.state.setdefault(p, {})
+                    buf = state.get("momentum_buffer")
+                    if buf is None:
+                        buf = state["momentum_buffer"] = Tensor._wrap(be.copy(d), p._device)
+                    else:
+                        be.mul_(buf._data, momentum)
+                        be.add_(buf._data, d if dampening == 0 else be.mul(d, 1 - dampening))
+                        buf._storage.version += 1
+                    d = be.add(d, be.mul(buf._data, momentum)) if nesterov else buf._data
+                be.add_(p._data, be.mul(d, -lr))
+                p._storage.version += 1
+        return loss
