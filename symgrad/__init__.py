@@ -14,7 +14,7 @@ from .creation import (arange, empty, empty_like, eye, from_numpy, full, full_li
 from .device import device
 from .dtypes import bool_ as bool  # noqa: A001
 from .dtypes import dtype, float32, float64, int64
-from .functional import (abs, add, addcmul, clone, cos, div, dot, eq, exp, expand, flatten, ge, gt,
+from .functional import (abs, add, clone, cos, div, dot, eq, exp, expand, flatten, ge, gt,
                          le, log, logical_not, lt, matmul, mean, mm, mul, mv, ne, neg, permute,
                          pow, reciprocal, relu, reshape, sigmoid, sign, sin, sqrt, squeeze, sub,
                          sum, t, tanh, transpose, unsqueeze, view, where)
@@ -34,7 +34,7 @@ __all__ = [
     "no_grad", "enable_grad", "set_grad_enabled", "inference_mode", "is_grad_enabled",
     "zeros", "ones", "full", "empty", "zeros_like", "ones_like", "full_like", "empty_like",
     "eye", "arange", "linspace", "rand", "randn", "randint", "from_numpy", "manual_seed",
-    "add", "addcmul", "sub", "mul", "div", "neg", "pow", "exp", "log", "sin", "cos", "tanh", "sigmoid",
+    "add", "sub", "mul", "div", "neg", "pow", "exp", "log", "sin", "cos", "tanh", "sigmoid",
     "relu", "sqrt", "abs", "sign", "reciprocal", "sum", "mean", "matmul", "mm", "mv", "dot",
     "t", "transpose", "permute", "reshape", "view", "flatten", "squeeze", "unsqueeze",
     "expand", "clone", "where", "eq", "ne", "gt", "ge", "lt", "le", "logical_not",

@@ -1,8 +1,6 @@
 """Every op, defined once. Importing this package fills ``OPS``."""
 
-from . import (elementwise, indexing, linalg, minmax, movement, nn, reduce,  # noqa: F401
-               shape, softmax)  # (registration)
-from . import inplace  # noqa: F401  (zero_, fill_, copy_)
+from . import elementwise, linalg, movement, nn, reduce  # noqa: F401  (registration)
 from .registry import OPS, check_complete, register
 from .spec import STRUCTURAL, OpSpec
 
