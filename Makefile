@@ -20,11 +20,11 @@ demo: $(STAMP)
 	$(PY) -m symgrad.demo
 
 test: $(STAMP)
-	$(PY) -m ruff check symgrad tests benchmarks
+	$(PY) -m ruff check .
 	$(PY) -m pytest -n 2 -q
 
 lint: $(STAMP)
-	$(PY) -m ruff check symgrad tests benchmarks
+	$(PY) -m ruff check .
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_core.py

@@ -21,7 +21,8 @@ def cpu_backend(request):
 
 @pytest.fixture
 def torch():
-    return pytest.importorskip("torch", reason="PyTorch is the test oracle; `make test` installs it")
+    return pytest.importorskip("torch",
+                               reason="PyTorch is the test oracle; `make test` installs it")
 
 
 @pytest.fixture

@@ -157,7 +157,8 @@ def test_requires_grad_rules_match_torch(torch):
             b.requires_grad = False
         with pytest.raises(RuntimeError, match="floating point"):
             lib.tensor([1, 2]).requires_grad_()
-        with pytest.raises(RuntimeError, match="Can't call numpy\\(\\) on Tensor that requires grad"):
+        with pytest.raises(RuntimeError,
+                           match="Can't call numpy\\(\\) on Tensor that requires grad"):
             a.numpy()
         c = lib.tensor([1.0])
         c.requires_grad = True
