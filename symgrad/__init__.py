@@ -28,6 +28,20 @@ long = int64
 
 __version__ = "0.1.0"
 
+
+def load_ipython_extension(ipython) -> None:
+    """``%load_ext symgrad``: the ``%symgrad``/``%%symgrad`` magics and rich grad_fn display."""
+    from .jupyter import load_ipython_extension as _load
+
+    _load(ipython)
+
+
+def graph(root, names=None, report=None):
+    """The graph behind ``root``, displayable as JSON + static SVG + text (notebooks)."""
+    from .jupyter.graph import graph as _graph
+
+    return _graph(root, names, report)
+
 __all__ = [
     "Tensor", "Size", "tensor", "dtype", "device", "float32", "float64", "int64", "bool",
     "float", "double", "long", "autograd", "cuda", "ops",

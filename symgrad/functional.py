@@ -118,6 +118,16 @@ gt, ge, lt, le, eq, ne = (_compare(n) for n in ("gt", "ge", "lt", "le", "eq", "n
 logical_or, logical_and = _compare("logical_or"), _compare("logical_and")
 
 
+def addcmul(input, tensor1, tensor2, *, value=1):
+    """``input + value * tensor1 * tensor2`` as one op: one fused pass on the CPU backend."""
+    for name, x in (("input", input), ("tensor1", tensor1), ("tensor2", tensor2)):
+        if not isinstance(x, Tensor):
+            raise TypeError(f"addcmul(): argument '{name}' must be Tensor, not "
+                            f"{type(x).__name__}")
+    return apply(_O["addcmul"], (input, tensor1, tensor2), {"value": _check_number(value,
+                                                                                   "addcmul")})
+
+
 def where(condition, input, other):
     if not isinstance(condition, Tensor) or condition.dtype is not _dt.bool_:
         raise RuntimeError("where expected condition to be a boolean tensor")
@@ -401,6 +411,7 @@ def _install_tensor_methods() -> None:
     T.view_as = lambda self, other: view(self, other.shape)
     T.reshape_as = lambda self, other: reshape(self, other.shape)
     T.where = lambda self, condition, other: where(condition, self, other)
+    T.addcmul = addcmul
 
 
 _install_tensor_methods()

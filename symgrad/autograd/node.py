@@ -12,6 +12,8 @@ import itertools
 import weakref
 from typing import Any
 
+from .grad_mode import _state as _grad_state
+
 __all__ = ["Node", "OpNode", "AccumulateGrad", "SavedTensor", "node_class_for"]
 
 _sequence = itertools.count()
@@ -208,6 +210,10 @@ class OpNode(Node):
 
             shape, dtype = self._out_meta[0]
             grad = zeros(shape, dtype=dtype)
+        if spec.fused_backward is not None and not _grad_state.enabled:
+            fused = self._apply_fused(spec, grad, needed)
+            if fused is not None:
+                return fused
         cache: dict[str, Any] = {}
         results = []
         for i, input_name in enumerate(spec.inputs):
@@ -221,6 +227,34 @@ class OpNode(Node):
                 kwargs[p] = cache[p]
             results.append(spec.grads[input_name](grad, **kwargs))
         return results
+
+    def _apply_fused(self, spec, grad, needed):
+        """The backend's one-pass backward kernel, when it has one (no graph is recorded)."""
+        from ..backends import backend_for
+
+        kernel = getattr(backend_for(grad._device.type), spec.fused_backward, None)
+        if kernel is None:
+            return None
+        args = [self._fused_arg(p) for p in spec.saved]
+        outs = kernel(grad._data, needed, *args)
+        if outs is None:
+            return None
+        wrap, device = type(grad)._wrap, grad._device
+        return [None if o is None else wrap(o, device) for o in outs]
+
+    def _fused_arg(self, name: str):
+        """A saved operand as the kernel takes it: the array of a tensor, or the number."""
+        value = self._saved.get(name)
+        if type(value) is SavedTensor:
+            t = value.tensor
+            if t is not None and t._storage.version == value.version:
+                return t._data
+            return value.unpack(self)._data  # version error, or the unpack hook's tensor
+        if value is _FREED:
+            raise RuntimeError(FREED_MESSAGE)
+        if type(value) is _WrappedScalar:
+            return value.value
+        return value
 
 
 _FREED = object()  # marks a saved tensor released by backward

@@ -37,3 +37,17 @@ def set_cpu_backend(name: str) -> str:
     previous = _DEVICE_DEFAULT["cpu"]
     _DEVICE_DEFAULT["cpu"] = name
     return previous
+
+
+def _register_cpu() -> None:
+    """The Numba backend is the CPU default (it imports Numba only on its first kernel)."""
+    import os
+
+    from .cpu import CpuBackend
+
+    register_backend("cpu", CpuBackend())
+    if os.environ.get("SYMGRAD_CPU_BACKEND", "cpu") == "cpu":
+        _DEVICE_DEFAULT["cpu"] = "cpu"
+
+
+_register_cpu()

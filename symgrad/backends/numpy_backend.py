@@ -66,6 +66,12 @@ class NumpyBackend:
     minimum = staticmethod(np.minimum)
 
     @staticmethod
+    def addcmul(x, t1, t2, value=1):
+        """``x + value * t1 * t2`` (torch.addcmul)."""
+        return np.add(x, np.multiply(np.multiply(t1, t2), value) if value != 1 else
+                      np.multiply(t1, t2))
+
+    @staticmethod
     def relu(x):
         return np.maximum(x, 0).astype(x.dtype, copy=False)
 

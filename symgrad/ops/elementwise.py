@@ -8,7 +8,7 @@ as plain as the math.
 
 from __future__ import annotations
 
-from .registry import register
+from .registry import OPS, register
 from .spec import OpSpec
 
 
@@ -125,3 +125,20 @@ register(OpSpec(
     lambda sp, c, x, y: x if c else y, nondifferentiable=("condition",), dtype_rule="where"))
 register(OpSpec("logical_not", None, ("self",), lambda be, self: be.logical_not(self),
                 dtype_rule="bool"))
+
+# -- addcmul: x + value * t1 * t2 in one pass (the ``a*b + a`` pattern without temporaries) --
+register(OpSpec(
+    "addcmul", "AddcmulBackward0", ("self", "tensor1", "tensor2"),
+    lambda be, self, tensor1, tensor2, value=1: be.addcmul(self, tensor1, tensor2, value),
+    {"self": lambda grad: grad,
+     "tensor1": lambda grad, tensor2, value: grad * (tensor2 * value),
+     "tensor2": lambda grad, tensor1, value: grad * (tensor1 * value)},
+    lambda sp, x, t1, t2, value=1: x + value * t1 * t2))
+
+# -- fused backward kernels ------------------------------------------------------------------
+# A backend offering ``<op>_backward(grad, needed, *saved)`` runs the op's whole backward
+# in one pass when no graph is recorded (symgrad/backends/cpu); the formulas above stay the
+# definition, used under create_graph=True, and tests prove both equal.
+for _name in ("neg", "exp", "log", "sin", "cos", "tanh", "sigmoid", "sqrt", "relu", "abs",
+              "sign", "reciprocal", "pow", "mul", "div", "where"):
+    OPS[_name].fused_backward = _name + "_backward"

@@ -43,6 +43,11 @@ class OpSpec:
     #: inputs that never get a gradient (a where() condition, an index tensor)
     nondifferentiable: tuple[str, ...] = ()
     doc: str = ""
+    #: a backend kernel ``be.<name>(grad, needed, *saved)`` doing the whole backward in one
+    #: pass (saved operands as arrays/scalars, in ``saved`` order); it returns one array or
+    #: None per input, or None to decline. Used only when no graph is being recorded and the
+    #: backend has it; otherwise the tensor-op formulas in ``grads`` run (tested equal).
+    fused_backward: str | None = None
 
     # derived in __post_init__
     formula_params: dict[str, tuple[str, ...]] = field(init=False, repr=False)

@@ -1,0 +1,518 @@
+"""Numba kernels of the CPU backend, compiled lazily and cached on disk.
+
+This module is imported on the first kernel call (importing Numba costs ~0.3 s), never by
+``import symgrad``. Every kernel works on flat, C-contiguous, same-length 1-D arrays; the
+Python side (``backend.py``) checks shapes, dtypes and contiguity before calling, so a
+kernel can never index out of bounds. Each loop body is written once with ``prange``; the
+serial twin runs it as a plain ``range`` (small arrays), the parallel twin splits it over
+the threads (large arrays). Scalar rules (``_sin_b`` ...) are plain Python functions that
+are also jitted, so the size-1 path in Python and the kernels share one formula.
+
+Threading layer: ``workqueue`` (see ``_threading``); it ships with Numba on every platform
+and survives ``fork``. It is not thread-safe, so parallel launches are serialised by one
+lock in ``backend.py`` (they use every core anyway); serial kernels run with ``nogil``
+from any number of Python threads at once.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import tempfile
+import threading
+import time
+import types
+
+__all__ = ["THREADING_LAYER", "twin"]
+
+
+def _cache_dir_fallback() -> None:
+    """Numba caches next to this file; where that is read-only, use a user cache dir."""
+    if os.environ.get("NUMBA_CACHE_DIR"):
+        return
+    here = os.path.dirname(os.path.abspath(__file__))
+    pycache = os.path.join(here, "__pycache__")
+    target = pycache if os.path.isdir(pycache) else here
+    if os.access(target, os.W_OK):
+        return
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    for cand in (os.path.join(base, "symgrad", "numba"),
+                 os.path.join(tempfile.gettempdir(), f"symgrad-numba-{os.getuid()}")):
+        try:
+            os.makedirs(cand, exist_ok=True)
+        except OSError:
+            continue
+        if os.access(cand, os.W_OK):
+            os.environ["NUMBA_CACHE_DIR"] = cand
+            return
+
+
+def _threading() -> str:
+    """Pick the threading layer before Numba launches its first parallel region.
+
+    ``tbb`` (thread- and fork-safe) needs the separate tbb package, ``omp`` (GNU OpenMP)
+    aborts a forked child that runs a parallel kernel, and ``workqueue`` is fork-safe and
+    always present: we choose it and add a lock for thread safety. A user's explicit
+    ``NUMBA_THREADING_LAYER`` wins.
+    """
+    chosen = os.environ.get("NUMBA_THREADING_LAYER", "").strip() or "workqueue"
+    numba.config.THREADING_LAYER = chosen
+    return chosen
+
+
+_cache_dir_fallback()
+import numba  # noqa: E402
+import numpy as np  # noqa: E402
+from numba import njit, prange  # noqa: E402
+
+if os.environ.get("NUMBA_CACHE_DIR"):
+    numba.config.CACHE_DIR = os.environ["NUMBA_CACHE_DIR"]
+THREADING_LAYER = _threading()
+
+# fastmath stays off: results must match the NumPy reference and torch bit-for-bit where
+# the math allows (fastmath gains nothing on these memory-bound loops, PERF-BASELINES B2).
+# error_model="numpy": 1/0 gives inf as in NumPy and torch, instead of raising.
+_OPTS = dict(cache=True, nogil=True, fastmath=False, error_model="numpy")
+_scalar = njit(inline="always", **_OPTS)
+
+
+def twin(fn):
+    """(serial, parallel) dispatchers of one loop body; distinct names keep caches apart."""
+    par = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__ + "_par",
+                             fn.__defaults__, fn.__closure__)
+    par.__qualname__ = fn.__qualname__ + "_par"
+    par.__module__ = fn.__module__
+    return njit(**_OPTS)(fn), njit(parallel=True, **_OPTS)(par)
+
+
+# -- progress message for long first compiles ---------------------------------------------
+class _CompileNotice(numba.core.event.Listener):
+    """Says on stderr what is compiling when a first compile takes longer than ``delay``."""
+
+    delay = float(os.environ.get("SYMGRAD_COMPILE_NOTICE_S", "1.0"))
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    def on_start(self, event) -> None:
+        depth = getattr(self._local, "depth", 0)
+        self._local.depth = depth + 1
+        if depth:
+            return
+        disp = event.data.get("dispatcher")
+        name = getattr(getattr(disp, "py_func", None), "__name__", "kernel")
+        self._local.t0 = time.perf_counter()
+        self._local.said = [False]
+        said = self._local.said
+
+        def say() -> None:
+            said[0] = True
+            print(f"symgrad: compiling Numba kernel {name!r} (first use only; cached on disk "
+                  "afterwards)...", file=sys.stderr, flush=True)
+
+        timer = threading.Timer(self.delay, say)
+        timer.daemon = True
+        timer.start()
+        self._local.timer = timer
+
+    def on_end(self, event) -> None:
+        self._local.depth -= 1
+        if self._local.depth:
+            return
+        self._local.timer.cancel()
+        if self._local.said[0]:
+            print(f"symgrad: compiled in {time.perf_counter() - self._local.t0:.1f} s",
+                  file=sys.stderr, flush=True)
+
+
+numba.core.event.register("numba:compile", _CompileNotice())
+
+
+# -- scalar rules (Python and jitted) --------------------------------------------------------
+def _sigmoid(v):
+    if v >= 0:
+        return 1.0 / (1.0 + math.exp(-v))
+    e = math.exp(v)
+    return e / (1.0 + e)
+
+
+def _relu(v):
+    return v if not v <= 0 else 0.0  # nan stays nan, as in torch
+
+
+def _sign(v):
+    if v > 0:
+        return 1.0
+    if v < 0:
+        return -1.0
+    return v - v  # 0 and -0 -> 0, nan -> nan
+
+
+_sigmoid_j, _relu_j, _sign_j = _scalar(_sigmoid), _scalar(_relu), _scalar(_sign)
+
+
+# -- forward kernels (used above the parallel threshold; NumPy's ufuncs win below it) ----------
+def neg_f(x, out):
+    for i in prange(x.size):
+        out[i] = -x[i]
+
+
+def exp_f(x, out):
+    for i in prange(x.size):
+        out[i] = math.exp(x[i])
+
+
+def log_f(x, out):
+    for i in prange(x.size):
+        v = x[i]
+        out[i] = math.log(v) if v > 0 else (-np.inf if v == 0 else np.nan)
+
+
+def sin_f(x, out):
+    for i in prange(x.size):
+        out[i] = math.sin(x[i])
+
+
+def cos_f(x, out):
+    for i in prange(x.size):
+        out[i] = math.cos(x[i])
+
+
+def tanh_f(x, out):
+    for i in prange(x.size):
+        out[i] = math.tanh(x[i])
+
+
+def sigmoid_f(x, out):
+    for i in prange(x.size):
+        out[i] = _sigmoid_j(x[i])
+
+
+def relu_f(x, out):
+    for i in prange(x.size):
+        out[i] = _relu_j(x[i])
+
+
+def sqrt_f(x, out):
+    for i in prange(x.size):
+        v = x[i]
+        out[i] = math.sqrt(v) if v >= 0 else np.nan
+
+
+def abs_f(x, out):
+    for i in prange(x.size):
+        out[i] = abs(x[i])
+
+
+# binary: b may be a length-1 array broadcast with stride sb = 0 (a scalar operand)
+def add_f(a, b, out, sa, sb):
+    for i in prange(out.size):
+        out[i] = a[i * sa] + b[i * sb]
+
+
+def sub_f(a, b, out, sa, sb):
+    for i in prange(out.size):
+        out[i] = a[i * sa] - b[i * sb]
+
+
+def mul_f(a, b, out, sa, sb):
+    for i in prange(out.size):
+        out[i] = a[i * sa] * b[i * sb]
+
+
+def div_f(a, b, out, sa, sb):
+    for i in prange(out.size):
+        out[i] = a[i * sa] / b[i * sb]
+
+
+def addcmul_f(a, t1, t2, value, out):
+    """out = a + value * t1 * t2 in one pass (the ``a*b + a`` pattern, torch.addcmul)."""
+    for i in prange(out.size):
+        out[i] = a[i] + value * (t1[i] * t2[i])
+
+
+# -- fused backward kernels: the whole backward of an op in one pass ------------------------
+def _exp_b(g, r):
+    return g * r
+
+
+def _log_b(g, x):
+    return g / x
+
+
+def _sin_b(g, x):
+    return g * math.cos(x)
+
+
+def _cos_b(g, x):
+    return g * -math.sin(x)
+
+
+def _tanh_b(g, r):
+    return g * (1 - r * r)
+
+
+def _sigmoid_b(g, r):
+    return g * (r * (1 - r))
+
+
+def _sqrt_b(g, r):
+    return g / (2 * r)
+
+
+def _relu_b(g, r):
+    return g * (1 if r > 0 else 0)
+
+
+def _abs_b(g, x):
+    return g * (1.0 if x > 0 else (-1.0 if x < 0 else x - x))  # g * sign(x)
+
+
+def _reciprocal_b(g, r):
+    return -g * r * r
+
+
+_exp_bj, _log_bj, _sin_bj, _cos_bj = (_scalar(f) for f in (_exp_b, _log_b, _sin_b, _cos_b))
+_tanh_bj, _sigmoid_bj, _sqrt_bj = (_scalar(f) for f in (_tanh_b, _sigmoid_b, _sqrt_b))
+_relu_bj, _abs_bj, _reciprocal_bj = (_scalar(f) for f in (_relu_b, _abs_b, _reciprocal_b))
+
+#: scalar rules for the size-1 path, by op name
+SCALAR_BACKWARD = {"exp": _exp_b, "log": _log_b, "sin": _sin_b, "cos": _cos_b,
+                   "tanh": _tanh_b, "sigmoid": _sigmoid_b, "sqrt": _sqrt_b, "relu": _relu_b,
+                   "abs": _abs_b, "reciprocal": _reciprocal_b}
+
+
+def exp_b(g, v, out):
+    for i in prange(g.size):
+        out[i] = _exp_bj(g[i], v[i])
+
+
+def log_b(g, v, out):
+    for i in prange(g.size):
+        out[i] = _log_bj(g[i], v[i])
+
+
+def sin_b(g, v, out):
+    for i in prange(g.size):
+        out[i] = _sin_bj(g[i], v[i])
+
+
+def cos_b(g, v, out):
+    for i in prange(g.size):
+        out[i] = _cos_bj(g[i], v[i])
+
+
+def tanh_b(g, v, out):
+    for i in prange(g.size):
+        out[i] = _tanh_bj(g[i], v[i])
+
+
+def sigmoid_b(g, v, out):
+    for i in prange(g.size):
+        out[i] = _sigmoid_bj(g[i], v[i])
+
+
+def sqrt_b(g, v, out):
+    for i in prange(g.size):
+        out[i] = _sqrt_bj(g[i], v[i])
+
+
+def relu_b(g, v, out):
+    for i in prange(g.size):
+        out[i] = _relu_bj(g[i], v[i])
+
+
+def abs_b(g, v, out):
+    for i in prange(g.size):
+        out[i] = _abs_bj(g[i], v[i])
+
+
+def reciprocal_b(g, v, out):
+    for i in prange(g.size):
+        out[i] = _reciprocal_bj(g[i], v[i])
+
+
+def pow_b(g, x, e, out):
+    """d(x**e)/dx for a scalar exponent e (e != 0), typed like x."""
+    em1 = e - 1
+    for i in prange(g.size):
+        out[i] = g[i] * e * x[i] ** em1
+
+
+def mul2_b(g, a, b, ga, gb):
+    """Both gradients of a*b in one pass: ga = g*b, gb = g*a."""
+    for i in prange(g.size):
+        gi = g[i]
+        ga[i] = gi * b[i]
+        gb[i] = gi * a[i]
+
+
+def div2_b(g, a, b, ga, gb):
+    """Both gradients of a/b in one pass: ga = g/b, gb = -g*a/(b*b)."""
+    for i in prange(g.size):
+        gi = g[i]
+        bi = b[i]
+        ga[i] = gi / bi
+        gb[i] = -gi * a[i] / (bi * bi)
+
+
+def div_other_b(g, a, b, gb):
+    for i in prange(g.size):
+        bi = b[i]
+        gb[i] = -g[i] * a[i] / (bi * bi)
+
+
+def where2_b(g, c, ga, gb):
+    """Both gradients of where(c, a, b): the grad goes left where c, else right."""
+    for i in prange(g.size):
+        if c[i]:
+            ga[i] = g[i]
+            gb[i] = 0
+        else:
+            ga[i] = 0
+            gb[i] = g[i]
+
+
+def where1_b(g, c, out, left):
+    for i in prange(g.size):
+        out[i] = g[i] if c[i] == left else 0
+
+
+# -- reductions ------------------------------------------------------------------------------
+def sum_f(x):
+    """Total of a flat array, accumulated in float64 (more accurate than float32 pairwise)."""
+    acc = 0.0
+    for i in prange(x.size):
+        acc += x[i]
+    return acc
+
+
+def sum_rows_f(x, out):
+    """Column sums of a C-contiguous (n, m) array: the broadcast-gradient reduction of a bias."""
+    n, m = x.shape
+    acc = np.zeros(m, dtype=np.float64)
+    for i in range(n):
+        for j in range(m):
+            acc[j] += x[i, j]
+    for j in range(m):
+        out[j] = acc[j]
+
+
+def sum_last_f(x, out):
+    """Row sums of a C-contiguous (n, m) array (sum over the last dim)."""
+    n, m = x.shape
+    for i in prange(n):
+        acc = 0.0
+        for j in range(m):
+            acc += x[i, j]
+        out[i] = acc
+
+
+# -- softmax / log_softmax / logsumexp over the last dim of a C-contiguous (n, m) array ----------
+def softmax_rows(x, out):
+    n, m = x.shape
+    for i in prange(n):
+        mx = -np.inf
+        for j in range(m):
+            if x[i, j] > mx or x[i, j] != x[i, j]:
+                mx = x[i, j]
+        if mx == -np.inf:
+            mx = 0.0
+        s = 0.0
+        for j in range(m):
+            e = math.exp(x[i, j] - mx)
+            out[i, j] = e
+            s += e
+        for j in range(m):
+            out[i, j] = out[i, j] / s
+
+
+def log_softmax_rows(x, out):
+    n, m = x.shape
+    for i in prange(n):
+        mx = -np.inf
+        for j in range(m):
+            if x[i, j] > mx or x[i, j] != x[i, j]:
+                mx = x[i, j]
+        if mx == -np.inf:
+            mx = 0.0
+        s = 0.0
+        for j in range(m):
+            s += math.exp(x[i, j] - mx)
+        lse = mx + math.log(s)
+        for j in range(m):
+            out[i, j] = x[i, j] - lse
+
+
+def logsumexp_rows(x, out):
+    n, m = x.shape
+    for i in prange(n):
+        mx = -np.inf
+        for j in range(m):
+            if x[i, j] > mx or x[i, j] != x[i, j]:
+                mx = x[i, j]
+        if mx == -np.inf or mx == np.inf:
+            out[i] = mx
+            continue
+        s = 0.0
+        for j in range(m):
+            s += math.exp(x[i, j] - mx)
+        out[i] = mx + math.log(s)
+
+
+def softmax_rows_b(g, y, out):
+    """grad of softmax: y * (g - sum(g*y)) per row."""
+    n, m = g.shape
+    for i in prange(n):
+        s = 0.0
+        for j in range(m):
+            s += g[i, j] * y[i, j]
+        for j in range(m):
+            out[i, j] = y[i, j] * (g[i, j] - s)
+
+
+def log_softmax_rows_b(g, y, out):
+    """grad of log_softmax: g - exp(y) * sum(g) per row."""
+    n, m = g.shape
+    for i in prange(n):
+        s = 0.0
+        for j in range(m):
+            s += g[i, j]
+        for j in range(m):
+            out[i, j] = g[i, j] - math.exp(y[i, j]) * s
+
+
+# -- gather / scatter-add along dim 0 (integer-array indexing of the first dim) ------------------
+def take_rows(x, idx, out):
+    """out[k] = x[idx[k]] for a C-contiguous (n, m) x; idx already checked and wrapped."""
+    m = x.shape[1]
+    for k in prange(idx.size):
+        r = idx[k]
+        for j in range(m):
+            out[k, j] = x[r, j]
+
+
+def scatter_add_rows(g, idx, out):
+    """out[idx[k]] += g[k] (serial: repeated indices must add up exactly once each)."""
+    m = g.shape[1]
+    for k in range(idx.size):
+        r = idx[k]
+        for j in range(m):
+            out[r, j] += g[k, j]
+
+
+def copy_f(x, out):
+    for i in prange(x.size):
+        out[i] = x[i]
+
+
+_BODIES = [neg_f, exp_f, log_f, sin_f, cos_f, tanh_f, sigmoid_f, relu_f, sqrt_f, abs_f,
+           add_f, sub_f, mul_f, div_f, addcmul_f, exp_b, log_b, sin_b, cos_b, tanh_b,
+           sigmoid_b, sqrt_b, relu_b, abs_b, reciprocal_b, pow_b, mul2_b, div2_b,
+           div_other_b, where2_b, where1_b, sum_f, sum_rows_f, sum_last_f, softmax_rows,
+           log_softmax_rows, logsumexp_rows, softmax_rows_b, log_softmax_rows_b, take_rows,
+           scatter_add_rows, copy_f]
+
+#: name -> (serial dispatcher, parallel dispatcher); nothing compiles until first called
+K: dict[str, tuple] = {f.__name__: twin(f) for f in _BODIES}

@@ -1,0 +1,782 @@
+"""Freeze a live autograd graph into plain JSON (schema ``symgrad.graph/1``).
+
+The payload is what every view draws from: the static SVG, the Inspector widget, the
+JupyterLab renderer (which validates it against ``graph.schema.json``, the one schema
+file). Freezing matters because a notebook is saved long after the graph is freed: the
+JSON holds the grad_fn chain, what each node saved (shapes, dtypes, value previews and
+"same object as ``d``"), the local formula in LaTeX and the verifier's verdicts, and
+nothing that needs the kernel. Symgrad graphs and torch graphs are read the same way
+(``name()``, ``next_functions``, ``variable``, ``_saved_*``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+from functools import lru_cache
+from importlib import resources
+from typing import Any
+
+import numpy as np
+
+__all__ = ["GRAPH_MIME", "REPORT_MIME", "SCHEMA_ID", "graph_json", "load_schema", "graph",
+           "GraphView", "Namer", "preview"]
+
+GRAPH_MIME = "application/vnd.symgrad.graph+json"
+REPORT_MIME = "application/vnd.symgrad.report+json"
+SCHEMA_ID = "symgrad.graph/1"
+
+#: Above this many nodes the payload is cut (``truncated`` says how many were left out);
+#: the views stay usable and the notebook file stays small.
+MAX_NODES = 2000
+
+
+@lru_cache(maxsize=1)
+def load_schema() -> dict:
+    """The JSON schema of the graph payload (``symgrad/jupyter/graph.schema.json``)."""
+    text = resources.files("symgrad.jupyter").joinpath("graph.schema.json").read_text("utf-8")
+    return json.loads(text)
+
+
+# -- values ----------------------------------------------------------------------------------
+
+def _is_torch(x: Any) -> bool:
+    return type(x).__module__.startswith("torch")
+
+
+def _is_tensor(x: Any) -> bool:
+    from ..tensor import Tensor
+
+    if isinstance(x, Tensor):
+        return True
+    return _is_torch(x) and hasattr(x, "grad_fn") and hasattr(x, "shape")
+
+
+def _array(t: Any) -> np.ndarray | None:
+    """Host values of a symgrad or torch tensor, without touching autograd."""
+    try:
+        from ..tensor import Tensor
+
+        if isinstance(t, Tensor):
+            return np.asarray(t.detach().cpu()._data)
+        return t.detach().cpu().numpy()
+    except Exception:  # noqa: BLE001 - a preview must never break the view
+        return None
+
+
+def _dtype_name(t: Any) -> str | None:
+    d = getattr(t, "dtype", None)
+    if d is None:
+        return None
+    name = getattr(d, "name", None)
+    if isinstance(name, str):
+        return name
+    return str(d).replace("torch.", "")
+
+
+def _shape(t: Any) -> list[int] | None:
+    s = getattr(t, "shape", None)
+    return None if s is None else [int(v) for v in s]
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, (bool, np.bool_)):
+        return "True" if v else "False"
+    if isinstance(v, (int, np.integer)):
+        return str(int(v))
+    v = float(v)
+    if v == int(v) and abs(v) < 1e15:
+        return f"{int(v)}."
+    return f"{v:.4g}"
+
+
+def preview(a: Any, max_items: int = 6) -> str:
+    """One line of values: ``5.``, ``[1., 2., 3.]``, ``[0.1, 0.2, …, 0.9] (100 values)``."""
+    if a is None:
+        return ""
+    if _is_tensor(a):
+        a = _array(a)
+        if a is None:
+            return "?"
+    a = np.asarray(a)
+    if a.ndim == 0:
+        return _fmt(a.item())
+    flat = a.ravel()
+    if flat.size <= max_items:
+        body = ", ".join(_fmt(v) for v in flat.tolist())
+        return f"[{body}]" if a.ndim == 1 else f"[{body}] (shape {list(a.shape)})"
+    half = max_items // 2
+    head = ", ".join(_fmt(v) for v in flat[:half].tolist())
+    tail = ", ".join(_fmt(v) for v in flat[-half:].tolist())
+    return f"[{head}, …, {tail}] ({flat.size} values, shape {list(a.shape)})"
+
+
+# -- names -----------------------------------------------------------------------------------
+
+_IPYTHON_NAMES = {"In", "Out", "exit", "quit", "get_ipython"}
+
+
+class Namer:
+    """Display names for tensors: ``tensor.name``, else the variable holding it, else ``t0``.
+
+    ``names`` is a namespace (a notebook's ``user_ns``, ``locals()``) mapping variable
+    names to objects; private names (``_``, ``_3``) are ignored. Two different tensors
+    that would get the same name are told apart as ``d`` and ``d'``, as the verifier does.
+    """
+
+    def __init__(self, names: Mapping[str, Any] | None = None) -> None:
+        self._by_id: dict[int, str] = {}
+        self._keep: list[Any] = []  # keeps ids stable while the Namer lives
+        if names:
+            for key, value in list(names.items()):
+                if not isinstance(key, str) or key.startswith("_") or key in _IPYTHON_NAMES:
+                    continue
+                if _is_tensor(value) and id(value) not in self._by_id:
+                    self._by_id[id(value)] = key
+                    self._keep.append(value)
+        self._assigned: dict[int, str] = {}
+        self._taken: set[str] = set()
+        self._counter = 0
+
+    def variable(self, t: Any) -> str | None:
+        """The namespace variable that holds exactly this object, if any."""
+        return self._by_id.get(id(t))
+
+    def name(self, t: Any) -> str:
+        key = id(t)
+        got = self._assigned.get(key)
+        if got is not None:
+            return got
+        base = getattr(t, "name", None) if not _is_torch(t) else None
+        if not isinstance(base, str) or not base:
+            base = self._by_id.get(key)
+        if base is None:
+            while f"t{self._counter}" in self._taken:
+                self._counter += 1
+            base = f"t{self._counter}"
+            self._counter += 1
+        name = base
+        while name in self._taken:
+            name += "'"
+        self._taken.add(name)
+        self._assigned[key] = name
+        self._keep.append(t)
+        return name
+
+
+# -- LaTeX of a node's local formula ---------------------------------------------------------
+
+_LATEX_SPECIAL = {"\\": r"\textbackslash{}", "{": r"\{", "}": r"\}", "$": r"\$", "&": r"\&",
+                  "#": r"\#", "^": r"\^{}", "_": r"\_", "%": r"\%", "~": r"\~{}"}
+
+
+def latex_name(name: str) -> str:
+    """A user name as LaTeX: ``w1`` -> ``w_{1}``; anything odd becomes escaped ``\\text{}``.
+
+    The result contains no raw ``<``/``>``/``&`` HTML meaning beyond what an HTML escape of
+    the whole LaTeX string (done by every HTML view) neutralises.
+    """
+    m = re.fullmatch(r"([A-Za-z])([0-9]*)('*)", name)
+    if m:
+        base, digits, primes = m.groups()
+        return base + (f"_{{{digits}}}" if digits else "") + primes
+    m = re.fullmatch(r"([A-Za-z][A-Za-z]+)([0-9]*)('*)", name)
+    if m:
+        base, digits, primes = m.groups()
+        return r"\mathrm{" + base + "}" + (f"_{{{digits}}}" if digits else "") + primes
+    return r"\text{" + "".join(_LATEX_SPECIAL.get(c, c) for c in name) + "}"
+
+
+def _local_latex(node: Any, spec: Any, input_names: list[str | None],
+                 out_name: str) -> tuple[str | None, str | None]:
+    """``(formula, derivative)`` LaTeX for an elementwise op from its SymPy meaning."""
+    if spec is None or not callable(spec.sympy):
+        return None, None
+    try:
+        import sympy as sp
+    except ImportError:  # pragma: no cover - sympy is a dependency
+        return None, None
+    refs = getattr(node, "_input_refs", ())
+    args: list[Any] = []
+    symbols: list[tuple[str, Any, str]] = []
+    for i, input_name in enumerate(spec.inputs):
+        ref = refs[i] if i < len(refs) else None
+        if ref is not None and not callable(ref):  # a Python scalar operand
+            args.append(sp.nsimplify(ref) if isinstance(ref, float) else ref)
+            continue
+        placeholder = "XSYMQ" + "".join(chr(65 + int(c)) for c in str(i))
+        sym = sp.Symbol(placeholder, real=True)
+        args.append(sym)
+        shown = input_names[i] if i < len(input_names) and input_names[i] else input_name
+        symbols.append((input_name, sym, shown))
+    kwargs = {}
+    saved = getattr(node, "_saved", {}) or {}
+    try:
+        import inspect
+
+        params = list(inspect.signature(spec.sympy).parameters)[1 + len(spec.inputs):]
+    except (TypeError, ValueError):
+        params = []
+    for p in params:
+        value = saved.get(p)
+        if isinstance(value, (int, float, bool)) and not isinstance(value, np.ndarray):
+            kwargs[p] = value
+    try:
+        expr = spec.sympy(sp, *args, **kwargs)
+    except Exception:  # noqa: BLE001 - no formula is better than a broken panel
+        return None, None
+    subs = {}
+    for _input_name, sym, shown in symbols:
+        subs[sym.name] = latex_name(shown)
+
+    def tex(e: Any) -> str:
+        out = sp.latex(e)
+        for ph in sorted(subs, key=len, reverse=True):
+            out = out.replace(ph, subs[ph])
+        return out
+
+    out_tex = latex_name(out_name)
+    formula = f"{out_tex} = {tex(expr)}"
+    parts = []
+    for input_name, sym, shown in symbols:
+        if input_name not in spec.grads:
+            continue
+        d = sp.simplify(sp.diff(expr, sym))
+        parts.append(rf"\frac{{\partial {out_tex}}}{{\partial {latex_name(shown)}}} = {tex(d)}")
+    return formula, (r",\quad ".join(parts) if parts else None)
+
+
+# -- the walk --------------------------------------------------------------------------------
+
+def _as_roots(root: Any) -> list[Any]:
+    if isinstance(root, (list, tuple)):
+        return list(root)
+    return [root]
+
+
+def _node_output(node: Any, t: Any | None) -> tuple[list[int] | None, str | None]:
+    meta = getattr(node, "_out_meta", None)
+    if meta:
+        shape, dtype = meta[0]
+        return [int(s) for s in shape], getattr(dtype, "name", str(dtype))
+    if t is not None:
+        return _shape(t), _dtype_name(t)
+    return None, None
+
+
+def _saved_rows(node: Any, namer: Namer, own_output: Any | None) -> list[dict]:
+    """Rows for the node's ``_saved_*`` operands, read without unpacking side effects."""
+    from ..autograd import node as node_mod
+
+    rows: list[dict] = []
+    saved = getattr(node, "_saved", None)
+    spec = getattr(type(node), "_spec", None)
+    if isinstance(saved, dict) and spec is not None:
+        freed = getattr(node_mod, "_FREED", None)
+        wrapped = getattr(node_mod, "_WrappedScalar", ())
+        saved_cls = getattr(node_mod, "SavedTensor", ())
+        for name in spec.saved:
+            value = saved.get(name)
+            row: dict[str, Any] = {"name": name, "attr": f"_saved_{name}"}
+            if value is freed and freed is not None:
+                row["kind"] = "freed"
+                row["preview"] = "freed by backward (use retain_graph=True)"
+            elif isinstance(value, saved_cls):
+                t = value.tensor
+                if t is None:
+                    try:
+                        t = value.unpack(node)
+                    except Exception:  # noqa: BLE001
+                        t = None
+                is_output = getattr(value, "output_nr", -1) >= 0
+                row["kind"] = "tensor"
+                row["is_output"] = is_output
+                if t is not None:
+                    row["shape"] = _shape(t)
+                    row["dtype"] = _dtype_name(t)
+                    row["preview"] = preview(t)
+                    if not is_output:
+                        row["same_object_as"] = _same_object(t, namer)
+                    if getattr(t, "_storage", None) is not None and \
+                            t._storage.version != value.version:
+                        row["preview"] += (f" (modified in place: version "
+                                           f"{t._storage.version}, saved at {value.version})")
+            elif isinstance(value, wrapped):
+                row["kind"] = "scalar"
+                row["shape"] = []
+                row["dtype"] = getattr(value.dtype, "name", None)
+                row["preview"] = _fmt(value.value)
+            elif value is None:
+                row["kind"] = "none"
+                row["preview"] = "None"
+            elif name.endswith(("_sym_sizes", "_sym_strides", "_sym_numel")):
+                row["kind"] = "meta"
+                row["preview"] = _short_repr(value)
+            elif isinstance(value, (int, float, bool, np.number)):
+                row["kind"] = "scalar"
+                row["preview"] = _fmt(value)
+            else:
+                row["kind"] = "value"
+                row["preview"] = _short_repr(value)
+            rows.append(row)
+        return rows
+    # torch nodes and anything else exposing _saved_* attributes
+    try:
+        attrs = sorted(a for a in dir(node) if a.startswith("_saved_"))
+    except Exception:  # noqa: BLE001
+        attrs = []
+    for attr in attrs:
+        row = {"name": attr[7:], "attr": attr}
+        try:
+            value = getattr(node, attr)
+        except RuntimeError:
+            row["kind"] = "freed"
+            row["preview"] = "freed by backward (use retain_graph=True)"
+            rows.append(row)
+            continue
+        except Exception:  # noqa: BLE001
+            continue
+        if _is_tensor(value):
+            row["kind"] = "tensor"
+            row["shape"] = _shape(value)
+            row["dtype"] = _dtype_name(value)
+            row["preview"] = preview(value)
+            row["same_object_as"] = _same_object(value, namer)
+            row["is_output"] = attr == "_saved_result"
+        elif value is None:
+            row["kind"] = "none"
+            row["preview"] = "None"
+        elif isinstance(value, (int, float, bool)):
+            row["kind"] = "scalar"
+            row["preview"] = _fmt(value)
+        else:
+            row["kind"] = "value"
+            row["preview"] = _short_repr(value)
+        rows.append(row)
+    return rows
+
+
+def _short_repr(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _same_object(t: Any, namer: Namer) -> str | None:
+    var = namer.variable(t)
+    if var is not None:
+        return namer.name(t)
+    name = getattr(t, "name", None) if not _is_torch(t) else None
+    return name if isinstance(name, str) and name else None
+
+
+def _tensor_label(t: Any | None, namer: Namer) -> str | None:
+    """The name of a tensor the user can refer to (a variable or ``.name``), else None."""
+    if t is None:
+        return None
+    if namer.variable(t) is not None or (not _is_torch(t) and getattr(t, "name", None)):
+        return namer.name(t)
+    return None
+
+
+def _kind_of(node: Any) -> str:
+    return "accumulate" if hasattr(node, "variable") and node.name() == "AccumulateGrad" \
+        else "op"
+
+
+def graph_json(root: Any, names: Mapping[str, Any] | None = None, report: Any = None, *,
+               max_nodes: int = MAX_NODES, formulas: bool = True) -> dict:
+    """Freeze the graph behind ``root`` (a tensor, a grad_fn node, or a list of them).
+
+    ``names`` maps variable names to objects (a notebook namespace) so leaves and saved
+    operands are shown as ``c`` rather than ``t0``; ``report`` is a verifier Report (or its
+    ``to_json()`` dict) whose per-leaf and per-node results fill the agreement table and
+    the node checks. The result is plain JSON valid against :func:`load_schema`.
+    """
+    namer = names if isinstance(names, Namer) else Namer(names)
+    roots = _as_roots(root)
+    node_ids: dict[int, str] = {}
+    nodes: list[dict] = []
+    edges: list[dict] = []
+    leaves: list[dict] = []
+    root_ids: list[str] = []
+    root_names: list[str] = []
+    keep: list[Any] = []  # objects whose id() keys node_ids
+    outputs: dict[int, Any] = {}  # id(node) -> a live output tensor, from the namespace
+    source = "torch" if any(_is_torch(r) for r in roots) else "symgrad"
+
+    for obj in list(getattr(namer, "_keep", [])):
+        fn = getattr(obj, "grad_fn", None)
+        if fn is not None and id(fn) not in outputs:
+            outputs[id(fn)] = obj
+
+    def new_id() -> str:
+        return f"n{len(nodes)}"
+
+    def leaf_node(t: Any, kind: str) -> str:
+        key = id(t)
+        if key in node_ids:
+            return node_ids[key]
+        nid = new_id()
+        node_ids[key] = nid
+        keep.append(t)
+        name = namer.name(t)
+        nodes.append({
+            "id": nid, "kind": kind,
+            "label": name, "name": "AccumulateGrad" if kind == "accumulate" else name,
+            "shape": _shape(t), "dtype": _dtype_name(t), "variable": name,
+            "saved": [], "formula": None, "derivative": None, "check": {"status": "none"},
+        })
+        leaf = {"id": nid, "name": name, "shape": _shape(t), "dtype": _dtype_name(t),
+                "preview": preview(t)}
+        g = getattr(t, "_grad", None) if not _is_torch(t) else t.grad
+        leaf["grad_preview"] = preview(g) if g is not None else None
+        if getattr(t, "requires_grad", False):
+            leaves.append(leaf)
+        return nid
+
+    truncated = 0
+
+    def visit(fn: Any, out_tensor: Any | None) -> str:
+        """Add fn and everything below it (iteratively); return fn's id."""
+        nonlocal truncated
+        stack: list[tuple[Any, Any]] = [(fn, out_tensor)]
+        pending: list[Any] = []
+        while stack:
+            cur, out_t = stack.pop()
+            if id(cur) in node_ids:
+                continue
+            if len(nodes) >= max_nodes:
+                truncated += 1
+                continue
+            if _kind_of(cur) == "accumulate":
+                var = cur.variable
+                nid = leaf_node(var, "accumulate")
+                node_ids[id(cur)] = nid
+                keep.append(cur)
+                continue
+            nid = new_id()
+            node_ids[id(cur)] = nid
+            keep.append(cur)
+            if out_t is None:
+                out_t = outputs.get(id(cur))
+            shape, dtype = _node_output(cur, out_t)
+            entry = {
+                "id": nid, "kind": "op", "label": cur.name(), "name": cur.name(),
+                "shape": shape, "dtype": dtype,
+                "variable": _tensor_label(out_t, namer),
+                "saved": _saved_rows(cur, namer, out_t), "formula": None, "derivative": None,
+                "check": {"status": "none"},
+            }
+            nodes.append(entry)
+            pending.append(cur)
+            for nxt, _nr in reversed(getattr(cur, "next_functions", ()) or ()):
+                if nxt is not None and id(nxt) not in node_ids:
+                    stack.append((nxt, None))
+        # edges and None nodes, once every reachable node has an id
+        for cur in pending:
+            cid = node_ids[id(cur)]
+            refs = getattr(cur, "_input_refs", ())
+            for i, (nxt, nr) in enumerate(getattr(cur, "next_functions", ()) or ()):
+                if nxt is None:
+                    nid = new_id()
+                    ref = refs[i] if i < len(refs) else None
+                    const = ref() if callable(ref) else ref
+                    if _is_tensor(const):
+                        var = namer.name(const)
+                    elif const is not None:
+                        var = _fmt(const) if isinstance(const, (int, float)) else None
+                    else:
+                        var = None
+                    nodes.append({
+                        "id": nid, "kind": "none", "label": "None", "name": "None",
+                        "shape": _shape(const) if _is_tensor(const) else None,
+                        "dtype": _dtype_name(const) if _is_tensor(const) else None,
+                        "variable": var, "saved": [], "formula": None, "derivative": None,
+                        "check": {"status": "none"},
+                    })
+                    edges.append({"from": cid, "to": nid, "input": i, "output_nr": int(nr)})
+                elif id(nxt) in node_ids:
+                    edges.append({"from": cid, "to": node_ids[id(nxt)], "input": i,
+                                  "output_nr": int(nr)})
+            if formulas:
+                _add_formula(cur, nodes[int(cid[1:])], namer)
+        return node_ids.get(id(fn), "")
+
+    for r in roots:
+        if _is_tensor(r):
+            fn = r.grad_fn
+            if fn is None:
+                nid = leaf_node(r, "leaf")
+                root_names.append(namer.name(r))
+            else:
+                nid = visit(fn, r)
+                root_names.append(_tensor_label(r, namer) or "root")
+        else:  # a grad_fn node
+            nid = visit(r, None)
+            root_names.append("root")
+        if nid and nid not in root_ids:
+            root_ids.append(nid)
+
+    payload: dict[str, Any] = {
+        "schema": SCHEMA_ID, "source": source, "nodes": nodes, "edges": edges,
+        "roots": root_ids, "root_names": root_names, "leaves": leaves, "agreement": None,
+        "truncated": truncated,
+    }
+    _order(payload)
+    if report is not None:
+        apply_report(payload, report, node_ids)
+    return payload
+
+
+def _add_formula(node: Any, entry: dict, namer: Namer) -> None:
+    spec = getattr(type(node), "_spec", None)
+    if spec is None:
+        return
+    refs = getattr(node, "_input_refs", ())
+    input_names: list[str | None] = []
+    for ref in refs:
+        t = ref() if callable(ref) else None
+        if t is not None and (namer.variable(t) or getattr(t, "name", None)):
+            input_names.append(namer.name(t))
+        else:
+            input_names.append(None)
+    out_name = entry.get("variable") or "y"
+    try:
+        entry["formula"], entry["derivative"] = _local_latex(node, spec, input_names, out_name)
+    except Exception:  # noqa: BLE001 - a formula is a nicety, never an error
+        entry["formula"], entry["derivative"] = None, None
+
+
+def _order(payload: dict) -> None:
+    """``order``: position in a topological order from the roots (0 = a root)."""
+    children: dict[str, list[str]] = {n["id"]: [] for n in payload["nodes"]}
+    indeg: dict[str, int] = {n["id"]: 0 for n in payload["nodes"]}
+    for e in payload["edges"]:
+        children[e["from"]].append(e["to"])
+        indeg[e["to"]] += 1
+    ready = [n["id"] for n in payload["nodes"] if indeg[n["id"]] == 0]
+    order: dict[str, int] = {}
+    while ready:
+        nid = ready.pop(0)
+        order[nid] = len(order)
+        for c in children[nid]:
+            indeg[c] -= 1
+            if indeg[c] == 0:
+                ready.append(c)
+    for n in payload["nodes"]:
+        n["order"] = order.get(n["id"], len(order))
+
+
+# -- the verifier's report -------------------------------------------------------------------
+
+def _report_dict(report: Any) -> dict:
+    if isinstance(report, Mapping):
+        return dict(report)
+    to_json = getattr(report, "to_json", None)
+    if to_json is not None:
+        data = to_json()
+        return json.loads(data) if isinstance(data, str) else dict(data)
+    raise TypeError(f"expected a symgrad Report or its to_json() dict, got {type(report)}")
+
+
+def _status(value: Any) -> str:
+    if value is True:
+        return "pass"
+    if value is False:
+        return "fail"
+    if isinstance(value, str):
+        v = value.lower()
+        if v in ("pass", "ok", "passed", "agree", "agrees"):
+            return "pass"
+        if v in ("fail", "failed", "mismatch", "bad", "disagree"):
+            return "fail"
+        if v in ("error",):
+            return "error"
+        if v in ("skipped", "skip", "not checked", "kink", "sampled-out"):
+            return "skipped"
+    return "none"
+
+
+def _num(v: Any) -> float | None:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if np.isfinite(f) else None
+
+
+def _text(v: Any) -> str | None:
+    if v is None:
+        return None
+    if isinstance(v, str):
+        return v
+    try:
+        return preview(np.asarray(v, dtype=float))
+    except (TypeError, ValueError):
+        return _short_repr(v)
+
+
+def apply_report(payload: dict, report: Any, node_ids: Mapping[int, str] | None = None) -> dict:
+    """Fill ``agreement`` and per-node ``check`` from a verifier report (in place)."""
+    data = _report_dict(report)
+    by_label: dict[str, list[dict]] = {}
+    for n in payload["nodes"]:
+        by_label.setdefault(n["label"], []).append(n)
+    leaf_by_name = {lf["name"]: lf["id"] for lf in payload["leaves"]}
+    rows = []
+    for row in data.get("leaves") or []:
+        name = str(row.get("name", row.get("leaf", "?")))
+        rows.append({
+            "leaf": name,
+            "node": leaf_by_name.get(name),
+            "engine": _text(row.get("engine", row.get("engine_grad"))),
+            "symbolic": _text(row.get("symbolic", row.get("symbolic_grad"))),
+            "symbolic_latex": row.get("symbolic_latex", row.get("latex")),
+            "finite_diff": _text(row.get("finite_diff", row.get("fd", row.get("fd_grad")))),
+            "max_abs_err": _num(row.get("max_abs_err", row.get("abs_err"))),
+            "max_rel_err": _num(row.get("max_rel_err", row.get("rel_err"))),
+            "fd_max_abs_err": _num(row.get("fd_max_abs_err", row.get("fd_abs_err"))),
+            "status": _status(row.get("status", row.get("ok"))),
+        })
+    first_bad = None
+    nodes_data = data.get("nodes") or []
+    # nodes are matched by id when the report used this payload's ids, else by order of
+    # appearance per grad_fn name (the verifier walks the same graph)
+    seen: dict[str, int] = {}
+    ids = {n["id"] for n in payload["nodes"]}
+    for row in nodes_data:
+        target = None
+        rid = row.get("id")
+        if isinstance(rid, str) and rid in ids:
+            target = next(n for n in payload["nodes"] if n["id"] == rid)
+        else:
+            label = str(row.get("name", row.get("grad_fn", "")))
+            k = seen.get(label, 0)
+            seen[label] = k + 1
+            candidates = by_label.get(label, [])
+            if k < len(candidates):
+                target = candidates[k]
+        if target is None:
+            continue
+        target["check"] = {
+            "status": _status(row.get("status", row.get("ok"))),
+            "max_abs_err": _num(row.get("max_abs_err", row.get("abs_err"))),
+            "max_rel_err": _num(row.get("max_rel_err", row.get("rel_err"))),
+            "message": row.get("message"),
+            "sampled": row.get("sampled") if isinstance(row.get("sampled"), int) else None,
+        }
+        for key in ("formula", "derivative"):
+            value = row.get(key) or row.get(f"{key}_latex")
+            if isinstance(value, str) and value and not target.get(key):
+                target[key] = value
+        if target["check"]["status"] == "fail" and first_bad is None:
+            first_bad = target["id"]
+    fb = data.get("first_bad_node")
+    if isinstance(fb, Mapping):
+        fb = fb.get("id") or fb.get("name")
+    if isinstance(fb, str) and fb in ids:
+        first_bad = fb
+    for n in payload["nodes"]:
+        n.pop("first_bad", None)
+        if n["id"] == first_bad:
+            n["first_bad"] = True
+    ok = data.get("ok")
+    payload["agreement"] = {
+        "ok": ok if isinstance(ok, bool) else None,
+        "mode": data.get("mode"),
+        "rtol": _num(data.get("rtol")),
+        "atol": _num(data.get("atol")),
+        "first_bad_node": first_bad,
+        "message": data.get("message") or _join(data.get("skipped")),
+        "rows": rows,
+    }
+    return payload
+
+
+def _join(v: Any) -> str | None:
+    if not v:
+        return None
+    if isinstance(v, str):
+        return v
+    if isinstance(v, Iterable):
+        return "; ".join(str(x) for x in v)
+    return str(v)
+
+
+# -- symgrad.graph(root) ---------------------------------------------------------------------
+
+class GraphView:
+    """What ``symgrad.graph(root)`` returns: displays as the graph MIME bundle.
+
+    The bundle carries the JSON (for the JupyterLab renderer), a static SVG in
+    ``text/html`` (VS Code, nbviewer, GitHub) and a ``text/plain`` outline.
+    """
+
+    def __init__(self, root: Any = None, names: Mapping[str, Any] | None = None,
+                 report: Any = None, *, payload: dict | None = None) -> None:
+        self.payload = payload if payload is not None else graph_json(root, names, report)
+
+    def to_json(self) -> dict:
+        return self.payload
+
+    def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
+        return mimebundle(self.payload)
+
+    def _repr_html_(self) -> str:
+        from .svg import render_html
+
+        return render_html(self.payload)
+
+    def __repr__(self) -> str:
+        return text_outline(self.payload)
+
+
+def graph(root: Any, names: Mapping[str, Any] | None = None, report: Any = None) -> GraphView:
+    """The graph behind ``root`` as a displayable object (JSON + SVG + text)."""
+    return GraphView(root, names, report)
+
+
+def mimebundle(payload: dict) -> dict:
+    from .svg import render_html
+
+    return {GRAPH_MIME: payload, "text/html": render_html(payload),
+            "text/plain": text_outline(payload)}
+
+
+def text_outline(payload: dict) -> str:
+    """The grad_fn chain as indented text (torch-like names), for plain-text front ends."""
+    by_id = {n["id"]: n for n in payload["nodes"]}
+    children: dict[str, list[dict]] = {}
+    for e in payload["edges"]:
+        children.setdefault(e["from"], []).append(e)
+    lines = []
+    ok = (payload.get("agreement") or {}).get("ok")
+    head = f"symgrad graph: {sum(n['kind'] == 'op' for n in payload['nodes'])} op nodes, " \
+           f"{len(payload['leaves'])} leaves"
+    if ok is not None:
+        head += ", gradients agree" if ok else ", GRADIENTS DISAGREE"
+    lines.append(head)
+    seen: set[str] = set()
+    stack = [(rid, 0) for rid in reversed(payload["roots"])]
+    while stack and len(lines) < 200:
+        nid, depth = stack.pop()
+        n = by_id[nid]
+        desc = n["label"]
+        if n["kind"] == "accumulate":
+            desc = f"AccumulateGrad ({n['label']})"
+        if n.get("shape") is not None and n["kind"] != "none":
+            desc += f" {n['shape']}"
+        status = n["check"]["status"]
+        if status != "none":
+            desc += f" [{status}]"
+        if nid in seen:
+            lines.append("  " * depth + desc + " (see above)")
+            continue
+        seen.add(nid)
+        lines.append("  " * depth + desc)
+        for e in reversed(children.get(nid, [])):
+            stack.append((e["to"], depth + 1))
+    if len(lines) >= 200:
+        lines.append("…")
+    return "\n".join(lines)

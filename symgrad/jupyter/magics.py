@@ -1,0 +1,248 @@
+"""``%%symgrad`` and ``%symgrad``: see the graph a cell built, and whether it is right.
+
+``%%symgrad [--no-verify] [--root NAME] [--rtol X] [--atol X] [--sample N] [--mode M]``
+runs the cell as IPython would (same namespace, same result, errors raised as usual)
+under ``symgrad.record()`` so the graph stays inspectable after ``backward()``. It then
+displays, as two separate outputs, the graph MIME bundle (JSON + static SVG + text: it
+survives in a saved notebook) and the Inspector widget, which verifies with a progress
+bar. The cell's own result is returned, so ``Out[n]`` is what it would have been.
+
+Line forms: ``%symgrad graph EXPR``, ``%symgrad verify EXPR [options]``,
+``%symgrad saved EXPR``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import re
+import shlex
+from collections.abc import Mapping
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_cell_magic, magics_class
+from IPython.display import display
+
+from .graph import GraphView, _is_tensor, graph_json, mimebundle
+from .svg import esc
+
+__all__ = ["SymgradMagics", "register", "find_roots"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="%%symgrad", add_help=False, exit_on_error=False)
+    p.add_argument("--no-verify", dest="verify", action="store_false")
+    p.add_argument("--root", default=None)
+    p.add_argument("--rtol", type=float, default=None)
+    p.add_argument("--atol", type=float, default=None)
+    p.add_argument("--sample", type=int, default=None)
+    p.add_argument("--mode", default=None)
+    return p
+
+
+def _parse(line: str) -> argparse.Namespace:
+    try:
+        args, rest = _parser().parse_known_args(shlex.split(line))
+    except (argparse.ArgumentError, ValueError) as exc:
+        raise UsageError(f"%%symgrad: {exc}") from None
+    if rest:
+        raise UsageError(f"%%symgrad: unrecognized arguments: {' '.join(rest)}")
+    return args
+
+
+_OPTION = re.compile(r"\s--(rtol|atol|sample|mode|root)(?:\s+|=)(\S+)|\s--(no-verify)\b")
+
+
+def _split_line_options(text: str) -> tuple[str, argparse.Namespace]:
+    """``EXPR --rtol 1e-3`` -> (``EXPR``, options); options may appear anywhere."""
+    opts = " ".join(m.group(0).strip() for m in _OPTION.finditer(" " + text))
+    expr = _OPTION.sub(" ", " " + text).strip()
+    return expr, _parse(opts)
+
+
+def _record_context():
+    try:
+        from .. import record  # type: ignore[attr-defined]
+    except ImportError:
+        try:
+            from ..symbolic import record  # type: ignore[attr-defined]
+        except ImportError:
+            return contextlib.nullcontext()
+    return record()
+
+
+def _reachable(fn: Any, stop: set[int]) -> set[int]:
+    """ids of nodes reachable from ``fn`` (excluding fn itself)."""
+    seen: set[int] = set()
+    stack = [nf for nf, _ in getattr(fn, "next_functions", ()) or () if nf is not None]
+    while stack:
+        cur = stack.pop()
+        if id(cur) in seen:
+            continue
+        seen.add(id(cur))
+        stack.extend(nf for nf, _ in getattr(cur, "next_functions", ()) or () if nf is not None)
+    return seen
+
+
+def find_roots(candidates: list[Any]) -> list[Any]:
+    """Tensors with a graph whose grad_fn is not inside another candidate's graph."""
+    with_graph = []
+    seen_fn: set[int] = set()
+    for t in candidates:
+        fn = getattr(t, "grad_fn", None)
+        if _is_tensor(t) and fn is not None and id(fn) not in seen_fn:
+            seen_fn.add(id(fn))
+            with_graph.append(t)
+    below: set[int] = set()
+    for t in with_graph:
+        below |= _reachable(t.grad_fn, below)
+    return [t for t in with_graph if id(t.grad_fn) not in below]
+
+
+def _user_names(ns: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in ns.items() if not k.startswith("_") and _is_tensor(v)}
+
+
+@magics_class
+class SymgradMagics(Magics):
+    """The ``symgrad`` line and cell magic."""
+
+    @line_cell_magic
+    def symgrad(self, line: str, cell: str | None = None) -> Any:
+        if cell is None:
+            return self._line(line)
+        return self._cell(line, cell)
+
+    # -- %%symgrad ---------------------------------------------------------------------
+    def _cell(self, line: str, cell: str) -> Any:
+        args = _parse(line)
+        shell = self.shell
+        ns = shell.user_ns
+        before = {k: id(v) for k, v in ns.items()}
+        code = shell.transform_cell(cell)
+        tree = ast.parse(code, filename="<symgrad-cell>")
+        last = None
+        if tree.body and isinstance(tree.body[-1], ast.Expr):
+            last = ast.Expression(tree.body.pop().value)
+        filename = "<symgrad-cell>"
+        cache = getattr(getattr(shell, "compile", None), "cache", None)
+        if cache is not None:
+            with contextlib.suppress(Exception):
+                filename = cache(code, getattr(shell, "execution_count", 0))
+        value = None
+        with _record_context():
+            exec(compile(ast.Module(body=tree.body, type_ignores=[]), filename, "exec"), ns)
+            if last is not None:
+                value = eval(compile(last, filename, "eval"), ns)
+        suppress = cell.rstrip().endswith(";")
+
+        if args.root is not None:
+            try:
+                root = eval(args.root, ns)
+            except Exception as exc:
+                raise UsageError(f"%%symgrad --root {args.root}: {exc}") from None
+            roots = root if isinstance(root, (list, tuple)) else [root]
+        elif _is_tensor(value) and getattr(value, "grad_fn", None) is not None:
+            roots = [value]
+        else:
+            changed = [v for k, v in ns.items()
+                       if not k.startswith("_") and _is_tensor(v) and before.get(k) != id(v)]
+            roots = find_roots(changed)
+        if not roots:
+            display({"text/plain": "%%symgrad: the cell built no graph (no tensor with a "
+                                   "grad_fn); use --root NAME to pick one."}, raw=True)
+            return None if suppress else value
+
+        names = _user_names(ns)
+        root_arg = roots[0] if len(roots) == 1 else list(roots)
+        payload = graph_json(root_arg, names)
+        handle = display(mimebundle(payload), raw=True, display_id=True)
+        try:
+            from .widget import Inspector
+        except ImportError:  # ipywidgets missing: the graph output alone
+            return None if suppress else value
+        inspector = Inspector(root_arg, names, verify=False, rtol=args.rtol, atol=args.atol,
+                              sample=args.sample, mode=args.mode)
+        display(inspector)
+        if args.verify:
+            inspector.verify(background=False)
+            if handle is not None:
+                handle.update(mimebundle(inspector.graph), raw=True)
+        self.last_inspector = inspector
+        return None if suppress else value
+
+    # -- %symgrad graph|verify|saved EXPR ----------------------------------------------
+    def _line(self, line: str) -> Any:
+        parts = line.strip().split(None, 1)
+        if not parts or parts[0] not in ("graph", "verify", "saved"):
+            raise UsageError("usage: %symgrad graph EXPR | %symgrad verify EXPR [--rtol X] "
+                             "[--atol X] [--sample N] [--mode M] | %symgrad saved EXPR | "
+                             "%%symgrad [--no-verify] [--root NAME] ... (cell)")
+        command = parts[0]
+        rest = parts[1] if len(parts) > 1 else ""
+        expr, opts = _split_line_options(rest)
+        if not expr:
+            raise UsageError(f"%symgrad {command}: an expression is needed")
+        ns = self.shell.user_ns
+        target = eval(expr, ns)
+        names = _user_names(ns)
+        if command == "graph":
+            return GraphView(target, names)
+        if command == "saved":
+            return SavedView(graph_json(target, names, formulas=False))
+        from .widget import run_verify
+
+        return run_verify(target, names, rtol=opts.rtol, atol=opts.atol, sample=opts.sample,
+                          mode=opts.mode)
+
+
+class SavedView:
+    """``%symgrad saved EXPR``: every op node's ``_saved_*`` operands, as a table."""
+
+    def __init__(self, payload: dict) -> None:
+        self.payload = payload
+
+    def _rows(self):
+        for n in sorted(self.payload["nodes"], key=lambda n: n.get("order", 0)):
+            if n["kind"] != "op":
+                continue
+            for s in n["saved"] or [None]:
+                yield n, s
+
+    def _repr_html_(self) -> str:
+        out = ["<table class='sg-saved-all' style='border-collapse:collapse'><thead><tr>"
+               + "".join(f"<th style='text-align:left;padding:2px 8px'>{h}</th>" for h in
+                         ("node", "saved", "shape", "dtype", "values", "same object as"))
+               + "</tr></thead><tbody>"]
+        for n, s in self._rows():
+            node = n["label"] + (f" ({n['variable']})" if n.get("variable") else "")
+            if s is None:
+                out.append(f"<tr data-id='{esc(n['id'])}'><td>{esc(node)}</td>"
+                           "<td colspan='5'><i>saves nothing</i></td></tr>")
+                continue
+            out.append(f"<tr class='sg-saved-row' data-id='{esc(n['id'])}' "
+                       f"data-name='{esc(s['name'])}'>" + "".join(
+                           f"<td style='padding:2px 8px'>{esc(v)}</td>" for v in (
+                               node, s.get("attr"), s.get("shape", ""), s.get("dtype", ""),
+                               s.get("preview", ""), s.get("same_object_as") or ""))
+                       + "</tr>")
+        out.append("</tbody></table>")
+        return "".join(out)
+
+    def __repr__(self) -> str:
+        lines = []
+        for n, s in self._rows():
+            node = n["label"] + (f" ({n['variable']})" if n.get("variable") else "")
+            if s is None:
+                lines.append(f"{node}: saves nothing")
+                continue
+            same = f"  same object as {s['same_object_as']}" if s.get("same_object_as") else ""
+            shape = f" {s['shape']}" if s.get("shape") is not None else ""
+            lines.append(f"{node}.{s.get('attr')}{shape} = {s.get('preview', '')}{same}")
+        return "\n".join(lines)
+
+
+def register(ipython: Any) -> None:
+    ipython.register_magics(SymgradMagics)

@@ -1,0 +1,170 @@
+"""Static SVG/HTML of a graph payload: the view that works wherever no JavaScript runs.
+
+VS Code, nbviewer, GitHub and a saved notebook without widget state all show this. Every
+string that came from user code or the engine (tensor names, grad_fn names, previews,
+messages) passes through :func:`esc`; nothing is inserted as markup. Nodes carry
+``data-id``/``data-kind``/``data-status`` so the widget and the browser tests can find
+them, and a ``<title>`` so hovering shows shape and dtype.
+"""
+
+from __future__ import annotations
+
+import html
+import itertools
+from typing import Any
+
+from .layout import BOX_H, box_width, layout
+
+__all__ = ["esc", "render_svg", "render_html", "agreement_table_html", "STATUS_COLORS"]
+
+_ids = itertools.count()
+
+STATUS_COLORS = {"pass": "#1a7f37", "fail": "#cf222e", "skipped": "#9a6700",
+                 "error": "#8250df", "none": "#57606a"}
+_FILL = {"op": "#eef2f8", "accumulate": "#ddf4ff", "leaf": "#ddf4ff", "none": "#f6f8fa"}
+
+
+def esc(value: Any) -> str:
+    """HTML-escape any value for text and attribute positions (quotes included)."""
+    return html.escape("" if value is None else str(value), quote=True)
+
+
+def _sublabel(n: dict) -> str:
+    shape = n.get("shape")
+    shape_txt = "" if shape is None else ("()" if shape == [] else str(shape))
+    if n["kind"] == "accumulate":
+        return ("AccumulateGrad " + shape_txt).strip()
+    if n["kind"] == "none":
+        return n.get("variable") or ""
+    if n["kind"] == "op" and n.get("variable"):
+        return f"{n['variable']} {shape_txt}".strip()
+    return shape_txt
+
+
+def render_svg(payload: dict, selected: str | None = None) -> str:
+    """The graph as one ``<svg>`` element (roots on top, leaves at the bottom)."""
+    nodes = payload["nodes"]
+    widths = {n["id"]: box_width(n["label"], _sublabel(n)) for n in nodes}
+    lay = layout([n["id"] for n in nodes], [(e["from"], e["to"]) for e in payload["edges"]],
+                 widths)
+    uid = f"sg{next(_ids)}"
+    w, h = max(lay.width, 60.0), max(lay.height, BOX_H + 20)
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="symgrad-graph" '
+           f'data-symgrad="graph" width="{w:.0f}" height="{h:.0f}" '
+           f'viewBox="0 0 {w:.0f} {h:.0f}" font-family="ui-monospace, Menlo, Consolas, '
+           f'monospace" font-size="12" role="img">',
+           f'<defs><marker id="{uid}-arrow" viewBox="0 0 10 10" refX="10" refY="5" '
+           f'markerWidth="7" markerHeight="7" orient="auto-start-reverse">'
+           f'<path d="M 0 0 L 10 5 L 0 10 z" fill="#8c959f"/></marker></defs>']
+    by_id = {n["id"]: n for n in nodes}
+    out.append('<g class="sg-edges">')
+    inputs = {(e["from"], e["to"]): e["input"] for e in payload["edges"]}
+    for a, b, pts in lay.edges:
+        d = "M " + " L ".join(f"{px:.1f} {py:.1f}" for px, py in pts)
+        dash = ' stroke-dasharray="4 3"' if by_id[b]["kind"] == "none" else ""
+        out.append(f'<path class="sg-edge" data-from="{esc(a)}" data-to="{esc(b)}" '
+                   f'data-input="{esc(inputs.get((a, b), ""))}" d="{d}" fill="none" '
+                   f'stroke="#8c959f" stroke-width="1.3"{dash} '
+                   f'marker-end="url(#{uid}-arrow)"/>')
+    out.append("</g>")
+    out.append('<g class="sg-nodes">')
+    for n in nodes:
+        box = lay.boxes.get(n["id"])
+        if box is None:
+            continue
+        x, y, bw, bh = box
+        status = n["check"]["status"]
+        stroke = STATUS_COLORS.get(status, STATUS_COLORS["none"])
+        sw = 2.5 if status in ("fail", "pass") else 1.2
+        if n["id"] == selected:
+            sw = 3.5
+        fill = "#ffebe9" if status == "fail" else _FILL.get(n["kind"], "#ffffff")
+        dash = ' stroke-dasharray="5 3"' if n["kind"] == "none" else ""
+        sel = ' data-selected="true"' if n["id"] == selected else ""
+        tip = [n["name"]]
+        if n.get("variable") and n["kind"] != "none":
+            tip.append(f"variable: {n['variable']}")
+        if n.get("shape") is not None:
+            tip.append(f"shape: {n['shape']}")
+        if n.get("dtype"):
+            tip.append(f"dtype: {n['dtype']}")
+        if status != "none":
+            tip.append(f"local check: {status}")
+        out.append(
+            f'<g class="sg-node sg-kind-{esc(n["kind"])} sg-status-{esc(status)}" '
+            f'data-id="{esc(n["id"])}" data-kind="{esc(n["kind"])}" '
+            f'data-status="{esc(status)}"{sel}>'
+            f'<title>{esc(chr(10).join(tip))}</title>'
+            f'<rect x="{x:.1f}" y="{y:.1f}" width="{bw:.1f}" height="{bh:.1f}" rx="6" '
+            f'fill="{fill}" stroke="{stroke}" stroke-width="{sw}"{dash}/>')
+        sub = _sublabel(n)
+        cx = x + bw / 2
+        if sub:
+            out.append(f'<text x="{cx:.1f}" y="{y + 14:.1f}" text-anchor="middle" '
+                       f'fill="#1f2328">{esc(n["label"])}</text>'
+                       f'<text x="{cx:.1f}" y="{y + 27:.1f}" text-anchor="middle" '
+                       f'fill="#57606a" font-size="10">{esc(sub)}</text>')
+        else:
+            out.append(f'<text x="{cx:.1f}" y="{y + 21:.1f}" text-anchor="middle" '
+                       f'fill="#1f2328">{esc(n["label"])}</text>')
+        out.append("</g>")
+    out.append("</g></svg>")
+    return "".join(out)
+
+
+def badge(status: str) -> str:
+    """A coloured pass/fail pill (``data-status`` says which, for tests and CSS)."""
+    color = STATUS_COLORS.get(status, STATUS_COLORS["none"])
+    text = {"pass": "pass", "fail": "FAIL", "skipped": "skipped", "error": "error",
+            "none": "not checked"}.get(status, status)
+    return (f'<span class="sg-badge sg-badge-{esc(status)}" data-status="{esc(status)}" '
+            f'style="display:inline-block;padding:0 6px;border-radius:8px;color:#fff;'
+            f'background:{color};font-size:11px;line-height:16px">{esc(text)}</span>')
+
+
+def _num(v: Any) -> str:
+    return "" if v is None else f"{v:.3g}"
+
+
+def agreement_table_html(agreement: dict | None) -> str:
+    """Per leaf: engine, symbolic, finite differences, max errors and a badge."""
+    if not agreement:
+        return '<div class="sg-agreement sg-empty">Not verified.</div>'
+    rows = []
+    for r in agreement.get("rows", []):
+        rows.append(
+            f'<tr class="sg-agreement-row" data-leaf="{esc(r["leaf"])}" '
+            f'data-status="{esc(r["status"])}">'
+            f'<td>{esc(r["leaf"])}</td><td>{esc(r.get("engine"))}</td>'
+            f'<td>{esc(r.get("symbolic"))}</td><td>{esc(r.get("finite_diff"))}</td>'
+            f'<td>{_num(r.get("max_abs_err"))}</td><td>{_num(r.get("max_rel_err"))}</td>'
+            f'<td>{badge(r["status"])}</td></tr>')
+    ok = agreement.get("ok")
+    verdict = {True: "gradients agree", False: "gradients DISAGREE", None: "no verdict"}[ok]
+    meta = []
+    if agreement.get("mode"):
+        meta.append(f"mode {agreement['mode']}")
+    if agreement.get("rtol") is not None:
+        meta.append(f"rtol {agreement['rtol']:.3g}")
+    if agreement.get("atol") is not None:
+        meta.append(f"atol {agreement['atol']:.3g}")
+    msg = agreement.get("message")
+    th = "".join(f"<th style='text-align:left;padding:2px 8px'>{h}</th>" for h in (
+        "leaf", "engine .grad", "symbolic", "finite diff.", "max abs err", "max rel err", ""))
+    return (f'<div class="sg-agreement" data-ok="{esc(ok)}">'
+            f'<div><b>{esc(verdict)}</b> <small>{esc(", ".join(meta))}</small></div>'
+            + (f'<div><small>{esc(msg)}</small></div>' if msg else "")
+            + f'<table class="sg-agreement-table" style="border-collapse:collapse">'
+              f'<thead><tr>{th}</tr></thead><tbody>{"".join(rows)}</tbody></table></div>')
+
+
+def render_html(payload: dict) -> str:
+    """``text/html`` fallback: the SVG, and the agreement table when verified."""
+    parts = ['<div class="symgrad-graph-output">', render_svg(payload)]
+    if payload.get("truncated"):
+        parts.append(f"<div><small>{esc(payload['truncated'])} more nodes not shown"
+                     "</small></div>")
+    if payload.get("agreement"):
+        parts.append(agreement_table_html(payload["agreement"]))
+    parts.append("</div>")
+    return "".join(parts)

@@ -1,0 +1,327 @@
+"""The Numba CPU backend: fused backward = formula backward, kernels = reference, safety.
+
+Tests named ``test_kernel_*`` are also run once under ``NUMBA_BOUNDSCHECK=1``
+(tests/test_cpu_threads.py::test_kernels_under_boundscheck).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import to_torch
+
+import symgrad as sg
+from symgrad import backends
+from symgrad.backends.cpu import backend as cpu_mod
+from symgrad.backends.numpy_backend import NumpyBackend
+from symgrad.ops import OPS
+
+CPU = backends.get_backend("cpu")
+
+
+@pytest.fixture
+def on_cpu():
+    previous = backends.set_cpu_backend("cpu")
+    yield CPU
+    backends.set_cpu_backend(previous)
+
+
+@pytest.fixture(params=["serial", "parallel"])
+def mode(request, monkeypatch):
+    """Run the kernels serially, or make tiny arrays take the parallel kernels."""
+    if request.param == "parallel":
+        monkeypatch.setattr(cpu_mod, "PARALLEL_MIN", 8)
+    return request.param
+
+
+def _positive(rng, shape, dtype):
+    return np.asarray(rng.random(shape) + 0.5, dtype=dtype)
+
+
+def _signed(rng, shape, dtype):
+    a = np.asarray(rng.standard_normal(shape), dtype=dtype)
+    if a.size > 2:
+        a.reshape(-1)[:2] = 0  # the kinks: relu'(0) = abs'(0) = 0
+    return a
+
+
+# op name -> (builder of the output from tensors, list of input kinds); "p" positive,
+# "s" signed, "c" a bool condition, numbers stay numbers
+CASES = {
+    "neg": (lambda x: -x, "s"),
+    "exp": (lambda x: x.exp(), "s"),
+    "log": (lambda x: x.log(), "p"),
+    "sin": (lambda x: x.sin(), "s"),
+    "cos": (lambda x: x.cos(), "s"),
+    "tanh": (lambda x: x.tanh(), "s"),
+    "sigmoid": (lambda x: x.sigmoid(), "s"),
+    "sqrt": (lambda x: x.sqrt(), "p"),
+    "relu": (lambda x: x.relu(), "s"),
+    "abs": (lambda x: x.abs(), "s"),
+    "sign": (lambda x: x.sign(), "s"),
+    "reciprocal": (lambda x: x.reciprocal(), "p"),
+    "pow": (lambda x: x ** 3, "s"),
+    "pow-frac": (lambda x: x ** 2.5, "p"),
+    "pow-zero": (lambda x: x ** 0, "s"),
+    "mul": (lambda a, b: a * b, "ss"),
+    "mul-scalar": (lambda a: a * 2.5, "s"),
+    "mul-one-grad": (lambda a, b: a * b.detach(), "ss"),
+    "mul-other-grad": (lambda a, b: a.detach() * b, "ss"),
+    "div": (lambda a, b: a / b, "sp"),
+    "div-scalar": (lambda a: a / 4.0, "s"),
+    "div-other-grad": (lambda a, b: a.detach() / b, "sp"),
+    "div-self-grad": (lambda a, b: a / b.detach(), "sp"),
+    "where": (lambda c, a, b: sg.where(c, a, b), "css"),
+    "where-left": (lambda c, a, b: sg.where(c, a, b.detach()), "css"),
+    "where-right": (lambda c, a, b: sg.where(c, a.detach(), b), "css"),
+}
+
+
+def test_every_elementwise_fused_op_has_a_case_and_a_kernel():
+    fused = {name for name, spec in OPS.items() if spec.fused_backward}
+    assert fused == {c.split("-")[0] for c in CASES}
+    for name in fused:
+        assert callable(getattr(CPU, OPS[name].fused_backward))
+        assert not hasattr(NumpyBackend, OPS[name].fused_backward)  # the oracle stays plain
+
+
+def _inputs(rng, kinds, shape, dtype, broadcast=False):
+    out = []
+    for k, kind in enumerate(kinds):
+        shp = shape[-1:] if broadcast and k == len(kinds) - 1 and shape else shape
+        if kind == "c":
+            out.append(sg.tensor(rng.random(shape) > 0.5))
+        else:
+            make = _positive if kind == "p" else _signed
+            out.append(sg.tensor(make(rng, shp, dtype), requires_grad=True))
+    return out
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("shape", [(), (5,), (4, 6)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_fused_backward_equals_formula_backward(case, shape, dtype, mode, on_cpu, rng, torch):
+    """Fused kernel (no graph recorded) and tensor-op formulas (create_graph) agree, and
+    both agree with torch."""
+    fn, kinds = CASES[case]
+    xs = _inputs(rng, kinds, shape, dtype)
+    y = fn(*xs)
+    g = sg.tensor(np.asarray(rng.standard_normal(shape), dtype=dtype))
+    leaves = [x for x in xs if x.requires_grad]
+    fused = sg.autograd.grad(y, leaves, g, retain_graph=True, allow_unused=True)
+    formula = sg.autograd.grad(y, leaves, g, create_graph=True, allow_unused=True)
+    tol = dict(rtol=2e-6, atol=1e-6) if dtype == np.float32 else dict(rtol=1e-13, atol=1e-13)
+    txs = [to_torch(torch, x) for x in xs]
+    ty = fn(*txs) if "where" not in case else torch.where(txs[0], *[
+        t if xs[i + 1].requires_grad and not _detached(case, i) else t.detach()
+        for i, t in enumerate(txs[1:])])
+    tleaves = [t for t, x in zip(txs, xs) if x.requires_grad]
+    expected = torch.autograd.grad(ty, tleaves, to_torch(torch, g), allow_unused=True)
+    for a, b, e in zip(fused, formula, expected):
+        if e is None:
+            assert a is None or not a.numpy().any()
+            continue
+        assert a.dtype is b.dtype and a.shape == b.shape == tuple(e.shape)
+        np.testing.assert_allclose(a.numpy(), b.detach().numpy(), **tol)
+        np.testing.assert_allclose(a.numpy(), e.numpy(), **tol)
+
+
+def _detached(case, i):
+    return (case == "where-left" and i == 1) or (case == "where-right" and i == 0)
+
+
+@pytest.mark.parametrize("case", ["mul", "div", "where"])
+def test_fused_backward_declines_broadcasting_and_the_formula_runs(case, on_cpu, rng, torch):
+    fn, kinds = CASES[case]
+    xs = _inputs(rng, kinds, (3, 4), np.float32, broadcast=True)
+    y = fn(*xs)
+    y.sum().backward()
+    txs = [to_torch(torch, x) for x in xs]
+    ty = fn(*txs) if case != "where" else torch.where(*txs)
+    ty.sum().backward()
+    for x, t in zip(xs, txs):
+        if x.requires_grad:
+            assert x.grad.shape == x.shape
+            np.testing.assert_allclose(x.grad.numpy(), t.grad.numpy(), rtol=1e-6)
+
+
+class _Counting:
+    """A backend proxy counting every kernel call (the engine's view of "one kernel")."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.calls = inner, []
+
+    def __getattr__(self, name):
+        attr = getattr(self.inner, name)
+        if not callable(attr):
+            return attr
+
+        def counted(*args, **kwargs):
+            self.calls.append(name)
+            return attr(*args, **kwargs)
+
+        return counted
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("shape", [(), (7,), (300,)])
+def test_an_elementwise_backward_makes_exactly_one_kernel_call(case, shape, rng):
+    counting = _Counting(CPU)
+    backends.register_backend("counting", counting)
+    previous = backends.set_cpu_backend("counting")
+    try:
+        fn, kinds = CASES[case]
+        xs = _inputs(rng, kinds, shape, np.float64)
+        y = fn(*xs)
+        g = sg.ones_like(y)
+        counting.calls.clear()
+        y.backward(g)
+        assert len(counting.calls) == 1, counting.calls
+        assert counting.calls[0].endswith("_backward")
+        counting.calls.clear()  # the formula form needs more than one kernel
+        xs = _inputs(rng, kinds, shape, np.float64)
+        sg.autograd.grad(fn(*xs), [x for x in xs if x.requires_grad], g, create_graph=True,
+                         allow_unused=True)
+        assert not any(c.endswith("_backward") for c in counting.calls)
+    finally:
+        backends.set_cpu_backend(previous)
+        del backends._BACKENDS["counting"]
+
+
+def test_fused_path_checks_saved_versions(on_cpu):
+    x = sg.tensor([1.0, 2.0], requires_grad=True)
+    y = x * 1  # a non-leaf that sin saves
+    z = y.sin()
+    with sg.no_grad():
+        y.mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        z.sum().backward()
+
+
+# -- kernels against the NumPy reference (also run under NUMBA_BOUNDSCHECK=1) -------------------
+UNARY = ("neg", "exp", "log", "sin", "cos", "tanh", "sigmoid", "relu", "sqrt", "abs")
+BINARY = ("add", "sub", "mul", "div")
+
+
+def _special(rng, n, dtype):
+    a = rng.standard_normal(n).astype(dtype) * 3
+    a[:6] = [0.0, -0.0, np.inf, -np.inf, np.nan, -1.0]
+    return a
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_kernel_forward_matches_reference(dtype, mode, rng):
+    x = _special(rng, 40, dtype)
+    for name in UNARY:
+        with np.errstate(all="ignore"):
+            ref = getattr(NumpyBackend, name)(x)
+            got = getattr(CPU, name)(x)
+        assert got.dtype == ref.dtype and got.shape == ref.shape
+        np.testing.assert_allclose(got, ref, rtol=2e-6 if dtype == np.float32 else 1e-14,
+                                   atol=0, err_msg=name)
+    y = _special(rng, 40, dtype)[::-1].copy()
+    for name in BINARY:
+        for a, b in ((x, y), (x, 2.5), (3, y), (x.reshape(5, 8), y.reshape(5, 8))):
+            with np.errstate(all="ignore"):
+                ref = getattr(NumpyBackend, name)(a, b)
+            got = getattr(CPU, name)(a, b)
+            assert got.dtype == ref.dtype and got.shape == ref.shape, name
+            np.testing.assert_allclose(got, ref, rtol=1e-6, atol=0, err_msg=name)
+    got = CPU.addcmul(x, y, x, 0.5)
+    with np.errstate(all="ignore"):
+        np.testing.assert_allclose(got, x + 0.5 * (y * x), rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_kernel_reductions_and_copy(dtype, mode, rng):
+    x = rng.standard_normal((6, 7)).astype(dtype)
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    for axis, keep in ((None, False), (None, True), ((0, 1), False), ((1,), True), ((-1,), False),
+                       ((0,), True)):
+        got = CPU.sum(x, axis, keep)
+        ref = NumpyBackend.sum(x, axis, keep)
+        assert got.shape == ref.shape and got.dtype == ref.dtype
+        np.testing.assert_allclose(got, ref, rtol=tol, atol=tol)
+    c = CPU.copy(x.T)
+    assert c.flags.c_contiguous and np.array_equal(c, x.T)
+    c = CPU.copy(x)
+    assert not np.shares_memory(c, x) and np.array_equal(c, x)
+
+
+def test_kernel_fuzz_random_layouts_match_reference(mode):
+    """Shapes, dtypes, strides and broadcasting drawn at random: never a crash, same values."""
+    rng = np.random.default_rng(7)
+    for _ in range(60):
+        ndim = int(rng.integers(0, 4))
+        shape = tuple(int(s) for s in rng.integers(1, 5, ndim))
+        dtype = [np.float32, np.float64, np.int64][int(rng.integers(0, 3))]
+        a = (rng.standard_normal(shape) * 4).astype(dtype)
+        if ndim >= 2 and rng.random() < 0.3:
+            a = a.swapaxes(0, 1)  # not contiguous
+        b_shape = a.shape[int(rng.integers(0, ndim + 1)):] if ndim else ()
+        b = (rng.standard_normal(b_shape) * 4 + 0.1).astype(dtype)
+        with np.errstate(all="ignore"):
+            for name in UNARY:
+                if dtype == np.int64 and name in ("exp", "log", "sin", "cos", "tanh", "sqrt",
+                                                   "sigmoid"):
+                    continue
+                _close(getattr(CPU, name)(a), getattr(NumpyBackend, name)(a), name)
+            for name in BINARY:
+                _close(getattr(CPU, name)(a, b), getattr(NumpyBackend, name)(a, b), name)
+            g = np.ones(np.broadcast_shapes(a.shape, b.shape), dtype)
+            for kernel, args in (("mul_backward", (b, a)), ("div_backward", (b, a))):
+                outs = getattr(CPU, kernel)(g, (True, True), *args)
+                if outs is not None:  # declined layouts go to the formula
+                    assert outs[0].shape == g.shape
+        _close(CPU.sum(a), NumpyBackend.sum(a), "sum")
+
+
+def _close(got, ref, name):
+    assert got.shape == ref.shape and got.dtype == ref.dtype, name
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_kernel_inputs_are_validated_before_the_call(mode):
+    """Mismatched lengths never reach a kernel: the backend declines or uses NumPy."""
+    g = np.ones(10)
+    assert CPU.sin_backward(g, (True,), np.ones(4)) is None
+    assert CPU.sin_backward(g, (True,), np.ones(10, np.float32)) is None
+    assert CPU.sin_backward(g, (True,), np.ones(20)[::2]) is None
+    assert CPU.mul_backward(g, (True, True), np.ones(4), np.ones(10)) is None
+    with pytest.raises(ValueError):
+        CPU.add(np.ones(10), np.ones(4))  # NumPy's broadcast error, no kernel call
+    assert CPU.where_backward(g, (False, True, True), np.ones(10)) is None  # not bool
+
+
+# -- the public API on this backend ----------------------------------------------------------
+def test_large_tensors_use_parallel_kernels_and_match_torch(on_cpu, rng, torch, monkeypatch):
+    monkeypatch.setattr(cpu_mod, "PARALLEL_MIN", 1000)
+    a = sg.tensor(rng.standard_normal((50, 40)).astype(np.float32), requires_grad=True)
+    b = sg.tensor(rng.standard_normal((50, 40)).astype(np.float32), requires_grad=True)
+    y = (sg.addcmul(a, a, b, value=0.5).tanh() * b).sigmoid().sum()
+    y.backward()
+    ta, tb = to_torch(torch, a), to_torch(torch, b)
+    (torch.addcmul(ta, ta, tb, value=0.5).tanh() * tb).sigmoid().sum().backward()
+    np.testing.assert_allclose(y.item(), 0, atol=1e9)  # finite
+    np.testing.assert_allclose(a.grad.numpy(), ta.grad.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(b.grad.numpy(), tb.grad.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_addcmul_matches_torch(cpu_backend, torch):
+    a = sg.tensor([[1.0, -2.0], [0.5, 3.0]], requires_grad=True)
+    b = sg.tensor([2.0, -1.0], requires_grad=True)
+    y = sg.addcmul(a, a, b, value=2.0)
+    assert y.grad_fn.name() == "AddcmulBackward0"
+    assert y.grad_fn._saved_value == 2.0 and y.grad_fn._saved_tensor1 is a
+    y.sum().backward()
+    ta, tb = to_torch(torch, a), to_torch(torch, b)
+    torch.addcmul(ta, ta, tb, value=2.0).sum().backward()
+    np.testing.assert_allclose(a.grad.numpy(), ta.grad.numpy())
+    np.testing.assert_allclose(b.grad.numpy(), tb.grad.numpy())
+    with pytest.raises(TypeError, match="tensor1"):
+        sg.addcmul(a, 2.0, b)
+
+
+def test_cpu_backend_is_the_default():
+    assert backends._DEVICE_DEFAULT["cpu"] == "cpu"
+    assert isinstance(backends.backend_for("cpu"), type(CPU))
