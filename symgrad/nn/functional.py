@@ -98,34 +98,14 @@ def sigmoid(input: Tensor) -> Tensor:
     return _F.sigmoid(input)
 
 
-def _softmax_impl(name: str):
-    fn = getattr(_F, name, None)
-    if fn is None:
-        raise NotImplementedError(f"symgrad.{name} is not available yet (the op lands with "
-                                  "the reductions issue)")
-    return fn
-
-
-def _softmax_dim(ndim: int, name: str) -> int:
-    warnings.warn(f"Implicit dimension choice for {name} has been deprecated. Change the call "
-                  "to include dim=X as an argument.", UserWarning, stacklevel=3)
-    return 0 if ndim in (0, 1, 3) else 1
-
-
 def softmax(input: Tensor, dim: int | None = None, dtype=None) -> Tensor:
-    if dim is None:
-        dim = _softmax_dim(input.ndim, "softmax")
-    if dtype is not None:
-        input = input.to(dtype)
-    return _softmax_impl("softmax")(input, dim)
+    """``exp(x) / sum(exp(x), dim)`` (``SoftmaxBackward0``); torch's warning when dim is None."""
+    return _F.softmax(input, dim, dtype)
 
 
 def log_softmax(input: Tensor, dim: int | None = None, dtype=None) -> Tensor:
-    if dim is None:
-        dim = _softmax_dim(input.ndim, "log_softmax")
-    if dtype is not None:
-        input = input.to(dtype)
-    return _softmax_impl("log_softmax")(input, dim)
+    """``x - logsumexp(x, dim)`` (``LogSoftmaxBackward0``)."""
+    return _F.log_softmax(input, dim, dtype)
 
 
 # -- losses ----------------------------------------------------------------------------------
