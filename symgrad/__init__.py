@@ -7,7 +7,7 @@ first use.
 
 from __future__ import annotations
 
-from . import autograd, cuda, nn, ops, optim
+from . import autograd, cuda, nn, ops, optim, utils
 from .autograd import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled
 from .creation import (arange, empty, empty_like, eye, from_numpy, full, full_like, linspace,
                        manual_seed, ones, ones_like, rand, randint, randn, zeros, zeros_like)
@@ -44,7 +44,7 @@ def graph(root, names=None, report=None):
 
 __all__ = [
     "Tensor", "Size", "tensor", "dtype", "device", "float32", "float64", "int64", "bool",
-    "float", "double", "long", "autograd", "cuda", "ops",
+    "float", "double", "long", "autograd", "cuda", "ops", "utils",
     "no_grad", "enable_grad", "set_grad_enabled", "inference_mode", "is_grad_enabled",
     "zeros", "ones", "full", "empty", "zeros_like", "ones_like", "full_like", "empty_like",
     "eye", "arange", "linspace", "rand", "randn", "randint", "from_numpy", "manual_seed",

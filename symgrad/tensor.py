@@ -21,6 +21,9 @@ from .memory import Storage
 
 __all__ = ["Tensor", "Size", "tensor"]
 
+#: PyTorch's scalar type names, for its error messages.
+_TORCH_NAMES = {"float32": "Float", "float64": "Double", "int64": "Long", "bool": "Bool"}
+
 _DT_OF = {np.dtype(np.float32): _dt.float32, np.dtype(np.float64): _dt.float64,
           np.dtype(np.int64): _dt.int64, np.dtype(np.bool_): _dt.bool_}
 
@@ -367,15 +370,7 @@ class Tensor:
             return format(self.item(), spec)
         return repr(self)
 
-    # -- in-place (no graph; the autograd-aware versions build on these) -------------------
-    def _check_inplace(self) -> None:
-        if _state.enabled and self._requires_grad and self._grad_fn is None:
-            raise RuntimeError("a leaf Variable that requires grad is being used in an "
-                               "in-place operation.")
-        if _state.enabled and self._grad_fn is not None:
-            raise RuntimeError("in-place operations on tensors in a graph are not supported "
-                               "yet; use the out-of-place op")
-
+    # -- in-place ops (autograd-aware; PyTorch's rules) -----------------------------------
     def _bump(self) -> Tensor:
         self._storage.version += 1
         return self
@@ -386,42 +381,148 @@ class Tensor:
         backend_for(self._device.type).add_(self._data, other._data)
         self._bump()
 
-    def _inplace(self, kernel: str, other) -> Tensor:
+    def _inplace(self, method: str, op: str, others: tuple = (), params: dict | None = None,
+                 kernel: str | None = None, src=None) -> Tensor:
+        """Write ``op(self, *others)`` into ``self`` and bump the storage's version.
+
+        Without a graph to record, ``kernel(self, src)`` runs truly in place. With one,
+        the op runs out of place through ``apply`` on a stand-in for ``self`` that carries
+        its grad_fn (a copy of the old values when the backward needs them, as PyTorch's
+        ``original_self``), the result is written into ``self``, and ``self`` is rebased
+        onto the new node: the same object, a new grad_fn whose edge is the old one.
+        """
+        from .autograd import function as _fn
+
+        if _fn._profiler is not None:
+            return _fn._profiler._record_call("symgrad::" + method, "op", (self,) + others,
+                                              self._inplace_impl, op, others, params or {},
+                                              kernel, src, quiet=True)
+        return self._inplace_impl(op, others, params or {}, kernel, src)
+
+    def _inplace_impl(self, op, others, params, kernel, src) -> Tensor:
         from .backends import backend_for
 
-        self._check_inplace()
+        grad_on = _state.enabled
+        if grad_on and self._requires_grad and self._grad_fn is None:
+            raise RuntimeError("a leaf Variable that requires grad is being used in an "
+                               "in-place operation.")
         if not self._data.flags.writeable:
             raise RuntimeError("unsupported operation: more than one element of the written-to "
                                "tensor refers to a single memory location. Please clone() "
                                "the tensor before performing the operation.")
-        src = other._data if isinstance(other, Tensor) else other
-        if isinstance(other, Tensor) and np.broadcast_shapes(self._data.shape,
-                                                             src.shape) != self._data.shape:
-            raise RuntimeError(f"output with shape {list(self.shape)} doesn't match the "
-                               f"broadcast shape {list(np.broadcast_shapes(self.shape, src.shape))}")
-        getattr(backend_for(self._device.type), kernel)(self._data, src)
-        return self._bump()
+        tensors = [o for o in others if isinstance(o, Tensor)]
+        for o in tensors:
+            if o._device != self._device:
+                raise RuntimeError("Expected all tensors to be on the same device, but found "
+                                   f"at least two devices, {o._device} and {self._device}!")
+            shape = np.broadcast_shapes(self._data.shape, o._data.shape)
+            if shape != self._data.shape:
+                raise RuntimeError(f"output with shape {list(self.shape)} doesn't match the "
+                                   f"broadcast shape {list(shape)}")
+        if op in ("add", "sub", "mul", "div"):
+            res = _dt.promote([(self.dtype, self._data.ndim == 0)]
+                              + [(o.dtype, o._data.ndim == 0) for o in tensors],
+                              [o for o in others if not isinstance(o, Tensor)])
+            if op == "div" and not res.is_floating_point:
+                res = _dt.default_float()
+            if res.category > self.dtype.category:
+                raise RuntimeError(f"result type {_TORCH_NAMES[res.name]} can't be cast to the "
+                                   f"desired output type {_TORCH_NAMES[self.dtype.name]}")
+        be = backend_for(self._device.type)
+        if not (grad_on and (self._requires_grad or any(o._requires_grad for o in tensors))):
+            if kernel is not None:
+                getattr(be, kernel)(self._data, src)
+            else:
+                from .autograd.function import apply
+                from .ops import OPS
+
+                be.copy_(self._data, apply(OPS[op], (self,) + others, params)._data)
+            return self._bump()
+        return self._inplace_graph(be, op, others, params)
+
+    def _inplace_graph(self, be, op, others, params) -> Tensor:
+        from .autograd.function import apply
+        from .ops import OPS
+
+        node = self._grad_fn
+        spec = getattr(type(node), "_spec", None)
+        if spec is not None and spec.view and node._input_refs:
+            base = node._input_refs[0]()
+            if base is not None and base._storage is self._storage:
+                raise RuntimeError(
+                    f"symgrad does not support in-place {op} on a view ({node.name()}) of a "
+                    "tensor that requires grad yet: its base's gradient would be wrong. "
+                    "Apply the op out of place, or clone() the view first.")
+        spec = OPS[op]
+        inputs = (self,) + others
+        saves_self = any(
+            "self" in spec.formula_params.get(name, ())
+            for name, x in zip(spec.inputs, inputs)
+            if isinstance(x, Tensor) and x._requires_grad)
+        stand_in = Tensor._wrap(be.copy(self._data) if saves_self else self._data,
+                                self._device, None if saves_self else self._storage)
+        stand_in._grad_fn = self._grad_fn
+        stand_in._output_nr = self._output_nr
+        stand_in._requires_grad = self._requires_grad
+        stand_in.name = self.name
+        out = apply(spec, (stand_in,) + others, params)
+        be.copy_(self._data, out._data)
+        self._bump()
+        new = out._grad_fn
+        new._out_meta = ((self._data.shape, self.dtype),)
+        if self._retains_grad and node is not None and node._retained:
+            node._retained.pop(self._output_nr, None)
+            new._retained = {0: weakref.ref(self)}
+        self._grad_fn = new
+        self._output_nr = 0
+        self._requires_grad = True
+        return self
 
     def add_(self, other, alpha=1) -> Tensor:
-        return self._inplace("add_", other if alpha == 1 else other * alpha)
+        src = other._data if isinstance(other, Tensor) else other
+        if alpha != 1:
+            src = src * alpha
+        return self._inplace("add_", "add", (other,), {"alpha": alpha}, "add_", src)
 
     def sub_(self, other, alpha=1) -> Tensor:
-        return self._inplace("sub_", other if alpha == 1 else other * alpha)
+        src = other._data if isinstance(other, Tensor) else other
+        if alpha != 1:
+            src = src * alpha
+        return self._inplace("sub_", "sub", (other,), {"alpha": alpha}, "sub_", src)
 
     def mul_(self, other) -> Tensor:
-        return self._inplace("mul_", other)
+        return self._inplace("mul_", "mul", (other,), None, "mul_",
+                             other._data if isinstance(other, Tensor) else other)
 
     def div_(self, other) -> Tensor:
-        return self._inplace("div_", other)
+        return self._inplace("div_", "div", (other,), None, "div_",
+                             other._data if isinstance(other, Tensor) else other)
 
     def zero_(self) -> Tensor:
-        return self._inplace("fill_", 0)
+        return self._inplace("zero_", "zero_", (), None, "fill_", 0)
 
     def fill_(self, value) -> Tensor:
-        return self._inplace("fill_", value.item() if isinstance(value, Tensor) else value)
+        if isinstance(value, Tensor):
+            if value.ndim != 0:
+                raise RuntimeError("fill_ only supports 0-dimension value tensor but got "
+                                   f"tensor with {value.ndim} dimensions.")
+            return self._inplace("fill_", "fill_tensor_", (value,), None, "fill_",
+                                 value.detach().cpu()._data.item())
+        return self._inplace("fill_", "fill_", (), {"value": value}, "fill_", value)
 
     def copy_(self, src) -> Tensor:
-        return self._inplace("copy_", src)
+        if not isinstance(src, Tensor):
+            raise TypeError(f"copy_(): argument 'src' must be Tensor, not {type(src).__name__}")
+        return self._inplace("copy_", "copy_", (src,), None, "copy_", src._data)
+
+    def clamp_(self, min=None, max=None) -> Tensor:  # noqa: A002
+        """In place ``clamp`` with number bounds (grad_fn ClampBackward1, as in PyTorch)."""
+        if min is None and max is None:
+            raise RuntimeError("torch.clamp: At least one of 'min' or 'max' must not be None")
+        for bound in (min, max):
+            if isinstance(bound, Tensor):
+                raise TypeError("symgrad's clamp_ takes number bounds, not tensors")
+        return self._inplace("clamp_", "clamp", (), {"min": min, "max": max})
 
     def __iadd__(self, other):
         return self.add_(other)

@@ -4,13 +4,30 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from . import graph, profiler
+from .anomaly_mode import (
+    detect_anomaly,
+    is_anomaly_check_nan_enabled,
+    is_anomaly_enabled,
+    set_detect_anomaly,
+)
+from .custom_function import Function, FunctionCtx, once_differentiable
 from .engine import run_backward
-from .grad_mode import (enable_grad, inference_mode, is_grad_enabled,
-                        is_inference_mode_enabled, no_grad, set_grad_enabled)
+from .grad_mode import (
+    enable_grad,
+    inference_mode,
+    is_grad_enabled,
+    is_inference_mode_enabled,
+    no_grad,
+    set_grad_enabled,
+)
 from .node import AccumulateGrad, Node
 
 __all__ = ["backward", "grad", "no_grad", "enable_grad", "set_grad_enabled", "inference_mode",
-           "is_grad_enabled", "is_inference_mode_enabled", "Node", "AccumulateGrad"]
+           "is_grad_enabled", "is_inference_mode_enabled", "Node", "AccumulateGrad",
+           "Function", "FunctionCtx", "once_differentiable", "graph", "profiler",
+           "detect_anomaly", "set_detect_anomaly", "is_anomaly_enabled",
+           "is_anomaly_check_nan_enabled"]
 
 
 def _as_list(x):

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import heapq
 
+from . import function as _fn
+from .anomaly_mode import _anomaly
 from .function import accumulator_of
 from .grad_mode import _state
 from .node import AccumulateGrad
@@ -116,13 +118,19 @@ def run_backward(roots, grad_roots, *, retain_graph: bool, create_graph: bool,
                                   else inputs[idx])
                         _accumulate_into(target, g, create_graph, shared)
                     else:
+                        if isinstance(node, AccumulateGrad) and g is not None:
+                            g = _leaf_hooks(node.variable, g)
                         results[idx] = g
                 # a captured node runs on only if other captures lie below it
                 stop_here = not any(nxt is not None and nxt in needed
                                     for nxt, _ in node.next_functions)
             if isinstance(node, AccumulateGrad):
                 if inputs is None and accumulate:
-                    _accumulate_into(node.variable, grads[0], create_graph, shared)
+                    if _fn._profiler is not None:
+                        _fn._profiler._record_node(node, _accumulate_into, node.variable,
+                                                   grads[0], create_graph, shared)
+                    else:
+                        _accumulate_into(node.variable, grads[0], create_graph, shared)
                 continue
             if stop_here:
                 if not retain_graph:
@@ -170,6 +178,7 @@ def _run_pre_hooks(node, grads, shared):
                     continue
                 new = fn(grads[nr])
                 if new is not None:
+                    _check_hook_result(fn, new, grads[nr])
                     grads[nr] = new
     if node._retained:
         for nr, ref in node._retained.items():
@@ -186,7 +195,35 @@ def _run_pre_hooks(node, grads, shared):
     return grads
 
 
+def _check_hook_result(fn, new, old) -> None:
+    name = getattr(fn, "__name__", repr(fn))
+    if not hasattr(new, "_storage"):
+        raise TypeError(f"expected Tensor or None (got {type(new).__name__}) from hook '{name}'")
+    if new._data.shape != old._data.shape:
+        raise RuntimeError(f"hook '{name}' has changed the size of value")
+
+
 def _apply(node, grads, needed, shared):
+    """Run one node's backward: timed under the profiler, checked under anomaly mode."""
+    if _fn._profiler is None and not _anomaly.enabled:
+        return _apply_node(node, grads, needed, shared)
+    from .anomaly_mode import check_nan, warn_forward_trace
+
+    try:
+        if _fn._profiler is not None:
+            outs = _fn._profiler._record_node(node, _apply_node, node, grads, needed, shared)
+        else:
+            outs = _apply_node(node, grads, needed, shared)
+        if _anomaly.enabled and _anomaly.check_nan:
+            check_nan(node, outs)
+    except Exception:
+        if _anomaly.enabled:
+            warn_forward_trace(node, stacklevel=4)
+        raise
+    return outs
+
+
+def _apply_node(node, grads, needed, shared):
     mask = tuple(nxt is not None and (needed is None or nxt in needed)
                  for nxt, _ in node.next_functions)
     outs = node.apply(grads, mask)
@@ -215,10 +252,8 @@ def _accumulate_into(variable, g, create_graph, shared) -> None:
     """AccumulateGrad: ``.grad = g`` the first time, then ``.grad += g``."""
     if g is None:
         return
-    for fn in list((variable._backward_hooks or {}).values()):
-        new = fn(g)
-        if new is not None:
-            g = new
+    if variable._backward_hooks:
+        g = _leaf_hooks(variable, g)
     old = variable._grad
     if create_graph:
         variable._grad = g if old is None else old + g
@@ -234,3 +269,13 @@ def _accumulate_into(variable, g, create_graph, shared) -> None:
         variable._grad = (old + g).detach()
     else:
         old._inplace_add(g)
+
+
+def _leaf_hooks(variable, g):
+    """``Tensor.register_hook`` hooks of a leaf, run before its gradient is used."""
+    for fn in list((variable._backward_hooks or {}).values()):
+        new = fn(g)
+        if new is not None:
+            _check_hook_result(fn, new, g)
+            g = new
+    return g

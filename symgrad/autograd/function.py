@@ -14,6 +14,7 @@ import numpy as np
 
 from ..backends import backend_for
 from ..dtypes import bool_, default_float, int64, promote
+from .anomaly_mode import _anomaly
 from .grad_mode import _state
 from .node import AccumulateGrad, SavedTensor, _WrappedScalar, node_class_for
 from .record import _recording
@@ -21,6 +22,9 @@ from .record import _recording
 __all__ = ["apply", "edge_of"]
 
 _tensor_cls = None
+
+#: The active ``profiler.profile`` (None when not profiling): ``apply`` tests it once.
+_profiler = None
 
 
 def _T():
@@ -91,6 +95,8 @@ def _result_dtype(rule, tensors, scalars, params):
 
 def apply(spec, inputs, params=None):
     """Run ``spec`` on ``inputs`` (tensors or Python scalars, in ``spec.inputs`` order)."""
+    if _profiler is not None:
+        return _profiler._record_op(spec, inputs, params)
     Tensor = _T()
     params = params or {}
     tensors = [x for x in inputs if isinstance(x, Tensor)]
@@ -159,6 +165,10 @@ def _record(spec, inputs, params, outputs) -> None:
     node._input_meta = tuple(meta)
     node._out_meta = tuple((o._data.shape, o.dtype) for o in outputs[:spec.differentiable_outputs])
     node._freed = False
+    if _anomaly.enabled:
+        from .anomaly_mode import forward_stack
+
+        node.metadata["traceback_"] = forward_stack()
     node._params = params  # the verifier replays the forward from these
     saved = {}
     for i, input_name in enumerate(spec.inputs):
@@ -227,3 +237,15 @@ def _shape_error(spec, inputs, exc: ValueError) -> Exception:
                     f"The size of tensor a ({da}) must match the size of tensor b ({db}) "
                     f"at non-singleton dimension {max(len(a), len(b)) - i}")
     return RuntimeError(f"{spec.name}: {exc} (input shapes {shapes})")
+
+
+# ``symgrad.autograd.function.Function``, where PyTorch users look for it (and where the
+# repr of a custom node says its class lives).
+from .custom_function import (  # noqa: E402
+    BackwardCFunction,
+    Function,
+    FunctionCtx,
+    once_differentiable,
+)
+
+__all__ += ["Function", "FunctionCtx", "BackwardCFunction", "once_differentiable"]

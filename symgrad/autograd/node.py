@@ -111,15 +111,25 @@ def _add_hook(hooks: dict, fn) -> RemovableHandle:
     return handle
 
 
+#: The active ``saved_tensors_hooks`` (pack, unpack) pairs, innermost last; see graph.py.
+#: Checked once per saved tensor, so the hooks cost nothing while none is active.
+_saved_tensors_hooks: list = []
+
+_TYPE_NAMES = {"float32": "FloatTensor", "float64": "DoubleTensor", "int64": "LongTensor",
+               "bool": "BoolTensor"}
+
+
 class SavedTensor:
     """A tensor a node saved, with the storage version it had when saved.
 
     A saved input is the very object the user passed. A saved output is kept as a
     grad_fn-free alias (owning it with its grad_fn would be a cycle); unpacking it
-    gives a new tensor whose grad_fn is the node, as PyTorch does.
+    gives a new tensor whose grad_fn is the node, as PyTorch does. Under
+    ``saved_tensors_hooks`` only what ``pack`` returned is kept, ``unpack`` gives the
+    tensor back, and (as in PyTorch) no version check is made.
     """
 
-    __slots__ = ("tensor", "version", "output_nr", "producer_name")
+    __slots__ = ("tensor", "version", "output_nr", "_packed", "_unpack")
 
     def __init__(self, tensor, is_output: bool, output_nr: int = 0) -> None:
         self.version = tensor._storage.version
@@ -128,15 +138,24 @@ class SavedTensor:
             from ..tensor import Tensor
 
             tensor = Tensor._alias(tensor)
-            self.producer_name = None
+        if _saved_tensors_hooks:
+            pack, self._unpack = _saved_tensors_hooks[-1]
+            self._packed = pack(tensor)
+            self.tensor = None
         else:
-            fn = tensor._grad_fn
-            self.producer_name = None if fn is None else (fn.name(), tensor._output_nr)
-        self.tensor = tensor
+            self._unpack = None
+            self.tensor = tensor
 
     def unpack(self, node: Node):
         t = self.tensor
-        if t._storage.version != self.version:
+        if t is None:
+            t = self._unpack(self._packed)
+            from ..tensor import Tensor
+
+            if not isinstance(t, Tensor):
+                raise TypeError("Output of saved tensor unpack_hook expected to be a Tensor "
+                                f"but got result of type {type(t).__name__}")
+        elif t._storage.version != self.version:
             raise RuntimeError(self._version_message(node))
         if self.output_nr >= 0:
             from ..tensor import Tensor
@@ -145,20 +164,35 @@ class SavedTensor:
         return t
 
     def _version_message(self, node: Node) -> str:
+        from .anomaly_mode import _anomaly
+
         t = self.tensor
-        desc = f"[symgrad.{t.dtype.name} {list(t.shape)}]"
+        shape = ", ".join(str(s) for s in t.shape)
+        desc = f"[symgrad.{_TYPE_NAMES.get(t.dtype.name, t.dtype.name)} [{shape}]]"
         if self.output_nr >= 0:
-            where = f", which is output {self.output_nr} of {node.name()},"
-        elif self.producer_name is not None:
-            where = f", which is output {self.producer_name[1]} of {self.producer_name[0]},"
+            where = f", which is output {self.output_nr} of {_short(node.name())},"
+        elif t._grad_fn is not None:  # PyTorch names the tensor's grad_fn as of now
+            where = f", which is output {t._output_nr} of {_short(t._grad_fn.name())},"
         else:
             where = ""
+        if _anomaly.enabled:
+            hint = ("Hint: the backtrace further above shows the operation that failed to "
+                    "compute its gradient. The variable in question was changed in there or "
+                    "anywhere later. Good luck!")
+        else:
+            hint = ("Hint: enable anomaly detection to find the operation that failed to "
+                    "compute its gradient, with symgrad.autograd.set_detect_anomaly(True).")
         return ("one of the variables needed for gradient computation has been modified by "
                 f"an inplace operation: {desc}{where} is at version {t._storage.version}; "
-                f"expected version {self.version} instead. Hint: the backward of "
-                f"{node.name()} needed it; use .clone() before the in-place op, or enable "
-                "anomaly detection with symgrad.autograd.set_detect_anomaly(True) to find "
-                "the forward op that saved it.")
+                f"expected version {self.version} instead. It was saved for {node.name()}. "
+                + hint)
+
+
+def _short(name: str) -> str:
+    """``ExpBackward0`` -> ``Exp``: how PyTorch names the producing op in this message."""
+    import re
+
+    return re.sub(r"Backward\d*$", "", name)
 
 
 class OpNode(Node):

@@ -1,0 +1,192 @@
+"""The ``symgrad`` command (also ``python -m symgrad``).
+
+``symgrad check PATH_OR_MODULE[:FUNC] [-k EXPR] [--json OUT] [--html OUT] [--mode M]``
+verifies every function decorated with ``@symgrad.testing.gradient_check`` and exits 0
+when all agree, 1 when any gradient is wrong, 2 on a usage error (bad path, nothing found).
+``symgrad verify-rules`` runs the rule audit over every registered op.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import pathlib
+import re
+import sys
+from collections.abc import Iterator
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+class UsageError(Exception):
+    pass
+
+
+def _load_file(path: pathlib.Path):
+    name = "symgrad_check_" + re.sub(r"\W", "_", str(path.resolve()))
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise UsageError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    sys.path.insert(0, str(path.parent))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(path.parent))
+    return module
+
+
+def _modules(target: str) -> Iterator:
+    path = pathlib.Path(target)
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*.py") if "__pycache__" not in p.parts)
+        if not files:
+            raise UsageError(f"no Python files under {target}")
+        for f in files:
+            yield _load_file(f)
+    elif path.suffix == ".py":
+        if not path.exists():
+            raise UsageError(f"file not found: {target}")
+        yield _load_file(path)
+    else:
+        try:
+            yield importlib.import_module(target)
+        except ImportError as exc:
+            raise UsageError(f"cannot import module {target!r}: {exc}") from None
+
+
+def discover(target: str) -> list[tuple[str, object]]:
+    """``(qualified name, function)`` for each ``@gradient_check`` function in ``target``."""
+    func_name = None
+    if ":" in target and not pathlib.Path(target).exists():
+        target, func_name = target.rsplit(":", 1)
+    found = []
+    for module in _modules(target):
+        label = pathlib.Path(getattr(module, "__file__", "") or module.__name__).name
+        for name, obj in sorted(vars(module).items()):
+            if callable(obj) and hasattr(obj, "__symgrad_check__") and \
+                    getattr(obj, "__module__", None) == module.__name__:
+                if func_name is None or name == func_name:
+                    found.append((f"{label}::{name}", obj))
+    if func_name is not None and not found:
+        raise UsageError(f"no @gradient_check function named {func_name!r} in {target}")
+    return found
+
+
+_KEYWORDS = {"and", "or", "not"}
+
+
+def keyword_matches(expr: str, name: str) -> bool:
+    """pytest-style ``-k``: words are substrings of the name, joined by and/or/not/()."""
+    tokens = re.findall(r"\(|\)|[^\s()]+", expr)
+    if not tokens:
+        raise UsageError("empty -k expression")
+    out = []
+    for tok in tokens:
+        if tok in _KEYWORDS or tok in "()":
+            out.append(tok)
+        else:
+            out.append(str(tok.lower() in name.lower()))
+    try:
+        return bool(eval(" ".join(out), {"__builtins__": {}}, {}))  # noqa: S307 (True/False/ops)
+    except SyntaxError:
+        raise UsageError(f"bad -k expression: {expr!r}") from None
+
+
+def _progress(items, enabled: bool):
+    if not enabled:
+        return items
+    from tqdm import tqdm
+
+    return tqdm(items, desc="symgrad check", unit="check", leave=False)
+
+
+def cmd_check(args) -> int:
+    from .testing.checks import run_marked
+    from .testing.html import html_page
+
+    found = discover(args.target)
+    if args.k:
+        found = [(n, f) for n, f in found if keyword_matches(args.k, n)]
+    if not found:
+        raise UsageError(f"no @symgrad.testing.gradient_check functions found in {args.target}")
+    tty = sys.stdout.isatty()
+    results = []
+    for name, fn in _progress(found, tty):
+        if args.mode:
+            fn.__symgrad_check__ = {**fn.__symgrad_check__, "mode": args.mode}
+        try:
+            report = run_marked(fn, name)
+            ok, data, error = bool(report.ok), report.to_json(), None
+        except Exception as exc:  # a check that cannot run counts as failed, with the reason
+            ok, data, error = False, {"ok": False, "error": f"{type(exc).__name__}: {exc}"}, exc
+        results.append({"name": name, "ok": ok, "report": data})
+        status = "ok" if ok else "FAILED"
+        line = f"{status:6} {name}"
+        if data.get("mode"):
+            line += f"  [{data['mode']}]"
+        if not ok:
+            line += f"  first bad node: {data.get('first_bad_node')}" if error is None \
+                else f"  error: {data['error']}"
+        print(line, flush=True)
+        if not ok and error is None:
+            print(_indent(str(report)), flush=True)
+    failed = sum(not r["ok"] for r in results)
+    print(f"{len(results) - failed} passed, {failed} failed")
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(
+            {"schema": "symgrad.checks/1", "total": len(results), "failed": failed,
+             "checks": results}, indent=1))
+    if args.html:
+        pathlib.Path(args.html).write_text(html_page(results))
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+def _indent(text: str) -> str:
+    return "\n".join("    " + line for line in text.splitlines())
+
+
+def cmd_verify_rules(args) -> int:
+    from .symbolic import audit_rules
+
+    results = audit_rules()
+    failed = 0
+    rows = results.items() if isinstance(results, dict) else results
+    for row in rows:
+        name, status = (row if isinstance(row, tuple) else (row.get("op"), row.get("status")))
+        status = getattr(status, "status", status)
+        print(f"{str(status):24} {name}")
+        failed += str(status) == "failed"
+    print(f"{len(results) - failed} passed, {failed} failed")
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="symgrad", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    check = sub.add_parser("check", help="verify @gradient_check functions")
+    check.add_argument("target", metavar="PATH_OR_MODULE[:FUNC]")
+    check.add_argument("-k", metavar="EXPR", help="only checks whose name matches EXPR")
+    check.add_argument("--json", metavar="OUT", help="write the results as JSON")
+    check.add_argument("--html", metavar="OUT", help="write the results as HTML")
+    check.add_argument("--mode", choices=("auto", "exact", "local", "finite_differences"))
+    check.set_defaults(run=cmd_check)
+    rules = sub.add_parser("verify-rules", help="prove every op's backward rule symbolically")
+    rules.set_defaults(run=cmd_verify_rules)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except UsageError as exc:
+        print(f"symgrad: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

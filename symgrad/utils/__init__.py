@@ -1,0 +1,7 @@
+"""``symgrad.utils``: training utilities (PyTorch's ``torch.utils`` names)."""
+
+from __future__ import annotations
+
+from . import checkpoint
+
+__all__ = ["checkpoint"]
