@@ -262,7 +262,11 @@ def _node_output(node: Any, t: Any | None) -> tuple[list[int] | None, str | None
         return [int(s) for s in shape], getattr(dtype, "name", str(dtype))
     if t is not None:
         return _shape(t), _dtype_name(t)
-    return None, None
+    try:  # torch: the metadata of the gradient the node receives = its output's
+        m = node._input_metadata[0]
+        return [int(v) for v in m.shape], str(m.dtype).replace("torch.", "")
+    except Exception:  # noqa: BLE001
+        return None, None
 
 
 def _saved_rows(node: Any, namer: Namer, own_output: Any | None) -> list[dict]:
@@ -292,6 +296,7 @@ def _saved_rows(node: Any, namer: Namer, own_output: Any | None) -> list[dict]:
                 is_output = getattr(value, "output_nr", -1) >= 0
                 row["kind"] = "tensor"
                 row["is_output"] = is_output
+                row["same_object_as"] = None
                 if t is not None:
                     row["shape"] = _shape(t)
                     row["dtype"] = _dtype_name(t)
@@ -380,8 +385,8 @@ def _tensor_label(t: Any | None, namer: Namer) -> str | None:
 
 
 def _kind_of(node: Any) -> str:
-    return "accumulate" if hasattr(node, "variable") and node.name() == "AccumulateGrad" \
-        else "op"
+    return "accumulate" if hasattr(node, "variable") and \
+        node.name().endswith("AccumulateGrad") else "op"
 
 
 def graph_json(root: Any, names: Mapping[str, Any] | None = None, report: Any = None, *,

@@ -125,6 +125,7 @@ class Inspector(widgets.VBox):
         self.graph = graph_json(root, self._names)
         self.node_picker.options = self._picker_options()
         self.node_picker.observe(self._on_picker, names="value")
+        traitlets.dlink((self, "progress"), (self.progress_bar, "value"))
         self.rtol_input.observe(self._on_tolerance, names="value")
         self.atol_input.observe(self._on_tolerance, names="value")
         self.verify_button.on_click(lambda _b: self.verify(background=background))
@@ -195,15 +196,10 @@ class Inspector(widgets.VBox):
         """Ask a running verification to stop at its next progress step."""
         self._cancel.set()
 
-    def _progress(self, done: float, total: float | None = None, *_a: Any, **_k: Any) -> None:
-        if self._cancel.is_set():
-            raise VerificationInterrupted("verification stopped by the user")
-        frac = float(done) / float(total) if total else float(done)
-        self.progress = max(0.0, min(1.0, frac))
 
     def _verify_body(self) -> None:
         try:
-            report = run_verify(self._root, self._names, progress=self._progress,
+            report = run_verify(self._root, self._names, progress=_Progress(self),
                                 rtol=self.rtol, atol=self.atol, **self._options)
         except (KeyboardInterrupt, VerificationInterrupted):
             self.status = "interrupted"
@@ -396,3 +392,47 @@ def formula_html(n: dict) -> str:
         parts.append(f"<div class='sg-derivative'>$${html.escape(n['derivative'], quote=False)}"
                      "$$</div>")
     return "".join(parts)
+
+
+class _Progress:
+    """A progress sink the verifier can call (``p(done, total)``) or use like tqdm
+    (``p.total = n``, ``p.update(k)``); every step checks the Stop flag."""
+
+    def __init__(self, inspector: Inspector) -> None:
+        self._insp = inspector
+        self.total: float | None = None
+        self.n = 0.0
+
+    def __call__(self, done: float, total: float | None = None, *_a: Any, **_k: Any) -> None:
+        if total is not None:
+            self.total = total
+        self.n = float(done)
+        self._report()
+
+    def update(self, k: float = 1) -> None:
+        self.n += k
+        self._report()
+
+    def reset(self, total: float | None = None) -> None:
+        self.n = 0.0
+        self.total = total
+        self._report()
+
+    def set_description(self, *_a: Any, **_k: Any) -> None:
+        pass
+
+    def set_postfix_str(self, *_a: Any, **_k: Any) -> None:
+        pass
+
+    def refresh(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def _report(self) -> None:
+        insp = self._insp
+        if insp._cancel.is_set():
+            raise VerificationInterrupted("verification stopped by the user")
+        frac = self.n / self.total if self.total else min(0.95, 1 - 1 / (1 + self.n / 8))
+        insp.progress = max(0.0, min(1.0, frac))

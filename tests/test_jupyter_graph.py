@@ -1,0 +1,276 @@
+"""Graph JSON (schema symgrad.graph/1), the pure-Python layout, the static SVG and bundles.
+
+PyTorch is the oracle for the graph's shape: the same code run in torch and in symgrad
+freezes to the same grad_fn names, edges, saved operand names and "same object" links.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import xml.etree.ElementTree as ET
+
+import pytest
+
+import symgrad as sg
+from symgrad.jupyter import GRAPH_MIME, graph_json, load_schema
+from symgrad.jupyter.graph import Namer, latex_name, preview, text_outline
+from symgrad.jupyter.layout import layout
+from symgrad.jupyter.svg import render_html, render_svg
+
+jsonschema = pytest.importorskip("jsonschema")
+
+XSS = "<img src=x onerror=alert(1)>"
+
+
+def validate(payload: dict) -> None:
+    jsonschema.validate(payload, load_schema())
+    json.dumps(payload)  # plain JSON, nothing live inside
+
+
+def tutorial(lib):
+    a = lib.tensor(2.0, requires_grad=True)
+    b = lib.tensor(3.0, requires_grad=True)
+    c = lib.tensor(4.0, requires_grad=True)
+    d = 5 * (a + b)
+    e = c * d
+    return dict(a=a, b=b, c=c, d=d, e=e)
+
+
+def mlp(lib):
+    lib.manual_seed(0)
+    x = lib.tensor([[0.5, -1.0, 2.0], [1.5, 0.25, -0.5]])
+    w1 = lib.tensor([[0.1, -0.2], [0.3, 0.4], [-0.5, 0.6]], requires_grad=True)
+    b1 = lib.tensor([0.01, -0.02], requires_grad=True)
+    w2 = lib.tensor([[0.7], [-0.8]], requires_grad=True)
+    h = (x @ w1 + b1).sigmoid()
+    loss = ((h @ w2) ** 2).mean()
+    return dict(x=x, w1=w1, b1=b1, w2=w2, h=h, loss=loss)
+
+
+def structure(payload: dict):
+    """(label, kind, shape, saved names + same-object) per node and labelled edges."""
+    by_id = {n["id"]: n for n in payload["nodes"]}
+    # (a None input's shape is known to symgrad through its weak input refs, not to torch)
+    nodes = sorted((n["label"], n["kind"], tuple(n["shape"] or ()) if n["kind"] != "none" else (),
+                    tuple(sorted((s["name"], s.get("same_object_as") or "") for s in n["saved"])))
+                   for n in payload["nodes"])
+    edges = sorted((by_id[e["from"]]["label"], e["input"], by_id[e["to"]]["label"])
+                   for e in payload["edges"])
+    return nodes, edges
+
+
+def test_schema_file_is_valid_draft_2020_12():
+    schema = load_schema()
+    jsonschema.Draft202012Validator.check_schema(schema)
+    assert schema["properties"]["schema"]["const"] == "symgrad.graph/1"
+    assert set(schema["$defs"]["node"]["properties"]["kind"]["enum"]) == \
+        {"op", "accumulate", "leaf", "none"}
+
+
+def test_tutorial_graph_json(torch):
+    ns = tutorial(sg)
+    p = graph_json(ns["e"], ns)
+    validate(p)
+    assert p["schema"] == "symgrad.graph/1" and p["source"] == "symgrad"
+    by_label = {}
+    for n in p["nodes"]:
+        by_label.setdefault(n["label"], []).append(n)
+    root = next(n for n in p["nodes"] if n["id"] == p["roots"][0])
+    assert root["label"] == "MulBackward0" and root["variable"] == "e" and root["shape"] == []
+    saved = {s["name"]: s for s in root["saved"]}
+    assert saved["other"]["same_object_as"] == "d" and saved["other"]["preview"] == "25."
+    assert saved["self"]["same_object_as"] == "c" and saved["self"]["kind"] == "tensor"
+    assert root["formula"] == "e = c d"
+    assert r"\frac{\partial e}{\partial c} = d" in root["derivative"]
+    assert r"\frac{\partial e}{\partial d} = c" in root["derivative"]
+    assert [lf["name"] for lf in p["leaves"]] == ["c", "a", "b"]
+    assert {n["label"] for n in p["nodes"] if n["kind"] == "accumulate"} == {"a", "b", "c"}
+    none = [n for n in p["nodes"] if n["kind"] == "none"]
+    assert len(none) == 1 and none[0]["variable"] == "5"  # the Python scalar in 5*(a+b)
+    assert p["root_names"] == ["e"]
+    # torch freezes to the same structure
+    tns = tutorial(torch)
+    tp = graph_json(tns["e"], tns)
+    validate(tp)
+    assert tp["source"] == "torch"
+    assert structure(graph_json(ns["e"], ns))[1] == structure(tp)[1]
+    assert [n["label"] for n in tp["nodes"]] == [n["label"] for n in p["nodes"]]
+
+
+def test_mlp_matches_torch_structure(torch):
+    ns, tns = mlp(sg), mlp(torch)
+    p, tp = graph_json(ns["loss"], ns), graph_json(tns["loss"], tns)
+    validate(p)
+    validate(tp)
+    s_nodes, s_edges = structure(p)
+    t_nodes, t_edges = structure(tp)
+    assert s_edges == t_edges
+    # grad_fn names, shapes and saved operand names (torch's _saved_* attributes)
+    assert [(n[0], n[1], n[2], tuple(x[0] for x in n[3])) for n in s_nodes] == \
+        [(n[0], n[1], n[2], tuple(x[0] for x in n[3])) for n in t_nodes]
+    sig = next(n for n in p["nodes"] if n["label"] == "SigmoidBackward0")
+    res = {s["name"]: s for s in sig["saved"]}["result"]
+    assert res["is_output"] is True and res["shape"] == [2, 2] and res["dtype"] == "float32"
+    assert sig["formula"] is not None and "e^{" in sig["formula"]
+    mm = [n for n in p["nodes"] if n["label"] == "MmBackward0"]
+    # x @ w1 saves x (w1's grad needs it; w1 itself is not needed: x needs no grad),
+    # h @ w2 saves h and w2, each the very object the user holds
+    assert sorted((s["name"], s.get("same_object_as")) for n in mm for s in n["saved"]
+                  if s["kind"] == "tensor") == [("mat2", "w2"), ("self", "h"), ("self", "x")]
+    assert any(s["name"] == "mat2" and s["kind"] == "none" for n in mm for s in n["saved"])
+
+
+def test_freed_saved_tensors_are_reported():
+    ns = tutorial(sg)
+    ns["e"].backward()
+    p = graph_json(ns["e"], ns)
+    validate(p)
+    root = p["nodes"][0]
+    assert {s["kind"] for s in root["saved"]} == {"freed"}
+    assert {lf["name"]: lf["grad_preview"] for lf in p["leaves"]} == \
+        {"a": "20.", "b": "20.", "c": "25."}
+
+
+def test_names_and_previews():
+    a = sg.tensor([1.0, 2.0], requires_grad=True)
+    b = sg.tensor([3.0, 4.0], requires_grad=True)
+    b2 = sg.tensor([5.0, 6.0], requires_grad=True)
+    b2.name = "b"
+    u = sg.tensor([1.0, 1.0], requires_grad=True)  # unnamed
+    y = (a * b + b2 * u).sum()
+    p = graph_json(y, {"a": a, "b": b, "_hidden": u})
+    names = sorted(lf["name"] for lf in p["leaves"])
+    assert names == ["a", "b", "b'", "t0"]
+    assert preview(sg.arange(100.0)) == \
+        "[0., 1., 2., …, 97., 98., 99.] (100 values, shape [100])"
+    assert preview(sg.tensor([[1.5, 2.0]])) == "[1.5, 2.] (shape [1, 2])"
+    assert latex_name("w1") == "w_{1}" and latex_name("d'") == "d'"
+    assert latex_name(XSS) == r"\text{<img src=x onerror=alert(1)>}"
+    assert latex_name("a_b{") == r"\text{a\_b\{}"
+    n = Namer({"In": a, "x": a})
+    assert n.variable(a) == "x"
+
+
+def test_grad_fn_and_list_roots_and_truncation():
+    ns = tutorial(sg)
+    p = graph_json(ns["e"].grad_fn)
+    validate(p)
+    assert p["root_names"] == ["root"] and len(p["nodes"]) == 7
+    both = graph_json([ns["e"], ns["d"]], ns)
+    assert len(both["roots"]) == 2 and len(both["nodes"]) == 7
+    x = sg.tensor(1.0, requires_grad=True)
+    y = x
+    for _ in range(50):
+        y = y * 1.0
+    cut = graph_json(y, max_nodes=10)
+    validate(cut)
+    assert len(cut["nodes"]) <= 10 + 10 and cut["truncated"] > 0
+    leaf = graph_json(x, {"x": x})
+    assert leaf["nodes"][0]["kind"] == "leaf" and leaf["roots"] == ["n0"]
+
+
+def test_layout_layers_no_overlap_and_edges_go_down():
+    ns = mlp(sg)
+    p = graph_json(ns["loss"], ns)
+    lay = layout([n["id"] for n in p["nodes"]], [(e["from"], e["to"]) for e in p["edges"]],
+                 {n["id"]: 100.0 for n in p["nodes"]})
+    assert set(lay.boxes) == {n["id"] for n in p["nodes"]}
+    for e in p["edges"]:  # consumers are drawn above what they consume
+        assert lay.boxes[e["from"]][1] < lay.boxes[e["to"]][1]
+    rows: dict[float, list] = {}
+    for x, y, w, _h in lay.boxes.values():
+        rows.setdefault(y, []).append((x, x + w))
+    for spans in rows.values():
+        spans.sort()
+        for (_, r0), (l1, _) in zip(spans, spans[1:]):
+            assert l1 >= r0 - 1e-6
+    assert all(0 <= x and x + w <= lay.width for x, _y, w, _h in lay.boxes.values())
+    # long edges bend through dummy points instead of crossing layers straight
+    assert all(len(pts) >= 2 for _a, _b, pts in lay.edges)
+
+
+def test_layout_scales():
+    import time
+
+    ids = [f"n{i}" for i in range(600)]
+    edges = [(f"n{i}", f"n{i + 1}") for i in range(599)] + \
+        [(f"n{i}", f"n{i + 7}") for i in range(0, 590, 5)]
+    t0 = time.perf_counter()
+    lay = layout(ids, edges)
+    assert time.perf_counter() - t0 < 5.0
+    assert len(lay.boxes) == 600
+
+
+def test_svg_is_well_formed_and_marks_nodes():
+    ns = tutorial(sg)
+    p = graph_json(ns["e"], ns)
+    svg = render_svg(p, selected="n0")
+    root = ET.fromstring(svg)
+    groups = [g for g in root.iter("{http://www.w3.org/2000/svg}g")
+              if g.get("class", "").startswith("sg-node ")]
+    assert len(groups) == len(p["nodes"])
+    kinds = sorted(g.get("data-kind") for g in groups)
+    assert kinds == ["accumulate"] * 3 + ["none"] + ["op"] * 3
+    assert [g.get("data-id") for g in groups if g.get("data-selected")] == ["n0"]
+    texts = "".join(t.text or "" for t in root.iter("{http://www.w3.org/2000/svg}text"))
+    assert "MulBackward0" in texts and "AddBackward0" in texts and "AccumulateGrad" in texts
+    paths = [e for e in root.iter("{http://www.w3.org/2000/svg}path")
+             if e.get("class") == "sg-edge"]
+    assert len(paths) == len(p["edges"])
+
+
+def test_xss_name_is_escaped_in_graph_outputs():
+    evil = sg.tensor([1.0, 2.0], requires_grad=True)
+    evil.name = XSS
+    y = (evil * evil).sum()
+    p = graph_json(y, {"y": y})
+    validate(p)
+    html = render_html(p)
+    svg = render_svg(p)
+    for out in (html, svg):
+        assert "<img" not in out
+        assert "&lt;img src=x onerror=alert(1)&gt;" in out
+    ET.fromstring(svg)  # still well-formed XML
+    bundle = sg.graph(y)._repr_mimebundle_()
+    assert "<img" not in bundle["text/html"]
+    assert bundle[GRAPH_MIME]["leaves"][0]["name"] == XSS  # JSON keeps the raw text
+    node = next(n for n in p["nodes"] if n["label"] == "MulBackward0")
+    assert r"\text{<img src=x onerror=alert(1)>}" in node["formula"]
+
+
+def test_mime_bundles_and_plain_tensor_repr():
+    import symgrad.jupyter  # noqa: F401  (installs the grad_fn display hooks)
+
+    ns = tutorial(sg)
+    bundle = ns["e"].grad_fn._repr_mimebundle_()
+    assert set(bundle) == {GRAPH_MIME, "text/html", "text/plain"}
+    validate(bundle[GRAPH_MIME])
+    assert re.fullmatch(r"<MulBackward0 object at 0x[0-9a-f]+>", bundle["text/plain"])
+    assert "<svg" in bundle["text/html"]
+    assert not hasattr(ns["e"], "_repr_mimebundle_") and not hasattr(ns["e"], "_repr_html_")
+    assert repr(ns["e"]) == "tensor(100., grad_fn=<MulBackward0>)"
+    view = sg.graph(ns["e"], ns)
+    b = view._repr_mimebundle_()
+    assert b[GRAPH_MIME] == view.to_json()
+    assert text_outline(b[GRAPH_MIME]).splitlines() == [
+        "symgrad graph: 3 op nodes, 3 leaves",
+        "MulBackward0 []",
+        "  AccumulateGrad (c) []",
+        "  MulBackward0 []",
+        "    AddBackward0 []",
+        "      AccumulateGrad (a) []",
+        "      AccumulateGrad (b) []",
+        "    None",
+    ]
+
+
+def test_import_symgrad_stays_light():
+    import subprocess
+    import sys
+
+    code = ("import sys, symgrad; bad=[m for m in ('ipywidgets','IPython','sympy','traitlets')"
+            " if m in sys.modules]; print(bad)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == "[]"
