@@ -268,6 +268,8 @@ def test_linear_module_float32_matches_torch(torch):
     y.sum().backward()
     ty.sum().backward()
     np.testing.assert_allclose(lin.weight.grad.numpy(), tlin.weight.grad.numpy(), rtol=1e-6)
+    # addmm's backward lays the gradient out like W.t(), so W.grad is contiguous (as torch's)
+    assert lin.weight.grad.is_contiguous() and tlin.weight.grad.is_contiguous()
     np.testing.assert_allclose(lin.bias.grad.numpy(), tlin.bias.grad.numpy(), rtol=1e-6)
 
 
