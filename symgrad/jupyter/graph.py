@@ -390,13 +390,15 @@ def _kind_of(node: Any) -> str:
 
 
 def graph_json(root: Any, names: Mapping[str, Any] | None = None, report: Any = None, *,
-               max_nodes: int = MAX_NODES, formulas: bool = True) -> dict:
+               max_nodes: int = MAX_NODES, formulas: bool = True,
+               node_map: dict[int, str] | None = None) -> dict:
     """Freeze the graph behind ``root`` (a tensor, a grad_fn node, or a list of them).
 
     ``names`` maps variable names to objects (a notebook namespace) so leaves and saved
     operands are shown as ``c`` rather than ``t0``; ``report`` is a verifier Report (or its
     ``to_json()`` dict) whose per-leaf and per-node results fill the agreement table and
     the node checks. The result is plain JSON valid against :func:`load_schema`.
+    ``node_map``, when given, receives ``id(node) -> node id`` (valid while the graph lives).
     """
     namer = names if isinstance(names, Namer) else Namer(names)
     roots = _as_roots(root)
@@ -529,6 +531,8 @@ def graph_json(root: Any, names: Mapping[str, Any] | None = None, report: Any = 
         "truncated": truncated,
     }
     _order(payload)
+    if node_map is not None:
+        node_map.update(node_ids)
     if report is not None:
         apply_report(payload, report, node_ids)
     return payload
@@ -585,21 +589,18 @@ def _report_dict(report: Any) -> dict:
     raise TypeError(f"expected a symgrad Report or its to_json() dict, got {type(report)}")
 
 
+_STATUS = {"ok": "pass", "pass": "pass", "passed": "pass", "mismatch": "fail", "fail": "fail",
+           "failed": "fail", "error": "error", "unsupported": "skipped", "skipped": "skipped",
+           "timeout": "skipped", "not run": "none", "not checked": "none", "none": "none"}
+
+
 def _status(value: Any) -> str:
     if value is True:
         return "pass"
     if value is False:
         return "fail"
     if isinstance(value, str):
-        v = value.lower()
-        if v in ("pass", "ok", "passed", "agree", "agrees"):
-            return "pass"
-        if v in ("fail", "failed", "mismatch", "bad", "disagree"):
-            return "fail"
-        if v in ("error",):
-            return "error"
-        if v in ("skipped", "skip", "not checked", "kink", "sampled-out"):
-            return "skipped"
+        return _STATUS.get(value.lower(), "none")
     return "none"
 
 
@@ -611,92 +612,121 @@ def _num(v: Any) -> float | None:
     return f if np.isfinite(f) else None
 
 
-def _text(v: Any) -> str | None:
-    if v is None:
+def _at(value: Any, index: Any, shape: Any) -> str | None:
+    """``20.`` or ``0.25 at [1, 0]``: the verifier reports values at the worst element."""
+    if value is None:
         return None
-    if isinstance(v, str):
-        return v
-    try:
-        return preview(np.asarray(v, dtype=float))
-    except (TypeError, ValueError):
-        return _short_repr(v)
+    text = _fmt(value) if isinstance(value, (int, float)) else str(value)
+    if shape and index:
+        text += f" at {list(index)}"
+    return text
 
 
-def apply_report(payload: dict, report: Any, node_ids: Mapping[int, str] | None = None) -> dict:
-    """Fill ``agreement`` and per-node ``check`` from a verifier report (in place)."""
+def _first_tol(d: Any) -> tuple[float | None, float | None]:
+    if isinstance(d, Mapping) and d:
+        tol = d.get("float32") or next(iter(d.values()))
+        if isinstance(tol, Mapping):
+            return _num(tol.get("rtol")), _num(tol.get("atol"))
+    return None, None
+
+
+def apply_report(payload: dict, report: Any, node_map: Mapping[int, str] | None = None,
+                 local: Any = None) -> dict:
+    """Fill ``agreement`` and per-node ``check`` from a verifier Report (in place).
+
+    ``node_map`` (``id(node) -> node id``, from :func:`graph_json`) ties the report's rows
+    to this payload's nodes by identity; without it (a JSON report) rows are matched by
+    grad_fn name in reverse topological order. ``local``: a second report whose per-node
+    rows fill the node checks (when the first one ran no local checks).
+    """
     data = _report_dict(report)
-    by_label: dict[str, list[dict]] = {}
-    for n in payload["nodes"]:
-        by_label.setdefault(n["label"], []).append(n)
     leaf_by_name = {lf["name"]: lf["id"] for lf in payload["leaves"]}
     rows = []
     for row in data.get("leaves") or []:
-        name = str(row.get("name", row.get("leaf", "?")))
+        name = str(row.get("name", "?"))
+        shape, worst = row.get("shape"), row.get("worst_index")
         rows.append({
             "leaf": name,
             "node": leaf_by_name.get(name),
-            "engine": _text(row.get("engine", row.get("engine_grad"))),
-            "symbolic": _text(row.get("symbolic", row.get("symbolic_grad"))),
-            "symbolic_latex": row.get("symbolic_latex", row.get("latex")),
-            "finite_diff": _text(row.get("finite_diff", row.get("fd", row.get("fd_grad")))),
-            "max_abs_err": _num(row.get("max_abs_err", row.get("abs_err"))),
-            "max_rel_err": _num(row.get("max_rel_err", row.get("rel_err"))),
-            "fd_max_abs_err": _num(row.get("fd_max_abs_err", row.get("fd_abs_err"))),
-            "status": _status(row.get("status", row.get("ok"))),
+            "engine": _at(row.get("engine_value"), worst, shape),
+            "symbolic": _at(row.get("symbolic_value"), worst, shape),
+            "symbolic_latex": row.get("symbolic_latex"),
+            "finite_diff": _at(row.get("fd_value"), worst, shape),
+            "max_abs_err": _num(row.get("max_abs_err")),
+            "max_rel_err": _num(row.get("max_rel_err")),
+            "fd_max_abs_err": _num(row.get("fd_max_abs_err")),
+            "status": _status(row.get("status")),
         })
+    by_id = {n["id"]: n for n in payload["nodes"]}
     first_bad = None
-    nodes_data = data.get("nodes") or []
-    # nodes are matched by id when the report used this payload's ids, else by order of
-    # appearance per grad_fn name (the verifier walks the same graph)
-    seen: dict[str, int] = {}
-    ids = {n["id"] for n in payload["nodes"]}
-    for row in nodes_data:
-        target = None
-        rid = row.get("id")
-        if isinstance(rid, str) and rid in ids:
-            target = next(n for n in payload["nodes"] if n["id"] == rid)
-        else:
-            label = str(row.get("name", row.get("grad_fn", "")))
-            k = seen.get(label, 0)
-            seen[label] = k + 1
-            candidates = by_label.get(label, [])
-            if k < len(candidates):
-                target = candidates[k]
+    node_source = report
+    node_data = data
+    if local is not None and all(r.get("status") == "not run" for r in data.get("nodes") or []):
+        node_source, node_data = local, _report_dict(local)
+    targets = _match_nodes(payload, node_source, node_data, node_map)
+    for row, target in zip(node_data.get("nodes") or [], targets):
         if target is None:
             continue
+        status = _status(row.get("status"))
+        msg = "; ".join(x for x in (str(row.get("status") or ""), row.get("formula") or "",
+                                    row.get("detail") or "") if x)
         target["check"] = {
-            "status": _status(row.get("status", row.get("ok"))),
-            "max_abs_err": _num(row.get("max_abs_err", row.get("abs_err"))),
-            "max_rel_err": _num(row.get("max_rel_err", row.get("rel_err"))),
-            "message": row.get("message"),
-            "sampled": row.get("sampled") if isinstance(row.get("sampled"), int) else None,
+            "status": status,
+            "max_abs_err": _num(row.get("max_abs_err")),
+            "max_rel_err": _num(row.get("max_rel_err")),
+            "message": msg or None,
+            "sampled": None,
         }
-        for key in ("formula", "derivative"):
-            value = row.get(key) or row.get(f"{key}_latex")
-            if isinstance(value, str) and value and not target.get(key):
-                target[key] = value
-        if target["check"]["status"] == "fail" and first_bad is None:
-            first_bad = target["id"]
-    fb = data.get("first_bad_node")
-    if isinstance(fb, Mapping):
-        fb = fb.get("id") or fb.get("name")
-    if isinstance(fb, str) and fb in ids:
-        first_bad = fb
-    for n in payload["nodes"]:
+    fb = node_data.get("first_bad_node")
+    if fb is not None:
+        for row, target in zip(node_data.get("nodes") or [], targets):
+            if row.get("id") == fb and target is not None:
+                first_bad = target["id"]
+    if first_bad is None:  # the first failing node in forward order
+        for target in targets:
+            if target is not None and target["check"]["status"] in ("fail", "error"):
+                first_bad = target["id"]
+                break
+    for n in by_id.values():
         n.pop("first_bad", None)
-        if n["id"] == first_bad:
-            n["first_bad"] = True
+    if first_bad is not None:
+        by_id[first_bad]["first_bad"] = True
+    rtol, atol = _first_tol(data.get("tolerances"))
+    notes = list(data.get("notes") or []) + [f"skipped: {x}" for x in data.get("skipped") or []]
     ok = data.get("ok")
     payload["agreement"] = {
         "ok": ok if isinstance(ok, bool) else None,
         "mode": data.get("mode"),
-        "rtol": _num(data.get("rtol")),
-        "atol": _num(data.get("atol")),
+        "rtol": rtol,
+        "atol": atol,
         "first_bad_node": first_bad,
-        "message": data.get("message") or _join(data.get("skipped")),
+        "message": "; ".join(notes) or None,
         "rows": rows,
     }
     return payload
+
+
+def _match_nodes(payload: dict, report: Any, data: dict,
+                 node_map: Mapping[int, str] | None) -> list[dict | None]:
+    by_id = {n["id"]: n for n in payload["nodes"]}
+    rows = data.get("nodes") or []
+    objs = getattr(report, "nodes", None)
+    if node_map is not None and isinstance(objs, list) and len(objs) == len(rows):
+        out = []
+        for r in objs:
+            nid = node_map.get(id(getattr(r, "node", None)))
+            out.append(by_id.get(nid) if nid is not None else None)
+        return out
+    # JSON only: the verifier lists nodes in forward order; ours run from the roots
+    pools: dict[str, list[dict]] = {}
+    for n in sorted(payload["nodes"], key=lambda n: -n.get("order", 0)):
+        if n["kind"] == "op":
+            pools.setdefault(n["label"], []).append(n)
+    out = []
+    for r in rows:
+        pool = pools.get(str(r.get("name")), [])
+        out.append(pool.pop(0) if pool else None)
+    return out
 
 
 def _join(v: Any) -> str | None:

@@ -88,11 +88,13 @@ class Inspector(widgets.VBox):
     def __init__(self, root: Any, names: Mapping[str, Any] | None = None,
                  verify: bool = True, *, report: Any = None, rtol: float | None = None,
                  atol: float | None = None, sample: int | None = None,
-                 mode: str | None = None, background: bool | None = None,
+                 mode: str | None = None, timeout: float | None = None,
+                 local_checks: bool = True, background: bool | None = None,
                  **kwargs: Any) -> None:
         self._root = root
         self._names = dict(names) if names is not None else None
-        self._options = {"sample": sample, "mode": mode}
+        self._options = {"sample": sample, "mode": mode, "timeout": timeout}
+        self._local_checks = local_checks
         self._report_obj = None
         self._thread: threading.Thread | None = None
         self._cancel = threading.Event()
@@ -104,6 +106,7 @@ class Inspector(widgets.VBox):
         self.node_panel = widgets.HTML()
         self.formula_view = widgets.HTMLMath()
         self.agreement_view = widgets.HTML()
+        self.symbolic_view = widgets.HTMLMath()
         self.rtol_input = widgets.FloatText(description="rtol", step=1e-6,
                                             layout=widgets.Layout(width="180px"))
         self.atol_input = widgets.FloatText(description="atol", step=1e-6,
@@ -117,12 +120,15 @@ class Inspector(widgets.VBox):
         controls = widgets.HBox([self.rtol_input, self.atol_input, self.verify_button,
                                  self.stop_button, self.progress_bar, self.status_label])
         panel = widgets.VBox([self.node_picker, self.node_panel, self.formula_view])
-        super().__init__(children=[self.svg_view, panel, controls, self.agreement_view],
+        super().__init__(children=[self.svg_view, panel, controls, self.agreement_view,
+                                   self.symbolic_view],
                          **kwargs)
         self.add_class("symgrad-inspector")
 
         self.rtol, self.atol = rtol, atol
-        self.graph = graph_json(root, self._names)
+        self._node_map: dict[int, str] = {}
+        self._base_graph = graph_json(root, self._names, node_map=self._node_map)
+        self.graph = self._base_graph
         self.node_picker.options = self._picker_options()
         self.node_picker.observe(self._on_picker, names="value")
         traitlets.dlink((self, "progress"), (self.progress_bar, "value"))
@@ -193,21 +199,42 @@ class Inspector(widgets.VBox):
             self._thread.join(timeout)
 
     def stop(self) -> None:
-        """Ask a running verification to stop at its next progress step."""
+        """Stop a running background verification (the Stop button)."""
         self._cancel.set()
+        thread = self._thread
+        if thread is not None and thread.is_alive() and thread.ident is not None:
+            import ctypes
+
+            # raise VerificationInterrupted inside the verifier's thread at its next
+            # bytecode (SymPy is pure Python, so this lands promptly)
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                ctypes.c_ulong(thread.ident), ctypes.py_object(VerificationInterrupted))
 
 
     def _verify_body(self) -> None:
         try:
-            report = run_verify(self._root, self._names, progress=_Progress(self),
-                                rtol=self.rtol, atol=self.atol, **self._options)
+            progress = _Progress(self)
+            progress(0.05, 1.0)
+            roots = self._root if isinstance(self._root, (list, tuple)) else [self._root]
+            report = run_verify(roots[0], self._names, progress=progress, rtol=self.rtol,
+                                atol=self.atol, **self._options)
+            progress(0.6, 1.0)
+            local = None
+            if self._local_checks and report.nodes and \
+                    all(r.status == "not run" for r in report.nodes):
+                # every leaf agreed, so the verifier skipped per-node checks; the node
+                # panel wants them, and for a graph within the exact budget they are cheap
+                options = dict(self._options, mode="local")
+                local = run_verify(roots[0], self._names, rtol=self.rtol, atol=self.atol,
+                                   **options)
+            progress(0.9, 1.0)
+            self._set_report(report, local)
         except (KeyboardInterrupt, VerificationInterrupted):
             self.status = "interrupted"
         except Exception as exc:  # noqa: BLE001 - shown in the widget, not lost in a thread
             self._error = f"{type(exc).__name__}: {exc}"
             self.status = "error"
         else:
-            self._set_report(report)
             self.progress = 1.0
             self.status = "done"
         finally:
@@ -215,16 +242,14 @@ class Inspector(widgets.VBox):
             self.stop_button.disabled = True
             self.verify_button.disabled = False
 
-    def _set_report(self, report: Any) -> None:
+    def _set_report(self, report: Any, local: Any = None) -> None:
+        import copy
+
         self._report_obj = report if not isinstance(report, Mapping) else None
         data = report.to_json() if hasattr(report, "to_json") else dict(report)
-        if isinstance(data, str):
-            import json
-
-            data = json.loads(data)
-        payload = dict(self.graph)
-        payload["nodes"] = [dict(n) for n in payload["nodes"]]
-        apply_report(payload, data)
+        payload = copy.deepcopy(self._base_graph)
+        apply_report(payload, report, self._node_map, local)
+        _add_symbolic_latex(payload, report)
         agreement = payload.get("agreement") or {}
         self._updating = True
         try:
@@ -293,6 +318,10 @@ class Inspector(widgets.VBox):
         self.svg_view.value = render_svg(self.graph, self.selected)
         self._refresh_node()
         self.agreement_view.value = agreement_table_html(self.graph.get("agreement"))
+        self.symbolic_view.value = "".join(
+            f"<div class='sg-symbolic' data-leaf='{esc(r['leaf'])}'>"
+            f"$${html.escape(r['symbolic_latex'], quote=False)}$$</div>"
+            for r in self.agreement_rows() if r.get("symbolic_latex"))
         self._updating = True
         try:
             if self.rtol is not None:
@@ -436,3 +465,32 @@ class _Progress:
             raise VerificationInterrupted("verification stopped by the user")
         frac = self.n / self.total if self.total else min(0.95, 1 - 1 / (1 + self.n / 8))
         insp.progress = max(0.0, min(1.0, frac))
+
+
+def _add_symbolic_latex(payload: dict, report: Any, max_ops: int = 400) -> None:
+    """The symbolic gradient of each small leaf as LaTeX (exact mode, small graphs only)."""
+    grad_of = getattr(report, "symbolic_gradient", None)
+    agreement = payload.get("agreement") or {}
+    if grad_of is None or agreement.get("mode") != "exact" or \
+            getattr(report, "cost", max_ops + 1) > max_ops:
+        return
+    try:
+        import sympy
+    except ImportError:  # pragma: no cover
+        return
+    from .graph import latex_name
+
+    root = (payload.get("root_names") or ["L"])[0]
+    root = "L" if root == "root" else root
+    for row in agreement.get("rows", []):
+        leaf = next((lf for lf in payload["leaves"] if lf["name"] == row["leaf"]), None)
+        if leaf is None or row["status"] == "none" or len(leaf.get("shape") or []) > 0:
+            continue
+        try:
+            expr = grad_of(row["leaf"])
+            sym = report._ensure_sym()
+            body = sympy.latex(expr, symbol_names=getattr(sym, "tex_map", None) or {})
+        except Exception:  # noqa: BLE001 - a nicety; the numbers are what is checked
+            continue
+        row["symbolic_latex"] = (rf"\frac{{\partial {latex_name(root)}}}"
+                                 rf"{{\partial {latex_name(row['leaf'])}}} = {body}")
