@@ -21,7 +21,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m ruff check .
-	$(PY) -m pytest -n 2 -q
+	$(PY) -m pytest -n 2 -q --symgrad-report=test-artifacts/symgrad-checks.json
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

@@ -6,7 +6,7 @@ one session report (JSON + HTML) of all checks, gathered across xdist workers.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -25,7 +25,7 @@ def _record(report, name: str | None) -> None:
 
 
 def _verify(root, *, mode, rtol, atol, order, names, gradient=None):
-    from .. import verify
+    from ..symbolic import verify
 
     kwargs: dict[str, Any] = {"mode": mode, "order": order, "names": names}
     if rtol is not None:
