@@ -542,3 +542,48 @@ def test_softmax_functions_and_modules_match_torch(name, torch, rng):
     out = getattr(F, name)(sg.tensor(x, requires_grad=True), 1)
     assert out.grad_fn.name() == {"softmax": "SoftmaxBackward0",
                                   "log_softmax": "LogSoftmaxBackward0"}[name]
+
+
+# -- the ops' SymPy meaning: their forwards replayed on symbols are exact ----------------------
+def _replay_cases(rng):
+    w, pw = sg.tensor(rng.uniform(0.5, 2, 3)), sg.tensor(rng.uniform(1, 2, 3))
+    x23, t23 = rng.standard_normal((2, 3)), rng.uniform(0, 1, (2, 3))
+    cases = [("addmm", [rng.standard_normal(3), rng.standard_normal((2, 4)),
+                        rng.standard_normal((4, 3))], {"beta": 0.5, "alpha": 2})]
+    for red in (0, 1, 2):
+        cases += [
+            ("mse_loss", [x23, rng.standard_normal((2, 3))], {"reduction": red}),
+            ("binary_cross_entropy_with_logits", [x23, t23], {"reduction": red}),
+            ("binary_cross_entropy_with_logits", [x23, t23],
+             {"reduction": red, "weight": w, "pos_weight": pw}),
+            ("nll_loss", [rng.standard_normal((3, 4))],
+             {"reduction": red, "target": sg.tensor([0, 3, -100]),
+              "weight": sg.tensor(rng.uniform(0.5, 2, 4)), "ignore_index": -100}),
+            ("nll_loss", [rng.standard_normal(4)],
+             {"reduction": red, "target": sg.tensor(2), "weight": None, "ignore_index": -100}),
+        ]
+    return cases
+
+
+def test_structural_forwards_replayed_on_sympy_are_exact(rng):
+    """STRUCTURAL claims: the forward on object arrays of symbols is the op's meaning."""
+    import sympy
+
+    from symgrad.backends.numpy_backend import NumpyBackend
+    from symgrad.backends.sympy_backend import SympyBackend
+    from symgrad.ops import OPS
+
+    sym_be, num_be = SympyBackend(), NumpyBackend()
+    for name, arrays, params in _replay_cases(rng):
+        symbols = [np.array([sympy.Symbol(f"x{k}_{i}") for i in range(a.size)],
+                            dtype=object).reshape(a.shape) for k, a in enumerate(arrays)]
+        out_s = OPS[name].forward(sym_be, *symbols, **params)
+        out_n = OPS[name].forward(num_be, *arrays, **params)
+        if isinstance(out_n, tuple):
+            out_s, out_n = out_s[0], out_n[0]
+        subs = {s: float(v) for sa, a in zip(symbols, arrays, strict=True)
+                for s, v in zip(sa.ravel(), a.ravel(), strict=True)}
+        values = [float(sympy.sympify(e).xreplace(subs))
+                  for e in np.asarray(out_s, dtype=object).ravel()]
+        np.testing.assert_allclose(np.reshape(values, np.shape(out_n)), out_n, rtol=1e-12,
+                                   atol=1e-14, err_msg=f"{name} {params}")

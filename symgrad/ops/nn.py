@@ -159,15 +159,16 @@ register(OpSpec(
 def _nll_forward(be, self, target, weight=None, reduction=MEAN, ignore_index=-100):
     """Returns (loss, total_weight), torch's two outputs; input (C,) or (N, C)."""
     t = _arr(target)
+    index_dtype = t.dtype  # int64; kernels of the SymPy backend return object arrays
     one = self.ndim == 1
     x = be.reshape(self, (1,) + tuple(self.shape)) if one else self
     n = x.shape[0]
     t = be.reshape(t, (n,))
     keep = be.ne(t, ignore_index)
-    safe = be.where(keep, t, 0)
-    picked = be.getitem(x, (be.arange(0, n, 1, t.dtype), safe))
+    safe = be.cast(be.where(keep, t, 0), index_dtype)
+    picked = be.getitem(x, (be.arange(0, n, 1, index_dtype), safe))
     if weight is None:
-        w = be.cast(keep, x.dtype)
+        w = be.cast(be.where(keep, 1, 0), x.dtype)
     else:
         w = be.where(keep, be.getitem(_arr(weight), safe), 0)
         w = be.cast(w, x.dtype)
