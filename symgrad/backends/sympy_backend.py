@@ -1,0 +1,520 @@
+"""The SymPy backend: NumPy object arrays of SymPy (or symengine) expressions.
+
+The verifier replays a recorded graph on this backend: the same op forwards that run
+on NumPy arrays run here on arrays of expressions, so composite ops need no second,
+hand-written formula. Elementwise kernels are built from each OpSpec's scalar ``sympy``
+meaning; structural kernels (reshape, sums, matmul, indexing ...) are NumPy's own
+functions on object arrays, with sums built as one ``Add`` (not a chain of ``+``).
+
+Data-dependent decisions (comparisons, ``argmax``, the winner of a ``max``) cannot be
+made on symbols alone: the backend asks ``valuation(expr) -> number`` for them. With no
+valuation, SymPy's assumptions must decide, else :class:`Undecidable` is raised.
+Ties in ``max``/``maximum`` follow PyTorch: the value is the mean of the tied elements,
+so the gradient is split evenly among them, as PyTorch's ``amax``/``maximum`` do.
+
+Loaded only by the verifier (``import symgrad`` never imports SymPy).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["SympyBackend", "Undecidable", "Nonlinear", "obj", "is_number"]
+
+
+class Undecidable(ValueError):
+    """A comparison on symbols that neither assumptions nor a valuation can decide."""
+
+
+class Nonlinear(Exception):
+    """Raised in ``linear_probe`` mode when an op is not linear in its symbolic input."""
+
+
+_NUM_TYPES = (int, float, bool, np.number, np.bool_)
+
+
+def is_number(v) -> bool:
+    """True for plain numbers and numeric SymPy/symengine atoms."""
+    if isinstance(v, _NUM_TYPES):
+        return True
+    return bool(getattr(v, "is_Number", False))
+
+
+def obj(x) -> np.ndarray:
+    """``x`` as an object array (numbers become Python numbers)."""
+    if isinstance(x, np.ndarray):
+        if x.dtype == object:
+            return x
+        return x.astype(object)
+    return np.asarray(x, dtype=object) if not isinstance(x, (list, tuple)) else \
+        np.array(x, dtype=object)
+
+
+def _has_symbols(a) -> bool:
+    if not isinstance(a, np.ndarray) or a.dtype != object:
+        return not is_number(a) and not isinstance(a, np.ndarray)
+    for v in a.flat:
+        if not is_number(v):
+            return True
+    return False
+
+
+class SympyBackend:
+    """Kernels on object arrays. ``engine`` is the ``sympy`` or ``symengine`` module."""
+
+    name = "sympy"
+    device_type = "sympy"
+
+    def __init__(self, engine=None, valuation=None, linear_probe: bool = False) -> None:
+        if engine is None:
+            import sympy as engine
+        self.sp = engine
+        self.valuation = valuation
+        #: In probe mode a kernel that is not linear in a symbolic operand raises Nonlinear.
+        self.linear_probe = linear_probe
+        self._unary_cache: dict = {}
+
+    # -- helpers ---------------------------------------------------------------------
+    def _S(self, v):
+        return v
+
+    def _add_all(self, terms):
+        terms = [t for t in terms if not (is_number(t) and t == 0)]
+        if not terms:
+            return 0
+        if len(terms) == 1:
+            return terms[0]
+        return self.sp.Add(*terms)
+
+    def _decide(self, rel):
+        if rel is True or rel is False or isinstance(rel, (bool, np.bool_)):
+            return bool(rel)
+        name = type(rel).__name__
+        if name in ("BooleanTrue", "true"):
+            return True
+        if name in ("BooleanFalse", "false"):
+            return False
+        if self.valuation is not None:
+            return bool(self.valuation(rel))
+        raise Undecidable(f"cannot decide {rel} on symbols without values")
+
+    def _probe(self, *arrays, nonlinear_if: int = 1) -> None:
+        """In probe mode: raise Nonlinear if more than ``nonlinear_if - 1`` operands
+        are symbolic (``nonlinear_if=1``: any symbolic operand is nonlinear)."""
+        if not self.linear_probe:
+            return
+        n = sum(1 for a in arrays if _has_symbols(a))
+        if n >= nonlinear_if:
+            raise Nonlinear
+
+    def _spec_unary(self, name, fallback):
+        fn = self._unary_cache.get(name)
+        if fn is None:
+            from ..ops import OPS
+
+            spec = OPS.get(name)
+            sp = self.sp
+            if spec is not None and callable(spec.sympy):
+                meaning = spec.sympy
+                fn = np.frompyfunc(lambda x: meaning(sp, x), 1, 1)
+            else:
+                fn = np.frompyfunc(lambda x: fallback(sp, x), 1, 1)
+            self._unary_cache[name] = fn
+        return fn
+
+    def _spec_binary(self, name, fallback):
+        fn = self._unary_cache.get(name)
+        if fn is None:
+            from ..ops import OPS
+
+            spec = OPS.get(name)
+            sp = self.sp
+            if spec is not None and callable(spec.sympy) and name in ("add", "sub", "mul",
+                                                                        "div"):
+                meaning = spec.sympy
+                fn = np.frompyfunc(lambda x, y: meaning(sp, x, y), 2, 1)
+            else:
+                fn = np.frompyfunc(lambda x, y: fallback(sp, x, y), 2, 1)
+            self._unary_cache[name] = fn
+        return fn
+
+    def _unary(self, name, x, fallback):
+        self._probe(x)
+        return obj(self._spec_unary(name, fallback)(obj(x)))
+
+    # -- elementwise -------------------------------------------------------------------
+    def neg(self, x):
+        return obj(np.negative(obj(x)))
+
+    def exp(self, x):
+        return self._unary("exp", x, lambda sp, v: sp.exp(v))
+
+    def log(self, x):
+        return self._unary("log", x, lambda sp, v: sp.log(v))
+
+    def sin(self, x):
+        return self._unary("sin", x, lambda sp, v: sp.sin(v))
+
+    def cos(self, x):
+        return self._unary("cos", x, lambda sp, v: sp.cos(v))
+
+    def tanh(self, x):
+        return self._unary("tanh", x, lambda sp, v: sp.tanh(v))
+
+    def sigmoid(self, x):
+        return self._unary("sigmoid", x, lambda sp, v: 1 / (1 + sp.exp(-v)))
+
+    def sqrt(self, x):
+        return self._unary("sqrt", x, lambda sp, v: sp.sqrt(v))
+
+    def abs(self, x):
+        return self._unary("abs", x, lambda sp, v: sp.Abs(v))
+
+    def sign(self, x):
+        return self._unary("sign", x, lambda sp, v: sp.sign(v))
+
+    def reciprocal(self, x):
+        return self._unary("reciprocal", x, lambda sp, v: 1 / v)
+
+    def relu(self, x):
+        self._probe(x)
+        x = obj(x)
+        if self.valuation is not None or not _has_symbols(x):
+            # decide each element's branch from its value: relu'(0) = 0 as in PyTorch
+            out = np.empty(x.shape, dtype=object)
+            for i, v in np.ndenumerate(x):
+                out[i] = v if self._decide(v > 0) else 0
+            return out
+        return self._unary("relu", x, lambda sp, v: sp.Piecewise((v, v > 0), (0, True)))
+
+    def add(self, a, b):
+        return obj(np.add(obj(a), obj(b)))
+
+    def sub(self, a, b):
+        return obj(np.subtract(obj(a), obj(b)))
+
+    def mul(self, a, b):
+        self._probe(a, b, nonlinear_if=2)
+        return obj(np.multiply(obj(a), obj(b)))
+
+    def div(self, a, b):
+        self._probe(b)
+        return obj(self._spec_binary("div", lambda sp, x, y: x / y)(obj(a), obj(b)))
+
+    def pow(self, a, b):
+        self._probe(a, b)
+        sp = self.sp
+
+        def p(x, y):
+            if isinstance(y, float) and y.is_integer():
+                y = int(y)
+            return sp.Pow(x, y) if not (is_number(x) and is_number(y)) else x ** y
+
+        return obj(np.frompyfunc(p, 2, 1)(obj(a), obj(b)))
+
+    def _pick(self, a, b, larger: bool):
+        def one(x, y):
+            if is_number(x) and is_number(y):
+                return x if (x >= y) == larger else y
+            if self.valuation is None:
+                try:
+                    gt = self._decide(x > y)
+                    lt = self._decide(x < y)
+                except Undecidable:
+                    return self.sp.Max(x, y) if larger else self.sp.Min(x, y)
+            else:
+                gt = self._decide(x > y)
+                lt = self._decide(x < y)
+            if not gt and not lt:  # a tie: PyTorch splits the gradient evenly
+                return (x + y) / 2
+            return x if gt == larger else y
+
+        return obj(np.frompyfunc(one, 2, 1)(obj(a), obj(b)))
+
+    def maximum(self, a, b):
+        self._probe(a, b)
+        return self._pick(a, b, True)
+
+    def minimum(self, a, b):
+        self._probe(a, b)
+        return self._pick(a, b, False)
+
+    def _compare(self, a, b, op):
+        import operator
+
+        f = getattr(operator, op)
+        a, b = obj(a), obj(b)
+        out = np.frompyfunc(lambda x, y: self._decide(f(x, y)), 2, 1)(a, b)
+        return np.asarray(out, dtype=bool)
+
+    def gt(self, a, b):
+        return self._compare(a, b, "gt")
+
+    def ge(self, a, b):
+        return self._compare(a, b, "ge")
+
+    def lt(self, a, b):
+        return self._compare(a, b, "lt")
+
+    def le(self, a, b):
+        return self._compare(a, b, "le")
+
+    def eq(self, a, b):
+        return self._compare(a, b, "eq_")
+
+    def ne(self, a, b):
+        return self._compare(a, b, "ne_")
+
+    @staticmethod
+    def logical_or(a, b):
+        return np.logical_or(np.asarray(a, dtype=bool), np.asarray(b, dtype=bool))
+
+    @staticmethod
+    def logical_and(a, b):
+        return np.logical_and(np.asarray(a, dtype=bool), np.asarray(b, dtype=bool))
+
+    @staticmethod
+    def logical_not(a):
+        return np.logical_not(np.asarray(a, dtype=bool))
+
+    # -- reductions --------------------------------------------------------------------
+    @staticmethod
+    def _axes(x, axis):
+        if axis is None:
+            return tuple(range(x.ndim))
+        if isinstance(axis, int):
+            axis = (axis,)
+        return tuple(sorted(a % max(x.ndim, 1) for a in axis))
+
+    def _reduce(self, x, axis, keepdims, fn):
+        x = obj(x)
+        axes = self._axes(x, axis)
+        if x.ndim == 0:
+            return obj(np.asarray(fn([x[()]]), dtype=object).reshape(()))
+        rest = [d for d in range(x.ndim) if d not in axes]
+        moved = np.transpose(x, rest + list(axes))
+        out_shape = tuple(x.shape[d] for d in rest)
+        n = int(np.prod([x.shape[d] for d in axes])) if axes else 1
+        flat = moved.reshape(-1, n) if moved.size else np.empty((int(np.prod(out_shape)), 0),
+                                                                  dtype=object)
+        out = np.empty(flat.shape[0], dtype=object)
+        for i in range(flat.shape[0]):
+            out[i] = fn(list(flat[i]))
+        out = out.reshape(out_shape)
+        if keepdims:
+            out = out.reshape(tuple(1 if d in axes else s for d, s in enumerate(x.shape)))
+        return out
+
+    def sum(self, x, axis=None, keepdims=False, dtype=None):
+        return self._reduce(x, axis, keepdims, self._add_all)
+
+    def mean(self, x, axis=None, keepdims=False):
+        x = obj(x)
+        axes = self._axes(x, axis)
+        n = int(np.prod([x.shape[d] for d in axes])) if axes else 1
+        inv = self.sp.Rational(1, n) if n else float("nan")
+        return self._reduce(x, axis, keepdims, lambda ts: self._add_all(ts) * inv)
+
+    def _extreme(self, vals, larger):
+        nums = [v for v in vals]
+        if all(is_number(v) for v in nums):
+            return max(nums) if larger else min(nums)
+        if self.valuation is None:
+            return self.sp.Max(*nums) if larger else self.sp.Min(*nums)
+        keyed = [self.valuation(v) for v in nums]
+        best = max(keyed) if larger else min(keyed)
+        tied = [v for v, k in zip(nums, keyed) if k == best]
+        if len(tied) == 1:
+            return tied[0]
+        return self._add_all(tied) / len(tied)  # PyTorch's amax splits ties evenly
+
+    def amax(self, x, axis=None, keepdims=False):
+        self._probe(x)
+        return self._reduce(x, axis, keepdims, lambda vs: self._extreme(vs, True))
+
+    def amin(self, x, axis=None, keepdims=False):
+        self._probe(x)
+        return self._reduce(x, axis, keepdims, lambda vs: self._extreme(vs, False))
+
+    def _arg(self, x, axis, keepdims, larger):
+        x = obj(x)
+        if _has_symbols(x):
+            if self.valuation is None:
+                raise Undecidable("argmax/argmin of symbols needs values")
+            vals = np.frompyfunc(lambda v: float(self.valuation(v)), 1, 1)(x).astype(float)
+        else:
+            vals = x.astype(float)
+        f = np.argmax if larger else np.argmin
+        return np.asarray(f(vals, axis=axis, keepdims=keepdims), dtype=np.int64)
+
+    def argmax(self, x, axis=None, keepdims=False):
+        return self._arg(x, axis, keepdims, True)
+
+    def argmin(self, x, axis=None, keepdims=False):
+        return self._arg(x, axis, keepdims, False)
+
+    # -- matrix products ---------------------------------------------------------------
+    def matmul(self, a, b):
+        self._probe(a, b, nonlinear_if=2)
+        a_num = isinstance(a, np.ndarray) and a.dtype != object
+        b_num = isinstance(b, np.ndarray) and b.dtype != object
+        if a_num and b_num:
+            return obj(np.matmul(a, b))
+        a = a if isinstance(a, np.ndarray) else obj(a)
+        b = b if isinstance(b, np.ndarray) else obj(b)
+        if a.ndim == 1 and b.ndim == 1:
+            return obj(np.asarray(self._mm(a[None, :], b[:, None])[0, 0], dtype=object))
+        if a.ndim == 1:
+            return self.matmul(a[None, :], b)[..., 0, :]
+        if b.ndim == 1:
+            return self.matmul(a, b[:, None])[..., 0]
+        if a.ndim == 2 and b.ndim == 2:
+            return self._mm(a, b)
+        batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        a = np.broadcast_to(a, batch + a.shape[-2:])
+        b = np.broadcast_to(b, batch + b.shape[-2:])
+        out = np.empty(batch + (a.shape[-2], b.shape[-1]), dtype=object)
+        for idx in np.ndindex(*batch):
+            out[idx] = self._mm(a[idx], b[idx])
+        return out
+
+    def _mm(self, a, b):
+        """2-D product as one Add per element, iterating the sparser operand's nonzeros."""
+        m, k = a.shape
+        n = b.shape[1]
+        anz = np.not_equal(a, 0).astype(bool) if a.size else np.zeros(a.shape, bool)
+        bnz = np.not_equal(b, 0).astype(bool) if b.size else np.zeros(b.shape, bool)
+        if a.dtype != object:
+            a = a.astype(object)  # Python floats, so products are plain numbers or exprs
+        if b.dtype != object:
+            b = b.astype(object)
+        terms = [[[] for _ in range(n)] for _ in range(m)]
+        if anz.sum() * n <= bnz.sum() * m:
+            for i, kk in zip(*np.nonzero(anz)):
+                av = a[i, kk]
+                row = terms[i]
+                for j in np.nonzero(bnz[kk])[0]:
+                    row[j].append(av * b[kk, j])
+        else:
+            for kk, j in zip(*np.nonzero(bnz)):
+                bv = b[kk, j]
+                for i in np.nonzero(anz[:, kk])[0]:
+                    terms[i][j].append(a[i, kk] * bv)
+        out = np.empty((m, n), dtype=object)
+        for i in range(m):
+            for j in range(n):
+                out[i, j] = self._add_all(terms[i][j])
+        return out
+
+    # -- structure ---------------------------------------------------------------------
+    @staticmethod
+    def reshape(x, shape):
+        return np.reshape(obj(x), shape)
+
+    @staticmethod
+    def transpose(x, axes):
+        return np.transpose(obj(x), axes)
+
+    @staticmethod
+    def broadcast_to(x, shape):
+        return np.broadcast_to(obj(x), shape)
+
+    @staticmethod
+    def getitem(x, index):
+        if isinstance(index, tuple):
+            index = tuple(np.asarray(i) if isinstance(i, list) else i for i in index)
+        return obj(np.asarray(obj(x)[index], dtype=object))
+
+    @staticmethod
+    def setitem(x, index, value):
+        x[index] = obj(value) if isinstance(value, np.ndarray) else value
+
+    @staticmethod
+    def where(cond, a, b):
+        return obj(np.where(np.asarray(cond, dtype=bool), obj(a), obj(b)))
+
+    @staticmethod
+    def cast(x, np_dtype):
+        if isinstance(x, np.ndarray) and x.dtype == object:
+            kind = np.dtype(np_dtype).kind
+            if kind in "biu" and not _has_symbols(x):
+                return x.astype(np_dtype)
+            return x
+        if isinstance(x, np.ndarray) and np.dtype(np_dtype).kind in "biu":
+            return x.astype(np_dtype)
+        return obj(x)
+
+    @staticmethod
+    def copy(x):
+        return np.array(obj(x), dtype=object, copy=True)
+
+    @staticmethod
+    def concatenate(xs, axis):
+        return np.concatenate([obj(x) for x in xs], axis=axis)
+
+    @staticmethod
+    def stack(xs, axis):
+        return np.stack([obj(x) for x in xs], axis=axis)
+
+    @staticmethod
+    def full(shape, value, np_dtype):
+        return np.full(shape, value, dtype=object)
+
+    @staticmethod
+    def empty(shape, np_dtype):
+        return np.full(shape, 0, dtype=object)
+
+    @staticmethod
+    def arange(start, end, step, np_dtype):
+        return np.arange(start, end, step, dtype=np_dtype)
+
+    @staticmethod
+    def from_host(x):
+        return x
+
+    @staticmethod
+    def to_host(x):
+        return x
+
+    # -- in place (object arrays only; the caller owns ``dst``) ------------------------
+    @staticmethod
+    def fill_(x, value):
+        x[...] = value
+
+    @staticmethod
+    def copy_(dst, src):
+        dst[...] = obj(src)
+
+    @staticmethod
+    def add_(dst, src):
+        dst[...] = np.add(dst, obj(src))
+
+    @staticmethod
+    def sub_(dst, src):
+        dst[...] = np.subtract(dst, obj(src))
+
+    def mul_(self, dst, src):
+        dst[...] = self.mul(dst, src)
+
+    def div_(self, dst, src):
+        dst[...] = self.div(dst, src)
+
+    @staticmethod
+    def shares_memory(a, b) -> bool:
+        return np.may_share_memory(a, b)
+
+    def __getattr__(self, name):
+        """Kernels added to the NumPy backend later: elementwise ones via their OpSpec."""
+        from ..ops import OPS
+
+        spec = OPS.get(name)
+        if spec is not None and callable(spec.sympy) and len(spec.inputs) <= 2:
+            meaning, sp = spec.sympy, self.sp
+            fn = np.frompyfunc(lambda *xs: meaning(sp, *xs), len(spec.inputs), 1)
+
+            def kernel(*arrays):
+                self._probe(*arrays)
+                return obj(fn(*[obj(a) for a in arrays]))
+
+            return kernel
+        raise AttributeError(f"SympyBackend has no kernel {name!r}")

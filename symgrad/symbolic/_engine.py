@@ -1,0 +1,336 @@
+"""The symbolic engine (SymPy or symengine), high-precision evaluation and partials.
+
+Both engines build the same expression trees (Add, Mul, Pow, functions, Piecewise),
+so one evaluator walks either by type name and computes with mpmath at ``DPS`` digits.
+Partial derivatives take a fast path for the sums of products that structural ops
+produce and fall back to the engine's ``diff`` (SymPy's when symengine cannot do it,
+e.g. ``Abs`` or ``Max``).
+"""
+
+from __future__ import annotations
+
+import mpmath
+import numpy as np
+
+#: Digits used for "exact" evaluation (the issue asks for at least 30).
+DPS = 40
+
+_mp = mpmath.mp
+
+
+def pick_engine(backend: str = "auto"):
+    """The module used to build expressions: symengine when installed (``auto``)."""
+    if backend not in ("auto", "sympy", "symengine"):
+        raise ValueError(f"backend must be 'auto', 'sympy' or 'symengine', not {backend!r}")
+    if backend in ("auto", "symengine"):
+        try:
+            import symengine
+
+            return symengine, "symengine"
+        except ImportError:
+            if backend == "symengine":
+                raise ImportError("backend='symengine' needs the symengine package "
+                                  "(pip install 'symgrad[fast]')") from None
+    import sympy
+
+    return sympy, "sympy"
+
+
+def make_symbol(engine_name: str, name: str):
+    if engine_name == "symengine":
+        import symengine
+
+        return symengine.Symbol(name)
+    import sympy
+
+    return sympy.Symbol(name, real=True)
+
+
+def to_sympy(expr, sym_map: dict):
+    """An engine expression as SymPy, with our real symbols restored."""
+    import sympy
+
+    if isinstance(expr, sympy.Basic):
+        return expr
+    if isinstance(expr, (int, float)):
+        return sympy.sympify(expr)
+    e = sympy.sympify(expr)
+    if sym_map:
+        e = e.xreplace({s: sym_map[s.name] for s in e.free_symbols if s.name in sym_map})
+    return e
+
+
+def is_atom(v) -> bool:
+    if isinstance(v, (int, float, bool, np.number, np.bool_)):
+        return True
+    return bool(getattr(v, "is_Symbol", False) or getattr(v, "is_Number", False))
+
+
+def is_symbol(v) -> bool:
+    return bool(getattr(v, "is_Symbol", False))
+
+
+def free_symbols(e):
+    if isinstance(e, (int, float, bool, np.number, np.bool_)):
+        return set()
+    return e.free_symbols
+
+
+# -- evaluation -------------------------------------------------------------------------
+class Evaluator:
+    """Evaluate engine expressions with mpmath at the given symbol values."""
+
+    def __init__(self, values: dict) -> None:
+        self.values = values  # symbol -> mpf
+        self._names = None
+
+    def __call__(self, e):
+        return self.ev(e)
+
+    def ev(self, e):
+        if isinstance(e, (bool, np.bool_)):
+            return bool(e)
+        if isinstance(e, (int, np.integer)):
+            return _mp.mpf(int(e))
+        if isinstance(e, (float, np.floating)):
+            return _mp.mpf(float(e))
+        v = self.values.get(e)
+        if v is not None:
+            return v
+        name = type(e).__name__
+        fn = _DISPATCH.get(name)
+        if fn is not None:
+            return fn(self, e)
+        if getattr(e, "is_Number", False):
+            return _number(e)
+        return self._fallback(e)
+
+    def _symbol(self, e):
+        v = self.values.get(e)
+        if v is None:
+            if self._names is None:
+                self._names = {getattr(k, "name", None): v for k, v in self.values.items()}
+            v = self._names[e.name]
+        return v
+
+    def _fallback(self, e):
+        import sympy
+
+        if not isinstance(e, sympy.Basic):  # a symengine wrapper of a SymPy function
+            s = sympy.sympify(e)
+            if type(s).__name__ in _DISPATCH:
+                return self.ev(s)
+        else:
+            s = e
+        subs = {x: sympy.Float(mpmath.nstr(self._symbol(x), DPS), DPS)
+                for x in s.free_symbols}
+        r = s.xreplace(subs).evalf(DPS)
+        if not r.is_number:
+            raise ValueError(f"cannot evaluate {e}")
+        try:
+            return _mp.mpf(str(r))
+        except ValueError:
+            return _mp.nan
+
+
+def _number(e):
+    name = type(e).__name__
+    if name in ("Integer", "Zero", "One", "NegativeOne"):
+        return _mp.mpf(int(e))
+    if name in ("Rational", "Half"):
+        p, q = e.p, e.q if hasattr(e, "p") else (None, None)
+        return _mp.mpf(int(p)) / int(q)
+    if name in ("Float",):
+        return _mp.mpf(e._mpf_) if hasattr(e, "_mpf_") else _mp.mpf(str(e))
+    if name in ("RealDouble",):
+        return _mp.mpf(float(e))
+    try:
+        return _mp.mpf(str(e))
+    except Exception:
+        return _mp.mpf(float(e))
+
+
+def _rational(ev, e):
+    try:
+        return _mp.mpf(int(e.p)) / int(e.q)
+    except AttributeError:
+        num, den = str(e).split("/")
+        return _mp.mpf(int(num)) / int(den)
+
+
+def _add(ev, e):
+    s = _mp.mpf(0)
+    for a in e.args:
+        s += ev.ev(a)
+    return s
+
+
+def _mul(ev, e):
+    s = _mp.mpf(1)
+    for a in e.args:
+        s *= ev.ev(a)
+    return s
+
+
+def _pow(ev, e):
+    b, x = e.args
+    if type(b).__name__ == "Exp1":
+        return _mp.exp(ev.ev(x))
+    bv = ev.ev(b)
+    if getattr(x, "is_Integer", False):
+        return bv ** int(x)
+    xv = ev.ev(x)
+    if bv < 0 and xv != int(xv):
+        return _mp.nan
+    return bv ** xv
+
+
+def _f(fn):
+    return lambda ev, e: fn(ev.ev(e.args[0]))
+
+
+def _sign(x):
+    return _mp.mpf(0) if x == 0 else (_mp.mpf(1) if x > 0 else _mp.mpf(-1))
+
+
+def _log(x):
+    return _mp.log(x) if x > 0 else (_mp.mpf("-inf") if x == 0 else _mp.nan)
+
+
+def _piecewise(ev, e):
+    args = e.args
+    if args and type(args[0]).__name__ == "ExprCondPair":
+        pairs = [(a.args[0], a.args[1]) for a in args]
+    else:
+        pairs = [(args[i], args[i + 1]) for i in range(0, len(args), 2)]
+    for val, cond in pairs:
+        if ev.ev(cond):
+            return ev.ev(val)
+    return _mp.nan
+
+
+def _rel(op):
+    def f(ev, e):
+        a, b = ev.ev(e.args[0]), ev.ev(e.args[1])
+        return op(a, b)
+
+    return f
+
+
+_DISPATCH = {
+    "Symbol": lambda ev, e: ev._symbol(e),
+    "Dummy": lambda ev, e: ev._symbol(e),
+    "Integer": lambda ev, e: _mp.mpf(int(e)),
+    "Zero": lambda ev, e: _mp.mpf(0),
+    "One": lambda ev, e: _mp.mpf(1),
+    "NegativeOne": lambda ev, e: _mp.mpf(-1),
+    "Half": lambda ev, e: _mp.mpf(1) / 2,
+    "Rational": _rational,
+    "Float": lambda ev, e: _number(e),
+    "RealDouble": lambda ev, e: _mp.mpf(float(e)),
+    "RealMPFR": lambda ev, e: _mp.mpf(str(e)),
+    "Exp1": lambda ev, e: _mp.e,
+    "Pi": lambda ev, e: _mp.pi,
+    "Infinity": lambda ev, e: _mp.inf,
+    "NegativeInfinity": lambda ev, e: -_mp.inf,
+    "NaN": lambda ev, e: _mp.nan,
+    "Add": _add,
+    "Mul": _mul,
+    "Pow": _pow,
+    "exp": _f(_mp.exp),
+    "log": _f(_log),
+    "sin": _f(_mp.sin),
+    "cos": _f(_mp.cos),
+    "tan": _f(_mp.tan),
+    "tanh": _f(_mp.tanh),
+    "sinh": _f(_mp.sinh),
+    "cosh": _f(_mp.cosh),
+    "atan": _f(_mp.atan),
+    "asin": _f(_mp.asin),
+    "acos": _f(_mp.acos),
+    "erf": _f(_mp.erf),
+    "Abs": _f(abs),
+    "sign": _f(_sign),
+    # derivatives of sign/Heaviside: 0 everywhere, as PyTorch's sign backward is 0
+    "DiracDelta": lambda ev, e: _mp.mpf(0),
+    "Heaviside": lambda ev, e: (lambda x: _mp.mpf(1) if x > 0 else (
+        _mp.mpf(0) if x < 0 else _mp.mpf(1) / 2))(ev.ev(e.args[0])),
+    "Max": lambda ev, e: max(ev.ev(a) for a in e.args),
+    "Min": lambda ev, e: min(ev.ev(a) for a in e.args),
+    "Piecewise": _piecewise,
+    "BooleanTrue": lambda ev, e: True,
+    "BooleanFalse": lambda ev, e: False,
+    "BooleanAtom": lambda ev, e: bool(e == e.__class__(True)) if False else str(e) == "True",
+    "StrictGreaterThan": _rel(lambda a, b: a > b),
+    "GreaterThan": _rel(lambda a, b: a >= b),
+    "StrictLessThan": _rel(lambda a, b: a < b),
+    "LessThan": _rel(lambda a, b: a <= b),
+    "Equality": _rel(lambda a, b: a == b),
+    "Unequality": _rel(lambda a, b: a != b),
+    "And": lambda ev, e: all(ev.ev(a) for a in e.args),
+    "Or": lambda ev, e: any(ev.ev(a) for a in e.args),
+    "Not": lambda ev, e: not ev.ev(e.args[0]),
+}
+
+
+# -- partial derivatives ----------------------------------------------------------------
+def partials(e, engine_name: str) -> dict:
+    """``{symbol: d e / d symbol}`` for every free symbol of ``e``."""
+    if is_atom(e):
+        return {e: 1} if is_symbol(e) else {}
+    name = type(e).__name__
+    if name == "Add":
+        out: dict = {}
+        for t in e.args:
+            for s, p in _term_partials(t, engine_name).items():
+                out[s] = p if s not in out else out[s] + p
+        return out
+    return _term_partials(e, engine_name)
+
+
+def _term_partials(t, engine_name):
+    if is_atom(t):
+        return {t: 1} if is_symbol(t) else {}
+    if type(t).__name__ == "Mul":
+        args = t.args
+        syms = [a for a in args if is_symbol(a)]
+        others = [a for a in args if not is_symbol(a)]
+        if len(set(syms)) == len(syms) and all(not free_symbols(a) for a in others):
+            out = {}
+            for i, a in enumerate(args):
+                if is_symbol(a):
+                    rest = args[:i] + args[i + 1:]
+                    out[a] = rest[0] if len(rest) == 1 else _mul_all(rest, engine_name)
+            return out
+    return {s: diff(t, s, engine_name) for s in free_symbols(t)}
+
+
+def _mul_all(args, engine_name):
+    if engine_name == "symengine":
+        import symengine
+
+        return symengine.Mul(*args)
+    import sympy
+
+    return sympy.Mul(*args)
+
+
+def diff(e, s, engine_name):
+    """``de/ds``; symengine defers to SymPy where it leaves a ``Derivative``."""
+    d = e.diff(s)
+    if engine_name == "symengine" and "Derivative" in str(type(d).__name__) or (
+            engine_name == "symengine" and _has_derivative(d)):
+        import symengine
+        import sympy
+
+        ss = sympy.Symbol(s.name, real=True)
+        se_ = sympy.sympify(e).xreplace({x: sympy.Symbol(x.name, real=True)
+                                          for x in sympy.sympify(e).free_symbols})
+        d = symengine.sympify(sympy.diff(se_, ss))
+    return d
+
+
+def _has_derivative(d) -> bool:
+    if type(d).__name__ in ("Derivative", "Subs"):
+        return True
+    return any(_has_derivative(a) for a in getattr(d, "args", ()))

@@ -1,0 +1,279 @@
+"""Exact mode: the graph replayed symbolically and differentiated in reverse order.
+
+Every node is replayed on the SymPy backend with its inputs' symbols. Each output
+element that is not already a symbol or a number gets a fresh intermediate symbol
+defined by its expression (so the DAG is shared, never expanded: common
+subexpressions are eliminated by construction). The gradient of sum(gradient * root)
+then follows by the chain rule over these definitions, with every local partial
+derivative taken by SymPy (or symengine) from the op's own SymPy meaning, and
+evaluated with mpmath at ``DPS`` digits. Nothing here reads the engine's backward.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+import mpmath
+import numpy as np
+
+from ..backends.sympy_backend import SympyBackend, obj
+from . import _engine as E
+
+__all__ = ["SymbolicGraph", "TimeoutExpired"]
+
+
+class TimeoutExpired(Exception):
+    """The verifier's ``timeout`` ran out (work is chunked so this is prompt)."""
+
+
+def elementwise(spec_sympy, engine, arrays, params):
+    """Apply a scalar SymPy meaning elementwise with broadcasting."""
+    fn = np.frompyfunc(lambda *xs: spec_sympy(engine, *xs, **params), len(arrays), 1)
+    return obj(fn(*[a if not isinstance(a, np.ndarray) else obj(a) for a in arrays]))
+
+
+class SymbolicGraph:
+    """The symbolic replay of a :class:`Graph`, with values of every symbol."""
+
+    def __init__(self, graph, engine, engine_name: str, deadline: float | None = None,
+                 progress=None) -> None:
+        self.graph = graph
+        self.sp = engine
+        self.engine_name = engine_name
+        self.deadline = deadline
+        self.progress = progress
+        self.values: dict = {}
+        self.defs: list = []  # (symbol, expression) in creation order
+        self.def_index: dict = {}
+        self.node_out: dict = {}  # (j, nr) -> object array of atoms
+        self.sym_map: dict = {}  # symbol name -> SymPy real symbol (for display)
+        self.tex_map: dict = {}  # SymPy symbol -> LaTeX
+        self._partials: dict = {}
+        self._n = 0
+        self.ev = E.Evaluator(self.values)
+        self.be = SympyBackend(engine, valuation=self._valuation)
+        self.dps = E.DPS
+
+    # -- construction --------------------------------------------------------------------
+    def _valuation(self, e):
+        return self.ev(e)
+
+    def check_time(self) -> None:
+        if self.deadline is not None and time.perf_counter() > self.deadline:
+            raise TimeoutExpired
+
+    def make_leaf_symbols(self) -> None:
+        import sympy
+
+        from .graph import element_names
+
+        for leaf in self.graph.leaves:
+            if not leaf.is_float:
+                leaf.symbols = obj(leaf.value.astype(object) if leaf.value.dtype.kind != "b"
+                                   else leaf.value)
+                continue
+            names, texes = element_names(leaf)
+            syms = np.empty(len(names), dtype=object)
+            flat = leaf.value.reshape(-1)
+            for i, (n, t) in enumerate(zip(names, texes)):
+                s = E.make_symbol(self.engine_name, n)
+                syms[i] = s
+                self.values[s] = mpmath.mpf(float(flat[i]))
+                ss = sympy.Symbol(n, real=True)
+                self.sym_map[n] = ss
+                self.tex_map[ss] = t
+            leaf.symbols = syms.reshape(leaf.shape)
+
+    def _atomize(self, e):
+        if E.is_atom(e):
+            if isinstance(e, (np.floating, np.integer)):
+                return e.item()
+            return e
+        s = E.make_symbol(self.engine_name, f"_v{self._n}")
+        self._n += 1
+        self.def_index[s] = len(self.defs)
+        self.defs.append((s, e))
+        self.values[s] = self.ev(e)
+        return s
+
+    def input_arrays(self, g) -> list:
+        arrays = []
+        for r in g.inputs:
+            if r[0] == "leaf":
+                arrays.append(self.graph.leaves[r[1]].symbols)
+            elif r[0] == "node":
+                arrays.append(self.node_out[(r[1], r[2])])
+            else:
+                arrays.append(r[1])
+        return arrays
+
+    def replay_node(self, g) -> None:
+        from ..ops.spec import STRUCTURAL
+
+        arrays = self.input_arrays(g)
+        if g.custom is not None:
+            from .custom import custom_meaning
+
+            outs = custom_meaning(g, self.sp, arrays)
+        elif g.spec is None:
+            raise NotImplementedError(f"{g.name}: no SymPy meaning known for this node")
+        elif callable(g.spec.sympy):
+            outs = (elementwise(g.spec.sympy, self.sp, arrays, g.params),)
+        elif g.spec.sympy == STRUCTURAL:
+            outs = g.forward_numeric(self.be, arrays)
+        else:
+            raise NotImplementedError(f"{g.name}: op {g.spec.name!r} has no SymPy meaning")
+        for nr, o in enumerate(outs):
+            o = obj(o)
+            out = np.empty(o.shape, dtype=object)
+            for idx, e in np.ndenumerate(o):
+                out[idx] = self._atomize(e)
+            self.node_out[(g.index, nr)] = out
+
+    def build(self) -> None:
+        self.make_leaf_symbols()
+        for g in self.graph.nodes:
+            self.check_time()
+            self.replay_node(g)
+            if self.progress is not None:
+                self.progress.update(1)
+
+    def root_array(self):
+        r = self.graph.root
+        if r[0] == "leaf":
+            return self.graph.leaves[r[1]].symbols
+        return self.node_out[(r[1], r[2])]
+
+    def partials_of(self, k: int) -> dict:
+        p = self._partials.get(k)
+        if p is None:
+            p = self._partials[k] = E.partials(self.defs[k][1], self.engine_name)
+        return p
+
+    # -- the gradient ----------------------------------------------------------------------
+    def gradient(self, gradient: np.ndarray) -> dict:
+        """Numeric adjoints (mpmath) of every leaf element: {leaf index: object array}."""
+        with mpmath.workdps(self.dps):
+            adj: dict = defaultdict(lambda: mpmath.mpf(0))
+            root = self.root_array()
+            gflat = np.broadcast_to(np.asarray(gradient, dtype=np.float64), root.shape)
+            for idx, a in np.ndenumerate(root):
+                if E.is_symbol(a):
+                    adj[a] += mpmath.mpf(float(gflat[idx]))
+            for k in range(len(self.defs) - 1, -1, -1):
+                if k % 256 == 0:
+                    self.check_time()
+                s = self.defs[k][0]
+                a = adj.pop(s, None)
+                if not a:
+                    continue
+                for f, p in self.partials_of(k).items():
+                    adj[f] += a * self.ev(p)
+            out = {}
+            for leaf in self.graph.leaves:
+                if not (leaf.requires_grad and leaf.is_float):
+                    continue
+                arr = np.empty(leaf.shape, dtype=object)
+                for idx, s in np.ndenumerate(leaf.symbols):
+                    arr[idx] = adj.get(s, mpmath.mpf(0))
+                out[leaf.index] = arr
+            return out
+
+    def symbolic_adjoints(self, gradient: np.ndarray, want) -> dict:
+        """Adjoint expressions of the symbols in ``want`` (in terms of intermediates)."""
+        contrib: dict = defaultdict(list)
+        root = self.root_array()
+        gflat = np.broadcast_to(np.asarray(gradient, dtype=np.float64), root.shape)
+        for idx, a in np.ndenumerate(root):
+            if E.is_symbol(a):
+                contrib[a].append(_num(self.sp, float(gflat[idx])))
+        for k in range(len(self.defs) - 1, -1, -1):
+            s, _ = self.defs[k]
+            terms = contrib.pop(s, None)
+            if not terms:
+                continue
+            a = terms[0] if len(terms) == 1 else self.sp.Add(*terms)
+            for f, p in self.partials_of(k).items():
+                contrib[f].append(a * p)
+        return {s: (self.sp.Add(*contrib[s]) if len(contrib.get(s, ())) > 1
+                    else (contrib[s][0] if contrib.get(s) else 0)) for s in want}
+
+    def expand_intermediates(self, expr, limit: int = 4000):
+        """Substitute intermediate definitions so ``expr`` is in leaf symbols only."""
+        need = {s for s in E.free_symbols(expr) if s in self.def_index}
+        if not need:
+            return expr
+        full: dict = {}
+        todo = sorted(need, key=lambda s: self.def_index[s])
+        stack = list(todo)
+        closure = set()
+        while stack:
+            s = stack.pop()
+            if s in closure:
+                continue
+            closure.add(s)
+            for f in E.free_symbols(self.defs[self.def_index[s]][1]):
+                if f in self.def_index and f not in closure:
+                    stack.append(f)
+        if len(closure) > limit:
+            raise ValueError("symbolic gradient too large to expand")
+        for s in sorted(closure, key=lambda s: self.def_index[s]):
+            e = self.defs[self.def_index[s]][1]
+            sub = {f: full[f] for f in E.free_symbols(e) if f in full}
+            full[s] = e.xreplace(sub) if sub else e
+        return expr.xreplace({s: full[s] for s in need})
+
+    def hvp(self, gradient: np.ndarray, us: dict) -> dict:
+        """Hessian-vector products: reverse mode over the forward + adjoint definitions."""
+        sp = self.sp
+        contrib: dict = defaultdict(list)
+        root = self.root_array()
+        gflat = np.broadcast_to(np.asarray(gradient, dtype=np.float64), root.shape)
+        for idx, a in np.ndenumerate(root):
+            if E.is_symbol(a):
+                contrib[a].append(_num(sp, float(gflat[idx])))
+        n_forward = len(self.defs)
+        with mpmath.workdps(self.dps):
+            for k in range(n_forward - 1, -1, -1):
+                self.check_time() if k % 256 == 0 else None
+                s, _ = self.defs[k]
+                terms = contrib.pop(s, None)
+                if not terms:
+                    continue
+                alpha = self._atomize(terms[0] if len(terms) == 1 else sp.Add(*terms))
+                for f, p in self.partials_of(k).items():
+                    contrib[f].append(alpha * p if not (E.is_atom(p) and p == 1) else alpha)
+            # the second root: sum over leaves of u . (first-order adjoint)
+            seeds: dict = defaultdict(lambda: mpmath.mpf(0))
+            for leaf in self.graph.leaves:
+                if leaf.index not in us:
+                    continue
+                u = us[leaf.index]
+                for idx, s in np.ndenumerate(leaf.symbols):
+                    for t in contrib.get(s, ()):
+                        for f, p in E.partials(t, self.engine_name).items():
+                            seeds[f] += mpmath.mpf(float(u[idx])) * self.ev(p)
+            adj = seeds
+            for k in range(len(self.defs) - 1, -1, -1):
+                s = self.defs[k][0]
+                a = adj.pop(s, None)
+                if not a:
+                    continue
+                for f, p in self.partials_of(k).items():
+                    adj[f] += a * self.ev(p)
+            out = {}
+            for leaf in self.graph.leaves:
+                if leaf.index not in us:
+                    continue
+                arr = np.empty(leaf.shape, dtype=object)
+                for idx, s in np.ndenumerate(leaf.symbols):
+                    arr[idx] = adj.get(s, mpmath.mpf(0))
+                out[leaf.index] = arr
+            return out
+
+
+def _num(sp, x: float):
+    if float(x).is_integer():
+        return sp.Integer(int(x))
+    return sp.Float(x) if hasattr(sp, "Float") else sp.RealDouble(x)

@@ -1,0 +1,269 @@
+"""Local mode: each node's backward against the symbolic Jacobian of its own op.
+
+For every node, a seeded random cotangent ``v`` is pushed through the node's own numeric
+backward (``node.apply``) and compared with ``J^T v``, where ``J`` comes from the op's
+SymPy meaning at the node's recorded inputs:
+
+* elementwise ops: SymPy differentiates the scalar meaning once; the derivative is
+  evaluated over whole arrays (NumPy, float64), so nothing is sampled;
+* structural ops (moves, sums, products): replayed on the SymPy backend with symbols in
+  place of the checked elements. Large inputs are sampled (seeded, reported); an op
+  that is linear in the checked input is replayed with the other elements of that input
+  zero (exact for linear ops, and cheap), otherwise with their recorded values.
+"""
+
+from __future__ import annotations
+
+import time
+
+import mpmath
+import numpy as np
+
+from ..backends.sympy_backend import Nonlinear, SympyBackend, obj
+from . import _engine as E
+from .exact import TimeoutExpired
+
+__all__ = ["check_node", "NodeCheck"]
+
+#: Structural inputs up to this many elements are checked in full (no sampling).
+DENSE_LIMIT = 512
+
+
+class NodeCheck:
+    __slots__ = ("status", "max_abs_err", "max_rel_err", "sampled", "checked", "formula",
+                 "detail", "worst")
+
+    def __init__(self, status="ok", formula="") -> None:
+        self.status = status
+        self.max_abs_err = 0.0
+        self.max_rel_err = 0.0
+        self.sampled = False
+        self.checked = 0
+        self.formula = formula
+        self.detail = ""
+        self.worst = None
+
+
+_TEMPLATES: dict = {}
+
+
+def _lambdas(spec, params, n_in, positions):
+    """SymPy derivatives of an elementwise meaning, lambdified for NumPy (cached)."""
+    import sympy
+
+    key = (spec.name, repr(sorted(params.items(), key=lambda kv: kv[0])), n_in, positions)
+    hit = _TEMPLATES.get(key)
+    if hit is not None:
+        return hit
+    xs = sympy.symbols(f"x0:{n_in}", real=True)
+    f = spec.sympy(sympy, *xs, **params)
+    derivs = []
+    for k in positions:
+        d = sympy.diff(f, xs[k])
+        derivs.append(sympy.lambdify(xs, d, modules=[_NP_EXTRA, "numpy"]))
+    formula = _formula(spec, f, xs, positions)
+    _TEMPLATES[key] = (derivs, formula)
+    return derivs, formula
+
+
+_NP_EXTRA = {"DiracDelta": lambda x: np.zeros_like(np.asarray(x, dtype=float)),
+             "Heaviside": lambda x, h0=0.5: np.where(np.asarray(x) > 0, 1.0,
+                                                     np.where(np.asarray(x) < 0, 0.0, 0.5)),
+             "sign": np.sign}
+
+
+def _formula(spec, f, xs, positions):
+    import sympy
+
+    names = [n for n in spec.inputs]
+    sub = {x: sympy.Symbol(names[i] if i < len(names) else f"x{i}", real=True)
+           for i, x in enumerate(xs)}
+    parts = [f"result = {sympy.sstr(f.xreplace(sub))}"]
+    for k in positions:
+        d = sympy.diff(f, xs[k]).xreplace(sub)
+        parts.append(f"d/d{names[k] if k < len(names) else k} = {sympy.sstr(d)}")
+    return "; ".join(parts)
+
+
+def _sum_to(a: np.ndarray, shape) -> np.ndarray:
+    shape = tuple(shape)
+    if a.shape == shape:
+        return a
+    lead = a.ndim - len(shape)
+    if lead:
+        a = a.sum(axis=tuple(range(lead)))
+    axes = tuple(i for i, s in enumerate(shape) if s == 1 and a.shape[i] != 1)
+    if axes:
+        a = a.sum(axis=axes, keepdims=True)
+    return a.reshape(shape)
+
+
+def _elementwise_jtv(g, in_vals, v):
+    positions = tuple(i for i, r in enumerate(g.inputs)
+                      if r[0] != "scalar" and g.needs[i] and np.asarray(in_vals[i]).dtype.kind
+                      == "f")
+    derivs, formula = _lambdas(g.spec, g.params, len(in_vals), positions)
+    args = [np.asarray(x, dtype=np.float64) if isinstance(x, np.ndarray) and x.dtype.kind in "fiu"
+            else x for x in in_vals]
+    res = {}
+    with np.errstate(all="ignore"):
+        for k, d in zip(positions, derivs):
+            dv = np.broadcast_to(np.asarray(d(*args), dtype=np.float64), v.shape)
+            res[k] = (_sum_to(v * dv, np.shape(in_vals[k])), None)
+    return res, formula
+
+
+def _structural_jtv(g, graph, in_vals, v_list, engine, engine_name, rng, sample, notes):
+    """{input k: (values at sampled flat indices, flat indices or None for all)}."""
+    res = {}
+    for k, r in enumerate(g.inputs):
+        if r[0] == "scalar" or not g.needs[k]:
+            continue
+        x = np.asarray(in_vals[k])
+        if x.dtype.kind != "f":
+            continue
+        n = x.size
+        if n <= max(DENSE_LIMIT, sample or 0):
+            idx = np.arange(n)
+            sampled = False
+        else:
+            idx = np.sort(rng.choice(n, size=sample or 32, replace=False))
+            sampled = True
+        syms = [E.make_symbol(engine_name, f"_x{i}") for i in range(len(idx))]
+        out = None
+        values = {s: mpmath.mpf(float(x.reshape(-1)[i])) for s, i in zip(syms, idx)}
+        if sampled:  # cheap replay, exact when the op is linear in input k
+            probe = obj(np.zeros(x.shape, dtype=np.float64))
+            pf = probe.reshape(-1)
+            for s, i in zip(syms, idx):
+                pf[i] = s
+            arrays = [probe if j == k else in_vals[j] for j in range(len(in_vals))]
+            try:
+                out = g.forward_numeric(SympyBackend(engine, linear_probe=True), arrays)
+            except Nonlinear:
+                out = None
+        if out is None:
+            full = obj(x.astype(np.float64)).copy()
+            ff = full.reshape(-1)
+            for s, i in zip(syms, idx):
+                ff[i] = s
+            arrays = [full if j == k else (obj(np.asarray(in_vals[j], dtype=np.float64))
+                                            if isinstance(in_vals[j], np.ndarray)
+                                            and in_vals[j].dtype.kind == "f" else in_vals[j])
+                      for j in range(len(in_vals))]
+            ev = E.Evaluator(values)
+            out = g.forward_numeric(SympyBackend(engine, valuation=ev), arrays)
+        ev = E.Evaluator(values)
+        acc = {s: 0.0 for s in syms}
+        symset = set(syms)
+        for nr, o in enumerate(out[:len(v_list)]):
+            o = obj(o)
+            vo = v_list[nr]
+            if vo is None:
+                continue
+            vflat = np.broadcast_to(vo, o.shape).reshape(-1)
+            for j, e in enumerate(o.reshape(-1)):
+                if E.is_atom(e) and not E.is_symbol(e):
+                    continue
+                if vflat[j] == 0:
+                    continue
+                for s, p in E.partials(e, engine_name).items():
+                    if s in symset:
+                        acc[s] += float(vflat[j]) * (float(p) if E.is_atom(p) else float(ev(p)))
+        vals = np.array([float(acc[s]) for s in syms], dtype=np.float64)
+        res[k] = (vals, idx if sampled else None)
+        if sampled:
+            notes.append(f"input '{g.input_names[k]}': {len(idx)} of {n} elements sampled")
+    return res
+
+
+def check_node(g, graph, engine, engine_name, rng, sample, tol_for, deadline=None):
+    """Run the local check of one node; returns a :class:`NodeCheck`."""
+    from ..ops.spec import STRUCTURAL
+
+    if deadline is not None and time.perf_counter() > deadline:
+        raise TimeoutExpired
+    chk = NodeCheck()
+    if not any(g.needs):
+        chk.status = "skipped"
+        chk.detail = "no input needs a gradient"
+        return chk
+    if g.spec is None and g.custom is None:
+        chk.status = "unsupported"
+        chk.detail = f"{g.name}: no SymPy meaning known for this node"
+        return chk
+    in_vals = graph.node_inputs(g)
+    vs = []
+    for shape, dt in zip(g.out_shapes, g.out_dtypes):
+        vs.append(rng.standard_normal(shape).astype(dt if np.dtype(dt).kind == "f"
+                                                   else np.float64))
+    try:
+        engine_res = g.backward(graph, vs)
+    except Exception as exc:  # a broken backward is a finding, not a crash
+        chk.status = "error"
+        chk.detail = f"backward raised {type(exc).__name__}: {exc}"
+        return chk
+    v64 = [np.asarray(v, dtype=np.float64) for v in vs]
+    notes: list[str] = []
+    if g.custom is not None:
+        from .custom import custom_local
+
+        sym, chk.formula, note = custom_local(g, graph, in_vals, v64, engine, engine_name, rng,
+                                              sample)
+        if note:
+            notes.append(note)
+    elif callable(g.spec.sympy):
+        sym, chk.formula = _elementwise_jtv(g, in_vals, v64[0])
+    elif g.spec.sympy == STRUCTURAL:
+        sym = _structural_jtv(g, graph, in_vals, v64, engine, engine_name, rng, sample, notes)
+        chk.formula = f"{g.spec.name}: structural (forward replayed on the SymPy backend)"
+    else:
+        chk.status = "unsupported"
+        chk.detail = f"op {g.spec.name!r} has no SymPy meaning"
+        return chk
+    bad = False
+    for k, (vals, idx) in sym.items():
+        e = engine_res[k] if k < len(engine_res) else None
+        if e is None:
+            e = np.zeros(np.shape(in_vals[k]))
+        e = np.asarray(e, dtype=np.float64)
+        if e.shape != np.shape(in_vals[k]):
+            try:
+                e = np.broadcast_to(e, np.shape(in_vals[k]))
+            except ValueError:
+                chk.status = "mismatch"
+                chk.detail = (f"gradient of '{g.input_names[k]}' has shape {e.shape}, "
+                              f"expected {np.shape(in_vals[k])}")
+                return chk
+        ef = e.reshape(-1)
+        sf = np.asarray(vals, dtype=np.float64).reshape(-1)
+        if idx is not None:
+            ef = ef[idx]
+            chk.sampled = True
+        rtol, atol = tol_for(np.asarray(in_vals[k]).dtype)
+        err = np.abs(ef - sf)
+        scale = np.abs(sf) + (np.mean(np.abs(sf)) if sf.size else 0.0)
+        both_nan = np.isnan(ef) & np.isnan(sf)
+        err = np.where(both_nan, 0.0, err)
+        ok = (err <= atol + rtol * scale) | both_nan
+        chk.checked += sf.size
+        if sf.size:
+            m = float(np.nanmax(np.where(np.isnan(err), np.inf, err)))
+            chk.max_abs_err = max(chk.max_abs_err, m)
+            rel = err / np.where(np.abs(sf) > 0, np.abs(sf), 1.0)
+            chk.max_rel_err = max(chk.max_rel_err, float(np.nanmax(np.where(np.isnan(rel),
+                                                                              np.inf, rel))))
+        if not ok.all():
+            bad = True
+            w = int(np.argmax(np.where(ok, -1.0, np.where(np.isnan(err), np.inf, err))))
+            pos = int(idx[w]) if idx is not None else w
+            chk.worst = (g.input_names[k], np.unravel_index(pos, np.shape(in_vals[k])),
+                         float(ef[w]), float(sf[w]))
+    chk.status = "mismatch" if bad else "ok"
+    if notes:
+        chk.detail = "; ".join(notes)
+    if bad and chk.worst is not None:
+        name, where, ev_, sv = chk.worst
+        chk.detail = (f"d/d{name}{list(int(i) for i in where)}: engine {ev_:.8g}, symbolic "
+                      f"{sv:.8g}" + (f"; {chk.detail}" if chk.detail else ""))
+    return chk

@@ -1,0 +1,293 @@
+"""``verify``: run the modes over a recorded graph and assemble the Report."""
+
+from __future__ import annotations
+
+import time
+
+import mpmath
+import numpy as np
+
+from . import _engine as E
+from .exact import SymbolicGraph, TimeoutExpired
+from .fd import fd_gradient
+from .graph import Graph
+from .local import check_node
+from .report import LeafRow, NodeRow, Report, as_index
+
+__all__ = ["verify", "EXACT_BUDGET", "DEFAULT_TOLERANCES"]
+
+#: auto mode runs exact while the graph's estimated scalar operations stay under this.
+#: Measured (benchmarks/bench_verify.py): exact mode costs about 5-15 us per scalar op
+#: with symengine and 10-40 us with SymPy alone, so the budget keeps exact under ~2-4 s.
+EXACT_BUDGET = 100_000
+
+#: dtype-aware defaults: element i passes when
+#: |engine_i - exact_i| <= atol + rtol * (|exact_i| + mean_j |exact_j|).
+DEFAULT_TOLERANCES = {"float32": (1e-4, 1e-6), "float64": (1e-8, 1e-12),
+                      "float16": (1e-2, 1e-4), "bfloat16": (2e-2, 1e-3)}
+
+#: finite differences are taken at most at this many elements per leaf (seeded sample).
+FD_SAMPLES = 16
+#: in local mode (big graphs) finite differences are a spot check at this many elements.
+FD_SAMPLES_LOCAL = 3
+
+
+def _dtype_name(dt) -> str:
+    return np.dtype(dt).name
+
+
+def _tol_factory(rtol, atol):
+    def tol_for(dt):
+        name = _dtype_name(dt)
+        r, a = DEFAULT_TOLERANCES.get(name, DEFAULT_TOLERANCES["float64"])
+        return (r if rtol is None else rtol), (a if atol is None else atol)
+
+    return tol_for
+
+
+def _as_numpy(x):
+    if x is None:
+        return None
+    if hasattr(x, "_data") and hasattr(x, "grad_fn"):
+        return np.asarray(x.detach().numpy())
+    if hasattr(x, "detach") and hasattr(x, "cpu"):  # a torch tensor
+        return x.detach().cpu().numpy()
+    return np.asarray(x)
+
+
+def _to_graph(root, names) -> Graph:
+    from ..tensor import Tensor
+
+    if isinstance(root, Tensor):
+        from .graph import walk_symgrad
+
+        return walk_symgrad(root, names)
+    mod = type(root).__module__ or ""
+    if mod.startswith("torch"):
+        from .torch_graph import walk_torch
+
+        return walk_torch(root, names)
+    raise TypeError(f"verify() expects a symgrad or torch tensor, not {type(root).__name__}")
+
+
+def verify(root, gradient=None, *, names=None, mode: str = "auto", order: int = 1,
+           rtol: float | None = None, atol: float | None = None, sample: int | None = None,
+           seed: int = 0, timeout: float | None = None, backend: str = "auto") -> Report:
+    """Check the engine's gradients of ``root`` against SymPy's (see docs/verifier.md)."""
+    if mode not in ("auto", "exact", "local"):
+        raise ValueError(f"mode must be 'auto', 'exact' or 'local', not {mode!r}")
+    if order not in (1, 2):
+        raise ValueError("order must be 1 or 2")
+    t0 = time.perf_counter()
+    deadline = None if timeout is None else t0 + float(timeout)
+    engine, engine_name = E.pick_engine(backend)
+    graph = _to_graph(root, names)
+    root_shape = graph.root_value.shape
+    if gradient is None:
+        if graph.root_value.size != 1:
+            raise RuntimeError("grad can be implicitly created only for scalar outputs")
+        gradient = np.ones(root_shape)
+    else:
+        gradient = np.asarray(_as_numpy(gradient), dtype=np.float64)
+        if gradient.shape != root_shape:
+            raise RuntimeError(f"Mismatch in shape: gradient has a shape of "
+                               f"{list(gradient.shape)} and root has a shape of "
+                               f"{list(root_shape)}.")
+    rng = np.random.default_rng(seed)
+    tol_for = _tol_factory(rtol, atol)
+    cost = graph.scalar_ops()
+    chosen = mode
+    skipped: list[str] = []
+    if mode == "auto":
+        chosen = "exact" if cost <= EXACT_BUDGET else "local"
+        if chosen == "local":
+            skipped.append(f"exact mode: graph cost {cost} scalar ops is over the budget "
+                           f"{EXACT_BUDGET}")
+    rep = Report(ok=True, mode=chosen, requested_mode=mode, backend=engine_name, order=order,
+                 rtol={}, atol={}, leaves=[], nodes=[], budget=EXACT_BUDGET, cost=cost,
+                 graph_kind=graph.kind, skipped=skipped)
+    rep._graph = graph
+    rep._gradient = gradient
+    for lf in graph.leaves:
+        if lf.requires_grad and lf.is_float:
+            r, a = tol_for(lf.value.dtype)
+            rep.rtol[_dtype_name(lf.value.dtype)] = r
+            rep.atol[_dtype_name(lf.value.dtype)] = a
+    progress = _progress(len(graph.nodes), cost)
+    try:
+        engine_grads = graph.engine_grads(gradient)
+        if chosen == "exact":
+            _run_exact(rep, graph, engine, engine_name, gradient, engine_grads, tol_for, rng,
+                       sample, deadline, progress)
+            if not rep.ok:
+                _run_local(rep, graph, engine, engine_name, rng, sample, tol_for, deadline)
+            elif not rep.nodes:
+                rep.nodes = [_not_run(g) for g in graph.nodes]
+                rep.skipped.append("local checks: every leaf agreed, so they were not needed")
+            if order == 2:
+                _run_hvp(rep, graph, gradient, tol_for, rng, deadline)
+        else:
+            _run_local(rep, graph, engine, engine_name, rng, sample, tol_for, deadline,
+                       progress)
+            _leaf_rows_local(rep, graph, gradient, engine_grads, rng, sample)
+            if order == 2:
+                rep.skipped.append("order=2: Hessian-vector products need exact mode "
+                                   "(graph over budget)")
+    except TimeoutExpired:
+        rep.timed_out = True
+        rep.ok = False
+        rep.notes.append(f"timed out after {timeout} s; results so far are shown")
+    finally:
+        if progress is not None:
+            progress.close()
+    rep.notes.extend(graph.notes)
+    for g in graph.nodes:
+        if g.note and g.note not in rep.notes:
+            rep.notes.append(f"{g.name}: {g.note}")
+    rep.seconds = time.perf_counter() - t0
+    return rep
+
+
+def _progress(n_nodes, cost):
+    if n_nodes < 200 and cost < 50_000:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:  # pragma: no cover
+        return None
+    return tqdm(total=n_nodes, desc="symgrad.verify", leave=False, mininterval=0.5)
+
+
+def _not_run(g):
+    return NodeRow(g.index, g.name, "not run", _meaning(g), node=g.node)
+
+
+def _meaning(g) -> str:
+    if g.spec is None:
+        return "custom Function" if g.custom is not None else ""
+    if callable(g.spec.sympy):
+        return f"{g.spec.name}: elementwise SymPy meaning"
+    return f"{g.spec.name}: structural"
+
+
+def _compare(e, s, rtol, atol):
+    err = np.abs(e - s)
+    both_nan = np.isnan(e) & np.isnan(s)
+    err = np.where(both_nan, 0.0, err)
+    scale = np.abs(s) + (np.mean(np.abs(s)) if s.size else 0.0)
+    ok = (err <= atol + rtol * scale) | both_nan
+    rel = err / np.where(np.abs(s) > 0, np.abs(s), 1.0)
+    return err, rel, ok
+
+
+def _run_exact(rep, graph, engine, engine_name, gradient, engine_grads, tol_for, rng, sample,
+               deadline, progress):
+    sym = SymbolicGraph(graph, engine, engine_name, deadline=deadline, progress=progress)
+    sym.build()
+    rep._sym = sym
+    exact = sym.gradient(gradient)
+    rep.ran.append("exact")
+    for lf in graph.leaves:
+        if not (lf.requires_grad and lf.is_float):
+            continue
+        with mpmath.workdps(E.DPS):
+            s = np.array([float(v) for v in exact[lf.index].reshape(-1)], dtype=np.float64)
+        e = engine_grads[lf.index].reshape(-1)
+        rtol, atol = tol_for(lf.value.dtype)
+        err, rel, ok = _compare(e, s, rtol, atol)
+        if s.size:
+            key = np.where(ok, err, np.inf if not ok.all() else err)
+            w = int(np.nanargmax(np.where(np.isnan(key), np.inf, key)))
+        else:
+            w = 0
+        fd_idx = _fd_indices(lf.value.size, w, rng, sample)
+        fd = fd_gradient(graph, gradient, lf, fd_idx) if fd_idx.size else np.array([])
+        fd_err = float(np.max(np.abs(fd - s[fd_idx]))) if fd_idx.size else None
+        status = "ok" if ok.all() else "mismatch"
+        if status != "ok":
+            rep.ok = False
+        rep.leaves.append(LeafRow(
+            lf.name, lf.shape, _dtype_name(lf.value.dtype),
+            float(np.max(err)) if s.size else 0.0, float(np.max(rel)) if s.size else 0.0,
+            as_index(w, lf.shape) if s.size else None,
+            float(e[w]) if s.size else None, float(s[w]) if s.size else None,
+            float(fd[0]) if fd_idx.size else None, status, fd_err, int(s.size), False,
+            lf.latex))
+    rep.ran.append("finite differences")
+
+
+def _fd_indices(n, worst, rng, sample):
+    k = min(n, FD_SAMPLES if sample is None else max(1, min(sample, FD_SAMPLES)))
+    if n == 0:
+        return np.array([], dtype=np.int64)
+    rest = [i for i in rng.choice(n, size=min(n, k), replace=False).tolist() if i != worst]
+    return np.array([worst] + rest[:k - 1], dtype=np.int64)
+
+
+def _run_local(rep, graph, engine, engine_name, rng, sample, tol_for, deadline, progress=None):
+    rep.ran.append("local")
+    rows = []
+    first = None
+    for g in graph.nodes:
+        try:
+            chk = check_node(g, graph, engine, engine_name, rng, sample, tol_for, deadline)
+        except TimeoutExpired:
+            rows.append(NodeRow(g.index, g.name, "timeout", _meaning(g), node=g.node))
+            for h in graph.nodes[g.index + 1:]:
+                rows.append(NodeRow(h.index, h.name, "timeout", _meaning(h), node=h.node))
+            rep.nodes = rows
+            raise
+        row = NodeRow(g.index, g.name, chk.status, chk.formula or _meaning(g),
+                      chk.max_abs_err, chk.max_rel_err, chk.sampled, chk.detail, node=g.node)
+        rows.append(row)
+        if chk.status in ("mismatch", "error") and first is None:
+            first = g.node
+        if chk.status == "unsupported":
+            rep.notes.append(f"{g.name}: {chk.detail}")
+        if progress is not None:
+            progress.update(1)
+    rep.nodes = rows
+    rep.first_bad_node = first
+    if first is not None or any(r.status == "unsupported" for r in rows):
+        rep.ok = False
+    if any(r.sampled for r in rows):
+        rep.notes.append("local mode sampled elements of large tensors (seeded; see details)")
+
+
+def _leaf_rows_local(rep, graph, gradient, engine_grads, rng, sample):
+    """In local mode: engine gradients beside finite differences at sampled elements."""
+    for lf in graph.leaves:
+        if not (lf.requires_grad and lf.is_float):
+            continue
+        e = engine_grads[lf.index].reshape(-1)
+        idx = _fd_indices(lf.value.size, int(rng.integers(lf.value.size)) if lf.value.size
+                          else 0, rng, FD_SAMPLES_LOCAL)
+        fd = fd_gradient(graph, gradient, lf, idx) if idx.size else np.array([])
+        err = np.abs(fd - e[idx]) if idx.size else np.array([0.0])
+        w = int(np.argmax(err)) if idx.size else 0
+        rep.leaves.append(LeafRow(
+            lf.name, lf.shape, _dtype_name(lf.value.dtype), None, None,
+            as_index(idx[w], lf.shape) if idx.size else None,
+            float(e[idx[w]]) if idx.size else None, None,
+            float(fd[w]) if idx.size else None, "not checked",
+            float(np.max(err)) if idx.size else None, int(idx.size), True, lf.latex))
+    rep.ran.append("finite differences")
+
+
+def _run_hvp(rep, graph, gradient, tol_for, rng, deadline):
+    leaves = [lf for lf in graph.leaves if lf.requires_grad and lf.is_float]
+    us = {lf.index: rng.standard_normal(lf.shape).astype(lf.value.dtype) for lf in leaves}
+    sym = rep._sym
+    exact = sym.hvp(gradient, us)
+    eng = graph.engine_hvp(gradient, us)
+    rep.ran.append("Hessian-vector products (order 2)")
+    for lf in leaves:
+        s = np.array([float(v) for v in exact[lf.index].reshape(-1)], dtype=np.float64)
+        e = eng[lf.index].reshape(-1)
+        rtol, atol = tol_for(lf.value.dtype)
+        err, _, ok = _compare(e, s, rtol * 10, atol * 10)
+        status = "ok" if ok.all() else "mismatch"
+        if status != "ok":
+            rep.ok = False
+        rep.hvp.append({"name": lf.name, "status": status,
+                        "max_abs_err": float(np.max(err)) if err.size else 0.0})
