@@ -42,6 +42,21 @@ def graph(root, names=None, report=None):
 
     return _graph(root, names, report)
 
+
+from .autograd.record import record  # noqa: E402  (core autograd; no SymPy)
+
+
+def verify(root, gradient=None, **kwargs):
+    """Check the gradients of ``root`` against SymPy (lazy: SymPy loads on first use).
+
+    See :func:`symgrad.symbolic.verify` for the keywords (names, mode, order, rtol,
+    atol, sample, seed, timeout, backend) and docs/verifier.md.
+    """
+    from .symbolic import verify as _verify
+
+    return _verify(root, gradient, **kwargs)
+
+
 __all__ = [
     "Tensor", "Size", "tensor", "dtype", "device", "float32", "float64", "int64", "bool",
     "float", "double", "long", "autograd", "cuda", "ops", "utils",
@@ -54,4 +69,5 @@ __all__ = [
     "expand", "clone", "where", "eq", "ne", "gt", "ge", "lt", "le", "logical_not",
     "memory_allocated", "max_memory_allocated", "reset_peak_memory_stats",
     "nn", "optim", "save", "load",
+    "verify", "record",
 ]
