@@ -45,12 +45,8 @@ def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
         rows = input.numel() // max(input.shape[-1], 1)
         raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied ({rows}x"
                            f"{input.shape[-1]} and {weight.shape[-1]}x{weight.shape[0]})")
-    if bias is None:
-        if input.ndim <= 2:
-            return _F.matmul(input, _F.t(weight))
-        lead = tuple(input.shape[:-1])
-        flat = _F.mm(_F.reshape(input, (-1, input.shape[-1])), _F.t(weight))
-        return _F.reshape(flat, lead + (weight.shape[0],))
+    if bias is None:  # torch: matmul (mm, or a folded mm under UnsafeViewBackward0)
+        return _F.matmul(input, _F.t(weight))
     if input.dtype is not weight.dtype or bias.dtype is not weight.dtype:
         other = input.dtype if input.dtype is not weight.dtype else bias.dtype
         raise RuntimeError(f"mat1 and mat2 must have the same dtype, but got "
