@@ -286,6 +286,12 @@ def _saved_rows(node: Any, namer: Namer, own_output: Any | None) -> list[dict]:
             if value is freed and freed is not None:
                 row["kind"] = "freed"
                 row["preview"] = "freed by backward (use retain_graph=True)"
+                t = _recorded_input(node, spec, name)
+                if t is not None:  # the node still holds the input (symgrad.record())
+                    row["shape"] = _shape(t)
+                    row["dtype"] = _dtype_name(t)
+                    row["preview"] = preview(t)
+                    row["same_object_as"] = _same_object(t, namer)
             elif isinstance(value, saved_cls):
                 t = value.tensor
                 if t is None:
@@ -360,6 +366,17 @@ def _saved_rows(node: Any, namer: Namer, own_output: Any | None) -> list[dict]:
             row["preview"] = _short_repr(value)
         rows.append(row)
     return rows
+
+
+def _recorded_input(node: Any, spec: Any, name: str) -> Any:
+    """The input tensor a freed saved operand was, while the node can still reach it."""
+    if name not in spec.inputs:
+        return None
+    refs = getattr(node, "_input_refs", ())
+    i = spec.inputs.index(name)
+    ref = refs[i] if i < len(refs) else None
+    t = ref() if callable(ref) and not _is_tensor(ref) else ref
+    return t if _is_tensor(t) else None
 
 
 def _short_repr(value: Any, limit: int = 80) -> str:

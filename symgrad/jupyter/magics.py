@@ -240,7 +240,8 @@ class SavedView:
                 continue
             same = f"  same object as {s['same_object_as']}" if s.get("same_object_as") else ""
             shape = f" {s['shape']}" if s.get("shape") is not None else ""
-            lines.append(f"{node}.{s.get('attr')}{shape} = {s.get('preview', '')}{same}")
+            freed = " (freed by backward)" if s["kind"] == "freed" and shape else ""
+            lines.append(f"{node}.{s.get('attr')}{shape} = {s.get('preview', '')}{same}{freed}")
         return "\n".join(lines)
 
 
