@@ -255,7 +255,9 @@ def walk_symgrad(root, names=None) -> Graph:
     gnodes: list[GNode] = []
     consumer_vals: dict = {}
     for j, node in enumerate(order):
-        custom = getattr(type(node), "_verifier_custom", None) or _custom_class(node)
+        from .custom import is_custom
+
+        custom = type(node)._forward_cls if is_custom(node) else None
         if not isinstance(node, OpNode) and custom is None:
             gnodes.append(GNode(j, node, node.name(), None, [], {}, [], [],
                                 note="unsupported node type"))
@@ -265,9 +267,15 @@ def walk_symgrad(root, names=None) -> Graph:
         inputs = []
         refs = getattr(node, "_input_refs", ())
         spec = getattr(type(node), "_spec", None)
-        in_names = spec.inputs if spec is not None else tuple(
-            f"input{i}" for i in range(len(node.next_functions)))
-        for i, (nxt, nr) in enumerate(node.next_functions):
+        if custom is not None:  # edges exist only for the tensor arguments
+            positions = tuple(node._tensor_positions)
+            in_names = tuple(f"arg{j}" for j in range(len(refs)))
+            edges = [node.next_functions[positions.index(j)] if j in positions else (None, 0)
+                     for j in range(len(refs))]
+        else:
+            in_names = spec.inputs
+            edges = list(node.next_functions)
+        for i, (nxt, nr) in enumerate(edges):
             r = refs[i] if i < len(refs) else None
             val = deref(r)
             if nxt is not None and isinstance(nxt, AccumulateGrad):
@@ -286,10 +294,11 @@ def walk_symgrad(root, names=None) -> Graph:
                     inputs.append(leaf_ref(val, bool(getattr(val, "requires_grad", False))))
             else:
                 inputs.append(("scalar", r))
-        out_meta = getattr(node, "_out_meta", ())
+        out_meta = [m if m is not None else ((), None) for m in getattr(node, "_out_meta", ())]
         g = GNode(j, node, node.name(), spec, inputs, dict(getattr(node, "_params", {}) or {}),
-                  [tuple(m[0]) for m in out_meta], [m[1].np for m in out_meta],
-                  needs=tuple(n is not None for n, _ in node.next_functions),
+                  [tuple(m[0]) for m in out_meta],
+                  [np.dtype(np.float64) if m[1] is None else m[1].np for m in out_meta],
+                  needs=tuple(n is not None for n, _ in edges),
                   custom=custom, input_names=tuple(in_names))
         if spec is not None:
             g.forward_numeric = _spec_forward(spec, g.params)
@@ -314,10 +323,6 @@ def walk_symgrad(root, names=None) -> Graph:
     graph.engine_grads = lambda gradient: _symgrad_engine_grads(graph, gradient)
     graph.engine_hvp = lambda gradient, us: _symgrad_engine_hvp(graph, gradient, us)
     return graph
-
-
-def _custom_class(node):
-    return getattr(node, "_function_cls", None) or getattr(node, "_cls", None)
 
 
 def _saved_input(node, spec, name):

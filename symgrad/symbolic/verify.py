@@ -98,11 +98,17 @@ def verify(root, gradient=None, *, names=None, mode: str = "auto", order: int = 
     cost = graph.scalar_ops()
     chosen = mode
     skipped: list[str] = []
+    blockers = _not_replayable(graph)
     if mode == "auto":
-        chosen = "exact" if cost <= EXACT_BUDGET else "local"
-        if chosen == "local":
+        chosen = "exact" if cost <= EXACT_BUDGET and not blockers else "local"
+        if blockers:
+            skipped.append("exact mode: no SymPy meaning for " + ", ".join(blockers))
+        elif chosen == "local":
             skipped.append(f"exact mode: graph cost {cost} scalar ops is over the budget "
                            f"{EXACT_BUDGET}")
+    elif mode == "exact" and blockers:
+        raise NotImplementedError("exact mode needs a SymPy meaning for every node; none for "
+                                  + ", ".join(blockers) + " (use mode='auto' or 'local')")
     rep = Report(ok=True, mode=chosen, requested_mode=mode, backend=engine_name, order=order,
                  rtol={}, atol={}, leaves=[], nodes=[], budget=EXACT_BUDGET, cost=cost,
                  graph_kind=graph.kind, skipped=skipped)
@@ -146,6 +152,20 @@ def verify(root, gradient=None, *, names=None, mode: str = "auto", order: int = 
             rep.notes.append(f"{g.name}: {g.note}")
     rep.seconds = time.perf_counter() - t0
     return rep
+
+
+def _not_replayable(graph) -> list[str]:
+    from ..ops.spec import STRUCTURAL
+
+    out = []
+    for g in graph.nodes:
+        if g.custom is not None:
+            ok = g.custom.sympy is not None
+        else:
+            ok = g.spec is not None and (callable(g.spec.sympy) or g.spec.sympy == STRUCTURAL)
+        if not ok and g.name not in out:
+            out.append(g.name)
+    return out
 
 
 def _progress(n_nodes, cost):
