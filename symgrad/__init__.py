@@ -18,6 +18,8 @@ from .functional import (abs, add, clone, cos, div, dot, eq, exp, expand, flatte
                          le, log, logical_not, lt, matmul, mean, mm, mul, mv, ne, neg, permute,
                          pow, reciprocal, relu, reshape, sigmoid, sign, sin, sqrt, squeeze, sub,
                          sum, t, tanh, transpose, unsqueeze, view, where)
+from .functional import (argmax, argmin, bmm, cat, clamp, clamp_max, clamp_min, log_softmax,
+                         logsumexp, max, maximum, min, minimum, narrow, select, softmax, stack)
 from .memory import max_memory_allocated, memory_allocated, reset_peak_memory_stats
 from .serialization import load, save
 from .tensor import Size, Tensor, tensor
@@ -67,6 +69,8 @@ __all__ = [
     "relu", "sqrt", "abs", "sign", "reciprocal", "sum", "mean", "matmul", "mm", "mv", "dot",
     "t", "transpose", "permute", "reshape", "view", "flatten", "squeeze", "unsqueeze",
     "expand", "clone", "where", "eq", "ne", "gt", "ge", "lt", "le", "logical_not",
+    "bmm", "cat", "stack", "max", "min", "argmax", "argmin", "maximum", "minimum", "clamp",
+    "clamp_min", "clamp_max", "softmax", "log_softmax", "logsumexp", "select", "narrow",
     "memory_allocated", "max_memory_allocated", "reset_peak_memory_stats",
     "nn", "optim", "save", "load",
     "verify", "record",

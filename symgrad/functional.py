@@ -9,6 +9,7 @@ from __future__ import annotations
 from . import dtypes as _dt
 from .autograd.function import apply
 from .ops import OPS
+from .ops._ints import u64, u64s
 from .tensor import Tensor, _wrap_dim
 
 _O = OPS  # short alias for the hot path
@@ -154,19 +155,27 @@ def _dims(dim, ndim):
     return tuple(_wrap_dim(d, ndim) for d in dim)
 
 
+def _raw_dims(dim, ndim):
+    """Validated dims, kept as given (torch saves ``sum(-1)``'s dim as 2**64 - 1)."""
+    if isinstance(dim, int):
+        dim = (dim,)
+    _dims(dim, ndim)
+    return u64s(dim)
+
+
 def sum(input, dim=None, keepdim=False, *, dtype=None):  # noqa: A001
     params = {} if dtype is None else {"dtype": _dt.as_dtype(dtype)}
     if dim is None:
         return apply(_O["sum"], (input,), params)
-    dims = _dims(dim, input.ndim)
-    params.update(dim=dims, keepdim=keepdim)
+    params.update(dim=_raw_dims(dim, input.ndim), keepdim=keepdim)
     return apply(_O["sum_dim"], (input,), params)
 
 
 def mean(input, dim=None, keepdim=False):
     if dim is None:
         return apply(_O["mean"], (input,))
-    return apply(_O["mean_dim"], (input,), {"dim": _dims(dim, input.ndim), "keepdim": keepdim})
+    return apply(_O["mean_dim"], (input,), {"dim": _raw_dims(dim, input.ndim),
+                                            "keepdim": keepdim})
 
 
 # -- shape ops -------------------------------------------------------------------------------
@@ -187,6 +196,10 @@ def _infer_size(shape, numel):
                 raise RuntimeError(f"invalid shape dimension {s}")
             known *= s
     if -1 in shape:
+        if known == 0 and numel == 0:
+            raise RuntimeError(f"cannot reshape tensor of 0 elements into shape {list(shape)} "
+                               "because the unspecified dimension size -1 can be any value "
+                               "and is ambiguous")
         if known == 0 or numel % known:
             raise RuntimeError(f"shape '{list(shape)}' is invalid for input of size {numel}")
         shape[shape.index(-1)] = numel // known
@@ -195,22 +208,64 @@ def _infer_size(shape, numel):
     return tuple(shape)
 
 
+def _viewable(input, shape) -> bool:
+    """PyTorch's computeStride: can ``input`` be viewed as ``shape`` without a copy?"""
+    old = tuple(input.shape)
+    if input.numel() == 0 or input.ndim == 0 or input.is_contiguous():
+        return True
+    stride = input.stride()
+    view_d = len(shape) - 1
+    chunk_base_stride = stride[-1]
+    tensor_numel = view_numel = 1
+    for d in range(len(old) - 1, -1, -1):
+        tensor_numel *= old[d]
+        if d == 0 or (old[d - 1] != 1 and stride[d - 1] != tensor_numel * chunk_base_stride):
+            while view_d >= 0 and (view_numel < tensor_numel or shape[view_d] == 1):
+                view_numel *= shape[view_d]
+                view_d -= 1
+            if view_numel != tensor_numel:
+                return False
+            if d > 0:
+                chunk_base_stride = stride[d - 1]
+                tensor_numel = view_numel = 1
+    return view_d == -1
+
+
 def reshape(input, *shape):
+    """A view when the strides allow one (ViewBackward0), else a copy (UnsafeView over Clone)."""
     shape = _infer_size(_shape_arg(shape), input.numel())
-    if shape == tuple(input.shape):
-        return view(input, shape)
-    return apply(_O["view"], (input,), {"size": shape})
+    if input.is_contiguous():
+        return apply(_O["view"], (input,), {"size": shape})
+    if _viewable(input, shape):
+        return apply(_O["reshape_alias"], (input,), {"size": shape})
+    return _unsafe_view(clone(input), shape)
+
+
+def _unsafe_view(input, shape):
+    return apply(_O["unsafe_view"], (input,), {"size": tuple(shape)})
 
 
 def view(input, *shape):
     shape = _infer_size(_shape_arg(shape), input.numel())
+    if not _viewable(input, shape):
+        raise RuntimeError("view size is not compatible with input tensor's size and stride (at "
+                           "least one dimension spans across two contiguous subspaces). Use "
+                           ".reshape(...) instead.")
     return apply(_O["view"], (input,), {"size": shape})
+
+
+def contiguous(input):
+    return input if input.is_contiguous() else clone(input)
 
 
 def flatten(input, start_dim=0, end_dim=-1):
     if input.ndim == 0:
         return reshape(input, (1,))
     s, e = _wrap_dim(start_dim, input.ndim), _wrap_dim(end_dim, input.ndim)
+    if s > e:
+        raise RuntimeError("flatten() has invalid args: start_dim cannot come after end_dim")
+    if s == e:
+        return input
     shape = tuple(input.shape)
     n = 1
     for d in shape[s:e + 1]:
@@ -227,8 +282,8 @@ def t(input):
 
 def transpose(input, dim0, dim1):
     n = input.ndim
-    return apply(_O["transpose"], (input,), {"dim0": _wrap_dim(dim0, n) if n else 0,
-                                             "dim1": _wrap_dim(dim1, n) if n else 0})
+    _wrap_dim(dim0, n), _wrap_dim(dim1, n)
+    return apply(_O["transpose"], (input,), {"dim0": u64(dim0), "dim1": u64(dim1)})
 
 
 def permute(input, *dims):
@@ -240,15 +295,15 @@ def permute(input, *dims):
     norm = tuple(_wrap_dim(d, input.ndim) for d in dims)
     if len(set(norm)) != len(norm):
         raise RuntimeError("permute(): duplicate dims are not allowed.")
-    return apply(_O["permute"], (input,), {"dims": dims})
+    return apply(_O["permute"], (input,), {"dims": u64s(dims)})
 
 
 def expand(input, *sizes):
     sizes = _shape_arg(sizes)
     shape = tuple(input.shape)
     if len(sizes) < len(shape):
-        raise RuntimeError(f"expand(symgrad.{input.dtype.name}{{{list(shape)}}}, size={list(sizes)}): "
-                           "the number of sizes provided "
+        raise RuntimeError(f"expand(symgrad.{input.dtype.name}{{{list(shape)}}}, "
+                           f"size={list(sizes)}): the number of sizes provided "
                            f"({len(sizes)}) must be greater or equal to the number of "
                            f"dimensions in the tensor ({len(shape)})")
     lead = len(sizes) - len(shape)
@@ -272,19 +327,17 @@ def expand(input, *sizes):
 
 
 def unsqueeze(input, dim):
-    return apply(_O["unsqueeze"], (input,), {"dim": _wrap_dim(dim, input.ndim + 1)})
+    _wrap_dim(dim, input.ndim + 1)
+    return apply(_O["unsqueeze"], (input,), {"dim": u64(dim)})
 
 
 def squeeze(input, dim=None):
     if dim is None:
-        out = input
-        for d in reversed(range(input.ndim)):
-            if input.shape[d] == 1:
-                out = apply(_O["squeeze"], (out,), {"dim": d})
-        return out
-    if input.ndim == 0:
-        return apply(_O["squeeze"], (input,), {"dim": 0})
-    return apply(_O["squeeze"], (input,), {"dim": _wrap_dim(dim, input.ndim)})
+        return apply(_O["squeeze_all"], (input,))
+    if isinstance(dim, (tuple, list)):
+        return apply(_O["squeeze_dims"], (input,), {"dim": _raw_dims(tuple(dim), input.ndim)})
+    _wrap_dim(dim, input.ndim)
+    return apply(_O["squeeze"], (input,), {"dim": u64(dim)})
 
 
 def sum_to_size(input, *size):
@@ -309,11 +362,29 @@ def to_dtype(input, dtype):
 
 
 def to_device(input, device):
+    """Copy ``input`` to ``device``; recorded as ToCopyBackward0 (as torch) when it needs grad."""
+    from .backends import backend_for
+    from .device import CPU
+
     if device.type == "cuda":
         from .cuda import _require_cuda
 
-        _require_cuda()
-    raise RuntimeError(f"moving tensors to {device} is not supported yet")
+        device = _require_cuda(device)
+    else:
+        device = CPU
+    if input._device == device:
+        return input
+    host = backend_for(input._device.type).to_host(input._data)
+    out = Tensor._wrap(backend_for(device.type).from_host(host), device)
+    if input._requires_grad:
+        from .autograd import function as _fn
+        from .autograd.grad_mode import _state
+
+        if _state.enabled:
+            _fn._T()
+            _fn._record(_O["to_cuda" if device.type == "cuda" else "to_cpu"], (input,), {},
+                        [out])
+    return out
 
 
 # -- matrix products -------------------------------------------------------------------------
@@ -340,10 +411,10 @@ def dot(input, other):
         raise RuntimeError(f"1D tensors expected, but got {input.ndim}D and {other.ndim}D "
                            "tensors")
     if input.shape[0] != other.shape[0]:
-        raise RuntimeError("inconsistent tensor size, expected tensor [%d] and src [%d] to have "
-                           "the same number of elements, but got %d and %d elements "
-                           "respectively" % (input.shape[0], other.shape[0], input.shape[0],
-                                             other.shape[0]))
+        n, m = input.shape[0], other.shape[0]
+        raise RuntimeError(f"inconsistent tensor size, expected tensor [{n}] and src [{m}] to "
+                           f"have the same number of elements, but got {n} and {m} elements "
+                           "respectively")
     return apply(_O["dot"], (input, other))
 
 
@@ -369,8 +440,323 @@ def matmul(input, other):
     return _batched_matmul(input, other)
 
 
-def _batched_matmul(input, other):
-    raise RuntimeError("batched matmul (bmm) is not supported yet")
+def bmm(input, mat2):
+    for name, x in (("batch1", input), ("batch2", mat2)):
+        if not isinstance(x, Tensor):
+            raise TypeError(f"bmm(): argument '{name}' must be Tensor, not {type(x).__name__}")
+        if x.ndim != 3:
+            raise RuntimeError(f"{name} must be a 3D tensor")
+    b, _, m = input.shape
+    if tuple(mat2.shape[:2]) != (b, m):
+        raise RuntimeError("Expected size for first two dimensions of batch2 tensor to be: "
+                           f"[{b}, {m}] but got: [{mat2.shape[0]}, {mat2.shape[1]}].")
+    return apply(_O["bmm"], (input, mat2))
+
+
+def _mT(x):
+    return transpose(x, -2, -1)
+
+
+def _should_fold(t1, t2) -> bool:
+    """PyTorch's should_fold: run >=3-D @ <=2-D as one mm/mv on a folded view."""
+    larger = t1.ndim >= t2.ndim
+    big = t1 if larger else t2
+    import builtins
+
+    dim_big, dim_small = builtins.max(t1.ndim, t2.ndim), builtins.min(t1.ndim, t2.ndim)
+    if not (dim_big >= 3 and dim_small <= 2):
+        return False
+    if (t2 if larger else t1).requires_grad:
+        return True
+    if t1.ndim == 2:
+        return False
+    if big.numel() == 0:
+        return True
+    shape, stride = list(big.shape), list(big.stride())
+    if not larger:  # big is t2.mT
+        shape[-2:], stride[-2:] = shape[-2:][::-1], stride[-2:][::-1]
+    return all(stride[i] == stride[i + 1] * shape[i + 1] for i in range(dim_big - 2))
+
+
+def _batched_matmul(t1, t2):
+    """PyTorch's matmul for >=3-D operands: fold into mm/mv, or expand + bmm."""
+    import math
+
+    if _should_fold(t1, t2):
+        swap = t2.ndim > t1.ndim
+        a = _mT(t2) if swap else t1
+        b = (t(t1) if t1.ndim == 2 else t1) if swap else t2
+        out_shape = tuple(a.shape[:-1])
+        if b.ndim == 2:
+            out_shape += (b.shape[1],)
+        folded = reshape(a, (math.prod(a.shape[:-1]), a.shape[-1]))
+        if b.ndim == 2:
+            out = _unsafe_view(mm(folded, b), out_shape)
+            return contiguous(_mT(out)) if swap else out
+        if folded.shape[1] != b.shape[0]:
+            raise RuntimeError(f"size mismatch, got input ({folded.shape[0]}), mat "
+                               f"({folded.shape[0]}x{folded.shape[1]}), vec ({b.shape[0]})")
+        return _unsafe_view(mv(folded, b), out_shape)
+    n = t1.shape[-2] if t1.ndim > 1 else 1
+    m1 = t1.shape[-1]
+    batch1 = tuple(t1.shape[:t1.ndim - 2 if t1.ndim > 2 else 0])
+    m2 = t2.shape[-2] if t2.ndim > 1 else t2.shape[0]
+    p = t2.shape[-1] if t2.ndim > 1 else 1
+    batch2 = tuple(t2.shape[:t2.ndim - 2 if t2.ndim > 2 else 0])
+    if t1.ndim == 3 and t2.ndim == 3 and batch1[0] != batch2[0]:
+        if batch1[0] == 1 and t1.requires_grad:
+            return matmul(squeeze(t1, 0), t2)
+        if batch2[0] == 1 and t2.requires_grad:
+            return matmul(t1, squeeze(t2, 0))
+    import numpy as np
+
+    try:
+        out_shape = tuple(np.broadcast_shapes(batch1, batch2))
+    except ValueError:
+        nd = len(batch1) if len(batch1) > len(batch2) else len(batch2)
+        for i in range(1, nd + 1):
+            da = batch1[-i] if i <= len(batch1) else 1
+            db = batch2[-i] if i <= len(batch2) else 1
+            if da != db and 1 not in (da, db):
+                raise RuntimeError(f"The size of tensor a ({da}) must match the size of tensor "
+                                   f"b ({db}) at non-singleton dimension "
+                                   f"{nd - i}") from None
+        raise
+    nb = math.prod(out_shape)
+    if m1 != m2:
+        raise RuntimeError("Expected size for first two dimensions of batch2 tensor to be: "
+                           f"[{nb}, {m1}] but got: [{nb}, {m2}].")
+    a = reshape(expand(t1, out_shape + (n, m1)), (nb, n, m1))
+    if t2.ndim == 1:
+        b = unsqueeze(reshape(expand(t2, out_shape + (m2,)), (nb, m2)), 2)
+    else:
+        b = reshape(expand(t2, out_shape + (m2, p)), (nb, m2, p))
+    full = out_shape + ((n,) if t1.ndim > 1 else ()) + ((p,) if t2.ndim > 1 else ())
+    out = bmm(a, b)
+    if t2.ndim == 1:
+        out = squeeze(out, -1)
+    return _unsafe_view(out, full)
+
+
+# -- max / min / argmax / clamp --------------------------------------------------------------
+def _minmax(name, input, dim, keepdim):
+    from . import return_types
+
+    if isinstance(dim, Tensor):
+        return (maximum if name == "max" else minimum)(input, dim)
+    if dim is None:
+        if input.numel() == 0:
+            raise RuntimeError(f"{name}(): Expected reduction dim to be specified for "
+                               "input.numel() == 0. Specify the reduction dim with the 'dim' "
+                               "argument.")
+        return apply(_O[name], (input,))
+    d = _wrap_dim(dim, input.ndim)
+    if input.ndim and input.shape[d] == 0:
+        raise IndexError(f"{name}(): Expected reduction dim {d} to have non-zero size.")
+    values, indices = apply(_O[name + "_dim"], (input,), {"dim": u64(dim),
+                                                        "keepdim": bool(keepdim)})
+    return getattr(return_types, name)(values, indices)
+
+
+def max(input, dim=None, keepdim=False):  # noqa: A001
+    """``max()``, ``max(dim)`` -> (values, indices), or ``max(other)`` = ``maximum``."""
+    return _minmax("max", input, dim, keepdim)
+
+
+def min(input, dim=None, keepdim=False):  # noqa: A001
+    """``min()``, ``min(dim)`` -> (values, indices), or ``min(other)`` = ``minimum``."""
+    return _minmax("min", input, dim, keepdim)
+
+
+def _arg(name, input, dim, keepdim):
+    if dim is None:
+        if input.numel() == 0:
+            raise IndexError(f"{name}(): Expected reduction dim to be specified for "
+                             "input.numel() == 0.")
+    else:
+        d = _wrap_dim(dim, input.ndim)
+        if input.ndim and input.shape[d] == 0:
+            raise IndexError(f"{name}(): Expected reduction dim {d} to have non-zero size.")
+        if input.ndim == 0:
+            dim = None
+    return apply(_O[name], (input,), {"dim": None if dim is None else u64(dim),
+                                      "keepdim": bool(keepdim), "dtype": _dt.int64})
+
+
+def argmax(input, dim=None, keepdim=False):
+    return _arg("argmax", input, dim, keepdim)
+
+
+def argmin(input, dim=None, keepdim=False):
+    return _arg("argmin", input, dim, keepdim)
+
+
+def maximum(input, other):
+    if not isinstance(input, Tensor) or not isinstance(other, Tensor):
+        raise TypeError("maximum(): argument 'other' must be Tensor")
+    return apply(_O["maximum"], (input, other))
+
+
+def minimum(input, other):
+    if not isinstance(input, Tensor) or not isinstance(other, Tensor):
+        raise TypeError("minimum(): argument 'other' must be Tensor")
+    return apply(_O["minimum"], (input, other))
+
+
+def clamp(input, min=None, max=None):  # noqa: A002
+    """ClampBackward1 with number bounds, ClampBackward0 with tensor bounds (as in torch)."""
+    if min is None and max is None:
+        raise RuntimeError("torch.clamp: At least one of 'min' or 'max' must not be None")
+    if isinstance(min, Tensor) or isinstance(max, Tensor):
+        if max is None:
+            return apply(_O["clamp_tensor_min"], (input, min, None), {"max": None})
+        if min is None:
+            return apply(_O["clamp_tensor_max"], (input, None, max), {"min": None})
+        lo = min if isinstance(min, Tensor) else _full_like_scalar(min, input)
+        hi = max if isinstance(max, Tensor) else _full_like_scalar(max, input)
+        return apply(_O["clamp_tensor"], (input, lo, hi))
+    min = None if min is None else _check_number(min, "clamp")
+    max = None if max is None else _check_number(max, "clamp")
+    if not input.dtype.is_floating_point and any(isinstance(v, float) for v in (min, max)):
+        input = to_dtype(input, _dt.default_float())
+    return apply(_O["clamp"], (input,), {"min": min, "max": max})
+
+
+def clamp_min(input, min):  # noqa: A002
+    if isinstance(min, Tensor):
+        return clamp(input, min=min)
+    return apply(_O["clamp_min"], (input,), {"min": _check_number(min, "clamp_min")})
+
+
+def clamp_max(input, max):  # noqa: A002
+    if isinstance(max, Tensor):
+        return clamp(input, max=max)
+    return apply(_O["clamp_max"], (input,), {"max": _check_number(max, "clamp_max")})
+
+
+# -- softmax family --------------------------------------------------------------------------
+def _softmax_like(name, input, dim, dtype):
+    if dim is None:
+        import warnings
+
+        dim = 0 if input.ndim in (0, 1, 3) else 1
+        warnings.warn(f"Implicit dimension choice for {name} has been deprecated. Change the "
+                      "call to include dim=X as an argument.", UserWarning, stacklevel=3)
+    if dtype is not None:
+        input = to_dtype(input, _dt.as_dtype(dtype))
+    if not input.dtype.is_floating_point:
+        raise NotImplementedError(f'"{name}_lastdim_kernel_impl" not implemented for '
+                                  f"'{input.dtype.name.capitalize().replace('Int64', 'Long')}'")
+    _wrap_dim(dim, input.ndim)
+    return apply(_O[name], (input,), {"dim": u64(dim)})
+
+
+def softmax(input, dim=None, dtype=None):
+    return _softmax_like("softmax", input, dim, dtype)
+
+
+def log_softmax(input, dim=None, dtype=None):
+    return _softmax_like("log_softmax", input, dim, dtype)
+
+
+def logsumexp(input, dim, keepdim=False):
+    return apply(_O["logsumexp"], (input,), {"dim": _raw_dims(dim, input.ndim),
+                                             "keepdim": bool(keepdim)})
+
+
+# -- joining and slicing ---------------------------------------------------------------------
+def _tensor_list(tensors, name):
+    if isinstance(tensors, Tensor) or not isinstance(tensors, (list, tuple)):
+        raise TypeError(f"{name}(): argument 'tensors' (position 1) must be tuple of Tensors, "
+                        f"not {type(tensors).__name__}")
+    for i, x in enumerate(tensors):
+        if not isinstance(x, Tensor):
+            raise TypeError(f"expected Tensor as element {i} in argument 0, but got "
+                            f"{type(x).__name__}")
+    return list(tensors)
+
+
+def cat(tensors, dim=0):
+    """torch.cat; 1-D empty tensors are skipped (PyTorch's legacy rule)."""
+    from .ops.shape import list_spec
+
+    tensors = _tensor_list(tensors, "cat")
+    if not tensors:
+        raise ValueError("torch.cat(): expected a non-empty list of Tensors")
+    kept = [x for x in tensors if tuple(x.shape) != (0,)]
+    ref = kept[0] if kept else tensors[0]
+    if ref.ndim == 0:
+        raise RuntimeError("zero-dimensional tensor (at position 0) cannot be concatenated")
+    d = _wrap_dim(dim, ref.ndim)
+    for i, x in enumerate(tensors):
+        if tuple(x.shape) == (0,) and kept:
+            continue
+        if x.ndim != ref.ndim:
+            raise RuntimeError(f"Tensors must have same number of dimensions: got {ref.ndim} "
+                               f"and {x.ndim}")
+        for k in range(ref.ndim):
+            if k != d and x.shape[k] != ref.shape[k]:
+                raise RuntimeError(f"Sizes of tensors must match except in dimension {d}. "
+                                   f"Expected size {ref.shape[k]} but got size {x.shape[k]} for "
+                                   f"tensor number {i} in the list.")
+    sizes = tuple(None if (tuple(x.shape) == (0,) and kept) else x.shape[d] for x in tensors)
+    return apply(list_spec("cat", len(tensors)), tuple(tensors), {"dim": u64(dim),
+                                                                  "_sizes": sizes})
+
+
+def stack(tensors, dim=0):
+    from .ops.shape import list_spec
+
+    tensors = _tensor_list(tensors, "stack")
+    if not tensors:
+        raise RuntimeError("stack expects a non-empty TensorList")
+    for i, x in enumerate(tensors[1:], 1):
+        if x.shape != tensors[0].shape:
+            raise RuntimeError(f"stack expects each tensor to be equal size, but got "
+                               f"{list(tensors[0].shape)} at entry 0 and {list(x.shape)} at "
+                               f"entry {i}")
+    _wrap_dim(dim, tensors[0].ndim + 1)
+    return apply(list_spec("stack", len(tensors)), tuple(tensors), {"dim": u64(dim)})
+
+
+def select(input, dim, index):
+    from .ops.indexing import select as _select
+
+    if input.ndim == 0:
+        raise IndexError("select() cannot be applied to a 0-dim tensor.")
+    d = _wrap_dim(dim, input.ndim)
+    size = input.shape[d]
+    if not -size <= index < size:
+        raise IndexError(f"select(): index {index} out of range for tensor of size "
+                         f"{list(input.shape)} at dimension {d}")
+    return _select(input, u64(dim), u64(index))
+
+
+def narrow(input, dim, start, length):
+    from .ops.indexing import slice_
+
+    d = _wrap_dim(dim, input.ndim)
+    size = input.shape[d]
+    if not -size <= start <= size:
+        raise IndexError(f"start out of range (expected to be in range of [{-size}, {size}], "
+                         f"but got {start})")
+    start = start % size if start < 0 else start
+    if length < 0 or start + length > size:
+        raise RuntimeError(f"start ({start}) + length ({length}) exceeds dimension size "
+                           f"({size}).")
+    return slice_(input, u64(d), u64(start), u64(start + length), 1)
+
+
+def _getitem(self, index):
+    from .indexing import getitem
+
+    return getitem(self, index)
+
+
+def _setitem(self, index, value):
+    from .indexing import setitem
+
+    setitem(self, index, value)
 
 
 # -- Tensor methods and operators ------------------------------------------------------------
@@ -380,6 +766,9 @@ def _install_tensor_methods() -> None:
                  "cos", "tanh", "sigmoid", "relu", "sqrt", "abs", "sign", "sum", "mean",
                  "reshape", "view", "flatten", "t", "transpose", "permute", "expand",
                  "unsqueeze", "squeeze", "sum_to_size", "clone", "mm", "mv", "dot", "matmul",
+                 "bmm", "contiguous", "max", "min", "argmax", "argmin", "maximum", "minimum",
+                 "clamp", "clamp_min", "clamp_max", "softmax", "log_softmax", "logsumexp",
+                 "select", "narrow",
                  "gt", "ge", "lt", "le", "eq", "ne", "logical_not", "logical_or",
                  "logical_and"):
         setattr(T, name, globals()[name])
@@ -411,6 +800,10 @@ def _install_tensor_methods() -> None:
     T.view_as = lambda self, other: view(self, other.shape)
     T.reshape_as = lambda self, other: reshape(self, other.shape)
     T.where = lambda self, condition, other: where(condition, self, other)
+    T.__getitem__ = _getitem
+    T.__setitem__ = _setitem
+    T.clip = T.clamp
+    T.mT = property(_mT)
     T.addcmul = addcmul
 
 

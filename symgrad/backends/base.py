@@ -19,7 +19,7 @@ ELEMENTWISE_BINARY = ("add", "sub", "mul", "div", "pow", "gt", "ge", "lt", "le",
                       "maximum", "minimum", "logical_or", "logical_and")
 STRUCTURAL = ("sum", "mean", "amax", "amin", "argmax", "argmin", "matmul", "reshape",
               "transpose", "broadcast_to", "getitem", "setitem", "where", "cast", "copy",
-              "concatenate", "stack", "full", "arange", "from_host", "to_host")
+              "index_put", "concatenate", "stack", "full", "arange", "from_host", "to_host")
 KERNELS = ELEMENTWISE_UNARY + ELEMENTWISE_BINARY + STRUCTURAL
 
 

@@ -124,6 +124,21 @@ class NumpyBackend:
         x[index] = value
 
     @staticmethod
+    def index_put(x, index, values, accumulate=False):
+        """``x[index] = values`` (or ``+=`` with repeats adding up); returns ``x``."""
+        if accumulate:
+            flat = []
+            for i in index:  # np.add.at wants integer arrays: masks become their nonzeros
+                if isinstance(i, np.ndarray) and i.dtype == np.bool_:
+                    flat.extend(np.nonzero(i))
+                else:
+                    flat.append(i)
+            np.add.at(x, tuple(flat), values)
+        else:
+            x[index] = values
+        return x
+
+    @staticmethod
     def where(cond, a, b):
         return np.where(cond, a, b)
 

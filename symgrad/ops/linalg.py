@@ -19,3 +19,8 @@ register(OpSpec(
     "dot", "DotBackward0", ("self", "tensor"), lambda be, self, tensor: be.matmul(self, tensor),
     {"self": lambda grad, tensor: grad * tensor, "tensor": lambda grad, self: grad * self},
     STRUCTURAL, dtype_rule="same_required"))
+register(OpSpec(
+    "bmm", "BmmBackward0", ("self", "mat2"), lambda be, self, mat2: be.matmul(self, mat2),
+    {"self": lambda grad, mat2: grad.bmm(mat2.transpose(1, 2)),
+     "mat2": lambda grad, self: self.transpose(1, 2).bmm(grad)},
+    STRUCTURAL, dtype_rule="same_required"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ._ints import norm, norms, s64
 from .registry import register
 from .spec import STRUCTURAL, OpSpec
 
@@ -18,7 +19,7 @@ def _unsqueeze_to(grad, dim, self_sym_sizes):
     sizes = tuple(self_sym_sizes)
     if not sizes:
         return grad.reshape(())
-    d = dim % len(sizes)
+    d = norm(dim, len(sizes))
     return grad.unsqueeze(d) if sizes[d] == 1 else grad
 
 
@@ -32,13 +33,14 @@ register(OpSpec(
     {"self": lambda grad: grad.t()}, STRUCTURAL, dtype_rule="same", view=True))
 register(OpSpec(
     "transpose", "TransposeBackward0", ("self",),
-    lambda be, self, dim0, dim1: be.transpose(self, _swap(self.ndim, dim0, dim1)),
-    {"self": lambda grad, dim0, dim1: grad.transpose(dim0, dim1)},
+    lambda be, self, dim0, dim1: be.transpose(
+        self, _swap(self.ndim, norm(dim0, self.ndim), norm(dim1, self.ndim))),
+    {"self": lambda grad, dim0, dim1: grad.transpose(s64(dim0), s64(dim1))},
     STRUCTURAL, dtype_rule="same", view=True))
 register(OpSpec(
     "permute", "PermuteBackward0", ("self",),
-    lambda be, self, dims: be.transpose(self, tuple(d % self.ndim for d in dims)),
-    {"self": lambda grad, dims: grad.permute(_inverse([d % len(dims) for d in dims]))},
+    lambda be, self, dims: be.transpose(self, norms(dims, self.ndim)),
+    {"self": lambda grad, dims: grad.permute(_inverse(norms(dims, len(dims))))},
     STRUCTURAL, dtype_rule="same", view=True))
 register(OpSpec(
     "expand", "ExpandBackward0", ("self",), lambda be, self, size: be.broadcast_to(self, size),
@@ -46,8 +48,9 @@ register(OpSpec(
     STRUCTURAL, dtype_rule="same", view=True))
 register(OpSpec(
     "unsqueeze", "UnsqueezeBackward0", ("self",),
-    lambda be, self, dim: be.reshape(self, self.shape[:dim] + (1,) + self.shape[dim:]),
-    {"self": lambda grad, dim: grad.squeeze(dim)}, STRUCTURAL, dtype_rule="same", view=True))
+    lambda be, self, dim: be.reshape(self, _unsqueezed(self.shape, norm(dim, self.ndim + 1))),
+    {"self": lambda grad, dim: grad.squeeze(norm(dim, grad.ndim))}, STRUCTURAL, dtype_rule="same",
+    view=True))
 register(OpSpec(
     "squeeze", "SqueezeBackward1", ("self",),
     lambda be, self, dim: be.reshape(self, _squeezed(self.shape, dim)),
@@ -59,6 +62,32 @@ register(OpSpec(
     {"self": lambda grad, dim, self_sym_sizes: _unsqueeze_to(grad, dim, self_sym_sizes)},
     STRUCTURAL, dtype_rule="same", view=True,
     doc="In-place squeeze; PyTorch's 1-D @ 2-D matmul ends with it."))
+register(OpSpec(
+    "squeeze_all", "SqueezeBackward0", ("self",),
+    lambda be, self: be.reshape(self, tuple(s for s in self.shape if s != 1)),
+    {"self": lambda grad, self_sym_sizes: grad.reshape(self_sym_sizes)},
+    STRUCTURAL, dtype_rule="same", view=True, doc="``squeeze()`` with no dim."))
+register(OpSpec(
+    "squeeze_dims", "SqueezeBackward2", ("self",),
+    lambda be, self, dim: be.reshape(self, _squeezed_all(self.shape, dim)),
+    {"self": lambda grad, dim, self_sym_sizes: grad.reshape(self_sym_sizes)},
+    STRUCTURAL, dtype_rule="same", view=True, doc="``squeeze((d0, d1, ...))``."))
+register(OpSpec(
+    "alias", "AliasBackward0", ("self",), lambda be, self: be.reshape(self, self.shape),
+    {"self": lambda grad: grad}, STRUCTURAL, dtype_rule="same", view=True,
+    doc="``x[...]`` and ``x[:, :]``: a new tensor over the same data."))
+register(OpSpec(
+    "reshape_alias", "ReshapeAliasBackward0", ("self",),
+    lambda be, self, size: be.reshape(self, size),
+    {"self": lambda grad, self_sym_sizes: grad.reshape(self_sym_sizes)},
+    STRUCTURAL, dtype_rule="same", view=True,
+    doc="reshape of a non-contiguous tensor whose strides allow a view."))
+register(OpSpec(
+    "unsafe_view", "UnsafeViewBackward0", ("self",),
+    lambda be, self, size: be.reshape(self, size),
+    {"self": lambda grad, self_sym_sizes: grad.reshape(self_sym_sizes)},
+    STRUCTURAL, dtype_rule="same", view=True,
+    doc="reshape of a fresh contiguous copy (reshape of a non-viewable tensor, batched @)."))
 register(OpSpec(
     "clone", "CloneBackward0", ("self",), lambda be, self: be.copy(self),
     {"self": lambda grad: grad}, STRUCTURAL, dtype_rule="same"))
@@ -78,5 +107,14 @@ def _swap(ndim, dim0, dim1):
 def _squeezed(shape, dim):
     if not shape:
         return shape
-    d = dim % len(shape)
+    d = norm(dim, len(shape))
     return shape[:d] + shape[d + 1:] if shape[d] == 1 else shape
+
+
+def _squeezed_all(shape, dims):
+    ds = set(norms(dims, len(shape)))
+    return tuple(s for i, s in enumerate(shape) if not (i in ds and s == 1))
+
+
+def _unsqueezed(shape, d):
+    return shape[:d] + (1,) + shape[d:]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ._ints import norms
 from .registry import register
 from .spec import STRUCTURAL, OpSpec
 
@@ -11,7 +12,7 @@ def _keepdim_shape(sizes, dims):
 
 
 def _normalized(dim, ndim):
-    return tuple(d % max(ndim, 1) for d in dim)
+    return norms(dim, ndim)
 
 
 def sum_backward(grad, self_sym_sizes, dim=None, keepdim=True):
@@ -35,7 +36,7 @@ register(OpSpec(
     STRUCTURAL, dtype_rule="sum"))
 register(OpSpec(
     "sum_dim", "SumBackward1", ("self",),
-    lambda be, self, dim, keepdim, dtype=None: be.sum(self, dim, keepdim, dtype),
+    lambda be, self, dim, keepdim, dtype=None: be.sum(self, norms(dim, self.ndim), keepdim, dtype),
     {"self": lambda grad, dim, keepdim, self_sym_sizes:
         sum_backward(grad, self_sym_sizes, dim, keepdim)},
     STRUCTURAL, dtype_rule="sum"))
@@ -47,7 +48,7 @@ register(OpSpec(
     STRUCTURAL, dtype_rule="float_only"))
 register(OpSpec(
     "mean_dim", "MeanBackward1", ("self",),
-    lambda be, self, dim, keepdim: be.mean(self, dim, keepdim),
+    lambda be, self, dim, keepdim: be.mean(self, norms(dim, self.ndim), keepdim),
     {"self": lambda grad, dim, keepdim, self_sym_numel, self_sym_sizes:
         sum_backward(grad, self_sym_sizes, dim, keepdim) / _count(self_sym_sizes, dim)},
     STRUCTURAL, dtype_rule="float_only"))

@@ -65,7 +65,9 @@ class OpSpec:
         names: set[str] = set()
         for params in self.formula_params.values():
             names.update(params)
-        self.saved = tuple(sorted(names))
+        # A leading underscore marks a value a formula needs that PyTorch keeps but does
+        # not expose (cat's input sizes, setitem's region): saved, but no ``_saved_*``.
+        self.saved = tuple(sorted(n for n in names if not n.startswith("_")))
 
     @property
     def differentiable(self) -> bool:

@@ -1,0 +1,365 @@
+"""``Tensor.__getitem__`` / ``__setitem__``, decomposed exactly as PyTorch does it.
+
+Getting: a plain int is ``select``, a plain slice ``slice``, None ``unsqueeze``, ``...``
+an alias; in a tuple, full slices are skipped, then any index tensors (lists, masks,
+int tensors) go to one ``index`` op. Setting writes into the tensor's data (version +1)
+and, when a graph is recorded, makes the target's grad_fn ``CopySlices`` (part of it
+assigned), ``CopyBackwards`` (all of it) or ``IndexPutBackward0`` (index tensors on the
+whole tensor), whose first edge is the target's old grad_fn: the tensor object is the
+same, only its place in the graph moves, as in PyTorch. Every index is checked here, so
+no kernel ever sees an out-of-range one.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import numpy as np
+
+from . import dtypes as _dt
+from .autograd.grad_mode import _state
+from .ops import indexing as _ix
+from .ops._ints import INT64_MAX, u64
+from .tensor import Tensor
+
+__all__ = ["getitem", "setitem"]
+
+_BAD_INDEX = ("only integers, slices (`:`), ellipsis (`...`), None and long or byte Variables "
+              "are valid indices (got {})")
+
+
+def _treat_as_tuple(index) -> bool:
+    """PyTorch's treatSequenceAsTuple: a list holding slices, None, ... or sequences."""
+    if isinstance(index, tuple):
+        return True
+    if not isinstance(index, list) or len(index) >= 32:
+        return False
+    return any(i is None or i is Ellipsis or isinstance(i, (slice, list, tuple, Tensor,
+                                                            np.ndarray)) for i in index)
+
+
+def _item(i):
+    """One index element in canonical form: bool, int, slice, None, Ellipsis or Tensor."""
+    if i is None or i is Ellipsis or isinstance(i, slice):
+        return i
+    if isinstance(i, (bool, np.bool_)):
+        return bool(i)
+    if isinstance(i, (int, np.integer)):
+        return int(i)
+    if isinstance(i, Tensor):
+        if i.dtype not in (_dt.int64, _dt.bool_):
+            raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
+        return i
+    if isinstance(i, (list, np.ndarray)):
+        from .tensor import tensor
+
+        a = np.asarray(i)
+        if a.size == 0 and a.dtype.kind not in "bi":
+            a = a.astype(np.int64)
+        if a.dtype.kind not in "biu":
+            raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
+        return tensor(a.astype(np.bool_ if a.dtype.kind == "b" else np.int64))
+    raise IndexError(_BAD_INDEX.format(type(i).__name__))
+
+
+def _items(index):
+    return tuple(_item(i) for i in (index if _treat_as_tuple(index) else (index,)))
+
+
+def _consumed(item) -> int:
+    if isinstance(item, Tensor):
+        if item.dtype is _dt.bool_:
+            return item.ndim
+        return 1
+    if isinstance(item, (int, slice)) and not isinstance(item, bool):
+        return 1
+    return 0
+
+
+def _check_count(items, ndim: int) -> int:
+    specified = sum(_consumed(i) for i in items)
+    if sum(i is Ellipsis for i in items) > 1:
+        raise IndexError("an index can only have a single ellipsis ('...')")
+    if specified > ndim:
+        raise IndexError(f"too many indices for tensor of dimension {ndim}")
+    return specified
+
+
+def _slice_args(s: slice, length: int, optimize: bool):
+    """(start, end, step) as torch's slice saves them, or None for a skipped full slice."""
+    step = 1 if s.step is None else operator.index(s.step)
+    if step <= 0:
+        raise ValueError("step must be greater than zero")
+    start = 0 if s.start is None else operator.index(s.start)
+    end = INT64_MAX if s.stop is None else operator.index(s.stop)
+    if optimize and start == 0 and step == 1 and end >= length:
+        return None
+    return start, end, step
+
+
+def _check_int(i: int, size: int, dim: int) -> None:
+    if not -size <= i < size:
+        raise IndexError(f"index {i} is out of bounds for dimension {dim} with size {size}")
+
+
+def _bool_index(value: bool) -> Tensor:
+    from .tensor import tensor
+
+    return tensor([0] if value else [], dtype=_dt.int64)
+
+
+def _record_index(adv: list, dim: int, t: Tensor) -> None:
+    adv.extend([None] * (dim + 1 - len(adv)))
+    adv[dim] = t
+
+
+def _check_indices(shape, adv) -> None:
+    """Bounds, mask shapes and broadcastability of index tensors against ``shape``."""
+    dim = 0
+    shapes = []
+    for t in adv:
+        if t is None:
+            dim += 1
+            continue
+        a = t._data
+        if t.dtype is _dt.bool_:
+            for k in range(a.ndim):
+                if dim + k >= len(shape) or a.shape[k] != shape[dim + k]:
+                    raise IndexError(
+                        f"The shape of the mask {list(a.shape)} at index {k} does not match the "
+                        f"shape of the indexed tensor {list(shape)} at index {dim + k}")
+            shapes.append((int(a.sum()),))
+            dim += a.ndim
+            continue
+        size = shape[dim]
+        if a.size:
+            lo, hi = int(a.min()), int(a.max())
+            bad = hi if hi >= size else lo if lo < -size else None
+            if bad is not None:
+                raise IndexError(f"index {bad} is out of bounds for dimension {dim} with size "
+                                 f"{size}")
+        shapes.append(a.shape)
+        dim += 1
+    try:
+        np.broadcast_shapes(*shapes)
+    except ValueError:
+        raise IndexError("shape mismatch: indexing tensors could not be broadcast together "
+                         "with shapes " + ", ".join(str(list(s)) for s in shapes)) from None
+
+
+# -- getting -----------------------------------------------------------------------------------
+def _select(x: Tensor, dim: int, i: int) -> Tensor:
+    if x.ndim == 0:
+        raise IndexError("invalid index of a 0-dim tensor. Use `tensor.item()` in Python or "
+                         "`tensor.item<T>()` in C++ to convert a 0-dim tensor to a number")
+    _check_int(i, x.shape[dim], dim)
+    return _ix.select(x, u64(dim), u64(i))
+
+
+def _slice(x: Tensor, dim: int, s: slice, optimize: bool) -> Tensor:
+    if x.ndim == 0:
+        raise IndexError("slice() cannot be applied to a 0-dim tensor.")
+    args = _slice_args(s, x.shape[dim], optimize)
+    if args is None:
+        return x
+    start, end, step = args
+    return _ix.slice_(x, u64(dim), u64(start), u64(end), step)
+
+
+def getitem(x: Tensor, index) -> Tensor:
+    """``x[index]`` with PyTorch's decomposition and errors."""
+    from .functional import unsqueeze
+
+    if not _treat_as_tuple(index):
+        i = _item(index)
+        if i is None:
+            return unsqueeze(x, 0)
+        if i is Ellipsis:
+            return _ix._apply("alias", (x,), {})
+        if isinstance(i, int) and not isinstance(i, bool):
+            return _select(x, 0, i)
+        if isinstance(i, slice):
+            return _slice(x, 0, i, optimize=False)
+        items = (i,)
+    else:
+        items = _items(index)
+    specified = _check_count(items, x.ndim)
+    result, dim, adv = x, 0, []
+    for item in items:
+        if item is Ellipsis:
+            dim += x.ndim - specified
+        elif item is None:
+            result = unsqueeze(result, dim)
+            dim += 1
+        elif isinstance(item, bool):
+            result = unsqueeze(result, dim)
+            _record_index(adv, dim, _bool_index(item))
+            dim += 1
+        elif isinstance(item, int):
+            result = _select(result, dim, item)
+        elif isinstance(item, slice):
+            result = _slice(result, dim, item, optimize=True)
+            dim += 1
+        elif item.ndim == 0 and item.dtype is _dt.int64:
+            result = _select(result, dim, int(item.item()))
+        elif item.ndim == 0:  # a 0-dim bool tensor acts like a Python bool
+            result = unsqueeze(result, dim)
+            _record_index(adv, dim, _bool_index(bool(item.item())))
+            dim += 1
+        else:
+            _record_index(adv, dim, item)
+            dim += _consumed(item)
+    if not adv:
+        return _ix._apply("alias", (x,), {}) if result is x else result
+    _check_indices(tuple(result.shape), adv)
+    return _ix.index(result, adv)
+
+
+# -- setting -----------------------------------------------------------------------------------
+def _region(x: Tensor, items):
+    """(numpy basic index for x, index tensors or None, whether the basic part is all of x)."""
+    specified = _check_count(items, x.ndim)
+    basic: list = []
+    adv: list = []
+    src = dim = 0  # position in x's dims / in the basic view's dims
+    whole = True
+    for item in items:
+        if item is Ellipsis:
+            basic.append(Ellipsis)
+            n = x.ndim - specified
+            src += n
+            dim += n
+        elif item is None:
+            basic.append(None)
+            dim += 1
+            whole = False
+        elif isinstance(item, bool):
+            basic.append(None)
+            _record_index(adv, dim, _bool_index(item))
+            dim += 1
+            whole = False
+        elif isinstance(item, (int, Tensor)) and (not isinstance(item, Tensor) or (
+                item.ndim == 0 and item.dtype is _dt.int64)):
+            i = int(item) if not isinstance(item, Tensor) else int(item.item())
+            _check_int(i, x.shape[src], src)
+            basic.append(i)
+            src += 1
+            whole = False
+        elif isinstance(item, slice):
+            args = _slice_args(item, x.shape[src], optimize=True)
+            if args is None:
+                basic.append(slice(None))
+            else:
+                basic.append(slice(args[0], args[1], args[2]))
+                whole = False
+            src += 1
+            dim += 1
+        elif item.ndim == 0:  # 0-dim bool tensor
+            basic.append(None)
+            _record_index(adv, dim, _bool_index(bool(item.item())))
+            dim += 1
+            whole = False
+        else:
+            n = _consumed(item)
+            basic.extend([slice(None)] * n)
+            _record_index(adv, dim, item)
+            src += n
+            dim += n
+    return tuple(basic), (tuple(adv) if adv else None), whole
+
+
+def _strip_leading_ones(shape):
+    shape = tuple(shape)
+    i = 0
+    while i < len(shape) and shape[i] == 1:
+        i += 1
+    return shape[i:]
+
+
+def _check_not_view_of_graph(x: Tensor) -> None:
+    fn = x._grad_fn
+    spec = getattr(type(fn), "_spec", None)
+    if spec is None or not spec.view:
+        return
+    base = fn._input_refs[0]() if fn._input_refs else None
+    if isinstance(base, Tensor) and base._storage is x._storage and base._requires_grad:
+        raise RuntimeError(
+            "symgrad: assigning into a view of a tensor that is part of a graph "
+            f"(this tensor came from {fn.name()}) is not supported: its base would not see "
+            "the change. Index the base tensor directly (x[i, j] = v rather than x[i][j] = v), "
+            "or clone() the view first.")
+
+
+def setitem(x: Tensor, index, value) -> None:
+    """``x[index] = value``: writes x's data and, under autograd, rebases x's grad_fn."""
+    from .backends import backend_for
+    from .functional import expand, view
+
+    if index is False:
+        return  # PyTorch does nothing for x[False] = v
+    items = _items(index)
+    if isinstance(value, (list, np.ndarray)):
+        from .tensor import tensor
+
+        value = tensor(value, dtype=x.dtype, device=x.device)
+    elif not isinstance(value, Tensor):
+        if not isinstance(value, (bool, int, float, np.generic)):
+            raise TypeError(f"can't assign a {type(value).__name__} to a "
+                            f"symgrad.{x.dtype.name} tensor")
+        value = value.item() if isinstance(value, np.generic) else value
+    elif value._device != x._device:
+        raise RuntimeError(f"expected device {x.device} but got device {value.device}")
+
+    record = _state.enabled and (x._requires_grad or (
+        isinstance(value, Tensor) and value._requires_grad))
+    if _state.enabled and x._requires_grad and x._grad_fn is None:
+        raise RuntimeError("a leaf Variable that requires grad is being used in an in-place "
+                           "operation.")
+    if record and x._grad_fn is not None:
+        _check_not_view_of_graph(x)
+
+    basic, adv, whole = _region(x, items)
+    be = backend_for(x._device.type)
+    target = _ix.region_view(be, x._data, basic)
+    if not getattr(getattr(target, "flags", None), "writeable", True):
+        raise RuntimeError("unsupported operation: more than one element of the written-to "
+                           "tensor refers to a single memory location. Please clone() the "
+                           "tensor before performing the operation.")
+    src = value
+    if adv is None:
+        shape = tuple(target.shape)
+        if isinstance(value, Tensor) and tuple(value.shape) != shape and value.ndim:
+            src = expand(view(value, _strip_leading_ones(value.shape)), shape)
+        be.setitem(target, Ellipsis, src._data if isinstance(src, Tensor) else src)
+    else:
+        _check_indices(tuple(target.shape), adv)
+        if isinstance(value, Tensor):
+            stripped = _strip_leading_ones(value.shape)
+            if stripped != tuple(value.shape):
+                src = view(value, stripped)
+            result_shape = np.broadcast_to(np.empty((), np.bool_),
+                                           target.shape)[_ix.np_indices(adv)].shape
+            try:
+                np.broadcast_shapes(tuple(src.shape), result_shape)
+                if len(src.shape) > len(result_shape) or \
+                        np.broadcast_shapes(tuple(src.shape), result_shape) != result_shape:
+                    raise ValueError
+            except ValueError:
+                raise RuntimeError(f"shape mismatch: value tensor of shape {list(value.shape)} "
+                                   "cannot be broadcast to indexing result of shape "
+                                   f"{list(result_shape)}") from None
+        be.index_put(target, _ix.np_indices(adv),
+                     src._data if isinstance(src, Tensor) else src, False)
+    x._storage.version += 1
+    if not record:
+        return
+    from .autograd.function import _record
+    from .ops import OPS
+
+    if whole and adv is None:
+        spec, params = OPS["setitem_copy"], {}
+    elif whole:
+        spec, params = OPS["index_put"], {"indices": adv, "accumulate": False}
+    else:
+        spec, params = OPS["copy_slices"], {"_region": (basic, adv)}
+    _record(spec, (x, src), params, [x])

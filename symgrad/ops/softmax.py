@@ -1,0 +1,91 @@
+"""softmax, log_softmax and logsumexp, numerically stable.
+
+The forwards subtract the maximum before exponentiating, as PyTorch does, except on a
+symbolic backend (object arrays of SymPy expressions), where the plain formula is exact:
+so the forward replayed by the verifier *is* the op's meaning (STRUCTURAL).
+"""
+
+from __future__ import annotations
+
+from ._ints import norm, norms
+from .registry import register
+from .spec import STRUCTURAL, OpSpec
+
+
+def _symbolic(x) -> bool:
+    return getattr(getattr(x, "dtype", None), "kind", "") == "O"
+
+
+def _axis(x, dim):
+    return None if x.ndim == 0 else norm(dim, x.ndim)
+
+
+def _shifted(be, x, axis):
+    """``x - max(x)`` along ``axis`` (kept), or ``x`` where that is exact or impossible."""
+    if _symbolic(x) or x.size == 0:
+        return x
+    return be.sub(x, be.amax(x, axis, True))  # an infinite max gives NaN, as in torch
+
+
+def _softmax(be, self, dim):
+    ax = _axis(self, dim)
+    e = be.exp(_shifted(be, self, ax))
+    return be.div(e, be.sum(e, ax, True))
+
+
+def _log_softmax(be, self, dim):
+    ax = _axis(self, dim)
+    z = _shifted(be, self, ax)
+    return be.sub(z, be.log(be.sum(be.exp(z), ax, True)))
+
+
+def _logsumexp(be, self, dim, keepdim):
+    if self.ndim == 0:
+        return be.copy(self)
+    axes = norms(dim, self.ndim)
+    if _symbolic(self) or self.size == 0:
+        return be.log(be.sum(be.exp(self), axes, keepdim))
+    m = be.amax(self, axes, True)
+    # an infinite max is not subtracted (inf - inf would be NaN), as in torch
+    m = be.where(be.eq(be.abs(m), float("inf")), be.full(m.shape, 0, m.dtype), m)
+    out = be.add(be.log(be.sum(be.exp(be.sub(self, m)), axes, True)), m)
+    if not keepdim:
+        out = be.reshape(out, tuple(s for i, s in enumerate(out.shape) if i not in axes))
+    return out
+
+
+def softmax_backward(grad, result, dim):
+    if result.ndim == 0:
+        return grad * 0
+    d = norm(dim, result.ndim)
+    return (grad - (grad * result).sum(d, keepdim=True)) * result
+
+
+def log_softmax_backward(grad, result, dim):
+    if result.ndim == 0:
+        return grad * 0
+    d = norm(dim, result.ndim)
+    return grad - result.exp() * grad.sum(d, keepdim=True)
+
+
+def logsumexp_backward(grad, self, result, dim, keepdim):
+    if not keepdim and self.ndim:
+        for d in sorted(norms(dim, self.ndim)):
+            grad = grad.unsqueeze(d)
+            result = result.unsqueeze(d)
+    return grad * (self - result).exp()
+
+
+register(OpSpec(
+    "softmax", "SoftmaxBackward0", ("self",), _softmax,
+    {"self": lambda grad, dim, result: softmax_backward(grad, result, dim)},
+    STRUCTURAL, dtype_rule="same"))
+register(OpSpec(
+    "log_softmax", "LogSoftmaxBackward0", ("self",), _log_softmax,
+    {"self": lambda grad, dim, result: log_softmax_backward(grad, result, dim)},
+    STRUCTURAL, dtype_rule="same"))
+register(OpSpec(
+    "logsumexp", "LogsumexpBackward0", ("self",), _logsumexp,
+    {"self": lambda grad, dim, keepdim, result, self:
+        logsumexp_backward(grad, self, result, dim, keepdim)},
+    STRUCTURAL, dtype_rule="float"))
