@@ -430,6 +430,27 @@ class SympyBackend:
         x[index] = obj(value) if isinstance(value, np.ndarray) else value
 
     @staticmethod
+    def index_put(x, index, values, accumulate=False):
+        """``x[index] = values`` (``+=`` with repeated indices adding up); returns ``x``."""
+        x = obj(x) if x.dtype != object else x
+        if accumulate:
+            flat = []
+            for i in index:
+                if isinstance(i, np.ndarray) and i.dtype == np.bool_:
+                    flat.extend(np.nonzero(i))
+                else:
+                    flat.append(i)
+            np.add.at(x, tuple(flat), obj(values) if isinstance(values, np.ndarray) else values)
+        else:
+            x[index] = obj(values) if isinstance(values, np.ndarray) else values
+        return x
+
+    def addcmul(self, x, t1, t2, value=1):
+        self._probe(t1, t2, nonlinear_if=2)
+        prod = self.mul(t1, t2)
+        return self.add(x, prod if value == 1 else self.mul(prod, value))
+
+    @staticmethod
     def where(cond, a, b):
         return obj(np.where(np.asarray(cond, dtype=bool), obj(a), obj(b)))
 
@@ -508,12 +529,12 @@ class SympyBackend:
         from ..ops import OPS
 
         spec = OPS.get(name)
-        if spec is not None and callable(spec.sympy) and len(spec.inputs) <= 2:
+        if spec is not None and callable(spec.sympy):
             meaning, sp = spec.sympy, self.sp
-            fn = np.frompyfunc(lambda *xs: meaning(sp, *xs), len(spec.inputs), 1)
 
-            def kernel(*arrays):
+            def kernel(*arrays, **params):
                 self._probe(*arrays)
+                fn = np.frompyfunc(lambda *xs: meaning(sp, *xs, **params), len(arrays), 1)
                 return obj(fn(*[obj(a) for a in arrays]))
 
             return kernel
