@@ -119,6 +119,14 @@ def test_mlp_matches_torch_structure(torch):
     assert sorted((s["name"], s.get("same_object_as")) for n in mm for s in n["saved"]
                   if s["kind"] == "tensor") == [("mat2", "w2"), ("self", "h"), ("self", "x")]
     assert any(s["name"] == "mat2" and s["kind"] == "none" for n in mm for s in n["saved"])
+    # structural ops get their forward and vector-Jacobian product as LaTeX templates
+    assert sorted(n["formula"] for n in mm) == [r"y = h\,w_{2}", r"y = x\,w_{1}"]
+    assert any(r"\bar{w_{2}} = h^{\top}\bar{y}" in n["derivative"] for n in mm)
+    mean = next(n for n in p["nodes"] if n["label"] == "MeanBackward0")
+    assert mean["formula"] == r"\mathrm{loss} = \frac{1}{n}\sum_i \mathrm{self}_i"
+    assert sig["derivative"] == (r"\frac{\partial h}{\partial \mathrm{self}} = "
+                                 r"\frac{e^{- \mathrm{self}}}{\left(1 + e^{- \mathrm{self}}"
+                                 r"\right)^{2}}")
 
 
 def test_freed_saved_tensors_are_reported():

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+import weakref
 from collections.abc import Iterable, Mapping
 from functools import lru_cache
 from importlib import resources
@@ -40,6 +41,11 @@ def load_schema() -> dict:
 
 
 # -- values ----------------------------------------------------------------------------------
+
+def _deref(ref: Any) -> Any:
+    """A node's input reference: a weakref (normal) or the object itself (``record()``)."""
+    return ref() if isinstance(ref, weakref.ReferenceType) else ref
+
 
 def _is_torch(x: Any) -> bool:
     return type(x).__module__.startswith("torch")
@@ -188,11 +194,76 @@ def latex_name(name: str) -> str:
     return r"\text{" + "".join(_LATEX_SPECIAL.get(c, c) for c in name) + "}"
 
 
+#: Structural ops (no scalar SymPy meaning): the forward and the vector-Jacobian product
+#: as LaTeX templates; ``{y}`` is the output, ``{0}``, ``{1}`` ... the inputs, and
+#: ``\bar{v}`` the gradient flowing into v (what the backward computes).
+_STRUCTURAL_TEX: dict[str, tuple[str, str]] = {
+    "mm": ("{y} = {0}\\,{1}",
+           "\\bar{{{0}}} = \\bar{{{y}}}\\,{1}^{{\\top}},\\quad "
+           "\\bar{{{1}}} = {0}^{{\\top}}\\bar{{{y}}}"),
+    "bmm": ("{y}_b = {0}_b\\,{1}_b",
+            "\\bar{{{0}}}_b = \\bar{{{y}}}_b\\,{1}_b^{{\\top}},\\quad "
+            "\\bar{{{1}}}_b = {0}_b^{{\\top}}\\bar{{{y}}}_b"),
+    "mv": ("{y} = {0}\\,{1}",
+           "\\bar{{{0}}} = \\bar{{{y}}}\\,{1}^{{\\top}},\\quad "
+           "\\bar{{{1}}} = {0}^{{\\top}}\\bar{{{y}}}"),
+    "dot": ("{y} = {0}\\cdot {1}",
+            "\\bar{{{0}}} = \\bar{{{y}}}\\,{1},\\quad \\bar{{{1}}} = \\bar{{{y}}}\\,{0}"),
+    "addmm": ("{y} = {0} + {1}\\,{2}",
+              "\\bar{{{0}}} = \\bar{{{y}}},\\quad \\bar{{{1}}} = \\bar{{{y}}}\\,"
+              "{2}^{{\\top}},\\quad \\bar{{{2}}} = {1}^{{\\top}}\\bar{{{y}}}"),
+    "sum": ("{y} = \\sum_i {0}_i", "\\bar{{{0}}}_i = \\bar{{{y}}}"),
+    "sum_dim": ("{y} = \\sum_{{i \\in \\mathrm{{dim}}}} {0}_i",
+                "\\bar{{{0}}} = \\operatorname{{expand}}(\\bar{{{y}}})"),
+    "mean": ("{y} = \\frac{{1}}{{n}}\\sum_i {0}_i", "\\bar{{{0}}}_i = \\bar{{{y}}} / n"),
+    "mean_dim": ("{y} = \\operatorname{{mean}}_{{\\mathrm{{dim}}}}({0})",
+                 "\\bar{{{0}}} = \\operatorname{{expand}}(\\bar{{{y}}}) / n"),
+    "t": ("{y} = {0}^{{\\top}}", "\\bar{{{0}}} = \\bar{{{y}}}^{{\\top}}"),
+    "transpose": ("{y} = {0}^{{\\top}}", "\\bar{{{0}}} = \\bar{{{y}}}^{{\\top}}"),
+    "permute": ("{y} = \\operatorname{{permute}}({0})",
+                "\\bar{{{0}}} = \\operatorname{{permute}}^{{-1}}(\\bar{{{y}}})"),
+    "expand": ("{y} = \\operatorname{{expand}}({0})",
+               "\\bar{{{0}}} = \\textstyle\\sum_{{\\text{{broadcast dims}}}}\\bar{{{y}}}"),
+    "softmax": ("{y}_i = \\frac{{e^{{{0}_i}}}}{{\\sum_j e^{{{0}_j}}}}",
+                "\\bar{{{0}}} = {y}\\odot(\\bar{{{y}}} - \\textstyle\\sum_j "
+                "\\bar{{{y}}}_j {y}_j)"),
+    "log_softmax": ("{y}_i = {0}_i - \\log\\sum_j e^{{{0}_j}}",
+                    "\\bar{{{0}}} = \\bar{{{y}}} - e^{{{y}}}\\textstyle\\sum_j "
+                    "\\bar{{{y}}}_j"),
+    "logsumexp": ("{y} = \\log\\sum_i e^{{{0}_i}}",
+                  "\\bar{{{0}}}_i = \\bar{{{y}}}\\,e^{{{0}_i - {y}}}"),
+    "mse_loss": ("{y} = \\frac{{1}}{{n}}\\sum_i ({0}_i - {1}_i)^2",
+                 "\\bar{{{0}}} = \\frac{{2}}{{n}}\\bar{{{y}}}({0} - {1})"),
+}
+for _name in ("view", "reshape_alias", "unsafe_view", "unsqueeze", "squeeze", "squeeze_",
+              "squeeze_all", "squeeze_dims", "alias"):
+    _STRUCTURAL_TEX[_name] = ("{y} = \\operatorname{{reshape}}({0})",
+                              "\\bar{{{0}}} = \\operatorname{{reshape}}(\\bar{{{y}}})")
+for _name in ("clone", "to_copy"):
+    _STRUCTURAL_TEX[_name] = ("{y} = {0}", "\\bar{{{0}}} = \\bar{{{y}}}")
+
+
+def _structural_latex(spec: Any, input_names: list[str | None],
+                      out_name: str) -> tuple[str | None, str | None]:
+    tpl = _STRUCTURAL_TEX.get(spec.name)
+    if tpl is None:
+        return None, None
+    names = [latex_name(input_names[i] if i < len(input_names) and input_names[i] else n)
+             for i, n in enumerate(spec.inputs)]
+    y = latex_name(out_name)
+    try:
+        return tpl[0].format(*names, y=y), tpl[1].format(*names, y=y)
+    except (IndexError, KeyError):
+        return None, None
+
+
 def _local_latex(node: Any, spec: Any, input_names: list[str | None],
                  out_name: str) -> tuple[str | None, str | None]:
-    """``(formula, derivative)`` LaTeX for an elementwise op from its SymPy meaning."""
-    if spec is None or not callable(spec.sympy):
+    """``(formula, derivative)`` LaTeX: from the op's SymPy meaning, or a VJP template."""
+    if spec is None:
         return None, None
+    if not callable(spec.sympy):
+        return _structural_latex(spec, input_names, out_name)
     try:
         import sympy as sp
     except ImportError:  # pragma: no cover - sympy is a dependency
@@ -202,7 +273,8 @@ def _local_latex(node: Any, spec: Any, input_names: list[str | None],
     symbols: list[tuple[str, Any, str]] = []
     for i, input_name in enumerate(spec.inputs):
         ref = refs[i] if i < len(refs) else None
-        if ref is not None and not callable(ref):  # a Python scalar operand
+        if ref is not None and not isinstance(ref, weakref.ReferenceType) and \
+                not _is_tensor(ref):  # a Python scalar operand
             args.append(sp.nsimplify(ref) if isinstance(ref, float) else ref)
             continue
         placeholder = "XSYMQ" + "".join(chr(65 + int(c)) for c in str(i))
@@ -242,7 +314,7 @@ def _local_latex(node: Any, spec: Any, input_names: list[str | None],
     for input_name, sym, shown in symbols:
         if input_name not in spec.grads:
             continue
-        d = sp.simplify(sp.diff(expr, sym))
+        d = sp.diff(expr, sym)
         parts.append(rf"\frac{{\partial {out_tex}}}{{\partial {latex_name(shown)}}} = {tex(d)}")
     return formula, (r",\quad ".join(parts) if parts else None)
 
@@ -375,7 +447,7 @@ def _recorded_input(node: Any, spec: Any, name: str) -> Any:
     refs = getattr(node, "_input_refs", ())
     i = spec.inputs.index(name)
     ref = refs[i] if i < len(refs) else None
-    t = ref() if callable(ref) and not _is_tensor(ref) else ref
+    t = _deref(ref)
     return t if _is_tensor(t) else None
 
 
@@ -505,7 +577,7 @@ def graph_json(root: Any, names: Mapping[str, Any] | None = None, report: Any = 
                 if nxt is None:
                     nid = new_id()
                     ref = refs[i] if i < len(refs) else None
-                    const = ref() if callable(ref) else ref
+                    const = _deref(ref)
                     if _is_tensor(const):
                         var = namer.name(const)
                     elif const is not None:
@@ -562,8 +634,8 @@ def _add_formula(node: Any, entry: dict, namer: Namer) -> None:
     refs = getattr(node, "_input_refs", ())
     input_names: list[str | None] = []
     for ref in refs:
-        t = ref() if callable(ref) else None
-        if t is not None and (namer.variable(t) or getattr(t, "name", None)):
+        t = _deref(ref)
+        if _is_tensor(t) and (namer.variable(t) or getattr(t, "name", None)):
             input_names.append(namer.name(t))
         else:
             input_names.append(None)
