@@ -173,6 +173,16 @@ class Inspector(widgets.VBox):
         """The verifier's Report object behind ``report`` (None before verification)."""
         return self._report_obj
 
+    def close(self) -> None:
+        """Close the Inspector and every child widget (they hold the frozen graph)."""
+        self.stop()
+        for w in (self.svg_view, self.node_picker, self.node_panel, self.formula_view,
+                  self.agreement_view, self.symbolic_view, self.rtol_input, self.atol_input,
+                  self.verify_button, self.stop_button, self.progress_bar, self.status_label,
+                  *self.children):
+            w.close()
+        super().close()
+
     # -- verification -------------------------------------------------------------------
     def verify(self, background: bool | None = None) -> None:
         """Run the verifier; in the background inside a kernel unless told otherwise."""
