@@ -5,10 +5,37 @@ from __future__ import annotations
 from .registry import register
 from .spec import STRUCTURAL, OpSpec
 
+
+def _column_major(sizes, strides) -> bool:
+    return strides[0] == 1 and (strides[1] == sizes[0] or sizes[1] == 1) and sizes[0] != 1
+
+
+def _scaled(grad, alpha):
+    return grad if alpha == 1 else grad * alpha
+
+
+def mm_mat1_backward(grad, mat2, mat1_sizes, mat1_strides, alpha=1):
+    """d(mat1 @ mat2)/d mat1 laid out like mat1 (torch's mm_mat1_backward): a transposed
+    mat1 gets ``(mat2 @ grad^T)^T``, so a leaf behind ``t()`` receives a contiguous gradient
+    and AccumulateGrad need not copy it."""
+    if _column_major(mat1_sizes, mat1_strides):
+        return _scaled(mat2.mm(grad.t()).t(), alpha)
+    return _scaled(grad.mm(mat2.t()), alpha)
+
+
+def mm_mat2_backward(grad, mat1, mat2_sizes, mat2_strides, alpha=1):
+    """d(mat1 @ mat2)/d mat2 in mat2's layout; ``nn.Linear`` passes ``W.t()`` as mat2."""
+    if _column_major(mat2_sizes, mat2_strides):
+        return _scaled(grad.t().mm(mat1).t(), alpha)
+    return _scaled(mat1.t().mm(grad), alpha)
+
+
 register(OpSpec(
     "mm", "MmBackward0", ("self", "mat2"), lambda be, self, mat2: be.matmul(self, mat2),
-    {"self": lambda grad, mat2, self_sym_sizes, self_sym_strides: grad.mm(mat2.t()),
-     "mat2": lambda grad, self, mat2_sym_sizes, mat2_sym_strides: self.t().mm(grad)},
+    {"self": lambda grad, mat2, self_sym_sizes, self_sym_strides:
+        mm_mat1_backward(grad, mat2, self_sym_sizes, self_sym_strides),
+     "mat2": lambda grad, self, mat2_sym_sizes, mat2_sym_strides:
+        mm_mat2_backward(grad, self, mat2_sym_sizes, mat2_sym_strides)},
     STRUCTURAL, dtype_rule="same_required"))
 register(OpSpec(
     "mv", "MvBackward0", ("self", "vec"), lambda be, self, vec: be.matmul(self, vec),

@@ -12,6 +12,7 @@ SymPy object-array backend they are the loss's exact meaning (``STRUCTURAL``).
 
 from __future__ import annotations
 
+from .linalg import mm_mat1_backward, mm_mat2_backward
 from .registry import register
 from .spec import STRUCTURAL, OpSpec
 
@@ -44,28 +45,6 @@ def _addmm_forward(be, self, mat1, mat2, beta=1, alpha=1):
 
 def _scaled(grad, factor):
     return grad if factor == 1 else grad * factor
-
-
-def _column_major(sizes, strides) -> bool:
-    return strides[0] == 1 and (strides[1] == sizes[0] or sizes[1] == 1) and sizes[0] != 1
-
-
-def mm_mat1_backward(grad, mat2, mat1_sym_sizes, mat1_sym_strides, alpha=1):
-    """d(mat1 @ mat2)/d mat1, laid out like mat1 (torch's mm_mat1_backward).
-
-    A transposed mat1 gets ``(mat2 @ grad^T)^T``: the same numbers in mat1's layout, so
-    a leaf behind a ``t()`` receives a contiguous gradient and is not copied again.
-    """
-    if _column_major(mat1_sym_sizes, mat1_sym_strides):
-        return _scaled(mat2.mm(grad.t()).t(), alpha)
-    return _scaled(grad.mm(mat2.t()), alpha)
-
-
-def mm_mat2_backward(grad, mat1, mat2_sym_sizes, mat2_sym_strides, alpha=1):
-    """d(mat1 @ mat2)/d mat2 in mat2's layout: ``nn.Linear`` passes ``W.t()`` as mat2."""
-    if _column_major(mat2_sym_sizes, mat2_sym_strides):
-        return _scaled(grad.t().mm(mat1).t(), alpha)
-    return _scaled(mat1.t().mm(grad), alpha)
 
 
 register(OpSpec(
