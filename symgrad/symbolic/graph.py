@@ -122,7 +122,7 @@ class Graph:
         total = 0
         for g in self.nodes:
             out = sum(int(np.prod(s)) for s in g.out_shapes) or 1
-            ins = [int(np.prod(np.shape(self._shape_of(r)))) for r in g.inputs]
+            ins = [self._shape_of(r) for r in g.inputs]
             if g.spec is not None and g.spec.name in ("mm", "mv", "dot", "addmm", "bmm",
                                                       "matmul", "baddbmm"):
                 shapes = [self._shape_of(r) for r in g.inputs if r[0] != "scalar"]
