@@ -76,10 +76,10 @@ def _consumed(item) -> int:
     return 0
 
 
-def _check_count(items, ndim: int) -> int:
+def _check_count(items, ndim: int, setting: bool = False) -> int:
     specified = sum(_consumed(i) for i in items)
-    if sum(i is Ellipsis for i in items) > 1:
-        raise IndexError("an index can only have a single ellipsis ('...')")
+    if setting and sum(i is Ellipsis for i in items) > 1:  # torch reads x[..., ...]; rare
+        raise IndexError("an index can only have a single ellipsis ('...') in an assignment")
     if specified > ndim:
         raise IndexError(f"too many indices for tensor of dimension {ndim}")
     return specified
@@ -212,13 +212,15 @@ def getitem(x: Tensor, index) -> Tensor:
     if not adv:
         return _ix._apply("alias", (x,), {}) if result is x else result
     _check_indices(tuple(result.shape), adv)
+    if result._device.type != "cpu":  # index tensors follow self's device, as in torch
+        adv = [None if t is None else t.to(result._device) for t in adv]
     return _ix.index(result, adv)
 
 
 # -- setting -----------------------------------------------------------------------------------
 def _region(x: Tensor, items):
     """(numpy basic index for x, index tensors or None, whether the basic part is all of x)."""
-    specified = _check_count(items, x.ndim)
+    specified = _check_count(items, x.ndim, setting=True)
     basic: list = []
     adv: list = []
     src = dim = 0  # position in x's dims / in the basic view's dims
@@ -265,6 +267,8 @@ def _region(x: Tensor, items):
             _record_index(adv, dim, item)
             src += n
             dim += n
+    if adv and x._device.type != "cpu":  # index tensors follow x's device, as in torch
+        adv = [None if t is None else t.to(x._device) for t in adv]
     return tuple(basic), (tuple(adv) if adv else None), whole
 
 

@@ -1,8 +1,18 @@
 """Every op, defined once. Importing this package fills ``OPS``."""
 
-from . import elementwise, linalg, movement, nn, reduce  # noqa: F401  (registration)
-from . import indexing, minmax, shape, softmax  # noqa: F401  (the complete op set)
-from . import inplace  # noqa: F401  (zero_, fill_, copy_)
+from . import (  # noqa: F401
+               device,  # to_cuda / to_cpu (ToCopyBackward0)
+               elementwise,
+               indexing,
+               inplace,  # noqa: F401  (zero_, fill_, copy_)
+               linalg,
+               minmax,
+               movement,
+               nn,
+               reduce,
+               shape,  # (registration)
+               softmax,
+)
 from .registry import OPS, check_complete, register
 from .spec import STRUCTURAL, OpSpec
 

@@ -24,7 +24,7 @@ def _cat_grad(i):
         if _sizes[i] is None:  # a skipped 1-D empty input (PyTorch's legacy rule)
             from ..creation import zeros
 
-            return zeros((0,), dtype=grad.dtype)
+            return zeros((0,), dtype=grad.dtype, device=grad.device)
         from .indexing import slice_
 
         start = sum(s for s in _sizes[:i] if s is not None)

@@ -1,0 +1,22 @@
+"""The CUDA backend (numba.cuda kernels on device arrays).
+
+Importing this package imports numba.cuda, so ``symgrad`` imports it only when a tensor is
+first moved to "cuda" (``symgrad.cuda._require_cuda``). :func:`register` makes the backend
+the one ``backend_for("cuda")`` returns.
+"""
+
+from __future__ import annotations
+
+from .. import register_backend
+from .backend import CudaArray, CudaBackend
+
+__all__ = ["CudaArray", "CudaBackend", "register"]
+
+_registered = False
+
+
+def register() -> None:
+    global _registered
+    if not _registered:
+        register_backend("cuda", CudaBackend(), default_for="cuda")
+        _registered = True

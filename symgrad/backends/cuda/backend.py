@@ -1,0 +1,965 @@
+"""CudaBackend: the kernel interface of ``numpy_backend.py`` on numba.cuda device arrays.
+
+A tensor's data on "cuda" is a :class:`CudaArray`: a block of device memory from the
+allocator plus (shape, element strides, element offset), so views (reshape, transpose,
+expand, basic indexing) share the block and cost no bytes and no launch. Every op runs
+as one or more kernel launches from ``kernels.py`` with no host copy; the only transfers
+are ``from_host``/``to_host`` (``Tensor.to``), reading a scalar (``item``), and the
+host-side bounds checks the indexing layer performs on index tensors (as PyTorch syncs
+for boolean masks).
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+
+import numpy as np
+
+from . import allocator
+from . import kernels as K
+
+__all__ = ["CudaArray", "CudaBackend"]
+
+_FLOAT_KINDS = "f"
+
+
+class _Flags:
+    __slots__ = ("c_contiguous", "writeable")
+
+    def __init__(self, c_contiguous: bool, writeable: bool) -> None:
+        self.c_contiguous = c_contiguous
+        self.writeable = writeable
+
+    @property
+    def f_contiguous(self) -> bool:
+        return False
+
+
+def _contig_strides(shape) -> tuple:
+    strides = []
+    acc = 1
+    for s in reversed(shape):
+        strides.append(acc)
+        acc *= max(int(s), 1)
+    return tuple(reversed(strides))
+
+
+def _prod(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+class CudaArray:
+    """A strided view of a device block: the array type the CUDA backend computes on."""
+
+    __slots__ = ("block", "shape", "estrides", "offset", "dtype", "writeable", "__weakref__")
+
+    def __init__(self, block, shape, estrides, offset: int, dtype, writeable: bool = True):
+        self.block = block
+        self.shape = tuple(int(s) for s in shape)
+        self.estrides = tuple(int(s) for s in estrides)
+        self.offset = int(offset)
+        self.dtype = np.dtype(dtype)
+        self.writeable = writeable
+
+    # numpy-like metadata (what Tensor, apply and the engine read)
+    @property
+    def buf(self):
+        return self.block.data
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return _prod(self.shape)
+
+    @property
+    def itemsize(self) -> int:
+        return self.dtype.itemsize
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    @property
+    def strides(self) -> tuple:
+        return tuple(s * self.dtype.itemsize for s in self.estrides)
+
+    @property
+    def is_contiguous(self) -> bool:
+        if self.size == 0:
+            return True
+        expect = 1
+        for s, st in zip(reversed(self.shape), reversed(self.estrides)):
+            if s != 1 and st != expect:
+                return False
+            expect *= s
+        return True
+
+    @property
+    def flags(self) -> _Flags:
+        return _Flags(self.is_contiguous, self.writeable)
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        ptr = 0
+        iface = getattr(self.buf, "__cuda_array_interface__", None)
+        if iface is not None:
+            ptr = iface["data"][0] + self.offset * self.itemsize
+        return {"shape": self.shape, "strides": self.strides, "typestr": self.dtype.str,
+                "data": (ptr, not self.writeable), "version": 3}
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of unsized object")
+        return self.shape[0]
+
+    def __repr__(self) -> str:
+        return f"CudaArray(shape={self.shape}, dtype={self.dtype}, strides={self.estrides})"
+
+    # host reads (each one device->host transfer; used by host-side checks and printing)
+    def copy_to_host(self) -> np.ndarray:
+        return CudaBackend.to_host(self)
+
+    def __array__(self, dtype=None, copy=None):
+        a = CudaBackend.to_host(self)
+        return a if dtype is None else a.astype(dtype)
+
+    def item(self):
+        return self.copy_to_host().reshape(()).item() if self.size == 1 else \
+            self.copy_to_host().item()
+
+    def sum(self):
+        return CudaBackend.to_host(CudaBackend.sum(self))[()]
+
+    def min(self):
+        return CudaBackend.to_host(CudaBackend.amin(self))[()]
+
+    def max(self):
+        return CudaBackend.to_host(CudaBackend.amax(self))[()]
+
+    def reshape(self, *shape):
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = tuple(shape[0])
+        return CudaBackend.reshape(self, shape)
+
+
+# -- helpers ------------------------------------------------------------------------------------
+def _new(shape, dtype) -> CudaArray:
+    shape = tuple(int(s) for s in shape)
+    blk = allocator.allocate(_prod(shape), dtype)
+    return CudaArray(blk, shape, _contig_strides(shape), 0, dtype)
+
+
+def _kshape(shape) -> tuple:
+    return tuple(shape) if shape else (1,)
+
+
+def _bstrides(x: CudaArray, out_shape: tuple) -> tuple:
+    """x's element strides broadcast to ``out_shape`` (0 where x is broadcast)."""
+    lead = len(out_shape) - x.ndim
+    out = []
+    for d, s in enumerate(out_shape):
+        if d < lead:
+            out.append(0)
+            continue
+        xs = x.shape[d - lead]
+        out.append(0 if xs == 1 and s != 1 else x.estrides[d - lead])
+    return tuple(out)
+
+
+def _operand(x, out_shape: tuple):
+    """A kernel operand over ``out_shape``: flat, strided, or a scalar constant."""
+    if not isinstance(x, CudaArray):
+        return (K.CONST, x)
+    if x.shape == out_shape and x.is_contiguous:
+        return (x.buf, x.offset, None)
+    st = _bstrides(x, out_shape) if out_shape else (0,)
+    return (x.buf, x.offset, st)
+
+
+def _is_array(x) -> bool:
+    return isinstance(x, CudaArray)
+
+
+def _scalar_py(x):
+    if isinstance(x, np.generic):
+        return x  # strong NumPy scalar: keeps its dtype in promotion
+    if isinstance(x, np.ndarray) and x.ndim == 0:
+        return x[()]
+    return x
+
+
+def _result_dtype(*xs) -> np.dtype:
+    return np.result_type(*[x.dtype if _is_array(x) else _scalar_py(x) for x in xs])
+
+
+def _to_device_array(x) -> CudaArray:
+    """Host data (numpy array, list) used as an operand: copied to the device."""
+    return CudaBackend.from_host(np.asarray(x))
+
+
+def _coerce(x):
+    if _is_array(x) or isinstance(x, (bool, int, float, np.generic)):
+        return x
+    if hasattr(x, "_data"):  # a Tensor passed as a param
+        return x._data
+    return _to_device_array(x)
+
+
+def _ew(fn: str, xs, out_dtype, *, compute_dtype=None) -> CudaArray:
+    """Elementwise ``fn`` over broadcast operands (arrays or scalars) into a new array."""
+    xs = [_coerce(x) for x in xs]
+    shapes = [x.shape for x in xs if _is_array(x)]
+    shape = tuple(np.broadcast_shapes(*shapes)) if shapes else ()
+    cd = np.dtype(compute_dtype) if compute_dtype is not None else None
+    ops = []
+    for x in xs:
+        if _is_array(x):
+            ops.append(_operand(x, shape))
+        else:
+            v = _scalar_py(x)
+            ops.append((K.CONST, cd.type(v) if cd is not None else v))
+    out = _new(shape, out_dtype)
+    K.elementwise(fn, out.size, _kshape(shape), [(out.buf, 0, None)], ops)
+    return out
+
+
+def _ew_into(fn: str, dst: CudaArray, xs) -> None:
+    """``dst[...] = fn(xs...)`` in place (dst may be a strided view)."""
+    xs = [_coerce(x) for x in xs]
+    shape = dst.shape
+    ops = []
+    for x in xs:
+        if _is_array(x):
+            np.broadcast_shapes(x.shape, shape)
+            ops.append(_operand(x, shape))
+        else:
+            v = _scalar_py(x)
+            ops.append((K.CONST, dst.dtype.type(v) if not isinstance(v, np.generic) else v))
+    if dst.is_contiguous:
+        outs = [(dst.buf, dst.offset, None)]
+    else:
+        outs = [(dst.buf, dst.offset, dst.estrides if dst.ndim else (0,))]
+    K.elementwise(fn, dst.size, _kshape(shape), outs, ops)
+
+
+def _unary_float(name: str):
+    def kernel(x):
+        dt = x.dtype if x.dtype.kind == "f" else np.dtype(np.float64)
+        return _ew(name, [x], dt, compute_dtype=dt)
+
+    kernel.__name__ = name
+    return staticmethod(kernel)
+
+
+def _unary_same(name: str):
+    def kernel(x):
+        return _ew(name, [x], x.dtype)
+
+    kernel.__name__ = name
+    return staticmethod(kernel)
+
+
+def _binary(name: str, *, compare: bool = False, true_div: bool = False):
+    def kernel(a, b):
+        dt = _result_dtype(a, b)
+        if true_div and dt.kind != "f":
+            dt = np.dtype(np.float64)
+        return _ew(name, [a, b], np.dtype(np.bool_) if compare else dt, compute_dtype=dt)
+
+    kernel.__name__ = name
+    return staticmethod(kernel)
+
+
+def _same(*arrays) -> bool:
+    first = arrays[0]
+    return all(_is_array(a) and a.shape == first.shape and a.dtype == first.dtype
+               for a in arrays)
+
+
+def _unary_backward(op: str):
+    def kernel(grad, needed, saved):
+        if not (_is_array(grad) and _same(grad, saved)):
+            return None
+        return (_ew("b_" + op, [grad, saved], grad.dtype),)
+
+    kernel.__name__ = op + "_backward"
+    kernel.__doc__ = f"Fused backward of {op}: one launch over grad and the saved operand."
+    return staticmethod(kernel)
+
+
+def _norm_axes(axis, ndim) -> tuple:
+    if axis is None:
+        return tuple(range(ndim))
+    if isinstance(axis, (int, np.integer)):
+        axis = (axis,)
+    n = max(ndim, 1)
+    out = []
+    for a in axis:
+        a = operator.index(a)
+        if not -n <= a < n:
+            raise np.exceptions.AxisError(a, ndim)
+        out.append(a % n)
+    return tuple(sorted(set(out))) if ndim else ()
+
+
+def _reduce_plan(x: CudaArray, axes: tuple):
+    kept = [d for d in range(x.ndim) if d not in axes]
+    kshape = tuple(x.shape[d] for d in kept)
+    kstr = tuple(x.estrides[d] for d in kept)
+    rshape = tuple(x.shape[d] for d in axes)
+    rstr = tuple(x.estrides[d] for d in axes)
+    rows, k = _prod(kshape), _prod(rshape)
+    return (kshape or (1,), kstr or (0,), rshape or (1,), rstr or (0,), rows, k)
+
+
+def _out_shape(x: CudaArray, axes: tuple, keepdims: bool) -> tuple:
+    if keepdims:
+        return tuple(1 if d in axes else s for d, s in enumerate(x.shape))
+    return tuple(s for d, s in enumerate(x.shape) if d not in axes)
+
+
+def _reduce(op: str, x: CudaArray, axis, keepdims: bool, acc_dtype) -> CudaArray:
+    x = _coerce(x)
+    axes = _norm_axes(axis, x.ndim)
+    kshape, kstr, rshape, rstr, rows, k = _reduce_plan(x, axes)
+    if op in ("max", "min") and k == 0 and rows:
+        raise ValueError(f"zero-size array to reduction operation "
+                         f"{'maximum' if op == 'max' else 'minimum'} which has no identity")
+    out = _new(_out_shape(x, axes, keepdims), acc_dtype)
+    if x.ndim == 0:
+        kshape, kstr, rshape, rstr, rows, k = (1,), (0,), (1,), (0,), 1, 1
+    K.reduce_rows(op, out.buf, x.buf, x.offset, kshape, kstr, rshape, rstr, rows, k,
+                  allocator.allocate)
+    return out
+
+
+def _view(x: CudaArray, shape, estrides, offset, writeable=None) -> CudaArray:
+    return CudaArray(x.block, shape, estrides, offset, x.dtype,
+                     x.writeable if writeable is None else writeable)
+
+
+def _is_adv(item) -> bool:
+    return _is_array(item) or isinstance(item, (np.ndarray, list)) or hasattr(item, "_data")
+
+
+class _Plan:
+    """``x[index]`` split into a basic view and the advanced (array) indices on its dims."""
+
+    __slots__ = ("view", "adv")
+
+    def __init__(self, view, adv) -> None:
+        self.view = view
+        self.adv = adv  # [(view dim, int64 CudaArray)], in order
+
+
+def _consumed(item) -> int:
+    """How many dims of the indexed array an index item uses."""
+    if item is None or item is Ellipsis:
+        return 0
+    if _is_adv(item):
+        a = item if _is_array(item) else np.asarray(item)
+        return a.ndim if a.dtype == np.bool_ else 1
+    return 1
+
+
+def _index_plan(x: CudaArray, index) -> _Plan:
+    if not isinstance(index, tuple):
+        index = (index,)
+    index = tuple(i._data if hasattr(i, "_data") else i for i in index)
+    used = sum(_consumed(i) for i in index)
+    if used > x.ndim:
+        raise IndexError(f"too many indices for array: array is {x.ndim}-dimensional, but "
+                         f"{used} were indexed")
+    n_ell = sum(1 for i in index if i is Ellipsis)
+    if n_ell > 1:
+        raise IndexError("an index can only have a single ellipsis ('...')")
+    expanded = []
+    for i in index + (() if n_ell else (Ellipsis,)):
+        if i is Ellipsis:
+            expanded.extend([slice(None)] * (x.ndim - used))
+        else:
+            expanded.append(i)
+    shape, strides, off = [], [], x.offset
+    adv = []
+    d = 0
+    for item in expanded:
+        if item is None:
+            shape.append(1)
+            strides.append(0)
+            continue
+        if _is_adv(item):
+            a = item if _is_array(item) else np.asarray(item)
+            if a.dtype == np.bool_:  # a mask: its nonzeros (a host sync, as in torch)
+                host = np.asarray(CudaBackend.to_host(a) if _is_array(a) else a)
+                for k, nz in enumerate(np.nonzero(host)):
+                    adv.append((len(shape), CudaBackend.from_host(nz.astype(np.int64))))
+                    shape.append(x.shape[d + k])
+                    strides.append(x.estrides[d + k])
+                d += host.ndim
+                continue
+            if not _is_array(a):
+                if a.size and a.dtype.kind not in "iu":
+                    raise IndexError("arrays used as indices must be of integer (or boolean) "
+                                     "type")
+                a = CudaBackend.from_host(a.astype(np.int64))
+            elif a.dtype != np.int64:
+                a = CudaBackend.cast(a, np.int64)
+            adv.append((len(shape), a))
+            shape.append(x.shape[d])
+            strides.append(x.estrides[d])
+            d += 1
+            continue
+        if isinstance(item, slice):
+            start, stop, step = item.indices(x.shape[d])
+            n = len(range(start, stop, step))
+            off += start * x.estrides[d] if n else 0
+            shape.append(n)
+            strides.append(x.estrides[d] * step)
+            d += 1
+            continue
+        i = operator.index(item)
+        size = x.shape[d]
+        if not -size <= i < size:
+            raise IndexError(f"index {i} is out of bounds for axis {d} with size {size}")
+        off += (i % size) * x.estrides[d]
+        d += 1
+    view = CudaArray(x.block, shape, strides, off, x.dtype, x.writeable)
+    return _Plan(view, adv)
+
+
+def _adv_layout(plan: _Plan):
+    """Result shape of the advanced indexing and, over it, the view's and indices' strides."""
+    view, adv = plan.view, plan.adv
+    dims = [d for d, _ in adv]
+    bshape = tuple(np.broadcast_shapes(*[a.shape for _, a in adv]))
+    nb = len(bshape)
+    rest = [d for d in range(view.ndim) if d not in dims]
+    adjacent = dims == list(range(dims[0], dims[0] + len(dims)))
+    if adjacent:
+        before = [d for d in rest if d < dims[0]]
+        after = [d for d in rest if d > dims[-1]]
+    else:
+        before, after = [], rest
+    oshape = tuple(view.shape[d] for d in before) + bshape + tuple(view.shape[d] for d in after)
+    nbefore = len(before)
+    vstr = (tuple(view.estrides[d] for d in before) + (0,) * nb
+            + tuple(view.estrides[d] for d in after))
+    specs = []
+    for d, a in adv:
+        ist = _bstrides(a, bshape) if bshape else ()
+        full = (0,) * nbefore + ist + (0,) * len(after)
+        specs.append((a.buf, a.offset, full or (0,), view.shape[d], view.estrides[d]))
+    return oshape, vstr, specs
+
+
+class CudaBackend:
+    """Kernels on numba.cuda device arrays; same names and semantics as NumpyBackend."""
+
+    name = "cuda"
+    device_type = "cuda"
+
+    # -- elementwise forward ---------------------------------------------------------------------
+    neg = _unary_same("neg")
+    exp = _unary_float("exp")
+    log = _unary_float("log")
+    sin = _unary_float("sin")
+    cos = _unary_float("cos")
+    tanh = _unary_float("tanh")
+    sigmoid = _unary_float("sigmoid")
+    sqrt = _unary_float("sqrt")
+    reciprocal = _unary_float("reciprocal")
+    abs = _unary_same("abs")
+    sign = _unary_same("sign")
+    relu = _unary_same("relu")
+
+    @staticmethod
+    def logical_not(x):
+        return _ew("logical_not", [x], np.bool_)
+
+    add = _binary("add")
+    sub = _binary("sub")
+    mul = _binary("mul")
+    div = _binary("div", true_div=True)
+    gt = _binary("gt", compare=True)
+    ge = _binary("ge", compare=True)
+    lt = _binary("lt", compare=True)
+    le = _binary("le", compare=True)
+    eq = _binary("eq", compare=True)
+    ne = _binary("ne", compare=True)
+    maximum = _binary("maximum")
+    minimum = _binary("minimum")
+    logical_or = _binary("logical_or", compare=True)
+    logical_and = _binary("logical_and", compare=True)
+
+    @staticmethod
+    def pow(a, b):  # noqa: A003
+        dt = _result_dtype(a, b)
+        if dt.kind in "iu":
+            if not _is_array(b) and b < 0:
+                raise RuntimeError("Integers to negative integer powers are not allowed.")
+            return _ew("ipow", [a, b], dt, compute_dtype=dt)
+        return _ew("pow", [a, b], dt, compute_dtype=dt)
+
+    @staticmethod
+    def addcmul(x, t1, t2, value=1):
+        """``x + value * t1 * t2`` in one launch."""
+        dt = _result_dtype(x, t1, t2, value)
+        return _ew("addcmul", [x, t1, t2, value], dt, compute_dtype=dt)
+
+    @staticmethod
+    def where(cond, a, b):
+        dt = _result_dtype(a, b)
+        return _ew("where", [cond, a, b], dt, compute_dtype=dt)
+
+    # -- fused backward rules (OpSpec.fused_backward names them) ---------------------------------
+    exp_backward = _unary_backward("exp")
+    log_backward = _unary_backward("log")
+    sin_backward = _unary_backward("sin")
+    cos_backward = _unary_backward("cos")
+    tanh_backward = _unary_backward("tanh")
+    sigmoid_backward = _unary_backward("sigmoid")
+    sqrt_backward = _unary_backward("sqrt")
+    relu_backward = _unary_backward("relu")
+    abs_backward = _unary_backward("abs")
+    reciprocal_backward = _unary_backward("reciprocal")
+
+    @staticmethod
+    def neg_backward(grad, needed):
+        return (_ew("b_neg", [grad], grad.dtype),)
+
+    @staticmethod
+    def sign_backward(grad, needed):
+        return (_ew("b_zero", [grad], grad.dtype),)
+
+    @staticmethod
+    def pow_backward(grad, needed, exponent, self):
+        if not _same(grad, self) or not isinstance(exponent, (int, float)) \
+                or isinstance(exponent, bool) or grad.dtype.kind != "f":
+            return None
+        if exponent == 0:
+            return (_ew("b_zero", [grad], grad.dtype),)
+        e = grad.dtype.type(exponent)
+        return (_ew("b_pow", [grad, self, e], grad.dtype),)
+
+    @staticmethod
+    def mul_backward(grad, needed, other, self):
+        """``grad*other`` and ``grad*self`` in one launch when shapes agree."""
+        need_a, need_b = needed[0], needed[1]
+        if need_a and need_b and _same(grad, self, other):
+            ga, gb = _new(grad.shape, grad.dtype), _new(grad.shape, grad.dtype)
+            K.elementwise("b_mul2", grad.size, _kshape(grad.shape),
+                          [(ga.buf, 0, None), (gb.buf, 0, None)],
+                          [_operand(grad, grad.shape), _operand(self, grad.shape),
+                           _operand(other, grad.shape)])
+            return ga, gb
+        return None
+
+    @staticmethod
+    def div_backward(grad, needed, other, self):
+        """``grad/other`` and ``-grad*self/other**2`` in one launch when shapes agree."""
+        need_a, need_b = needed[0], needed[1]
+        if not (need_b and _same(grad, self, other)):
+            return None
+        ops = [_operand(grad, grad.shape), _operand(self, grad.shape),
+               _operand(other, grad.shape)]
+        gb = _new(grad.shape, grad.dtype)
+        if need_a:
+            ga = _new(grad.shape, grad.dtype)
+            K.elementwise("b_div2", grad.size, _kshape(grad.shape),
+                          [(ga.buf, 0, None), (gb.buf, 0, None)], ops)
+            return ga, gb
+        K.elementwise("b_div_other", grad.size, _kshape(grad.shape), [(gb.buf, 0, None)], ops)
+        return None, gb
+
+    @staticmethod
+    def where_backward(grad, needed, condition):
+        """Route grad left where the condition holds, right elsewhere, in one launch."""
+        c = condition
+        if not _is_array(c) or c.dtype != np.bool_ or c.shape != grad.shape:
+            return None
+        need_a, need_b = needed[1], needed[2]
+        ops = [_operand(grad, grad.shape), _operand(c, grad.shape)]
+        if need_a and need_b:
+            ga, gb = _new(grad.shape, grad.dtype), _new(grad.shape, grad.dtype)
+            K.elementwise("b_where2", grad.size, _kshape(grad.shape),
+                          [(ga.buf, 0, None), (gb.buf, 0, None)], ops)
+            return None, ga, gb
+        if need_a or need_b:
+            out = _new(grad.shape, grad.dtype)
+            K.elementwise("b_where_left" if need_a else "b_where_right", grad.size,
+                          _kshape(grad.shape), [(out.buf, 0, None)], ops)
+            return (None, out, None) if need_a else (None, None, out)
+        return None
+
+    # -- reductions --------------------------------------------------------------------------------
+    @staticmethod
+    def sum(x, axis=None, keepdims=False, dtype=None):
+        if dtype is not None:
+            acc = np.dtype(getattr(dtype, "np", dtype))
+        else:
+            acc = x.dtype if x.dtype.kind in "fc" else np.dtype(np.int64)
+        return _reduce("sum", x, axis, keepdims, acc)
+
+    @staticmethod
+    def mean(x, axis=None, keepdims=False):
+        return _reduce("mean", x, axis, keepdims, x.dtype)
+
+    @staticmethod
+    def amax(x, axis=None, keepdims=False):
+        return _reduce("max", x, axis, keepdims, x.dtype)
+
+    @staticmethod
+    def amin(x, axis=None, keepdims=False):
+        return _reduce("min", x, axis, keepdims, x.dtype)
+
+    @staticmethod
+    def _arg(op, x, axis, keepdims):
+        if axis is None:
+            flat = CudaBackend.reshape(x, (x.size,))
+            out = _new(((1,) * x.ndim) if keepdims else (), np.int64)
+            if flat.size == 0:
+                raise ValueError(f"attempt to get {op} of an empty sequence")
+            K.arg_reduce_rows(op, out.buf, flat.buf, flat.offset, (1,), (0,), (flat.size,),
+                              flat.estrides, 1, flat.size)
+            return out
+        axes = _norm_axes(axis, x.ndim)
+        kshape, kstr, rshape, rstr, rows, k = _reduce_plan(x, axes)
+        if k == 0:
+            raise ValueError(f"attempt to get {op} of an empty sequence")
+        out = _new(_out_shape(x, axes, keepdims), np.int64)
+        if x.ndim == 0:
+            kshape, kstr, rshape, rstr, rows, k = (1,), (0,), (1,), (0,), 1, 1
+        K.arg_reduce_rows(op, out.buf, x.buf, x.offset, kshape, kstr, rshape, rstr, rows, k)
+        return out
+
+    @staticmethod
+    def argmax(x, axis=None, keepdims=False):
+        return CudaBackend._arg("argmax", x, axis, keepdims)
+
+    @staticmethod
+    def argmin(x, axis=None, keepdims=False):
+        return CudaBackend._arg("argmin", x, axis, keepdims)
+
+    # -- matmul ------------------------------------------------------------------------------------
+    @staticmethod
+    def matmul(a, b):
+        a, b = _coerce(a), _coerce(b)
+        if a.ndim == 0 or b.ndim == 0:
+            raise ValueError("matmul: Input operand does not have enough dimensions")
+        dt = _result_dtype(a, b)
+        if a.dtype != dt:
+            a = CudaBackend.cast(a, dt)
+        if b.dtype != dt:
+            b = CudaBackend.cast(b, dt)
+        a2 = _view(a, (1,) + a.shape, (0,) + a.estrides, a.offset) if a.ndim == 1 else a
+        b2 = _view(b, b.shape + (1,), b.estrides + (0,), b.offset) if b.ndim == 1 else b
+        m, k = a2.shape[-2:]
+        k2, n = b2.shape[-2:]
+        if k != k2:
+            raise ValueError(f"matmul: Input operand 1 has a mismatch in its core dimension 0, "
+                             f"with gufunc signature (n?,k),(k,m?)->(n?,m?) (size {k2} is "
+                             f"different from {k})")
+        bshape = tuple(np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2]))
+        nb = _prod(bshape)
+        abst = _batch_strides(a2, bshape)
+        bbst = _batch_strides(b2, bshape)
+        out = _new(bshape + (m, n), dt)
+        K.matmul(out.buf, a2.buf, a2.offset, a2.estrides[-2], a2.estrides[-1], b2.buf,
+                 b2.offset, b2.estrides[-2], b2.estrides[-1], m, n, k, bshape or (1,),
+                 abst or (0,), bbst or (0,), nb)
+        shape = bshape + ((m,) if a.ndim > 1 else ()) + ((n,) if b.ndim > 1 else ())
+        return _view(out, shape, _contig_strides(shape), 0) if shape != out.shape else out
+
+    # -- movement (views: no launch) ---------------------------------------------------------------
+    @staticmethod
+    def reshape(x, shape):
+        x = _coerce(x)
+        if isinstance(shape, (int, np.integer)):
+            shape = (shape,)
+        shape = [int(s) for s in shape]
+        if -1 in shape:
+            known = _prod([s for s in shape if s != -1])
+            shape[shape.index(-1)] = x.size // known if known else 0
+        shape = tuple(shape)
+        if _prod(shape) != x.size:
+            raise ValueError(f"cannot reshape array of size {x.size} into shape {shape}")
+        if x.is_contiguous:
+            return _view(x, shape, _contig_strides(shape), x.offset)
+        strides = _view_strides(x.shape, x.estrides, shape)
+        if strides is not None:  # the strides allow a view (as numpy's reshape)
+            return _view(x, shape, strides, x.offset)
+        x = CudaBackend.copy(x)
+        return _view(x, shape, _contig_strides(shape), x.offset)
+
+    @staticmethod
+    def transpose(x, axes):
+        axes = tuple(int(a) % max(x.ndim, 1) for a in axes) if x.ndim else ()
+        return _view(x, tuple(x.shape[a] for a in axes), tuple(x.estrides[a] for a in axes),
+                     x.offset)
+
+    @staticmethod
+    def broadcast_to(x, shape):
+        x = _coerce(x)
+        shape = tuple(int(s) for s in shape)
+        if tuple(np.broadcast_shapes(x.shape, shape)) != shape:
+            raise ValueError(f"operands could not be broadcast together with remapped shapes "
+                             f"{x.shape} and requested shape {shape}")
+        st = _bstrides(x, shape)
+        writeable = x.writeable and all(s != 0 or n == 1 for s, n in zip(st, shape)) \
+            and len(shape) == x.ndim
+        return _view(x, shape, st, x.offset, writeable=writeable and shape == x.shape)
+
+    @staticmethod
+    def getitem(x, index):
+        plan = _index_plan(_coerce(x), index)
+        if not plan.adv:
+            return plan.view
+        oshape, vstr, specs = _adv_layout(plan)
+        view = plan.view
+        out = _new(oshape, view.dtype)
+        K.gather(out.size, _kshape(oshape), out.buf, 0, view.buf, view.offset,
+                 vstr or (0,), specs, K.error_flag())
+        _CudaState.index_launched = True
+        return out
+
+    @staticmethod
+    def setitem(x, index, value):
+        plan = _index_plan(x, index)
+        if plan.adv:
+            CudaBackend.index_put(x, index, value, False)
+            return
+        CudaBackend.copy_(plan.view, value)
+
+    @staticmethod
+    def index_put(x, index, values, accumulate=False):
+        """``x[index] = values`` (``+=`` with repeats adding up, atomically); returns x."""
+        plan = _index_plan(x, index)
+        if not plan.adv:
+            if accumulate:
+                CudaBackend.add_(plan.view, values)
+            else:
+                CudaBackend.copy_(plan.view, values)
+            return x
+        oshape, vstr, specs = _adv_layout(plan)
+        view = plan.view
+        values = _coerce(values)
+        if not _is_array(values):
+            values = CudaBackend.full((), values, view.dtype)
+        if values.dtype != view.dtype:
+            values = CudaBackend.cast(values, view.dtype)
+        if tuple(np.broadcast_shapes(values.shape, oshape)) != oshape:
+            raise ValueError(f"shape mismatch: value array of shape {values.shape} could not "
+                             f"be broadcast to indexing result of shape {oshape}")
+        vst = _bstrides(values, oshape) if oshape else (0,)
+        n = _prod(oshape)
+        K.scatter(n, _kshape(oshape), view.buf, view.offset, vstr or (0,), values.buf,
+                  values.offset, vst or (0,), specs, K.error_flag(), accumulate)
+        _CudaState.index_launched = True
+        return x
+
+    @staticmethod
+    def cast(x, np_dtype):
+        x = _coerce(x)
+        dt = np.dtype(getattr(np_dtype, "np", np_dtype))
+        if x.dtype == dt:
+            return x
+        fn = "to_bool" if dt == np.bool_ else "identity"
+        return _ew(fn, [x], dt)
+
+    @staticmethod
+    def copy(x):
+        x = _coerce(x)
+        return _ew("identity", [x], x.dtype)
+
+    @staticmethod
+    def concatenate(xs, axis):
+        xs = [_coerce(x) for x in xs]
+        first = xs[0]
+        ax = axis % first.ndim
+        dt = _result_dtype(*xs)
+        total = sum(x.shape[ax] for x in xs)
+        shape = first.shape[:ax] + (total,) + first.shape[ax + 1:]
+        for x in xs:
+            if x.ndim != first.ndim or x.shape[:ax] != first.shape[:ax] \
+                    or x.shape[ax + 1:] != first.shape[ax + 1:]:
+                raise ValueError("all the input array dimensions except for the concatenation "
+                                 "axis must match exactly")
+        out = _new(shape, dt)
+        pos = 0
+        for x in xs:
+            n = x.shape[ax]
+            if n:
+                dst = _view(out, x.shape, out.estrides, pos * out.estrides[ax])
+                _ew_into("identity", dst, [x])
+            pos += n
+        return out
+
+    @staticmethod
+    def stack(xs, axis):
+        xs = [_coerce(x) for x in xs]
+        nd = xs[0].ndim + 1
+        ax = axis % nd
+        ys = [_view(x, x.shape[:ax] + (1,) + x.shape[ax:],
+                    x.estrides[:ax] + (0,) + x.estrides[ax:], x.offset) for x in xs]
+        if any(x.shape != xs[0].shape for x in xs):
+            raise ValueError("all input arrays must have the same shape")
+        return CudaBackend.concatenate(ys, ax)
+
+    # -- creation ----------------------------------------------------------------------------------
+    @staticmethod
+    def full(shape, value, np_dtype):
+        dt = np.dtype(getattr(np_dtype, "np", np_dtype))
+        if isinstance(shape, (int, np.integer)):
+            shape = (shape,)
+        out = _new(shape, dt)
+        K.elementwise("identity", out.size, _kshape(out.shape), [(out.buf, 0, None)],
+                      [(K.CONST, dt.type(value))])
+        return out
+
+    @staticmethod
+    def empty(shape, np_dtype):
+        if isinstance(shape, (int, np.integer)):
+            shape = (shape,)
+        return _new(shape, np.dtype(getattr(np_dtype, "np", np_dtype)))
+
+    @staticmethod
+    def arange(start, end, step, np_dtype):
+        dt = np.dtype(getattr(np_dtype, "np", np_dtype))
+        n = max(0, math.ceil((end - start) / step))
+        out = _new((n,), dt)
+        K.arange(out.buf, n, dt.type(start) if dt.kind != "b" else start,
+                 dt.type(step) if dt.kind != "b" else step)
+        return out
+
+    @staticmethod
+    def random(shape, np_dtype, normal: bool, seed: int, offset: int = 0):
+        """Uniform [0, 1) or standard-normal numbers made on the device (no host copy)."""
+        dt = np.dtype(getattr(np_dtype, "np", np_dtype))
+        out = _new(shape, dt)
+        K.random(out.buf, out.size, int(seed), int(offset), bool(normal))
+        return out
+
+    # -- host <-> device ---------------------------------------------------------------------------
+    @staticmethod
+    def from_host(x):
+        if _is_array(x):
+            return x
+        a = np.asarray(x)
+        if not a.flags.c_contiguous:
+            a = np.ascontiguousarray(a)  # only when needed: it would make a 0-d array 1-d
+        out = _new(a.shape, a.dtype)
+        if a.size:
+            out.buf.copy_to_device(a.reshape(-1))
+            K.stats["h2d"] += 1
+        return out
+
+    @staticmethod
+    def to_host(x):
+        if not _is_array(x):
+            return np.asarray(x)
+        _check_errors()
+        if x.size == 0:
+            return np.empty(x.shape, x.dtype)
+        if not x.is_contiguous:
+            x = CudaBackend.copy(x)
+        host = x.buf[x.offset:x.offset + x.size].copy_to_host()
+        K.stats["d2h"] += 1
+        return host.reshape(x.shape)
+
+    @staticmethod
+    def synchronize() -> None:
+        from numba import cuda
+
+        cuda.synchronize()
+        _check_errors()
+
+    # -- in place ----------------------------------------------------------------------------------
+    @staticmethod
+    def fill_(x, value):
+        _ew_into("identity", x, [x.dtype.type(value)])
+
+    @staticmethod
+    def copy_(dst, src):
+        src = _coerce(src)
+        _ew_into("identity" if dst.dtype != np.bool_ else "to_bool", dst, [src])
+
+    @staticmethod
+    def add_(dst, src):
+        _ew_into("add", dst, [dst, src])
+
+    @staticmethod
+    def sub_(dst, src):
+        _ew_into("sub", dst, [dst, src])
+
+    @staticmethod
+    def mul_(dst, src):
+        _ew_into("mul", dst, [dst, src])
+
+    @staticmethod
+    def div_(dst, src):
+        _ew_into("div", dst, [dst, src])
+
+    @staticmethod
+    def shares_memory(a, b) -> bool:
+        return _is_array(a) and _is_array(b) and a.block is b.block
+
+
+def _view_strides(old, stride, shape):
+    """PyTorch's computeStride: the strides of ``shape`` over old's memory, or None (copy)."""
+    if not old:
+        return _contig_strides(shape)
+    new = [0] * len(shape)
+    view_d = len(shape) - 1
+    chunk_base_stride = stride[-1]
+    tensor_numel = view_numel = 1
+    for d in range(len(old) - 1, -1, -1):
+        tensor_numel *= old[d]
+        if d == 0 or (old[d - 1] != 1 and stride[d - 1] != tensor_numel * chunk_base_stride):
+            while view_d >= 0 and (view_numel < tensor_numel or shape[view_d] == 1):
+                new[view_d] = view_numel * chunk_base_stride
+                view_numel *= shape[view_d]
+                view_d -= 1
+            if view_numel != tensor_numel:
+                return None
+            if d > 0:
+                chunk_base_stride = stride[d - 1]
+                tensor_numel = view_numel = 1
+    return tuple(new) if view_d == -1 else None
+
+
+def _batch_strides(x: CudaArray, bshape: tuple) -> tuple:
+    lead = len(bshape) - (x.ndim - 2)
+    out = []
+    for d, s in enumerate(bshape):
+        if d < lead:
+            out.append(0)
+            continue
+        xs = x.shape[d - lead]
+        out.append(0 if xs == 1 and s != 1 else x.estrides[d - lead])
+    return tuple(out)
+
+
+class _CudaState:
+    index_launched = False
+
+
+def _check_errors() -> None:
+    """Report an out-of-range index seen by a kernel (CUDA reports these at the next sync)."""
+    if not _CudaState.index_launched:
+        return
+    _CudaState.index_launched = False
+    err = K.error_flag()
+    flag = err.copy_to_host()
+    K.stats["d2h"] += 1
+    if flag[0]:
+        err.copy_to_device(np.zeros(1, np.int32))
+        K.stats["h2d"] += 1
+        raise IndexError("index out of range in a CUDA indexing kernel (reported at the next "
+                         "synchronization, as CUDA reports device-side asserts)")

@@ -1,0 +1,824 @@
+"""numba.cuda kernels: elementwise (n-ary, fused backward), reductions, matmul, gather/scatter,
+fill, arange and random numbers.
+
+Every kernel reads its operands from flat 1-D device buffers through an element offset and
+per-dim element strides (a view is just different offset/strides), so transposes,
+broadcasts and slices need no copy; contiguous operands take a flat path without the
+index arithmetic. Kernels are generated per operand layout (flat / strided / scalar) and
+cached; numba compiles each on its first launch per argument types.
+
+Launch geometry is chosen per kernel family (block size, grid-stride caps, matmul tiles).
+Under the CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``), where each GPU thread is a Python
+thread, the same kernels run with tiny blocks and tiles so tests stay fast; and the scalar
+math maps to NumPy's (which returns inf/nan where Python's ``math`` would raise, as the
+GPU does). Everything else is the same code.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import config, cuda
+
+__all__ = ["SIM", "stats", "elementwise", "reduce_rows", "arg_reduce_rows", "matmul",
+           "gather", "scatter", "arange", "random", "error_flag"]
+
+SIM = bool(config.ENABLE_CUDASIM)
+
+if SIM:
+    EW_TPB, EW_MAX_BLOCKS = 16, 2
+    RED_TPB, RED_MAX_BLOCKS, RED_SPLIT_MIN = 8, 4, 32
+    MM_BM, MM_BN, MM_BK, MM_TM, MM_TN = 4, 4, 2, 2, 2
+else:  # pragma: no cover - needs a GPU
+    EW_TPB, EW_MAX_BLOCKS = 256, 8192
+    RED_TPB, RED_MAX_BLOCKS, RED_SPLIT_MIN = 256, 4096, 4096
+    MM_BM, MM_BN, MM_BK, MM_TM, MM_TN = 128, 128, 8, 8, 8
+
+#: kernel launches and host<->device transfers since import (tests read and reset these).
+stats = {"launches": 0, "h2d": 0, "d2h": 0}
+
+
+def launch(kernel, grid, block, *args) -> None:
+    """Every launch goes through here (one place to count and to choose the stream)."""
+    stats["launches"] += 1
+    kernel[grid, block](*args)
+
+
+def _device(fn):
+    """A device function; under the simulator a plain Python function (much faster)."""
+    return fn if SIM else cuda.jit(device=True)(fn)
+
+
+def _jit(fn):
+    return cuda.jit(fn)
+
+
+# -- scalar math ----------------------------------------------------------------------------
+if SIM:
+    _exp, _log, _sin, _cos, _tanh, _sqrt, _pow = (np.exp, np.log, np.sin, np.cos, np.tanh,
+                                                  np.sqrt, np.power)
+else:  # pragma: no cover
+    _exp, _log, _sin, _cos, _tanh, _sqrt, _pow = (math.exp, math.log, math.sin, math.cos,
+                                                  math.tanh, math.sqrt, math.pow)
+
+
+@_device
+def _off(i, shape, strides):
+    """Element offset of the i-th element (row-major over ``shape``) of a strided view."""
+    o = 0
+    for d in range(len(shape) - 1, -1, -1):
+        s = shape[d]
+        q = i // s
+        o += (i - q * s) * strides[d]
+        i = q
+    return o
+
+
+def _f_identity(x):
+    return x
+
+
+def _f_neg(x):
+    return -x
+
+
+def _f_exp(x):
+    return _exp(x)
+
+
+def _f_log(x):
+    return _log(x)
+
+
+def _f_sin(x):
+    return _sin(x)
+
+
+def _f_cos(x):
+    return _cos(x)
+
+
+def _f_tanh(x):
+    return _tanh(x)
+
+
+def _f_sqrt(x):
+    return _sqrt(x)
+
+
+def _f_sigmoid(x):
+    if x >= 0:
+        z = _exp(-x)
+        return 1 / (1 + z)
+    z = _exp(x)
+    return z / (1 + z)
+
+
+def _f_relu(x):
+    return x if not x <= 0 else x * 0  # NaN stays NaN, as in torch
+
+
+def _f_abs(x):
+    return abs(x)
+
+
+def _f_sign(x):
+    if x > 0:
+        return x * 0 + 1
+    if x < 0:
+        return x * 0 - 1
+    return x  # 0 and NaN
+
+
+def _f_reciprocal(x):
+    return 1 / x
+
+
+def _f_logical_not(x):
+    return not x
+
+
+def _f_to_bool(x):
+    return x != 0
+
+
+def _f_add(a, b):
+    return a + b
+
+
+def _f_sub(a, b):
+    return a - b
+
+
+def _f_mul(a, b):
+    return a * b
+
+
+def _f_div(a, b):
+    return a / b
+
+
+def _f_pow(a, b):
+    return _pow(a, b)
+
+
+def _f_ipow(a, b):
+    r = a * 0 + 1
+    base = a
+    e = b
+    while e > 0:
+        if e & 1:
+            r *= base
+        base *= base
+        e >>= 1
+    return r
+
+
+def _f_gt(a, b):
+    return a > b
+
+
+def _f_ge(a, b):
+    return a >= b
+
+
+def _f_lt(a, b):
+    return a < b
+
+
+def _f_le(a, b):
+    return a <= b
+
+
+def _f_eq(a, b):
+    return a == b
+
+
+def _f_ne(a, b):
+    return a != b
+
+
+def _f_maximum(a, b):
+    return a if (a > b or a != a) else b  # NaN-propagating, as torch.maximum
+
+
+def _f_minimum(a, b):
+    return a if (a < b or a != a) else b
+
+
+def _f_logical_or(a, b):
+    return (a != 0) or (b != 0)
+
+
+def _f_logical_and(a, b):
+    return (a != 0) and (b != 0)
+
+
+def _f_where(c, a, b):
+    return a if c else b
+
+
+def _f_addcmul(x, t1, t2, v):
+    return x + v * t1 * t2
+
+
+# fused backward rules (the tensor-op formulas of symgrad/ops/elementwise.py, one pass)
+def _b_exp(g, r):
+    return g * r
+
+
+def _b_log(g, x):
+    return g / x
+
+
+def _b_sin(g, x):
+    return g * _cos(x)
+
+
+def _b_cos(g, x):
+    return g * -_sin(x)
+
+
+def _b_tanh(g, r):
+    return g * (1 - r * r)
+
+
+def _b_sigmoid(g, r):
+    return g * (r * (1 - r))
+
+
+def _b_sqrt(g, r):
+    return g / (2 * r)
+
+
+def _b_relu(g, r):
+    return g if r > 0 else g * 0
+
+
+def _b_abs(g, x):
+    return g * _f_sign_d(x)
+
+
+def _b_reciprocal(g, r):
+    return -g * r * r
+
+
+def _b_neg(g):
+    return -g
+
+
+def _b_zero(g):
+    return g * 0
+
+
+def _b_pow(g, x, e):
+    return g * e * _pow(x, e - 1)
+
+
+def _b_mul2(g, a, b):
+    return g * b, g * a
+
+
+def _b_div2(g, a, b):
+    return g / b, -g * a / (b * b)
+
+
+def _b_div_other(g, a, b):
+    return -g * a / (b * b)
+
+
+def _b_where2(g, c):
+    return (g if c else g * 0), (g * 0 if c else g)
+
+
+def _b_where_left(g, c):
+    return g if c else g * 0
+
+
+def _b_where_right(g, c):
+    return g * 0 if c else g
+
+
+_f_sign_d = _device(_f_sign)
+
+#: name -> device function; ``elementwise`` builds kernels around these.
+FUNCS = {(name[3:] if name.startswith("_f_") else "b_" + name[3:]): _device(fn)
+         for name, fn in list(globals().items())
+         if name.startswith(("_f_", "_b_")) and callable(fn) and name != "_f_sign_d"}
+
+
+# -- elementwise ----------------------------------------------------------------------------
+_EW_CACHE: dict = {}
+CONST = "const"  # operands[k][0] is CONST marks a scalar operand (compared by identity)
+
+
+def _build_elementwise(fn_name: str, kinds: tuple, out_kind: str, nout: int):
+    params = ["n", "shape"]
+    for j in range(nout):
+        params += [f"out{j}", f"oo{j}", f"os{j}"]
+    for k in range(len(kinds)):
+        params += [f"a{k}", f"o{k}", f"s{k}"]
+    lines = [f"def kernel({', '.join(params)}):",
+             "    i = cuda.grid(1)",
+             "    step = cuda.gridsize(1)",
+             "    while i < n:"]
+    for k, kind in enumerate(kinds):
+        if kind == "c":
+            lines.append(f"        x{k} = a{k}")
+        elif kind == "f":
+            lines.append(f"        x{k} = a{k}[o{k} + i]")
+        else:
+            lines.append(f"        x{k} = a{k}[o{k} + _off(i, shape, s{k})]")
+    call = f"fn({', '.join(f'x{k}' for k in range(len(kinds)))})"
+    lines.append(f"        {', '.join(f'r{j}' for j in range(nout))} = {call}")
+    for j in range(nout):
+        idx = f"oo{j} + i" if out_kind == "f" else f"oo{j} + _off(i, shape, os{j})"
+        lines.append(f"        out{j}[{idx}] = r{j}")
+    lines.append("        i += step")
+    ns = {"cuda": cuda, "fn": FUNCS[fn_name], "_off": _off}
+    exec("\n".join(lines), ns)  # noqa: S102 - generated from the fixed template above
+    kernel = ns["kernel"]
+    kernel.__name__ = f"ew_{fn_name}_{''.join(kinds)}_{out_kind}{nout}"
+    return _jit(kernel)
+
+
+def _ew_kernel(fn_name, kinds, out_kind, nout):
+    key = (fn_name, kinds, out_kind, nout)
+    k = _EW_CACHE.get(key)
+    if k is None:
+        k = _EW_CACHE[key] = _build_elementwise(fn_name, kinds, out_kind, nout)
+    return k
+
+
+def _contig(shape) -> tuple:
+    out, acc = [], 1
+    for s in reversed(shape):
+        out.append(acc)
+        acc *= s
+    return tuple(reversed(out))
+
+
+def _grid(n: int, tpb: int, cap: int) -> int:
+    return max(1, min(-(-n // tpb), cap))
+
+
+def elementwise(fn_name: str, n: int, shape: tuple, outs: list, operands: list) -> None:
+    """Run ``outs[j][i] = fn(operands...)[j]`` over ``n`` elements of ``shape``.
+
+    ``outs``: (buffer, offset, strides or None for flat); ``operands``: the same, or
+    ``(CONST, value)`` for a scalar. Strided operands are indexed by ``shape``.
+    """
+    if n == 0:
+        return
+    kinds = []
+    args = [n, shape]
+    out_kind = "s" if any(o[2] is not None for o in outs) else "f"
+    for buf, off, strides in outs:
+        if strides is None and out_kind == "s":
+            strides = _contig(shape)
+        args += [buf, off, strides if strides is not None else shape]
+    for op in operands:
+        if op[0] is CONST:
+            kinds.append("c")
+            args += [op[1], 0, shape]
+        else:
+            buf, off, strides = op
+            kinds.append("f" if strides is None else "s")
+            args += [buf, off, strides if strides is not None else shape]
+    kernel = _ew_kernel(fn_name, tuple(kinds), out_kind, len(outs))
+    launch(kernel, _grid(n, EW_TPB, EW_MAX_BLOCKS), EW_TPB, *args)
+
+
+# -- reductions: one block per output row, shared-memory tree ------------------------------
+_RED_CACHE: dict = {}
+
+
+def _numba_type(np_dtype):
+    if SIM:
+        return np.dtype(np_dtype)
+    from numba import from_dtype  # pragma: no cover
+
+    return from_dtype(np.dtype(np_dtype))  # pragma: no cover
+
+
+def _init_value(op: str, dt: np.dtype):
+    if op in ("sum", "mean"):
+        return dt.type(0)
+    if dt.kind == "f":
+        return dt.type(-np.inf if op == "max" else np.inf)
+    if dt.kind == "b":
+        return dt.type(op == "min")
+    info = np.iinfo(dt)
+    return dt.type(info.min if op == "max" else info.max)
+
+
+def _combine(op):
+    if op in ("sum", "mean"):
+        return FUNCS["add"]
+    return FUNCS["maximum" if op == "max" else "minimum"]
+
+
+def _build_reduce(op: str, acc_dtype: np.dtype, mean: bool):
+    TPB = RED_TPB
+    ACC = _numba_type(acc_dtype)
+    INIT = _init_value(op, acc_dtype)
+    comb = _combine(op)
+
+    def kernel(out, rows, K, chunk, nsplit, a, ao, kshape, kstr, rshape, rstr, div):
+        sm = cuda.shared.array(TPB, ACC)
+        t = cuda.threadIdx.x
+        split = cuda.blockIdx.y
+        start = split * chunk
+        stop = min(K, start + chunk)
+        row = cuda.blockIdx.x
+        while row < rows:
+            base = ao + _off(row, kshape, kstr)
+            acc = INIT
+            k = start + t
+            while k < stop:
+                acc = comb(acc, a[base + _off(k, rshape, rstr)])
+                k += TPB
+            sm[t] = acc
+            cuda.syncthreads()
+            s = TPB // 2
+            while s > 0:
+                if t < s:
+                    sm[t] = comb(sm[t], sm[t + s])
+                cuda.syncthreads()
+                s //= 2
+            if t == 0:
+                if mean:
+                    out[row * nsplit + split] = sm[0] / div
+                else:
+                    out[row * nsplit + split] = sm[0]
+            cuda.syncthreads()
+            row += cuda.gridDim.x
+
+    kernel.__name__ = f"reduce_{op}_{np.dtype(acc_dtype).name}{'_mean' if mean else ''}"
+    return _jit(kernel)
+
+
+def _red_kernel(op, acc_dtype, mean):
+    key = (op, np.dtype(acc_dtype), mean)
+    k = _RED_CACHE.get(key)
+    if k is None:
+        k = _RED_CACHE[key] = _build_reduce(op, np.dtype(acc_dtype), mean)
+    return k
+
+
+def reduce_rows(op: str, out, a, ao: int, kshape: tuple, kstr: tuple, rshape: tuple,
+                rstr: tuple, rows: int, K: int, alloc) -> None:
+    """``out[row] = op over k of a[ao + off(row, kept) + off(k, reduced)]``.
+
+    ``op``: sum | mean | max | min; ``out`` is a flat buffer of ``rows`` elements whose
+    dtype is the accumulator's. Long rows with few of them are split over several blocks
+    (partials in a temporary from ``alloc``), then reduced by a second launch.
+    """
+    if rows == 0:
+        return
+    acc_dtype = out.dtype
+    nsplit = 1
+    if K >= RED_SPLIT_MIN and rows < RED_MAX_BLOCKS:
+        nsplit = max(1, min(-(-K // (RED_TPB * 4)), RED_MAX_BLOCKS // rows, 1024))
+        if SIM:
+            nsplit = min(nsplit, 2) if K >= RED_SPLIT_MIN else 1
+            nsplit = max(nsplit, 2)
+    mean = op == "mean"
+    if nsplit == 1:
+        kernel = _red_kernel(op, acc_dtype, mean)
+        launch(kernel, (min(rows, RED_MAX_BLOCKS), 1), RED_TPB, out, rows, K, K, 1, a, ao,
+               kshape, kstr, rshape, rstr, acc_dtype.type(K))
+        return
+    chunk = -(-K // nsplit)
+    part = alloc(rows * nsplit, acc_dtype)
+    first = _red_kernel("sum" if mean else op, acc_dtype, False)
+    launch(first, (min(rows, RED_MAX_BLOCKS), nsplit), RED_TPB, part.data, rows, K, chunk,
+           nsplit, a, ao, kshape, kstr, rshape, rstr, acc_dtype.type(1))
+    second = _red_kernel("sum" if mean else op, acc_dtype, mean)
+    launch(second, (min(rows, RED_MAX_BLOCKS), 1), RED_TPB, out, rows, nsplit, nsplit, 1,
+           part.data, 0, (rows,), (nsplit,), (nsplit,), (1,), acc_dtype.type(K))
+
+
+_ARG_CACHE: dict = {}
+
+
+def _build_arg_reduce(op: str, dt: np.dtype):
+    TPB = RED_TPB
+    V = _numba_type(dt)
+    I64 = _numba_type(np.int64)
+    INIT = _init_value(op, dt)
+    is_max = op == "argmax"
+
+    def better(v, i, w, j):
+        """Is (w, j) preferred over (v, i)? NaN wins (first NaN), then value, then index."""
+        if w != w:
+            return v == v or j < i
+        if v != v:
+            return False
+        if is_max:
+            return w > v or (w == v and j < i)
+        return w < v or (w == v and j < i)
+
+    better_d = _device(better)
+
+    def kernel(out, rows, K, a, ao, kshape, kstr, rshape, rstr):
+        vals = cuda.shared.array(TPB, V)
+        idxs = cuda.shared.array(TPB, I64)
+        t = cuda.threadIdx.x
+        row = cuda.blockIdx.x
+        while row < rows:
+            base = ao + _off(row, kshape, kstr)
+            best = INIT
+            bi = K
+            k = t
+            while k < K:
+                w = a[base + _off(k, rshape, rstr)]
+                if bi == K or better_d(best, bi, w, k):
+                    best = w
+                    bi = k
+                k += TPB
+            vals[t] = best
+            idxs[t] = bi
+            cuda.syncthreads()
+            s = TPB // 2
+            while s > 0:
+                if t < s:
+                    j = idxs[t + s]
+                    if j != K and (idxs[t] == K or better_d(vals[t], idxs[t], vals[t + s], j)):
+                        vals[t] = vals[t + s]
+                        idxs[t] = j
+                cuda.syncthreads()
+                s //= 2
+            if t == 0:
+                out[row] = idxs[0] if idxs[0] != K else 0
+            cuda.syncthreads()
+            row += cuda.gridDim.x
+
+    kernel.__name__ = f"{op}_{dt.name}"
+    return _jit(kernel)
+
+
+def arg_reduce_rows(op: str, out, a, ao, kshape, kstr, rshape, rstr, rows, K) -> None:
+    """``out[row]`` = index (along the reduced dims, row-major) of the max/min; first wins."""
+    if rows == 0:
+        return
+    dt = np.dtype(a.dtype)
+    key = (op, dt)
+    kernel = _ARG_CACHE.get(key)
+    if kernel is None:
+        kernel = _ARG_CACHE[key] = _build_arg_reduce(op, dt)
+    launch(kernel, min(rows, RED_MAX_BLOCKS), RED_TPB, out, rows, K, a, ao, kshape, kstr,
+           rshape, rstr)
+
+
+# -- matmul: shared-memory tiles, a register block per thread, batched over grid z ----------
+_MM_CACHE: dict = {}
+
+
+def _build_matmul(dt: np.dtype):
+    BM, BN, BK, TM, TN = MM_BM, MM_BN, MM_BK, MM_TM, MM_TN
+    NTX, NTY = BN // TN, BM // TM
+    NT = NTX * NTY
+    T = _numba_type(dt)
+    ZERO = dt.type(0)
+
+    def kernel(out, a, ao, asm, ask, b, bo, bsk, bsn, M, N, K, bshape, abst, bbst, z0):
+        As = cuda.shared.array((BK, BM), T)
+        Bs = cuda.shared.array((BK, BN), T)
+        acc = cuda.local.array((TM, TN), T)
+        af = cuda.local.array(TM, T)
+        bf = cuda.local.array(TN, T)
+        tx = cuda.threadIdx.x
+        ty = cuda.threadIdx.y
+        tid = ty * NTX + tx
+        z = cuda.blockIdx.z + z0
+        abase = ao + _off(z, bshape, abst)
+        bbase = bo + _off(z, bshape, bbst)
+        row0 = cuda.blockIdx.y * BM
+        col0 = cuda.blockIdx.x * BN
+        for m in range(TM):
+            for n in range(TN):
+                acc[m, n] = ZERO
+        for k0 in range(0, K, BK):
+            i = tid
+            while i < BM * BK:
+                r = i // BK
+                c = i - r * BK
+                gr = row0 + r
+                gc = k0 + c
+                if gr < M and gc < K:
+                    As[c, r] = a[abase + gr * asm + gc * ask]
+                else:
+                    As[c, r] = ZERO
+                i += NT
+            i = tid
+            while i < BK * BN:
+                r = i // BN
+                c = i - r * BN
+                gr = k0 + r
+                gc = col0 + c
+                if gr < K and gc < N:
+                    Bs[r, c] = b[bbase + gr * bsk + gc * bsn]
+                else:
+                    Bs[r, c] = ZERO
+                i += NT
+            cuda.syncthreads()
+            for kk in range(BK):
+                for m in range(TM):
+                    af[m] = As[kk, ty + m * NTY]
+                for n in range(TN):
+                    bf[n] = Bs[kk, tx + n * NTX]
+                for m in range(TM):
+                    for n in range(TN):
+                        acc[m, n] += af[m] * bf[n]
+            cuda.syncthreads()
+        obase = z * M * N
+        for m in range(TM):
+            r = row0 + ty + m * NTY
+            if r < M:
+                for n in range(TN):
+                    c = col0 + tx + n * NTX
+                    if c < N:
+                        out[obase + r * N + c] = acc[m, n]
+
+    kernel.__name__ = f"matmul_{dt.name}"
+    return _jit(kernel)
+
+
+def matmul(out, a, ao, asm, ask, b, bo, bsk, bsn, M, N, K, bshape, abst, bbst, nbatch):
+    """``out[z, M, N] = a[z] @ b[z]`` for every batch index z (row-major over ``bshape``)."""
+    if M == 0 or N == 0 or nbatch == 0:
+        return
+    dt = np.dtype(out.dtype)
+    kernel = _MM_CACHE.get(dt)
+    if kernel is None:
+        kernel = _MM_CACHE[dt] = _build_matmul(dt)
+    gx, gy = -(-N // MM_BN), -(-M // MM_BM)
+    block = (MM_BN // MM_TN, MM_BM // MM_TM)
+    for z0 in range(0, nbatch, 65535):
+        gz = min(65535, nbatch - z0)
+        launch(kernel, (gx, gy, gz), block, out, a, ao, asm, ask, b, bo, bsk, bsn, M, N, K,
+               bshape, abst, bbst, z0)
+
+
+# -- gather / scatter (advanced indexing) ----------------------------------------------------
+_GS_CACHE: dict = {}
+
+
+def _build_index_kernel(nidx: int, mode: str):
+    """mode: gather | put | add (atomic scatter-add)."""
+    params = ["n", "oshape", "dst", "do", "ds", "src", "so", "ss", "err"]
+    for k in range(nidx):
+        params += [f"ix{k}", f"io{k}", f"is{k}", f"dim{k}", f"st{k}"]
+    lines = [f"def kernel({', '.join(params)}):",
+             "    i = cuda.grid(1)",
+             "    step = cuda.gridsize(1)",
+             "    while i < n:",
+             # the indexed operand's offset from the non-indexed dims of the result
+             "        p = " + ("so + _off(i, oshape, ss)" if mode == "gather"
+                               else "do + _off(i, oshape, ds)")]
+    for k in range(nidx):
+        lines += [f"        j = ix{k}[io{k} + _off(i, oshape, is{k})]",
+                  "        if j < 0:",
+                  f"            j += dim{k}",
+                  f"        if j < 0 or j >= dim{k}:",
+                  "            err[0] = 1",
+                  "            j = 0",
+                  f"        p += j * st{k}"]
+    if mode == "gather":
+        lines.append("        dst[do + i] = src[p]")
+    elif mode == "put":
+        lines.append("        dst[p] = src[so + _off(i, oshape, ss)]")
+    else:
+        lines.append("        cuda.atomic.add(dst, p, src[so + _off(i, oshape, ss)])")
+    lines.append("        i += step")
+    ns = {"cuda": cuda, "_off": _off}
+    exec("\n".join(lines), ns)  # noqa: S102 - generated from the fixed template above
+    kernel = ns["kernel"]
+    kernel.__name__ = f"{mode}_{nidx}"
+    return _jit(kernel)
+
+
+def _index_kernel(nidx, mode):
+    key = (nidx, mode)
+    k = _GS_CACHE.get(key)
+    if k is None:
+        k = _GS_CACHE[key] = _build_index_kernel(nidx, mode)
+    return k
+
+
+def gather(n, oshape, dst, do, src, so, ss, indices, err) -> None:
+    """``dst[do + i] = src[so + off(i, ss) + sum_k index_k(i) * stride_k]``.
+
+    ``indices``: (buffer, offset, strides over ``oshape``, dim size, src stride) each.
+    Out-of-range indices read element 0 and raise the error flag (checked at sync).
+    """
+    if n == 0:
+        return
+    args = [n, oshape, dst, do, oshape, src, so, ss, err]
+    for buf, off, strides, size, stride in indices:
+        args += [buf, off, strides, size, stride]
+    launch(_index_kernel(len(indices), "gather"), _grid(n, EW_TPB, EW_MAX_BLOCKS), EW_TPB,
+           *args)
+
+
+def scatter(n, oshape, dst, do, ds, src, so, ss, indices, err, accumulate: bool) -> None:
+    """``dst[p(i)] = src[i]`` (or ``+=`` atomically) for the positions the indices name."""
+    if n == 0:
+        return
+    args = [n, oshape, dst, do, ds, src, so, ss, err]
+    for buf, off, strides, size, stride in indices:
+        args += [buf, off, strides, size, stride]
+    mode = "add" if accumulate else "put"
+    launch(_index_kernel(len(indices), mode), _grid(n, EW_TPB, EW_MAX_BLOCKS), EW_TPB, *args)
+
+
+# -- creation: arange, random ------------------------------------------------------------
+def _arange_kernel(out, n, start, step):
+    i = cuda.grid(1)
+    s = cuda.gridsize(1)
+    while i < n:
+        out[i] = start + i * step
+        i += s
+
+
+_ARANGE = None
+
+
+def arange(out, n, start, step) -> None:
+    global _ARANGE
+    if n == 0:
+        return
+    if _ARANGE is None:
+        _ARANGE = _jit(_arange_kernel)
+    launch(_ARANGE, _grid(n, EW_TPB, EW_MAX_BLOCKS), EW_TPB, out, n, start, step)
+
+
+MASK32 = 0xFFFFFFFF
+
+
+@_device
+def _mul32(x, c):
+    """(x * c) mod 2**32 for 32-bit x, c without overflowing int64 (exact in Python too)."""
+    lo = x * (c & 0xFFFF)
+    hi = ((x * (c >> 16)) & 0xFFFF) << 16
+    return (lo + hi) & 0xFFFFFFFF
+
+
+@_device
+def _hash32(x):
+    """A 32-bit integer mixer (lowbias32): counter -> well-spread bits."""
+    x = x & 0xFFFFFFFF
+    x ^= x >> 16
+    x = _mul32(x, 0x7FEB352D)
+    x ^= x >> 15
+    x = _mul32(x, 0x846CA68B)
+    x ^= x >> 16
+    return x
+
+
+def _random_kernel(out, n, s0, s1, offset, normal, wide):
+    """Counter-based generator: element i draws from hash(seed, offset + i); no state."""
+    i = cuda.grid(1)
+    step = cuda.gridsize(1)
+    while i < n:
+        c = offset + i
+        h1 = _hash32((c & 0xFFFFFFFF) ^ _hash32(s0 ^ _hash32((c >> 32) ^ s1)))
+        h2 = _hash32(h1 ^ 0x9E3779B9)
+        if normal:
+            u1 = (h1 + 1.0) / 4294967296.0
+            u2 = h2 / 4294967296.0
+            out[i] = _sqrt(-2.0 * _log(u1)) * _cos(6.283185307179586 * u2)
+        elif wide:
+            out[i] = ((h1 >> 5) * 67108864.0 + (h2 >> 6)) / 9007199254740992.0
+        else:
+            out[i] = (h1 >> 8) / 16777216.0
+        i += step
+
+
+_RANDOM = None
+
+
+def random(out, n, seed: int, offset: int, normal: bool) -> None:
+    """Uniform [0, 1) or standard normal numbers into a flat float buffer."""
+    global _RANDOM
+    if n == 0:
+        return
+    if _RANDOM is None:
+        _RANDOM = _jit(_random_kernel)
+    wide = np.dtype(out.dtype).itemsize == 8
+    launch(_RANDOM, _grid(n, EW_TPB, EW_MAX_BLOCKS), EW_TPB, out, n, seed & MASK32,
+           (seed >> 32) & MASK32, offset, normal, wide)
+
+
+_ERR = None
+
+
+def error_flag():
+    """A one-element device int32 array that indexing kernels set on an out-of-range index."""
+    global _ERR
+    if _ERR is None:
+        _ERR = cuda.to_device(np.zeros(1, np.int32))
+        stats["h2d"] += 1
+    return _ERR
