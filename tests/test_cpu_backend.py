@@ -77,7 +77,7 @@ CASES = {
 }
 
 
-def test_every_elementwise_fused_op_has_a_case_and_a_kernel():
+def test_every_elementwise_fused_op_has_a_case_and_a_backend_rule():
     fused = {name for name, spec in OPS.items() if spec.fused_backward}
     assert fused == {c.split("-")[0] for c in CASES}
     for name in fused:
@@ -165,7 +165,7 @@ class _Counting:
 
 @pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize("shape", [(), (7,), (300,)])
-def test_an_elementwise_backward_makes_exactly_one_kernel_call(case, shape, rng):
+def test_an_elementwise_backward_makes_exactly_one_backend_call(case, shape, rng):
     counting = _Counting(CPU)
     backends.register_backend("counting", counting)
     previous = backends.set_cpu_backend("counting")
@@ -186,6 +186,32 @@ def test_an_elementwise_backward_makes_exactly_one_kernel_call(case, shape, rng)
     finally:
         backends.set_cpu_backend(previous)
         del backends._BACKENDS["counting"]
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean", "transposed"])
+def test_expanded_or_strided_grads_still_take_the_fused_kernel(reduce, rng, torch):
+    """After sum/mean the grad is an expanded scalar (strides 0); after .t() it is strided."""
+    counting = _Counting(CPU)
+    backends.register_backend("counting", counting)
+    previous = backends.set_cpu_backend("counting")
+    try:
+        x = sg.tensor(rng.standard_normal((30, 20)), requires_grad=True)
+        w = sg.tensor(rng.standard_normal((30, 20)), requires_grad=True)
+        y = (x.tanh() * w)
+        y = y.sum() if reduce == "sum" else y.mean() if reduce == "mean" else y.t()
+        counting.calls.clear()
+        y.backward(None if reduce != "transposed" else sg.ones(20, 30, dtype=sg.float64))
+        assert "tanh_backward" in counting.calls and "mul_backward" in counting.calls
+        assert not {"mul", "sub", "neg"} & set(counting.calls), counting.calls
+    finally:
+        backends.set_cpu_backend(previous)
+        del backends._BACKENDS["counting"]
+    tx, tw = to_torch(torch, x), to_torch(torch, w)
+    ty = tx.tanh() * tw
+    ty = ty.sum() if reduce == "sum" else ty.mean() if reduce == "mean" else ty.t()
+    ty.backward(None if reduce != "transposed" else torch.ones(20, 30, dtype=torch.float64))
+    np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=1e-12)
+    np.testing.assert_allclose(w.grad.numpy(), tw.grad.numpy(), rtol=1e-12)
 
 
 def test_fused_path_checks_saved_versions(on_cpu):

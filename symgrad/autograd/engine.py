@@ -106,7 +106,8 @@ def run_backward(roots, grad_roots, *, retain_graph: bool, create_graph: bool,
         while ready:
             _, _, node = heapq.heappop(ready)
             grads = buffers.pop(node, None) or [None] * node._num_outputs()
-            grads = _run_pre_hooks(node, grads, shared)
+            if node._tensor_hooks or node._retained or node._pre_hooks:
+                grads = _run_pre_hooks(node, grads, shared)
             stop_here = False
             if capture:
                 for nr, g in enumerate(grads):
@@ -224,21 +225,23 @@ def _apply(node, grads, needed, shared):
 
 
 def _apply_node(node, grads, needed, shared):
-    mask = tuple(nxt is not None and (needed is None or nxt in needed)
-                 for nxt, _ in node.next_functions)
+    if needed is None:
+        mask = tuple([nxt is not None for nxt, _ in node.next_functions])
+    else:
+        mask = tuple([nxt is not None and nxt in needed for nxt, _ in node.next_functions])
     outs = node.apply(grads, mask)
-    in_storages = {id(g._storage) for g in grads if g is not None}
+    in_storages = [g._storage for g in grads if g is not None]
     meta = getattr(node, "_input_meta", None)
     for i, g in enumerate(outs):
         if g is None:
             continue
         if meta is not None and meta[i] is not None:
             shape, dtype = meta[i]
-            if g.shape != shape:
+            if g._data.shape != shape:
                 g = outs[i] = g.sum_to_size(shape)
-            if g.dtype is not dtype:
+            if g._data.dtype != dtype.np:
                 g = outs[i] = g.to(dtype)
-        if id(g._storage) in in_storages:
+        if g._storage in in_storages:
             shared.add(id(g._storage))
     if node._hooks:
         for fn in list(node._hooks.values()):

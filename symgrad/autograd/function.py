@@ -13,7 +13,7 @@ import weakref
 import numpy as np
 
 from ..backends import backend_for
-from ..dtypes import bool_, default_float, int64, promote
+from ..dtypes import bool_, default_float, float64, int64, promote
 from .anomaly_mode import _anomaly
 from .grad_mode import _state
 from .node import AccumulateGrad, SavedTensor, _WrappedScalar, node_class_for
@@ -93,23 +93,75 @@ def _result_dtype(rule, tensors, scalars, params):
     raise ValueError(f"unknown dtype rule {rule!r}")
 
 
+#: dtype rules whose result is the inputs' common dtype when they all share it (no casts)
+_SAME_DTYPE_RULES = {"promote": True, "same": True, "bool_compare": True,
+                     "promote_float": False, "float": False}
+
+
 def apply(spec, inputs, params=None):
     """Run ``spec`` on ``inputs`` (tensors or Python scalars, in ``spec.inputs`` order)."""
     if _profiler is not None:
         return _profiler._record_op(spec, inputs, params)
-    Tensor = _T()
+    Tensor = _tensor_cls or _T()
     params = params or {}
-    tensors = [x for x in inputs if isinstance(x, Tensor)]
-    first = tensors[0]
+    # one pass over the inputs: arrays, requires_grad, and whether all share one dtype
+    first = None
+    requires_grad = has_scalar = mixed = False
+    arrays = []
+    for x in inputs:
+        if isinstance(x, Tensor):
+            a = x._data
+            if first is None:
+                first, np_dtype = x, a.dtype
+            else:
+                if x._device is not first._device and x._device != first._device:
+                    raise RuntimeError(
+                        "Expected all tensors to be on the same device, but found at least "
+                        f"two devices, {x._device} and {first._device}!")
+                if a.dtype != np_dtype:
+                    mixed = True
+            if x._requires_grad:
+                requires_grad = True
+            arrays.append(a)
+        else:
+            has_scalar = True
+            arrays.append(x)
     device = first._device
-    for t in tensors[1:]:
-        if t._device != device:
-            raise RuntimeError(
-                "Expected all tensors to be on the same device, but found at least two "
-                f"devices, {t._device} and {device}!")
+    rule = spec.dtype_rule
+    be = backend_for(device.type)
+    dtype = None
+    int_ok = _SAME_DTYPE_RULES.get(rule)
+    if int_ok is not None and not mixed:
+        # fast path: every tensor has one dtype d, so promotion gives d and nothing is cast
+        d = first.dtype
+        if d.is_floating_point or (int_ok and (not has_scalar or rule == "same")):
+            dtype = bool_ if rule == "bool_compare" else d
+    if dtype is None:
+        dtype, arrays = _promote_and_cast(spec, inputs, params, be, Tensor)
+    try:
+        out = spec.forward(be, *arrays, **params)
+    except ValueError as exc:
+        raise _shape_error(spec, inputs, exc) from None
+    multi = len(spec.outputs) > 1
+    outs = out if multi else (out,)
+    wrapped = []
+    for k, o in enumerate(outs):
+        if type(o) is not np.ndarray and not hasattr(o, "__cuda_array_interface__"):
+            o = np.asarray(o)
+        if k == 0 and o.dtype != dtype.np and rule != "bool_compare":
+            o = be.cast(o, dtype.np)
+        storage = first._storage if (spec.view and be.shares_memory(o, first._data)) else None
+        wrapped.append(Tensor._wrap(o, device, storage))
+    if requires_grad and _state.enabled and spec.grad_fn is not None:
+        _record(spec, inputs, params, wrapped)
+    return tuple(wrapped) if multi else wrapped[0]
+
+
+def _promote_and_cast(spec, inputs, params, be, Tensor):
+    """The general dtype path: promotion over tensors and scalars, then casts."""
+    tensors = [x for x in inputs if isinstance(x, Tensor)]
     scalars = [x for x in inputs if not isinstance(x, Tensor)]
     dtype = _result_dtype(spec.dtype_rule, tensors, scalars, params)
-    be = backend_for(device.type)
     compute = dtype
     if spec.dtype_rule == "bool_compare":
         compute = promote([(t.dtype, t._data.ndim == 0) for t in tensors], scalars)
@@ -125,51 +177,44 @@ def apply(spec, inputs, params=None):
             arrays.append(a)
         else:
             arrays.append(x)
-    try:
-        out = spec.forward(be, *arrays, **params)
-    except ValueError as exc:
-        raise _shape_error(spec, inputs, exc) from None
-    multi = len(spec.outputs) > 1
-    outs = out if multi else (out,)
-    wrapped = []
-    for k, o in enumerate(outs):
-        if type(o) is not np.ndarray and not hasattr(o, "__cuda_array_interface__"):
-            o = np.asarray(o)
-        if k == 0 and o.dtype != dtype.np and spec.dtype_rule != "bool_compare":
-            o = be.cast(o, dtype.np)
-        storage = first._storage if (spec.view and be.shares_memory(o, first._data)) else None
-        wrapped.append(Tensor._wrap(o, device, storage))
-    if (_state.enabled and spec.grad_fn is not None
-            and any(t._requires_grad for t in tensors)):
-        _record(spec, inputs, params, wrapped)
-    return tuple(wrapped) if multi else wrapped[0]
+    return dtype, arrays
+
+
+_NO_EDGE = (None, 0)
 
 
 def _record(spec, inputs, params, outputs) -> None:
-    Tensor = _T()
+    Tensor = _tensor_cls
     node = node_class_for(spec)()
     next_functions = []
     refs = []
     meta = []
+    strong = bool(_recording)
     for x in inputs:
         if isinstance(x, Tensor):
-            next_functions.append(edge_of(x) if x._requires_grad else (None, 0))
-            refs.append(x if _recording else weakref.ref(x))  # strong under record()
+            if x._requires_grad:
+                fn = x._grad_fn
+                next_functions.append((fn, x._output_nr) if fn is not None
+                                      else (accumulator_of(x), 0))
+            else:
+                next_functions.append(_NO_EDGE)
+            refs.append(x if strong else weakref.ref(x))  # strong under record()
             meta.append((x._data.shape, x.dtype))
         else:
-            next_functions.append((None, 0))
+            next_functions.append(_NO_EDGE)
             refs.append(x)
             meta.append(None)
     node.next_functions = tuple(next_functions)
     node._input_refs = tuple(refs)
     node._input_meta = tuple(meta)
-    node._out_meta = tuple((o._data.shape, o.dtype) for o in outputs[:spec.differentiable_outputs])
+    node._out_meta = tuple([(o._data.shape, o.dtype)
+                            for o in outputs[:spec.differentiable_outputs]])
     node._freed = False
+    node._params = params  # the verifier replays the forward from these
     if _anomaly.enabled:
         from .anomaly_mode import forward_stack
 
         node.metadata["traceback_"] = forward_stack()
-    node._params = params  # the verifier replays the forward from these
     saved = {}
     for i, input_name in enumerate(spec.inputs):
         if next_functions[i][0] is None:
@@ -177,8 +222,10 @@ def _record(spec, inputs, params, outputs) -> None:
         for p in spec.formula_params.get(input_name, ()):
             if p not in saved:
                 saved[p] = _save(spec, p, inputs, params, outputs)
-    for p in spec.saved:  # names no needed formula uses read back as None, as in torch
-        saved.setdefault(p, _save_param_only(spec, p, inputs, params))
+    if len(saved) != len(spec.saved):
+        for p in spec.saved:  # names no needed formula uses read back as None, as in torch
+            if p not in saved:
+                saved[p] = _save_param_only(spec, p, inputs, params)
     node._saved = saved
     for k in range(spec.differentiable_outputs):
         o = outputs[k]
@@ -216,8 +263,6 @@ def _save_param_only(spec, name, inputs, params):
 
 
 def _scalar_dtype(x):
-    from ..dtypes import float64
-
     if isinstance(x, bool):
         return bool_
     if isinstance(x, int):

@@ -12,6 +12,7 @@ import itertools
 import weakref
 from typing import Any
 
+from ..backends import backend_for as _backend_for
 from .grad_mode import _state as _grad_state
 
 __all__ = ["Node", "OpNode", "AccumulateGrad", "SavedTensor", "node_class_for"]
@@ -264,9 +265,7 @@ class OpNode(Node):
 
     def _apply_fused(self, spec, grad, needed):
         """The backend's one-pass backward kernel, when it has one (no graph is recorded)."""
-        from ..backends import backend_for
-
-        kernel = getattr(backend_for(grad._device.type), spec.fused_backward, None)
+        kernel = getattr(_backend_for(grad._device.type), spec.fused_backward, None)
         if kernel is None:
             return None
         args = [self._fused_arg(p) for p in spec.saved]

@@ -75,6 +75,13 @@ class OpSpec:
 
     def saved_kind(self, saved_name: str) -> tuple[str, str | None]:
         """Classify a saved name: ('input', i) | ('output', name) | ('meta', suffix) | ('param', None)."""
+        kinds = self.__dict__.setdefault("_saved_kinds", {})  # memo: asked for every node
+        kind = kinds.get(saved_name)
+        if kind is None:
+            kind = kinds[saved_name] = self._classify_saved(saved_name)
+        return kind
+
+    def _classify_saved(self, saved_name: str) -> tuple[str, str | None]:
         if saved_name in self.inputs:
             return "input", saved_name
         if saved_name in self.outputs:

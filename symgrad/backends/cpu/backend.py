@@ -97,6 +97,26 @@ def _same(*arrays) -> bool:
     return True
 
 
+def _grad(grad, like: np.ndarray):
+    """``grad`` as a kernel takes it against the checked array ``like``: (flat, stride).
+
+    The gradient of a sum or mean arrives as an expanded scalar (all strides 0): it goes
+    in as one element with stride 0. Other layouts are copied contiguous. None if the
+    shape or dtype differ (broadcasting: the formula runs instead).
+    """
+    if type(grad) is not np.ndarray or grad.shape != like.shape or grad.dtype != like.dtype:
+        return None
+    if grad.flags.c_contiguous:
+        return grad.reshape(-1), 1
+    if not any(grad.strides):
+        return grad.flat[:1], 0
+    return np.ascontiguousarray(grad).reshape(-1), 1
+
+
+def _empty(like: np.ndarray) -> np.ndarray:
+    return np.empty(like.shape, like.dtype)
+
+
 def _new(like: np.ndarray, value) -> np.ndarray:
     """A size-1 result with ``like``'s shape and dtype holding ``value``."""
     if like.ndim == 0:
@@ -157,7 +177,8 @@ def _unary_backward(op: str):
 
     def kernel(grad, needed, saved):
         nonlocal scalar_rule
-        if not _same(grad, saved):
+        g = _grad(grad, saved) if _same(saved) else None
+        if g is None:
             return None  # broadcast or mixed dtypes: the tensor-op formula runs
         if grad.size == 1:
             if scalar_rule is None:
@@ -167,8 +188,8 @@ def _unary_backward(op: str):
             except (ArithmeticError, ValueError):  # math raises where NumPy gives inf/nan
                 return None
             return (_new(grad, value),)
-        out = np.empty_like(grad)
-        _run(body, grad.size, _flat(grad), _flat(saved), _flat(out))
+        out = _empty(saved)
+        _run(body, out.size, g[0], _flat(saved), _flat(out), g[1])
         return (out,)
 
     kernel.__name__ = op + "_backward"
@@ -237,8 +258,8 @@ class CpuBackend(NumpyBackend):
     @staticmethod
     def pow_backward(grad, needed, exponent, self):
         """d(x**e): ``grad * e * x**(e-1)``, or ``grad * 0`` for e == 0, in one pass."""
-        if not _same(grad, self) or not isinstance(exponent, (int, float)) \
-                or isinstance(exponent, bool):
+        g = _grad(grad, self) if _same(self) else None
+        if g is None or not isinstance(exponent, (int, float)) or isinstance(exponent, bool):
             return None
         if exponent == 0:
             return (np.asarray(np.multiply(grad, 0)),)
@@ -246,22 +267,21 @@ class CpuBackend(NumpyBackend):
             with np.errstate(all="ignore"):
                 x = self.dtype.type(self.item())
                 return (_new(grad, grad.item() * exponent * np.power(x, exponent - 1)),)
-        out = np.empty_like(grad)
-        _run("pow_b", grad.size, _flat(grad), _flat(self), grad.dtype.type(exponent),
-             _flat(out))
+        out = _empty(self)
+        _run("pow_b", out.size, g[0], _flat(self), self.dtype.type(exponent), _flat(out), g[1])
         return (out,)
 
     @staticmethod
     def mul_backward(grad, needed, other, self):
         """``grad*other`` and ``grad*self``; one pass for both when shapes agree."""
         need_a, need_b = needed[0], needed[1]
-        if need_a and need_b and _same(grad, self, other):
+        g = _grad(grad, self) if need_a and need_b and _same(self, other) else None
+        if g is not None:
             if grad.size == 1:
-                g = grad.item()
-                return _new(grad, g * other.item()), _new(grad, g * self.item())
-            ga, gb = np.empty_like(grad), np.empty_like(grad)
-            _run("mul2_b", grad.size, _flat(grad), _flat(self), _flat(other), _flat(ga),
-                 _flat(gb))
+                gv = grad.item()
+                return _new(self, gv * other.item()), _new(self, gv * self.item())
+            ga, gb = _empty(self), _empty(self)
+            _run("mul2_b", ga.size, g[0], _flat(self), _flat(other), _flat(ga), _flat(gb), g[1])
             return ga, gb
         if need_b and not need_a:
             return None, np.asarray(_Self.mul(grad, self))
@@ -273,21 +293,22 @@ class CpuBackend(NumpyBackend):
     def div_backward(grad, needed, other, self):
         """``grad/other`` and ``-grad*self/other**2``; one pass for both when shapes agree."""
         need_a, need_b = needed[0], needed[1]
-        if need_b and not _same(grad, self, other):
-            return None
+        if need_b:
+            g = _grad(grad, self) if _same(self, other) else None
+            if g is None:
+                return None
         if need_a and need_b:
             if grad.size == 1:
-                g, a, b = grad.item(), self.item(), other.item()
+                gv, a, b = grad.item(), self.item(), other.item()
                 with np.errstate(all="ignore"):
-                    return (_new(grad, np.divide(g, b)),
-                            _new(grad, np.divide(-g * a, b * b)))
-            ga, gb = np.empty_like(grad), np.empty_like(grad)
-            _run("div2_b", grad.size, _flat(grad), _flat(self), _flat(other), _flat(ga),
-                 _flat(gb))
+                    return (_new(self, np.divide(gv, b)),
+                            _new(self, np.divide(-gv * a, b * b)))
+            ga, gb = _empty(self), _empty(self)
+            _run("div2_b", ga.size, g[0], _flat(self), _flat(other), _flat(ga), _flat(gb), g[1])
             return ga, gb
         if need_b:
-            gb = np.empty_like(grad)
-            _run("div_other_b", grad.size, _flat(grad), _flat(self), _flat(other), _flat(gb))
+            gb = _empty(self)
+            _run("div_other_b", gb.size, g[0], _flat(self), _flat(other), _flat(gb), g[1])
             return None, gb
         if need_a:
             return np.asarray(_Self.div(grad, other)), None
@@ -298,16 +319,18 @@ class CpuBackend(NumpyBackend):
         """Route the grad left where the condition holds, right elsewhere, in one pass."""
         c = condition
         if type(c) is not np.ndarray or c.dtype != np.bool_ or c.shape != grad.shape \
-                or not c.flags.c_contiguous or not _same(grad):
+                or not c.flags.c_contiguous or type(grad) is not np.ndarray \
+                or grad.dtype not in _FLOATS:
             return None
+        g = _grad(grad, grad)
         need_a, need_b = needed[1], needed[2]
         if need_a and need_b:
-            ga, gb = np.empty_like(grad), np.empty_like(grad)
-            _run("where2_b", grad.size, _flat(grad), _flat(c), _flat(ga), _flat(gb))
+            ga, gb = _empty(grad), _empty(grad)
+            _run("where2_b", ga.size, g[0], _flat(c), _flat(ga), _flat(gb), g[1])
             return None, ga, gb
         if need_a or need_b:
-            out = np.empty_like(grad)
-            _run("where1_b", grad.size, _flat(grad), _flat(c), _flat(out), bool(need_a))
+            out = _empty(grad)
+            _run("where1_b", out.size, g[0], _flat(c), _flat(out), bool(need_a), g[1])
             return (None, out, None) if need_a else (None, None, out)
         return None
 

@@ -27,23 +27,27 @@ import types
 __all__ = ["THREADING_LAYER", "twin"]
 
 
+def _writable(path: str) -> bool:
+    """Can files be created in ``path`` (made if missing)? Tried, not guessed from modes."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            return True
+    except OSError:
+        return False
+
+
 def _cache_dir_fallback() -> None:
     """Numba caches next to this file; where that is read-only, use a user cache dir."""
     if os.environ.get("NUMBA_CACHE_DIR"):
         return
     here = os.path.dirname(os.path.abspath(__file__))
-    pycache = os.path.join(here, "__pycache__")
-    target = pycache if os.path.isdir(pycache) else here
-    if os.access(target, os.W_OK):
+    if _writable(os.path.join(here, "__pycache__")):
         return
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     for cand in (os.path.join(base, "symgrad", "numba"),
                  os.path.join(tempfile.gettempdir(), f"symgrad-numba-{os.getuid()}")):
-        try:
-            os.makedirs(cand, exist_ok=True)
-        except OSError:
-            continue
-        if os.access(cand, os.W_OK):
+        if _writable(cand):
             os.environ["NUMBA_CACHE_DIR"] = cand
             return
 
@@ -283,100 +287,100 @@ SCALAR_BACKWARD = {"exp": _exp_b, "log": _log_b, "sin": _sin_b, "cos": _cos_b,
                    "abs": _abs_b, "reciprocal": _reciprocal_b}
 
 
-def exp_b(g, v, out):
-    for i in prange(g.size):
-        out[i] = _exp_bj(g[i], v[i])
+def exp_b(g, v, out, sg):
+    for i in prange(out.size):
+        out[i] = _exp_bj(g[i * sg], v[i])
 
 
-def log_b(g, v, out):
-    for i in prange(g.size):
-        out[i] = _log_bj(g[i], v[i])
+def log_b(g, v, out, sg):
+    for i in prange(out.size):
+        out[i] = _log_bj(g[i * sg], v[i])
 
 
-def sin_b(g, v, out):
-    for i in prange(g.size):
-        out[i] = _sin_bj(g[i], v[i])
+def sin_b(g, v, out, sg):
+    for i in prange(out.size):
+        out[i] = _sin_bj(g[i * sg], v[i])
 
 
-def cos_b(g, v, out):
-    for i in prange(g.size):
-        out[i] = _cos_bj(g[i], v[i])
+def cos_b(g, v, out, sg):
+    for i in prange(out.size):
+        out[i] = _cos_bj(g[i * sg], v[i])
 
 
-def tanh_b(g, v, out):
-    for i in prange(g.size):
-        out[i] = _tanh_bj(g[i], v[i])
+def tanh_b(g, v, out, sg):
+    for i in prange(out.size):
+        out[i] = _tanh_bj(g[i * sg], v[i])
 
 
-def sigmoid_b(g, v, out):
-    for i in prange(g.size):
-        out[i] = _sigmoid_bj(g[i], v[i])
+def sigmoid_b(g, v, out, sg):
+    for i in prange(out.size):
+        out[i] = _sigmoid_bj(g[i * sg], v[i])
 
 
-def sqrt_b(g, v, out):
-    for i in prange(g.size):
-        out[i] = _sqrt_bj(g[i], v[i])
+def sqrt_b(g, v, out, sg):
+    for i in prange(out.size):
+        out[i] = _sqrt_bj(g[i * sg], v[i])
 
 
-def relu_b(g, v, out):
-    for i in prange(g.size):
-        out[i] = _relu_bj(g[i], v[i])
+def relu_b(g, v, out, sg):
+    for i in prange(out.size):
+        out[i] = _relu_bj(g[i * sg], v[i])
 
 
-def abs_b(g, v, out):
-    for i in prange(g.size):
-        out[i] = _abs_bj(g[i], v[i])
+def abs_b(g, v, out, sg):
+    for i in prange(out.size):
+        out[i] = _abs_bj(g[i * sg], v[i])
 
 
-def reciprocal_b(g, v, out):
-    for i in prange(g.size):
-        out[i] = _reciprocal_bj(g[i], v[i])
+def reciprocal_b(g, v, out, sg):
+    for i in prange(out.size):
+        out[i] = _reciprocal_bj(g[i * sg], v[i])
 
 
-def pow_b(g, x, e, out):
+def pow_b(g, x, e, out, sg):
     """d(x**e)/dx for a scalar exponent e (e != 0), typed like x."""
     em1 = e - 1
-    for i in prange(g.size):
-        out[i] = g[i] * e * x[i] ** em1
+    for i in prange(out.size):
+        out[i] = g[i * sg] * e * x[i] ** em1
 
 
-def mul2_b(g, a, b, ga, gb):
+def mul2_b(g, a, b, ga, gb, sg):
     """Both gradients of a*b in one pass: ga = g*b, gb = g*a."""
-    for i in prange(g.size):
-        gi = g[i]
+    for i in prange(ga.size):
+        gi = g[i * sg]
         ga[i] = gi * b[i]
         gb[i] = gi * a[i]
 
 
-def div2_b(g, a, b, ga, gb):
+def div2_b(g, a, b, ga, gb, sg):
     """Both gradients of a/b in one pass: ga = g/b, gb = -g*a/(b*b)."""
-    for i in prange(g.size):
-        gi = g[i]
+    for i in prange(ga.size):
+        gi = g[i * sg]
         bi = b[i]
         ga[i] = gi / bi
         gb[i] = -gi * a[i] / (bi * bi)
 
 
-def div_other_b(g, a, b, gb):
-    for i in prange(g.size):
+def div_other_b(g, a, b, gb, sg):
+    for i in prange(gb.size):
         bi = b[i]
-        gb[i] = -g[i] * a[i] / (bi * bi)
+        gb[i] = -g[i * sg] * a[i] / (bi * bi)
 
 
-def where2_b(g, c, ga, gb):
+def where2_b(g, c, ga, gb, sg):
     """Both gradients of where(c, a, b): the grad goes left where c, else right."""
-    for i in prange(g.size):
+    for i in prange(ga.size):
         if c[i]:
-            ga[i] = g[i]
+            ga[i] = g[i * sg]
             gb[i] = 0
         else:
             ga[i] = 0
-            gb[i] = g[i]
+            gb[i] = g[i * sg]
 
 
-def where1_b(g, c, out, left):
-    for i in prange(g.size):
-        out[i] = g[i] if c[i] == left else 0
+def where1_b(g, c, out, left, sg):
+    for i in prange(out.size):
+        out[i] = g[i * sg] if c[i] == left else 0
 
 
 # -- reductions ------------------------------------------------------------------------------
