@@ -41,6 +41,12 @@ def mlp():
     return dict(x=x, w1=w1, b1=b1, w2=w2, h=h, loss=loss)
 
 
+def break_rule(monkeypatch, op: str, input_name: str, formula) -> None:
+    """Replace one backward formula; a backend's fused kernel for the op is bypassed too."""
+    monkeypatch.setitem(OPS[op].grads, input_name, formula)
+    monkeypatch.setattr(OPS[op], "fused_backward", None, raising=False)
+
+
 def saved_rows(html: str) -> list[tuple[str, ...]]:
     """(data-name, cells...) of the node panel's saved-operand rows, tags stripped."""
     rows = []
@@ -117,8 +123,8 @@ def test_tutorial_verified_agreement_and_badges():
     w.close()
 
 
-def test_wrong_backward_marks_exactly_that_node(monkeypatch):
-    monkeypatch.setitem(OPS["add"].grads, "other", lambda grad, alpha: grad * 2)
+def test_wrong_backward_marks_exactly_that_node(monkeypatch, cpu_backend):
+    break_rule(monkeypatch, "add", "other", lambda grad, alpha: grad * 2)
     ns = tutorial()
     w = Inspector(ns["e"], ns)
     add = w.find("AddBackward0")
@@ -139,7 +145,7 @@ def test_wrong_backward_marks_exactly_that_node(monkeypatch):
     w.close()
 
 
-def test_mlp_sigmoid_mutation(monkeypatch):
+def test_mlp_sigmoid_mutation(monkeypatch, cpu_backend):
     ns = mlp()
     w = Inspector(ns["loss"], ns, verify=False)
     sig = w.find("SigmoidBackward0")
@@ -155,7 +161,7 @@ def test_mlp_sigmoid_mutation(monkeypatch):
     assert same["self"] == "same object as h" and same["mat2"] == "same object as w2"
     w.close()
     # a wrong sigmoid rule: only SigmoidBackward0 turns red
-    monkeypatch.setitem(OPS["sigmoid"].grads, "self", lambda grad, result: grad * result)
+    break_rule(monkeypatch, "sigmoid", "self", lambda grad, result: grad * result)
     ns = mlp()
     w = Inspector(ns["loss"], ns)
     bad = {w.node(k)["label"] for k, v in w.badges().items() if v == "fail"}
@@ -168,7 +174,7 @@ def test_mlp_sigmoid_mutation(monkeypatch):
 
 def test_tolerance_control_reevaluates_the_table(monkeypatch):
     # a slightly wrong rule: off by 1e-3 relative, caught at float32 defaults
-    monkeypatch.setitem(OPS["mul"].grads, "self", lambda grad, other: grad * other * 1.001)
+    break_rule(monkeypatch, "mul", "self", lambda grad, other: grad * other * 1.001)
     ns = tutorial()
     w = Inspector(ns["e"], ns, local_checks=False)
     status = {r["leaf"]: r["status"] for r in w.agreement_rows()}
@@ -184,7 +190,7 @@ def test_background_verification_progress_and_stop():
     ns = tutorial()
     w = Inspector(ns["e"], ns, verify=True, background=True)
     w.wait(60)
-    assert w.status == "done" and w.progress == 1.0
+    assert w.status == "done" and w.progress == 1.0, getattr(w, "_error", "")
     assert w.progress_bar.value == 1.0 and w.progress_bar.layout.visibility == "hidden"
     assert not w.verify_button.disabled and w.stop_button.disabled
     # Stop: the progress sink raises in the verifier's thread
@@ -202,7 +208,8 @@ def test_background_verification_progress_and_stop():
     time.sleep(0.05)
     w2.stop_button.click()
     w2.wait(60)
-    assert w2.status in ("interrupted", "done")  # done only if it finished first
+    # done only if it finished first
+    assert w2.status in ("interrupted", "done"), getattr(w2, "_error", "")
     assert w2.stop_button.disabled and not w2.verify_button.disabled
     w.close()
     w2.close()
