@@ -35,8 +35,18 @@ def _check_tensor(x, fn: str, arg: str) -> None:
 
 
 # -- layers ----------------------------------------------------------------------------------
+_ADDMM = OPS["addmm"]
+_T_OP = OPS["t"]
+_UNIT = {"beta": 1, "alpha": 1}
+
+
 def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``input @ weight.T + bias``; torch's dispatch: addmm for 2-D input with a bias."""
+    if bias is not None and isinstance(input, Tensor):  # the hot case, checked cheaply
+        x, w, b = input._data, weight._data, bias._data
+        if x.ndim == 2 and w.ndim == 2 and x.shape[1] == w.shape[1] and b.ndim == 1 \
+                and b.shape[0] == w.shape[0] and x.dtype == w.dtype == b.dtype:
+            return apply(_ADDMM, (bias, input, apply(_T_OP, (weight,))), _UNIT)
     _check_tensor(input, "linear", "input")
     if input.ndim == 0:
         raise RuntimeError("both arguments to linear need to be at least 1D, but they are 0D "
@@ -105,11 +115,20 @@ def log_softmax(input: Tensor, dim: int | None = None, dtype=None) -> Tensor:
 
 
 # -- losses ----------------------------------------------------------------------------------
+_MSE = OPS["mse_loss"]
+_MEAN = {"reduction": 1}
+
+
 def mse_loss(input: Tensor, target: Tensor, size_average=None, reduce=None,
              reduction: str = "mean", weight=None) -> Tensor:
     """Mean squared error (``MseLossBackward0``); broadcasts with torch's warning."""
     if weight is not None:
         raise NotImplementedError("mse_loss(weight=...) is not supported")
+    if size_average is None and reduce is None and reduction == "mean" \
+            and isinstance(input, Tensor) and isinstance(target, Tensor):
+        a, b = input._data, target._data  # the hot case: same shapes, floating dtypes
+        if a.shape == b.shape and a.dtype.kind == "f" and b.dtype.kind == "f":
+            return apply(_MSE, (input, target), _MEAN)
     red = _reduction_enum(_legacy_reduction(size_average, reduce, reduction))
     _check_tensor(input, "mse_loss", "input")
     _check_tensor(target, "mse_loss", "target")
