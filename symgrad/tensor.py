@@ -285,7 +285,7 @@ class Tensor:
 
     def __bool__(self) -> bool:
         if self._data.size != 1:
-            raise RuntimeError(f"Boolean value of Tensor with more than one value is ambiguous")
+            raise RuntimeError("Boolean value of Tensor with more than one value is ambiguous")
         return bool(self.item())
 
     def __index__(self) -> int:
@@ -295,7 +295,7 @@ class Tensor:
         return int(self.item())
 
     def to(self, *args, **kwargs) -> Tensor:
-        """``to(dtype)``, ``to(device)``, ``to(device, dtype)``, ``to(other)``; copies only if needed."""
+        """``to(dtype)``, ``to(device)``, ``to(device, dtype)``, ``to(other)``; copies if needed."""
         dtype = kwargs.pop("dtype", None)
         device = kwargs.pop("device", None)
         copy = kwargs.pop("copy", False)
@@ -447,7 +447,8 @@ class Tensor:
         node = self._grad_fn
         spec = getattr(type(node), "_spec", None)
         if spec is not None and spec.view and node._input_refs:
-            base = node._input_refs[0]()
+            base = node._input_refs[0]
+            base = base() if isinstance(base, weakref.ref) else base  # strong under record()
             if base is not None and base._storage is self._storage:
                 raise RuntimeError(
                     f"symgrad does not support in-place {op} on a view ({node.name()}) of a "
@@ -455,12 +456,16 @@ class Tensor:
                     "Apply the op out of place, or clone() the view first.")
         spec = OPS[op]
         inputs = (self,) + others
-        saves_self = any(
+        # copy the old values when the backward needs them, or when symgrad.record() keeps
+        # every input for the verifier; otherwise the stand-in is a free alias
+        from .autograd.record import _recording
+
+        keep = bool(_recording) or any(
             "self" in spec.formula_params.get(name, ())
             for name, x in zip(spec.inputs, inputs)
             if isinstance(x, Tensor) and x._requires_grad)
-        stand_in = Tensor._wrap(be.copy(self._data) if saves_self else self._data,
-                                self._device, None if saves_self else self._storage)
+        stand_in = Tensor._wrap(be.copy(self._data) if keep else self._data,
+                                self._device, None if keep else self._storage)
         stand_in._grad_fn = self._grad_fn
         stand_in._output_nr = self._output_nr
         stand_in._requires_grad = self._requires_grad

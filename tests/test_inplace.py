@@ -7,6 +7,7 @@ gradients, grad_fn names and the key words of the errors.
 from __future__ import annotations
 
 import re
+import weakref
 
 import numpy as np
 import pytest
@@ -304,3 +305,16 @@ def test_inplace_rebase_creates_no_reference_cycles(no_gc):
     loss.backward()
     del loss, x, w  # refcounting alone frees everything (gc is off)
     assert sg.memory_allocated() == before
+
+
+def test_under_record_the_inplace_node_keeps_the_pre_op_values_for_the_verifier():
+    x = sg.tensor(X, requires_grad=True)
+    with sg.record():
+        a = x * 2
+        a.add_(1)  # AddBackward0 saves nothing, but record() keeps every input's value
+    ref = a.grad_fn._input_refs[0]
+    np.testing.assert_allclose(ref.detach().numpy(), 2 * X)
+    np.testing.assert_allclose(a.detach().numpy(), 2 * X + 1)
+    y = x * 2
+    y.add_(1)  # outside record(): only a weak reference, as for every node
+    assert isinstance(y.grad_fn._input_refs[0], weakref.ref)

@@ -37,6 +37,7 @@ from typing import Any
 from .anomaly_mode import _anomaly
 from .grad_mode import _state, no_grad
 from .node import FREED_MESSAGE, Node, SavedTensor
+from .record import _recording
 
 __all__ = ["Function", "FunctionCtx", "BackwardCFunction", "once_differentiable"]
 
@@ -97,7 +98,9 @@ class BackwardCFunction(Node, FunctionCtx):
         self._saved = None  # SavedTensor per ctx.save_for_backward entry, after forward
         self._freed = False
         self._tensor_positions: tuple[int, ...] = ()  # edge i <- forward argument j
-        self._input_refs: tuple = ()  # per forward argument: weakref to a tensor, or value
+        # per forward argument: a weakref to a tensor (the tensor itself under
+        # symgrad.record()), or the non-tensor value; the verifier reads these
+        self._input_refs: tuple = ()
         self._input_meta: tuple = ()  # per edge: (shape, dtype), used to check gradients
         self._out_meta: tuple = ()  # per forward output: (shape, dtype, device) or None
 
@@ -264,7 +267,9 @@ def _apply(cls, args, kwargs):
     ctx.next_functions = tuple(edge_of(args[j]) if args[j]._requires_grad else (None, 0)
                                for j in positions)
     ctx._tensor_positions = positions
-    ctx._input_refs = tuple(weakref.ref(a) if isinstance(a, Tensor) else a for a in args)
+    strong = bool(_recording)  # symgrad.record(): keep the inputs for the verifier
+    ctx._input_refs = tuple((a if strong else weakref.ref(a)) if isinstance(a, Tensor) else a
+                            for a in args)
     ctx._input_meta = tuple((args[j]._data.shape, args[j].dtype) for j in positions)
     if _anomaly.enabled:
         from .anomaly_mode import forward_stack
