@@ -259,11 +259,22 @@ class SympyBackend:
     def le(self, a, b):
         return self._compare(a, b, "le")
 
+    def _equal(self, a, b, want):
+        def one(x, y):
+            if is_number(x) and is_number(y):
+                return (x == y) == want
+            if x == y:  # structurally equal
+                return want
+            return self._decide(self.sp.Eq(x, y)) == want
+
+        out = np.frompyfunc(one, 2, 1)(obj(a), obj(b))
+        return np.asarray(out, dtype=bool)
+
     def eq(self, a, b):
-        return self._compare(a, b, "eq_")
+        return self._equal(a, b, True)
 
     def ne(self, a, b):
-        return self._compare(a, b, "ne_")
+        return self._equal(a, b, False)
 
     @staticmethod
     def logical_or(a, b):
@@ -463,6 +474,8 @@ class SympyBackend:
             return x
         if isinstance(x, np.ndarray) and np.dtype(np_dtype).kind in "biu":
             return x.astype(np_dtype)
+        if isinstance(x, np.ndarray) and x.dtype.kind == "b":
+            return obj(x.astype(np.float64))  # True * expr would be a SymPy boolean
         return obj(x)
 
     @staticmethod
