@@ -15,11 +15,16 @@ import numpy as np
 
 from . import dtypes as _dt
 from ._format import format_data
+from .autograd import function as _fn
 from .autograd.grad_mode import _state
+from .backends import backend_for as _backend_for
 from .device import CPU, as_device
 from .memory import Storage
 
 __all__ = ["Tensor", "Size", "tensor"]
+
+#: In-place ops whose result dtype must be castable to the tensor's (PyTorch's rule).
+_ARITH = frozenset(("add", "sub", "mul", "div"))
 
 #: PyTorch's scalar type names, for its error messages.
 _TORCH_NAMES = {"float32": "Float", "float64": "Double", "int64": "Long", "bool": "Bool"}
@@ -391,8 +396,6 @@ class Tensor:
         ``original_self``), the result is written into ``self``, and ``self`` is rebased
         onto the new node: the same object, a new grad_fn whose edge is the old one.
         """
-        from .autograd import function as _fn
-
         if _fn._profiler is not None:
             return _fn._profiler._record_call("symgrad::" + method, "op", (self,) + others,
                                               self._inplace_impl, op, others, params or {},
@@ -400,8 +403,6 @@ class Tensor:
         return self._inplace_impl(op, others, params or {}, kernel, src)
 
     def _inplace_impl(self, op, others, params, kernel, src) -> Tensor:
-        from .backends import backend_for
-
         grad_on = _state.enabled
         if grad_on and self._requires_grad and self._grad_fn is None:
             raise RuntimeError("a leaf Variable that requires grad is being used in an "
@@ -415,11 +416,14 @@ class Tensor:
             if o._device != self._device:
                 raise RuntimeError("Expected all tensors to be on the same device, but found "
                                    f"at least two devices, {o._device} and {self._device}!")
+            if o._data.shape == self._data.shape:
+                continue
             shape = np.broadcast_shapes(self._data.shape, o._data.shape)
             if shape != self._data.shape:
                 raise RuntimeError(f"output with shape {list(self.shape)} doesn't match the "
                                    f"broadcast shape {list(shape)}")
-        if op in ("add", "sub", "mul", "div"):
+        if op in _ARITH and (op == "div" or not self.dtype.is_floating_point
+                             or any(o._data.dtype != self._data.dtype for o in tensors)):
             res = _dt.promote([(self.dtype, self._data.ndim == 0)]
                               + [(o.dtype, o._data.ndim == 0) for o in tensors],
                               [o for o in others if not isinstance(o, Tensor)])
@@ -428,7 +432,7 @@ class Tensor:
             if res.category > self.dtype.category:
                 raise RuntimeError(f"result type {_TORCH_NAMES[res.name]} can't be cast to the "
                                    f"desired output type {_TORCH_NAMES[self.dtype.name]}")
-        be = backend_for(self._device.type)
+        be = _backend_for(self._device.type)
         if not (grad_on and (self._requires_grad or any(o._requires_grad for o in tensors))):
             if kernel is not None:
                 getattr(be, kernel)(self._data, src)

@@ -287,3 +287,30 @@ def test_profiler_records_shapes_when_asked(tmp_path):
     (x_evt,) = [e for e in json.loads((tmp_path / "t.json").read_text())["traceEvents"]
                 if e["ph"] == "X"]
     assert x_evt["args"]["Input Dims"] == [[2, 3], [3, 4]]
+
+
+def test_device_time_columns_when_a_device_is_timed(monkeypatch):
+    """Ops on the timed device are synchronized before their range closes (no GPU needed)."""
+    from symgrad.autograd import profiler as profiler_module
+
+    synced = []
+    monkeypatch.setattr(profiler_module, "_synchronize", lambda dev: synced.append(dev))
+
+    class FakeDevice:
+        type = "cuda"
+
+    class FakeTensor:
+        _device = FakeDevice()
+        _data = np.zeros((2, 2))
+
+    with profile(use_device="cuda") as prof:
+        prof._record_call("symgrad::mm", "op", (FakeTensor(),), lambda: sum(range(1000)))
+        sg.tensor([1.0]).exp()  # a CPU op: not synchronized, no device time
+    assert synced == ["cuda"]
+    gpu, cpu = prof.function_events
+    assert gpu.device_time_total > 0 and cpu.device_time_total == 0
+    table = prof.key_averages().table()
+    assert re.search(r"Name\s+Self CPU %\s+Self CPU\s+CPU total %\s+CPU total\s+CPU time avg"
+                     r"\s+Self CUDA\s+Self CUDA %\s+CUDA total\s+CUDA time avg\s+# of Calls",
+                     table.split("\n")[1])  # PyTorch's column order
+    assert "Self CUDA time total: " in table
