@@ -212,7 +212,7 @@ class Function(metaclass=FunctionMeta):
         warnings.warn(f"{type(self)} should not be instantiated. Methods on autograd functions "
                       "are all static, so you should invoke them on the class itself. "
                       "Instantiating an autograd function will raise an error in a future "
-                      "version of PyTorch.", DeprecationWarning, stacklevel=2)
+                      "version.", DeprecationWarning, stacklevel=2)
 
     @staticmethod
     def forward(ctx, *args, **kwargs):

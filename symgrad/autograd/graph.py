@@ -24,6 +24,7 @@ class saved_tensors_hooks:  # noqa: N801  (PyTorch's name)
     grad_fn-free alias of the output, so a ``pack`` that returns its argument creates
     no reference cycle. As in PyTorch, a tensor saved under hooks is not version
     checked: ``pack`` decides what is kept. ``pack`` must not modify its argument.
+    The active hooks are process-wide (PyTorch's are per thread).
     """
 
     def __init__(self, pack_hook: Callable[[Any], Any],
