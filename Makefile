@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -c constraints.txt -e '.[dev,fast,jupyter]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev,fast,cuda,jupyter]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -22,6 +22,8 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m pytest -n 2 -q --symgrad-report=test-artifacts/symgrad-checks.json
+	# the CUDA kernels under numba's simulator (the variable must be set before numba loads)
+	NUMBA_ENABLE_CUDASIM=1 $(PY) -m pytest -n 2 -q -p no:cacheprovider tests/cuda
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

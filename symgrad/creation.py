@@ -52,6 +52,22 @@ def _finish(arr: np.ndarray, device, requires_grad: bool) -> Tensor:
     return t
 
 
+def _on_device(device) -> bool:
+    return device is not None and as_device(device).type != "cpu"
+
+
+def _device_made(kernel: str, shape, d: _dt.dtype, device, requires_grad: bool, *args):
+    """A tensor made by a kernel on the device (fill or random numbers): no host copy."""
+    from .backends import backend_for
+    from .cuda import _require_cuda
+
+    dev = _require_cuda(as_device(device))
+    t = Tensor._wrap(getattr(backend_for(dev.type), kernel)(shape, *args), dev)
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
+
+
 def _dtype(dtype, default=None) -> _dt.dtype:
     if dtype is None:
         return default or _dt.default_float()
@@ -62,15 +78,23 @@ def full(size, fill_value, *, dtype=None, device=None, requires_grad=False) -> T
     if dtype is None:
         dtype = _dt.promote([], [fill_value]) if not isinstance(fill_value, float) else None
     d = _dtype(dtype)
+    if _on_device(device):
+        return _device_made("full", _size((size,)), d, device, requires_grad, fill_value, d.np)
     return _finish(np.full(_size((size,) if isinstance(size, int) else (size,)), fill_value,
                            dtype=d.np), device, requires_grad)
 
 
 def zeros(*size, dtype=None, device=None, requires_grad=False) -> Tensor:
+    if _on_device(device):
+        d = _dtype(dtype)
+        return _device_made("full", _size(size), d, device, requires_grad, 0, d.np)
     return _finish(np.zeros(_size(size), dtype=_dtype(dtype).np), device, requires_grad)
 
 
 def ones(*size, dtype=None, device=None, requires_grad=False) -> Tensor:
+    if _on_device(device):
+        d = _dtype(dtype)
+        return _device_made("full", _size(size), d, device, requires_grad, 1, d.np)
     return _finish(np.ones(_size(size), dtype=_dtype(dtype).np), device, requires_grad)
 
 
@@ -119,6 +143,13 @@ def arange(start, end=None, step=1, *, dtype=None, device=None, requires_grad=Fa
         is_int = all(isinstance(v, int) for v in (start, end, step))
         dtype = _dt.int64 if is_int else _dt.default_float()
     d = _dtype(dtype)
+    if _on_device(device):
+        from .backends import backend_for
+        from .cuda import _require_cuda
+
+        dev = _require_cuda(as_device(device))
+        t = Tensor._wrap(backend_for(dev.type).arange(start, end, step, d.np), dev)
+        return t.requires_grad_(True) if requires_grad else t
     return _finish(np.arange(start, end, step).astype(d.np), device, requires_grad)
 
 
@@ -131,11 +162,19 @@ def linspace(start, end, steps: int, *, dtype=None, device=None, requires_grad=F
 
 def rand(*size, generator=None, dtype=None, device=None, requires_grad=False) -> Tensor:
     g = generator or _rng
+    if _on_device(device):  # made on the device; the seed is one draw of the host generator
+        d = _dtype(dtype)
+        return _device_made("random", _size(size), d, device, requires_grad, d.np, False,
+                            int(g.integers(0, 2**63)))
     return _finish(g.random(_size(size)).astype(_dtype(dtype).np), device, requires_grad)
 
 
 def randn(*size, generator=None, dtype=None, device=None, requires_grad=False) -> Tensor:
     g = generator or _rng
+    if _on_device(device):
+        d = _dtype(dtype)
+        return _device_made("random", _size(size), d, device, requires_grad, d.np, True,
+                            int(g.integers(0, 2**63)))
     return _finish(g.standard_normal(_size(size)).astype(_dtype(dtype).np), device,
                    requires_grad)
 

@@ -132,7 +132,8 @@ def _check_indices(shape, adv) -> None:
             dim += a.ndim
             continue
         size = shape[dim]
-        if a.size:
+        # (a device index is checked by the kernel, reported at the next sync, as in torch)
+        if a.size and t._device.type == "cpu":
             lo, hi = int(a.min()), int(a.max())
             bad = hi if hi >= size else lo if lo < -size else None
             if bad is not None:

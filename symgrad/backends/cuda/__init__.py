@@ -18,5 +18,8 @@ _registered = False
 def register() -> None:
     global _registered
     if not _registered:
+        from .kernels import error_flag
+
+        error_flag()  # the device-side index error flag, made once here rather than in an op
         register_backend("cuda", CudaBackend(), default_for="cuda")
         _registered = True

@@ -29,7 +29,7 @@ SIM = bool(config.ENABLE_CUDASIM)
 if SIM:
     EW_TPB, EW_MAX_BLOCKS = 16, 2
     RED_TPB, RED_MAX_BLOCKS, RED_SPLIT_MIN = 8, 4, 32
-    MM_BM, MM_BN, MM_BK, MM_TM, MM_TN = 4, 4, 2, 2, 2
+    MM_BM, MM_BN, MM_BK, MM_TM, MM_TN = 8, 8, 4, 4, 4
 else:  # pragma: no cover - needs a GPU
     EW_TPB, EW_MAX_BLOCKS = 256, 8192
     RED_TPB, RED_MAX_BLOCKS, RED_SPLIT_MIN = 256, 4096, 4096
@@ -819,6 +819,7 @@ def error_flag():
     """A one-element device int32 array that indexing kernels set on an out-of-range index."""
     global _ERR
     if _ERR is None:
-        _ERR = cuda.to_device(np.zeros(1, np.int32))
-        stats["h2d"] += 1
+        err = cuda.device_array(1, np.int32)
+        elementwise("identity", 1, (1,), [(err, 0, None)], [(CONST, np.int32(0))])
+        _ERR = err
     return _ERR
