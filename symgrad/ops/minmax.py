@@ -29,7 +29,8 @@ def value_selecting_backward(grad, dim, indices, keepdim, self_sym_sizes):
     if not keepdim:
         grad = grad.unsqueeze(d)
         indices = indices.unsqueeze(d)
-    positions = arange(sizes[d], device=grad.device).reshape([sizes[d] if i == d else 1 for i in range(len(sizes))])
+    positions = arange(sizes[d], device=grad.device).reshape(
+        [sizes[d] if i == d else 1 for i in range(len(sizes))])
     return grad * (indices == positions)
 
 

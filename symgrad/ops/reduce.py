@@ -11,6 +11,11 @@ def _keepdim_shape(sizes, dims):
     return tuple(1 if i in dims else s for i, s in enumerate(sizes))
 
 
+def _axes(dim, ndim):
+    """Backend axes for reducing ``dim`` (a 0-dim tensor's dim 0 is the whole tensor)."""
+    return norms(dim, ndim) if ndim else None
+
+
 def _normalized(dim, ndim):
     return norms(dim, ndim)
 
@@ -36,7 +41,7 @@ register(OpSpec(
     STRUCTURAL, dtype_rule="sum"))
 register(OpSpec(
     "sum_dim", "SumBackward1", ("self",),
-    lambda be, self, dim, keepdim, dtype=None: be.sum(self, norms(dim, self.ndim), keepdim, dtype),
+    lambda be, self, dim, keepdim, dtype=None: be.sum(self, _axes(dim, self.ndim), keepdim, dtype),
     {"self": lambda grad, dim, keepdim, self_sym_sizes:
         sum_backward(grad, self_sym_sizes, dim, keepdim)},
     STRUCTURAL, dtype_rule="sum"))
@@ -48,7 +53,7 @@ register(OpSpec(
     STRUCTURAL, dtype_rule="float_only"))
 register(OpSpec(
     "mean_dim", "MeanBackward1", ("self",),
-    lambda be, self, dim, keepdim: be.mean(self, norms(dim, self.ndim), keepdim),
+    lambda be, self, dim, keepdim: be.mean(self, _axes(dim, self.ndim), keepdim),
     {"self": lambda grad, dim, keepdim, self_sym_numel, self_sym_sizes:
         sum_backward(grad, self_sym_sizes, dim, keepdim) / _count(self_sym_sizes, dim)},
     STRUCTURAL, dtype_rule="float_only"))
