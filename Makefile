@@ -6,20 +6,43 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo test lint bench clean lab labext chromium
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -c constraints.txt -e '.[dev,fast,cuda,jupyter]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev,fast,cuda,jupyter,lab]'
 	touch $(STAMP)
 
 install: $(STAMP)
 
+# The JupyterLab extension (labextension/) and the Inspector's ES module. `pip install -e .`
+# builds them; this rebuilds them with jlpm when their sources change and links the build
+# into the venv's share/jupyter/labextensions/symgrad.
+LABEXT := symgrad/labextension/package.json
+LABEXT_SRC := $(wildcard labextension/src/*.ts labextension/style/* labextension/scripts/*.mjs \
+	symgrad/jupyter/graph.schema.json symgrad/symbolic/report.schema.json) \
+	labextension/package.json labextension/yarn.lock
+JLPM := PATH="$(CURDIR)/$(VENV)/bin:$$PATH" jlpm
+
+$(LABEXT): $(LABEXT_SRC) | $(STAMP)
+	cd labextension && $(JLPM) install --silent && $(JLPM) build:prod
+	$(VENV)/bin/jupyter-builder develop --overwrite .
+	touch $(LABEXT)
+
+labext: $(LABEXT)
+
+# Headless browser for tests/browser (Debian's chromium; CI runs as root).
+chromium:
+	command -v chromium >/dev/null || (apt-get update && apt-get install -y chromium)
+
+lab: $(STAMP) $(LABEXT)
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root)
+
 demo: $(STAMP)
 	$(PY) -m symgrad.demo
 
-test: $(STAMP)
+test: $(STAMP) $(LABEXT) chromium
 	$(PY) -m ruff check .
 	$(PY) -m pytest -n 2 -q --symgrad-report=test-artifacts/symgrad-checks.json
 	# the CUDA kernels under numba's simulator (the variable must be set before numba loads)

@@ -38,6 +38,11 @@ def load_ipython_extension(ipython) -> None:
     _load(ipython)
 
 
+def _jupyter_labextension_paths() -> list[dict[str, str]]:
+    """Where JupyterLab finds the prebuilt renderer (built from labextension/)."""
+    return [{"src": "labextension", "dest": "symgrad"}]
+
+
 def graph(root, names=None, report=None):
     """The graph behind ``root``, displayable as JSON + static SVG + text (notebooks)."""
     from .jupyter.graph import graph as _graph

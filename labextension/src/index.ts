@@ -1,0 +1,56 @@
+// JupyterLab MIME renderer for symgrad outputs. Registered as safe: it never runs code
+// from the payload and inserts every string as text, so saved (untrusted) notebooks show
+// their graphs with no kernel running.
+import { IRenderMime } from '@jupyterlab/rendermime-interfaces';
+import { Widget } from '@lumino/widgets';
+import { IGraphView, renderGraphView, renderReportView } from './draw';
+
+export const GRAPH_MIME = 'application/vnd.symgrad.graph+json';
+export const REPORT_MIME = 'application/vnd.symgrad.report+json';
+
+/** A Lumino widget that draws one symgrad output. */
+export class SymgradRenderer extends Widget implements IRenderMime.IRenderer {
+  private mimeType: string;
+  private view: IGraphView | null = null;
+
+  constructor(options: IRenderMime.IRendererOptions) {
+    super();
+    this.mimeType = options.mimeType;
+    this.addClass('sg-mime');
+  }
+
+  renderModel(model: IRenderMime.IMimeModel): Promise<void> {
+    const data = model.data[this.mimeType];
+    this.view?.dispose();
+    this.view = null;
+    this.node.textContent = '';
+    if (this.mimeType === GRAPH_MIME) {
+      this.view = renderGraphView(this.node, data);
+    } else {
+      renderReportView(this.node, data);
+    }
+    return Promise.resolve();
+  }
+
+  dispose(): void {
+    this.view?.dispose();
+    this.view = null;
+    super.dispose();
+  }
+}
+
+export const rendererFactory: IRenderMime.IRendererFactory = {
+  safe: true,
+  mimeTypes: [GRAPH_MIME, REPORT_MIME],
+  createRenderer: options => new SymgradRenderer(options)
+};
+
+const extension: IRenderMime.IExtension = {
+  id: 'symgrad:mime-renderer',
+  rendererFactory,
+  rank: 0,
+  dataType: 'json',
+  documentWidgetFactoryOptions: []
+};
+
+export default extension;

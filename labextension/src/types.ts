@@ -1,0 +1,93 @@
+// Shapes of the payloads, mirroring symgrad/jupyter/graph.schema.json (symgrad.graph/1).
+// The schema is authoritative: payloads are validated against it before these types are
+// trusted (see validate.ts).
+
+export type Shape = number[] | null;
+export type CheckStatus = 'pass' | 'fail' | 'skipped' | 'error' | 'none';
+export type NodeKind = 'op' | 'accumulate' | 'leaf' | 'none';
+
+export interface ICheck {
+  status: CheckStatus;
+  max_abs_err?: number | null;
+  max_rel_err?: number | null;
+  message?: string | null;
+  sampled?: number | null;
+}
+
+export interface ISaved {
+  name: string;
+  attr?: string;
+  kind: 'tensor' | 'scalar' | 'meta' | 'value' | 'none' | 'freed';
+  shape?: Shape;
+  dtype?: string | null;
+  preview?: string;
+  same_object_as?: string | null;
+  is_output?: boolean;
+}
+
+export interface IGraphNode {
+  id: string;
+  kind: NodeKind;
+  label: string;
+  name: string;
+  shape: Shape;
+  dtype: string | null;
+  variable?: string | null;
+  saved: ISaved[];
+  formula?: string | null;
+  derivative?: string | null;
+  check: ICheck;
+  first_bad?: boolean;
+  order?: number;
+}
+
+export interface IGraphEdge {
+  from: string;
+  to: string;
+  input: number;
+  output_nr?: number;
+}
+
+export interface ILeaf {
+  id: string;
+  name: string;
+  shape: Shape;
+  dtype: string | null;
+  preview?: string;
+  grad_preview?: string | null;
+}
+
+export interface IAgreementRow {
+  leaf: string;
+  node?: string | null;
+  engine?: string | null;
+  symbolic?: string | null;
+  symbolic_latex?: string | null;
+  finite_diff?: string | null;
+  max_abs_err?: number | null;
+  max_rel_err?: number | null;
+  fd_max_abs_err?: number | null;
+  status: CheckStatus;
+}
+
+export interface IAgreement {
+  ok: boolean | null;
+  mode?: string | null;
+  rtol?: number | null;
+  atol?: number | null;
+  first_bad_node?: string | null;
+  message?: string | null;
+  rows: IAgreementRow[];
+}
+
+export interface IGraphPayload {
+  schema: 'symgrad.graph/1';
+  source?: 'symgrad' | 'torch';
+  nodes: IGraphNode[];
+  edges: IGraphEdge[];
+  roots: string[];
+  root_names?: string[];
+  leaves: ILeaf[];
+  agreement?: IAgreement | null;
+  truncated?: number;
+}

@@ -1,0 +1,2 @@
+import 'katex/dist/katex.min.css';
+import './base.css';

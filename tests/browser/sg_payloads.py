@@ -1,0 +1,125 @@
+"""Hand-built graph payloads (symgrad.graph/1) for the renderer's browser tests.
+
+They are validated against the package's schema in the tests, so they stay honest about
+the format the Python side produces.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+XSS = "<img src=x onerror=alert(1)>"
+
+
+def _node(nid: str, kind: str, label: str, *, name: str | None = None, shape=None,
+          dtype: str | None = "float32", saved=None, status: str = "none", **extra: Any
+          ) -> dict[str, Any]:
+    node = {
+        "id": nid, "kind": kind, "label": label, "name": name or label,
+        "shape": shape, "dtype": dtype, "saved": saved or [], "check": {"status": status},
+    }
+    node.update(extra)
+    return node
+
+
+def tutorial(leaf_name: str = "c", bad: bool = False) -> dict[str, Any]:
+    """e = (a + b) * c as drawn for the autograd tutorial: 2 ops, 3 leaves."""
+    mul_status = "fail" if bad else "pass"
+    nodes = [
+        _node("n0", "op", "MulBackward0", shape=[], status=mul_status, first_bad=bad,
+              formula=r"d \cdot c", derivative=r"\bar{e} \cdot c,\; \bar{e} \cdot d",
+              saved=[
+                  {"name": "other", "attr": "_saved_other", "kind": "tensor", "shape": [],
+                   "dtype": "float32", "preview": "tensor(4.)", "same_object_as": leaf_name},
+                  {"name": "self", "attr": "_saved_self", "kind": "tensor", "shape": [],
+                   "dtype": "float32", "preview": "tensor(3.)", "same_object_as": "d"},
+              ]),
+        _node("n1", "op", "AddBackward0", shape=[], status="pass", formula="a + b",
+              saved=[{"name": "alpha", "attr": "_saved_alpha", "kind": "scalar",
+                      "preview": "1"}]),
+        _node("n2", "accumulate", "a", name="AccumulateGrad", shape=[], variable="a"),
+        _node("n3", "accumulate", "b", name="AccumulateGrad", shape=[], variable="b"),
+        _node("n4", "accumulate", leaf_name, name="AccumulateGrad", shape=[],
+              variable=leaf_name),
+    ]
+    edges = [
+        {"from": "n0", "to": "n1", "input": 0, "output_nr": 0},
+        {"from": "n0", "to": "n4", "input": 1, "output_nr": 0},
+        {"from": "n1", "to": "n2", "input": 0, "output_nr": 0},
+        {"from": "n1", "to": "n3", "input": 1, "output_nr": 0},
+    ]
+    leaves = [
+        {"id": "n2", "name": "a", "shape": [], "dtype": "float32", "preview": "tensor(1.)",
+         "grad_preview": "tensor(4.)"},
+        {"id": "n3", "name": "b", "shape": [], "dtype": "float32", "preview": "tensor(2.)"},
+        {"id": "n4", "name": leaf_name, "shape": [], "dtype": "float32",
+         "preview": "tensor(4.)"},
+    ]
+    rows = [
+        {"leaf": "a", "node": "n2", "engine": "4.0", "symbolic": "4", "symbolic_latex": "c",
+         "finite_diff": "4.0000", "max_abs_err": 0.0, "max_rel_err": 0.0, "status": "pass"},
+        {"leaf": "b", "node": "n3", "engine": "4.0", "symbolic": "4", "finite_diff": "4.0000",
+         "max_abs_err": 0.0, "max_rel_err": 0.0, "status": "pass"},
+        {"leaf": leaf_name, "node": "n4", "engine": "7.0" if bad else "3.0",
+         "symbolic": "3", "finite_diff": "3.0000", "max_abs_err": 4.0 if bad else 0.0,
+         "max_rel_err": 1.33 if bad else 0.0, "status": "fail" if bad else "pass"},
+    ]
+    return {
+        "schema": "symgrad.graph/1", "source": "symgrad", "nodes": nodes, "edges": edges,
+        "roots": ["n0"], "root_names": ["e"], "leaves": leaves,
+        "agreement": {"ok": not bad, "mode": "exact", "rtol": 1e-5, "atol": 1e-8,
+                      "first_bad_node": "n0" if bad else None, "message": None,
+                      "rows": rows},
+        "truncated": 0,
+    }
+
+
+def loop_chain(steps: int) -> dict[str, Any]:
+    """x = x * w + b repeated `steps` times: 2*steps op nodes, leaves x0, w, b."""
+    nodes: list[dict[str, Any]] = []
+    edges: list[dict[str, Any]] = []
+    leaf_ids = {"w": "w", "b": "b", "x0": "x0"}
+    for i in range(steps):
+        add, mul = f"a{i}", f"m{i}"
+        nodes.append(_node(add, "op", "AddBackward0", shape=[4], status="pass",
+                           saved=[{"name": "alpha", "kind": "scalar", "preview": "1"}]))
+        nodes.append(_node(mul, "op", "MulBackward0", shape=[4], status="pass", saved=[
+            {"name": "other", "kind": "tensor", "shape": [4], "dtype": "float32",
+             "preview": "tensor([...])", "same_object_as": "w"}]))
+        nxt = f"a{i + 1}" if i + 1 < steps else "x0"
+        edges += [
+            {"from": add, "to": mul, "input": 0},
+            {"from": add, "to": "b", "input": 1},
+            {"from": mul, "to": nxt, "input": 0},
+            {"from": mul, "to": "w", "input": 1},
+        ]
+    for name, nid in leaf_ids.items():
+        nodes.append(_node(nid, "accumulate", name, name="AccumulateGrad", shape=[4],
+                           variable=name))
+    leaves = [{"id": nid, "name": name, "shape": [4], "dtype": "float32"}
+              for name, nid in leaf_ids.items()]
+    return {"schema": "symgrad.graph/1", "nodes": nodes, "edges": edges, "roots": ["a0"],
+            "root_names": ["x"], "leaves": leaves, "agreement": None, "truncated": 0}
+
+
+def wide_graph(n_ops: int) -> dict[str, Any]:
+    """A sum of n_ops/2 products of distinct leaves: nothing to collapse."""
+    nodes: list[dict[str, Any]] = []
+    edges: list[dict[str, Any]] = []
+    leaves: list[dict[str, Any]] = []
+    prev = None
+    k = n_ops // 2
+    for i in range(k):
+        mul, add, leaf = f"m{i}", f"s{i}", f"p{i}"
+        nodes.append(_node(mul, "op", "MulBackward0", shape=[2]))
+        nodes.append(_node(leaf, "accumulate", f"p{i}", name="AccumulateGrad", shape=[2]))
+        leaves.append({"id": leaf, "name": f"p{i}", "shape": [2], "dtype": "float32"})
+        edges.append({"from": mul, "to": leaf, "input": 0})
+        edges.append({"from": mul, "to": leaf, "input": 1})
+        nodes.append(_node(add, "op", "AddBackward0", shape=[2]))
+        edges.append({"from": add, "to": mul, "input": 0})
+        if prev is not None:
+            edges.append({"from": add, "to": prev, "input": 1})
+        prev = add
+    return {"schema": "symgrad.graph/1", "nodes": nodes, "edges": edges,
+            "roots": [prev], "root_names": ["total"], "leaves": leaves, "truncated": 0}
