@@ -759,6 +759,16 @@ def _setitem(self, index, value):
     setitem(self, index, value)
 
 
+def _iter(self):
+    """Rows along dim 0 (each a SelectBackward0 view; torch's come from one unbind)."""
+    if self.ndim == 0:
+        raise TypeError("iteration over a 0-d tensor")
+    from .ops._ints import u64 as _u
+    from .ops.indexing import select as _select
+
+    return (_select(self, 0, _u(i)) for i in range(self.shape[0]))
+
+
 # -- Tensor methods and operators ------------------------------------------------------------
 def _install_tensor_methods() -> None:
     T = Tensor
@@ -802,6 +812,7 @@ def _install_tensor_methods() -> None:
     T.where = lambda self, condition, other: where(condition, self, other)
     T.__getitem__ = _getitem
     T.__setitem__ = _setitem
+    T.__iter__ = _iter
     T.clip = T.clamp
     T.mT = property(_mT)
     T.addcmul = addcmul

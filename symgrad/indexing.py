@@ -13,6 +13,7 @@ no kernel ever sees an out-of-range one.
 from __future__ import annotations
 
 import operator
+import weakref
 
 import numpy as np
 
@@ -281,18 +282,27 @@ def _strip_leading_ones(shape):
     return shape[i:]
 
 
+_VIEW_MESSAGE = (
+    "symgrad: under autograd, assigning into a view of another tensor ({}) is not "
+    "supported: the base tensor's graph would not see the change. Index the base "
+    "tensor directly (x[i, j] = v rather than x[i][j] = v), or clone() the view first.")
+
+
 def _check_not_view_of_graph(x: Tensor) -> None:
+    """Refuse (rather than silently mis-differentiate) a graph write through a view."""
     fn = x._grad_fn
-    spec = getattr(type(fn), "_spec", None)
-    if spec is None or not spec.view:
+    if fn is None:
+        # not in a graph: a view of a larger buffer would leave that buffer outside it
+        if x._storage.nbytes != x._data.nbytes:
+            raise RuntimeError(_VIEW_MESSAGE.format("a part of a larger tensor"))
         return
-    base = fn._input_refs[0]() if fn._input_refs else None
-    if isinstance(base, Tensor) and base._storage is x._storage and base._requires_grad:
-        raise RuntimeError(
-            "symgrad: assigning into a view of a tensor that is part of a graph "
-            f"(this tensor came from {fn.name()}) is not supported: its base would not see "
-            "the change. Index the base tensor directly (x[i, j] = v rather than x[i][j] = v), "
-            "or clone() the view first.")
+    spec = getattr(type(fn), "_spec", None)
+    if spec is None or not spec.view or not fn._input_refs:
+        return
+    base = fn._input_refs[0]
+    base = base() if isinstance(base, weakref.ref) else base  # strong under record()
+    if isinstance(base, Tensor) and base._storage is x._storage:
+        raise RuntimeError(_VIEW_MESSAGE.format(f"made by {fn.name()}"))
 
 
 def setitem(x: Tensor, index, value) -> None:
@@ -320,7 +330,7 @@ def setitem(x: Tensor, index, value) -> None:
     if _state.enabled and x._requires_grad and x._grad_fn is None:
         raise RuntimeError("a leaf Variable that requires grad is being used in an in-place "
                            "operation.")
-    if record and x._grad_fn is not None:
+    if record:
         _check_not_view_of_graph(x)
 
     basic, adv, whole = _region(x, items)

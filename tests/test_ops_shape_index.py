@@ -136,6 +136,8 @@ CASES = [
     ("narrow", lambda L, x: x.narrow(1, 1, 2), [D(3, 4)]),
     ("ellipsis", lambda L, x: x[...], [D(3, 4)]),
     ("full_tuple", lambda L, x: x[:, :], [D(3, 4)]),
+    ("two_ellipsis", lambda L, x: x[..., ...], [D(3, 4)]),
+    ("ellipsis_none", lambda L, x: x[..., None, 0], [D(2, 3, 4)]),
     ("ellipsis_int", lambda L, x: x[..., 1], [D(2, 3, 4)]),
     ("none", lambda L, x: x[None], [D(3, 4)]),
     ("none_mixed", lambda L, x: x[None, :, None, 1], [D(3, 4)]),
