@@ -26,9 +26,12 @@ def on_cpu():
     backends.set_cpu_backend(previous)
 
 
-@pytest.fixture(params=["serial", "parallel"])
+@pytest.fixture(params=["numpy", "serial", "parallel"])
 def mode(request, monkeypatch):
-    """Run the kernels serially, or make tiny arrays take the parallel kernels."""
+    """Each size tier on small arrays: NumPy expressions (the default below FUSED_MIN),
+    serial Numba kernels, parallel Numba kernels."""
+    if request.param != "numpy":
+        monkeypatch.setattr(cpu_mod, "FUSED_MIN", 2)
     if request.param == "parallel":
         monkeypatch.setattr(cpu_mod, "PARALLEL_MIN", 8)
     return request.param
@@ -189,7 +192,7 @@ def test_an_elementwise_backward_makes_exactly_one_backend_call(case, shape, rng
 
 
 @pytest.mark.parametrize("reduce", ["sum", "mean", "transposed"])
-def test_expanded_or_strided_grads_still_take_the_fused_kernel(reduce, rng, torch):
+def test_expanded_or_strided_grads_still_take_the_fused_kernel(reduce, mode, rng, torch):
     """After sum/mean the grad is an expanded scalar (strides 0); after .t() it is strided."""
     counting = _Counting(CPU)
     backends.register_backend("counting", counting)
@@ -253,8 +256,8 @@ def test_kernel_forward_matches_reference(dtype, mode, rng):
             got = getattr(CPU, name)(a, b)
             assert got.dtype == ref.dtype and got.shape == ref.shape, name
             np.testing.assert_allclose(got, ref, rtol=1e-6, atol=0, err_msg=name)
-    got = CPU.addcmul(x, y, x, 0.5)
     with np.errstate(all="ignore"):
+        got = CPU.addcmul(x, y, x, 0.5)
         np.testing.assert_allclose(got, x + 0.5 * (y * x), rtol=1e-6)
 
 
@@ -310,9 +313,11 @@ def _close(got, ref, name):
 def test_kernel_inputs_are_validated_before_the_call(mode):
     """Mismatched lengths never reach a kernel: the backend declines or uses NumPy."""
     g = np.ones(10)
-    assert CPU.sin_backward(g, (True,), np.ones(4)) is None
-    assert CPU.sin_backward(g, (True,), np.ones(10, np.float32)) is None
-    assert CPU.sin_backward(g, (True,), np.ones(20)[::2]) is None
+    assert CPU.tanh_backward(g, (True,), np.ones(4)) is None
+    assert CPU.tanh_backward(g, (True,), np.ones(10, np.float32)) is None
+    strided = np.linspace(0, 1, 20)[::2]  # not contiguous: NumPy computes it
+    (got,) = CPU.tanh_backward(g, (True,), strided)
+    np.testing.assert_allclose(got, 1 - strided * strided)
     assert CPU.mul_backward(g, (True, True), np.ones(4), np.ones(10)) is None
     with pytest.raises(ValueError):
         CPU.add(np.ones(10), np.ones(4))  # NumPy's broadcast error, no kernel call

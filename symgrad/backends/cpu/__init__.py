@@ -6,6 +6,7 @@ plain reference backend; the environment variable ``SYMGRAD_CPU_BACKEND=numpy`` 
 the default at start-up.
 """
 
-from .backend import PARALLEL_MIN, CpuBackend, load_kernels, threading_layer
+from .backend import FUSED_MIN, PARALLEL_MIN, CpuBackend, empty_pool, load_kernels, threading_layer
 
-__all__ = ["CpuBackend", "PARALLEL_MIN", "load_kernels", "threading_layer"]
+__all__ = ["CpuBackend", "FUSED_MIN", "PARALLEL_MIN", "empty_pool", "load_kernels",
+           "threading_layer"]

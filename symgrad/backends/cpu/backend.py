@@ -1,39 +1,49 @@
 """CpuBackend: the NumPy reference backend with its hot kernels replaced by Numba ones.
 
 Every kernel this class does not override is the reference one (inheritance), so ops
-added to ``NumpyBackend`` work here at once. Overrides pick an implementation by size,
-as measured (``benchmarks/bench_core.py``, PARALLEL_MIN below):
+added to ``NumpyBackend`` work here at once. Overrides choose an implementation by size,
+from measurements on the 2-core test machine (``benchmarks/bench_core.py --thresholds``):
 
-* size 1 (scalar graphs): Python ``math`` on the one value (a Numba call costs ~0.6 µs
-  on a 0-d array, NumPy ~0.8 µs for two ufuncs);
-* small and medium: NumPy ufuncs for single forward ops (they are SIMD and as fast as a
-  serial loop), serial Numba kernels for the fused backward rules (one pass, one
-  allocation instead of two or three ufuncs and their temporaries);
-* from ``PARALLEL_MIN`` elements: ``parallel=True`` Numba kernels on all cores.
+* 1 element (scalar graphs): plain Python on the one value (``rules.py``); a Numba call
+  on a 0-d array costs ~0.6 µs, two NumPy ufuncs ~0.8 µs.
+* below ``FUSED_MIN`` elements: NumPy expressions of the backward formulas. A Numba call
+  costs ~0.3 µs more than a ufunc, and tiny graphs (tutorials) then never import Numba,
+  which costs ~0.5 s of start-up.
+* from ``FUSED_MIN``: serial Numba kernels doing a whole backward rule in one pass.
+* from ``PARALLEL_MIN``: ``parallel=True`` Numba kernels on all cores.
+
+Transcendentals (sin, cos, exp, log, tanh) stay NumPy at every size: this llvmlite has no
+SVML, so Numba calls scalar libm, ~5x slower per element than NumPy's SIMD loops.
 
 Numba is imported on the first kernel call, not with symgrad. Every array is checked in
 Python (type, dtype, shape, C-contiguity) before it reaches a kernel; anything a kernel
-does not cover (broadcasting, mixed dtypes, integers) goes to the reference code.
+does not cover (broadcasting, mixed dtypes, integers) goes to NumPy or to the formulas.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 
 import numpy as np
 
 from ..numpy_backend import NumpyBackend
+from . import rules
 
-__all__ = ["CpuBackend", "PARALLEL_MIN", "load_kernels", "threading_layer"]
+__all__ = ["CpuBackend", "PARALLEL_MIN", "FUSED_MIN", "empty_pool", "load_kernels",
+           "threading_layer"]
 
 _R = NumpyBackend
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
-#: element count from which kernels run in parallel (override: SYMGRAD_PARALLEL_MIN).
-#: Measured on 2 cores: a parallel launch costs ~10-20 µs, so below ~2**17 float32
-#: elements one thread finishes first (benchmarks/bench_core.py --threshold).
+#: elements from which fused backward rules run as one Numba pass (SYMGRAD_FUSED_MIN)
+FUSED_MIN = int(os.environ.get("SYMGRAD_FUSED_MIN", "2048"))
+#: elements from which kernels run on all cores (SYMGRAD_PARALLEL_MIN); a parallel launch
+#: costs ~10-20 µs, so below this one thread finishes first
 PARALLEL_MIN = int(os.environ.get("SYMGRAD_PARALLEL_MIN", str(1 << 17)))
+#: bytes from which outputs come from the buffer pool instead of fresh pages (_alloc)
+POOL_MIN = 1 << 22
 
 _K = None
 _kernel_lock = threading.Lock()
@@ -43,16 +53,17 @@ _parallel_lock = threading.Lock()
 
 def _reset_locks_in_child() -> None:
     """A fork while another thread held a lock would leave the child's copy locked."""
-    global _parallel_lock, _kernel_lock
+    global _parallel_lock, _kernel_lock, _pool_lock
     _parallel_lock = threading.Lock()
     _kernel_lock = threading.Lock()
+    _pool_lock = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_reset_locks_in_child)
 
 
 def load_kernels() -> dict:
-    """The kernel table (importing Numba on first use)."""
+    """The kernel table: name -> (serial, parallel) dispatchers; imports Numba once."""
     global _K
     if _K is None:
         with _kernel_lock:
@@ -78,6 +89,65 @@ def _run(name: str, n: int, *args):
         with _parallel_lock:
             return parallel(*args)
     return serial(*args)
+
+
+# -- buffer pool: large outputs reuse freed buffers instead of page-faulting fresh ones ------
+_pool: list = []
+_pool_lock = threading.Lock()
+#: at most this many pooled buffers and bytes (free ones are dropped, least recent first)
+POOL_KEEP, POOL_BYTES = 8, 1 << 28
+
+
+def _free(i: int) -> bool:
+    """Nothing but the pool references buffer ``i`` (the pool's ref + getrefcount's arg).
+
+    Every array handed out is a view of the pooled byte buffer, and NumPy points every
+    view of a view straight at the buffer, so any live array using it holds a reference.
+    """
+    return sys.getrefcount(_pool[i]) == 2
+
+
+def _alloc(shape, dtype) -> np.ndarray:
+    """An uninitialised array; large ones reuse a pooled buffer nothing references any more.
+
+    A fresh 40 MB array costs ~10,000 page faults on first touch (PERF-BASELINES B2: that,
+    not arithmetic, limits torch's ``a*b+a``), so large outputs recycle memory.
+    """
+    dtype = np.dtype(dtype)
+    n = 1
+    for s in shape:
+        n *= s
+    nbytes = n * dtype.itemsize
+    if nbytes < POOL_MIN:
+        return np.empty(shape, dtype)
+    with _pool_lock:
+        for i in range(len(_pool)):
+            if _pool[i].nbytes == nbytes and _free(i):
+                raw = _pool.pop(i)
+                _pool.append(raw)  # most recently used last
+                return raw.view(dtype).reshape(shape)
+        raw = np.empty(nbytes, np.uint8)
+        _pool.append(raw)
+        total = sum(b.nbytes for b in _pool)
+        i = 0
+        while (len(_pool) > POOL_KEEP or total > POOL_BYTES) and i < len(_pool) - 1:
+            if _free(i):
+                total -= _pool.pop(i).nbytes
+            else:
+                i += 1
+    return raw.view(dtype).reshape(shape)
+
+
+def empty_pool() -> None:
+    """Give the pooled buffers that no tensor uses back to the system (torch's empty_cache)."""
+    with _pool_lock:
+        for i in reversed(range(len(_pool))):
+            if _free(i):
+                del _pool[i]
+
+
+def _empty(like: np.ndarray) -> np.ndarray:
+    return _alloc(like.shape, like.dtype)
 
 
 def _flat(x: np.ndarray) -> np.ndarray:
@@ -113,10 +183,6 @@ def _grad(grad, like: np.ndarray):
     return np.ascontiguousarray(grad).reshape(-1), 1
 
 
-def _empty(like: np.ndarray) -> np.ndarray:
-    return np.empty(like.shape, like.dtype)
-
-
 def _new(like: np.ndarray, value) -> np.ndarray:
     """A size-1 result with ``like``'s shape and dtype holding ``value``."""
     if like.ndim == 0:
@@ -124,17 +190,17 @@ def _new(like: np.ndarray, value) -> np.ndarray:
     return np.full(like.shape, value, dtype=like.dtype)
 
 
-def _scalar_value(x, dt):
-    """A Python number as a length-1 array of dtype ``dt`` (NumPy 2 promotion: the array wins)."""
-    return np.full(1, x, dtype=dt)
+def _arr(x) -> np.ndarray:
+    return x if type(x) is np.ndarray else np.asarray(x)
 
 
+# -- forward ---------------------------------------------------------------------------------
 def _unary(name: str, ref):
     body = name + "_f"
 
     def kernel(x):
         if x.size >= PARALLEL_MIN and _same(x):
-            out = np.empty_like(x)
+            out = _empty(x)
             _run(body, x.size, _flat(x), _flat(out))
             return out
         return ref(x)
@@ -148,59 +214,78 @@ def _binary(name: str, ref):
     body = name + "_f"
 
     def kernel(a, b):
-        big = a if type(a) is np.ndarray else b
-        if type(big) is np.ndarray and big.size >= PARALLEL_MIN:
-            if type(a) is np.ndarray and type(b) is np.ndarray:
+        ta, tb = type(a) is np.ndarray, type(b) is np.ndarray
+        big = a if ta else b
+        if (ta or tb) and big.size >= PARALLEL_MIN:
+            if ta and tb:
                 if _same(a, b):
-                    out = np.empty_like(a)
+                    out = _empty(a)
                     _run(body, a.size, _flat(a), _flat(b), _flat(out), 1, 1)
                     return out
-            elif _same(big) and isinstance(a if big is b else b, (int, float)) \
-                    and not isinstance(a if big is b else b, bool):
-                s = _scalar_value(a if big is b else b, big.dtype)
-                out = np.empty_like(big)
-                if big is a:
-                    _run(body, a.size, _flat(a), s, _flat(out), 1, 0)
-                else:
-                    _run(body, b.size, s, _flat(b), _flat(out), 0, 1)
-                return out
+            else:
+                s = b if ta else a
+                if _same(big) and type(s) in (int, float):
+                    s = np.full(1, s, dtype=big.dtype)  # NumPy 2: the array's dtype wins
+                    out = _empty(big)
+                    if ta:
+                        _run(body, a.size, _flat(a), s, _flat(out), 1, 0)
+                    else:
+                        _run(body, b.size, s, _flat(b), _flat(out), 0, 1)
+                    return out
         return ref(a, b)
 
     kernel.__name__ = name
     return staticmethod(kernel)
 
 
+# -- fused backward --------------------------------------------------------------------------
+#: the tensor-op formulas as NumPy expressions (small arrays, and broadcasting cases)
+_NP_RULES = {
+    "exp": lambda g, r: g * r,
+    "log": lambda g, x: g / x,
+    "sin": lambda g, x: g * np.cos(x),
+    "cos": lambda g, x: g * -np.sin(x),
+    "tanh": lambda g, r: g * (1 - r * r),
+    "sigmoid": lambda g, r: g * (r * (1 - r)),
+    "sqrt": lambda g, r: g / (2 * r),
+    "relu": lambda g, r: g * (r > 0),
+    "abs": lambda g, x: g * np.sign(x),
+    "reciprocal": lambda g, r: -g * r * r,
+}
+#: rules with a Numba loop (the rest involve a transcendental: NumPy's SIMD wins)
+_NUMBA_RULES = {"exp", "log", "tanh", "sigmoid", "sqrt", "relu", "abs", "reciprocal"}
+
+
 def _unary_backward(op: str):
     """The fused backward of a unary op: ``(grad, needed, saved) -> (grad_input,)``."""
     body = op + "_b"
-    scalar_rule = None
+    scalar_rule = rules.SCALAR_BACKWARD[op]
+    np_rule = _NP_RULES[op]
+    numba = op in _NUMBA_RULES
 
     def kernel(grad, needed, saved):
-        nonlocal scalar_rule
-        g = _grad(grad, saved) if _same(saved) else None
-        if g is None:
+        if type(saved) is not np.ndarray or saved.dtype not in _FLOATS \
+                or type(grad) is not np.ndarray or grad.dtype != saved.dtype \
+                or grad.shape != saved.shape:
             return None  # broadcast or mixed dtypes: the tensor-op formula runs
-        if grad.size == 1:
-            if scalar_rule is None:
-                scalar_rule = _scalar_rules()[op]
+        n = saved.size
+        if n == 1:
             try:
                 value = scalar_rule(grad.item(), saved.item())
             except (ArithmeticError, ValueError):  # math raises where NumPy gives inf/nan
                 return None
-            return (_new(grad, value),)
+            return (_new(saved, value),)
+        if n < FUSED_MIN or not numba or not saved.flags.c_contiguous:
+            with np.errstate(all="ignore"):
+                return (_arr(np_rule(grad, saved)),)
+        g, sg = _grad(grad, saved)
         out = _empty(saved)
-        _run(body, out.size, g[0], _flat(saved), _flat(out), g[1])
+        _run(body, n, g, _flat(saved), _flat(out), sg)
         return (out,)
 
     kernel.__name__ = op + "_backward"
     kernel.__doc__ = f"Fused backward of {op}: one pass over grad and the saved operand."
     return staticmethod(kernel)
-
-
-def _scalar_rules() -> dict:
-    from .kernels import SCALAR_BACKWARD
-
-    return SCALAR_BACKWARD
 
 
 class CpuBackend(NumpyBackend):
@@ -209,16 +294,9 @@ class CpuBackend(NumpyBackend):
     name = "cpu"
     device_type = "cpu"
 
-    # -- forward elementwise -----------------------------------------------------------------
+    # -- forward elementwise (memory-bound ones; see the module docstring) --------------------
     neg = _unary("neg", _R.neg)
-    exp = _unary("exp", _R.exp)
-    log = _unary("log", _R.log)
-    sin = _unary("sin", _R.sin)
-    cos = _unary("cos", _R.cos)
-    tanh = _unary("tanh", _R.tanh)
-    sigmoid = _unary("sigmoid", _R.sigmoid)
     relu = _unary("relu", _R.relu)
-    sqrt = _unary("sqrt", _R.sqrt)
     abs = _unary("abs", _R.abs)
     add = _binary("add", _R.add)
     sub = _binary("sub", _R.sub)
@@ -228,10 +306,10 @@ class CpuBackend(NumpyBackend):
     @staticmethod
     def addcmul(x, t1, t2, value=1):
         """``x + value * t1 * t2`` in one pass (no temporaries) when shapes agree."""
-        if _same(x, t1, t2) and isinstance(value, (int, float)) and not isinstance(value, bool):
-            out = np.empty_like(x)
-            _run("addcmul_f", x.size, _flat(x), _flat(t1), _flat(t2),
-                 x.dtype.type(value), _flat(out))
+        if x.size >= FUSED_MIN and _same(x, t1, t2) and type(value) in (int, float):
+            out = _empty(x)
+            _run("addcmul_f", x.size, _flat(x), _flat(t1), _flat(t2), x.dtype.type(value),
+                 _flat(out))
             return out
         return NumpyBackend.addcmul(x, t1, t2, value)
 
@@ -249,95 +327,110 @@ class CpuBackend(NumpyBackend):
 
     @staticmethod
     def neg_backward(grad, needed):
-        return (np.asarray(np.negative(grad)),)
+        return (_arr(np.negative(grad)),)
 
     @staticmethod
     def sign_backward(grad, needed):
-        return (np.asarray(np.multiply(grad, 0)),)
+        return (_arr(np.multiply(grad, 0)),)
 
     @staticmethod
     def pow_backward(grad, needed, exponent, self):
         """d(x**e): ``grad * e * x**(e-1)``, or ``grad * 0`` for e == 0, in one pass."""
-        g = _grad(grad, self) if _same(self) else None
-        if g is None or not isinstance(exponent, (int, float)) or isinstance(exponent, bool):
+        if type(self) is not np.ndarray or self.dtype not in _FLOATS \
+                or type(exponent) not in (int, float) or type(grad) is not np.ndarray \
+                or grad.shape != self.shape or grad.dtype != self.dtype:
             return None
         if exponent == 0:
-            return (np.asarray(np.multiply(grad, 0)),)
-        if grad.size == 1:
-            with np.errstate(all="ignore"):
+            return (_arr(np.multiply(grad, 0)),)
+        with np.errstate(all="ignore"):
+            if self.size == 1:
                 x = self.dtype.type(self.item())
-                return (_new(grad, grad.item() * exponent * np.power(x, exponent - 1)),)
+                return (_new(self, grad.item() * exponent * np.power(x, exponent - 1)),)
+            if self.size < FUSED_MIN or not self.flags.c_contiguous:
+                return (_arr(grad * exponent * self ** (exponent - 1)),)
+        g, sg = _grad(grad, self)
         out = _empty(self)
-        _run("pow_b", out.size, g[0], _flat(self), self.dtype.type(exponent), _flat(out), g[1])
+        _run("pow_b", out.size, g, _flat(self), self.dtype.type(exponent), _flat(out), sg)
         return (out,)
 
     @staticmethod
     def mul_backward(grad, needed, other, self):
         """``grad*other`` and ``grad*self``; one pass for both when shapes agree."""
         need_a, need_b = needed[0], needed[1]
-        g = _grad(grad, self) if need_a and need_b and _same(self, other) else None
-        if g is not None:
-            if grad.size == 1:
+        if need_a and need_b:
+            if not (_same(self, other) and type(grad) is np.ndarray
+                    and grad.shape == self.shape and grad.dtype == self.dtype):
+                return None  # broadcasting: the formulas (and the engine's reduction)
+            if self.size == 1:
                 gv = grad.item()
                 return _new(self, gv * other.item()), _new(self, gv * self.item())
+            if self.size < FUSED_MIN:
+                return _arr(grad * other), _arr(grad * self)
+            g, sg = _grad(grad, self)
             ga, gb = _empty(self), _empty(self)
-            _run("mul2_b", ga.size, g[0], _flat(self), _flat(other), _flat(ga), _flat(gb), g[1])
+            _run("mul2_b", ga.size, g, _flat(self), _flat(other), _flat(ga), _flat(gb), sg)
             return ga, gb
-        if need_b and not need_a:
-            return None, np.asarray(_Self.mul(grad, self))
-        if need_a and not need_b:
-            return np.asarray(_Self.mul(grad, other)), None
+        if need_a:
+            return _arr(_Self.mul(grad, other)), None
+        if need_b:
+            return None, _arr(_Self.mul(grad, self))
         return None
 
     @staticmethod
     def div_backward(grad, needed, other, self):
-        """``grad/other`` and ``-grad*self/other**2``; one pass for both when shapes agree."""
+        """``grad/other`` and ``-grad*self/(other*other)``; one pass when shapes agree."""
         need_a, need_b = needed[0], needed[1]
         if need_b:
-            g = _grad(grad, self) if _same(self, other) else None
-            if g is None:
+            if not (_same(self, other) and type(grad) is np.ndarray
+                    and grad.shape == self.shape and grad.dtype == self.dtype):
                 return None
-        if need_a and need_b:
-            if grad.size == 1:
-                gv, a, b = grad.item(), self.item(), other.item()
-                with np.errstate(all="ignore"):
-                    return (_new(self, np.divide(gv, b)),
-                            _new(self, np.divide(-gv * a, b * b)))
-            ga, gb = _empty(self), _empty(self)
-            _run("div2_b", ga.size, g[0], _flat(self), _flat(other), _flat(ga), _flat(gb), g[1])
-            return ga, gb
-        if need_b:
+            with np.errstate(all="ignore"):
+                if self.size == 1:
+                    gv, a, b = grad.item(), self.dtype.type(self.item()), other.item()
+                    gb = _new(self, np.divide(-gv * a, b * b))
+                    return (_new(self, np.divide(gv, b)) if need_a else None), gb
+                if self.size < FUSED_MIN:
+                    gb = _arr(-grad * self / (other * other))
+                    return (_arr(grad / other) if need_a else None), gb
+            g, sg = _grad(grad, self)
             gb = _empty(self)
-            _run("div_other_b", gb.size, g[0], _flat(self), _flat(other), _flat(gb), g[1])
+            if need_a:
+                ga = _empty(self)
+                _run("div2_b", ga.size, g, _flat(self), _flat(other), _flat(ga), _flat(gb), sg)
+                return ga, gb
+            _run("div_other_b", gb.size, g, _flat(self), _flat(other), _flat(gb), sg)
             return None, gb
         if need_a:
-            return np.asarray(_Self.div(grad, other)), None
+            return _arr(_Self.div(grad, other)), None
         return None
 
     @staticmethod
     def where_backward(grad, needed, condition):
         """Route the grad left where the condition holds, right elsewhere, in one pass."""
         c = condition
-        if type(c) is not np.ndarray or c.dtype != np.bool_ or c.shape != grad.shape \
-                or not c.flags.c_contiguous or type(grad) is not np.ndarray \
-                or grad.dtype not in _FLOATS:
+        if type(c) is not np.ndarray or c.dtype != np.bool_ or type(grad) is not np.ndarray \
+                or c.shape != grad.shape or grad.dtype not in _FLOATS:
             return None
-        g = _grad(grad, grad)
         need_a, need_b = needed[1], needed[2]
+        if grad.size < FUSED_MIN or not c.flags.c_contiguous:
+            zero = grad.dtype.type(0)
+            return (None, _arr(np.where(c, grad, zero)) if need_a else None,
+                    _arr(np.where(c, zero, grad)) if need_b else None)
+        g, sg = _grad(grad, grad)
         if need_a and need_b:
             ga, gb = _empty(grad), _empty(grad)
-            _run("where2_b", ga.size, g[0], _flat(c), _flat(ga), _flat(gb), g[1])
+            _run("where2_b", ga.size, g, _flat(c), _flat(ga), _flat(gb), sg)
             return None, ga, gb
         if need_a or need_b:
             out = _empty(grad)
-            _run("where1_b", out.size, g[0], _flat(c), _flat(out), bool(need_a), g[1])
+            _run("where1_b", out.size, g, _flat(c), _flat(out), bool(need_a), sg)
             return (None, out, None) if need_a else (None, None, out)
         return None
 
-    # -- reductions --------------------------------------------------------------------------
+    # -- reductions and copies ---------------------------------------------------------------
     @staticmethod
     def sum(x, axis=None, keepdims=False, dtype=None):
-        """Large float sums in parallel with a float64 accumulator; the rest as NumPy does."""
+        """Large float sums on all cores with a float64 accumulator; the rest as NumPy."""
         if type(x) is np.ndarray and x.size >= PARALLEL_MIN and x.dtype in _FLOATS \
                 and (dtype is None or np.dtype(getattr(dtype, "np", dtype)) == x.dtype) \
                 and x.flags.c_contiguous:
@@ -355,11 +448,10 @@ class CpuBackend(NumpyBackend):
     def copy(x):
         if type(x) is np.ndarray and x.size >= PARALLEL_MIN and x.flags.c_contiguous \
                 and x.dtype in _FLOATS:
-            out = np.empty_like(x)
+            out = _empty(x)
             _run("copy_f", x.size, _flat(x), _flat(out))
             return out
         return NumpyBackend.copy(x)
 
 
 _Self = CpuBackend
-
