@@ -10,9 +10,9 @@ import warnings
 
 import numpy as np
 import pytest
+from _oracle import assert_close, graph_signature, run_grads
 
 import symgrad as sg
-from tests._oracle import assert_close, graph_signature, run_grads
 
 R = np.random.default_rng(3)
 

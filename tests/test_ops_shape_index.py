@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _oracle import assert_close, run_grads
 
 import symgrad as sg
-from tests._oracle import assert_close, run_grads
 
 R = np.random.default_rng(0)
 
