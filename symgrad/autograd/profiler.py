@@ -34,7 +34,7 @@ class FunctionEvent:
     """One timed range: an op call, a backward node, a Function forward, a user range."""
 
     __slots__ = ("id", "name", "kind", "thread", "start_ns", "end_ns", "parent", "cpu_children",
-                 "input_shapes", "device_type", "device_time_ns", "sequence_nr")
+                 "input_shapes", "device_type", "device_time_ns", "sequence_nr", "_timer")
 
     def __init__(self, id: int, name: str, kind: str, thread: int, start_ns: int,
                  parent: FunctionEvent | None, input_shapes=None, device_type: str = "cpu",
@@ -51,6 +51,7 @@ class FunctionEvent:
         self.device_type = device_type
         self.device_time_ns = 0
         self.sequence_nr = sequence_nr
+        self._timer = None  # the backend's device timer (CUDA events) while the range is open
 
     key = property(lambda self: self.name)
     count = property(lambda self: 1)
@@ -189,7 +190,8 @@ def _build_table(events, sort_by, row_limit, max_name_width, header, top_level_o
                                  f"{sorted(_SORT_KEYS)}")
         attr = sort_by.replace("cuda", "device")
         events = sorted(events, key=lambda e: getattr(e, attr), reverse=True)
-    has_device = any(e.self_device_time_total > 0 for e in events)
+    note = _device_note(use_device) if use_device else None  # why there is no device time
+    has_device = any(e.self_device_time_total > 0 for e in events) or note is not None
     dev = (use_device or "cuda").upper()
     name_width = max(len(e.key) for e in events) + 4
     if max_name_width is not None:
@@ -222,7 +224,9 @@ def _build_table(events, sort_by, row_limit, max_name_width, header, top_level_o
                _format_time(e.self_cpu_time_total),
                _format_share(e.cpu_time_total, total_self), _format_time(e.cpu_time_total),
                _format_time(e.cpu_time_total / max(e.count, 1))]
-        if has_device:
+        if note is not None:
+            row += ["unavailable"] * 4
+        elif has_device:
             row += [_format_time(e.self_device_time_total),
                     _format_share(e.self_device_time_total, total_dev),
                     _format_time(e.device_time_total),
@@ -231,7 +235,9 @@ def _build_table(events, sort_by, row_limit, max_name_width, header, top_level_o
         out.append(row_format.format(*row))
     out.append(sep)
     out.append(f"Self CPU time total: {_format_time(total_self)}")
-    if has_device:
+    if note is not None:
+        out.append(f"Self {dev} time total: unavailable ({note})")
+    elif has_device:
         out.append(f"Self {dev} time total: {_format_time(total_dev)}")
     return "\n".join(out) + "\n"
 
@@ -332,11 +338,18 @@ class profile:  # noqa: N801  (PyTorch's name)
         if parent is not None:
             parent.cpu_children.append(evt)
         stack.append(evt)
+        if self.use_device is not None and evt.device_type == self.use_device:
+            evt._timer = _device_timer(evt.device_type)
         evt.start_ns = time.perf_counter_ns() - self._t0
         return evt
 
     def _close(self, evt: FunctionEvent) -> None:
-        if self.use_device is not None and evt.device_type == self.use_device:
+        if evt._timer is not None:  # the backend's events: the op's own time on the device
+            evt.device_time_ns = evt._timer.elapsed_ns()
+            evt._timer = None
+            evt.end_ns = time.perf_counter_ns() - self._t0
+        elif self.use_device is not None and evt.device_type == self.use_device \
+                and _device_note(evt.device_type) is None:
             _synchronize(evt.device_type)
             evt.end_ns = time.perf_counter_ns() - self._t0
             evt.device_time_ns = evt.end_ns - evt.start_ns
@@ -426,6 +439,27 @@ class record_function:  # noqa: N801
                 return fn(*args, **kwargs)
 
         return wrapper
+
+
+def _device_timer(device_type: str):
+    """A started device timer from the backend (CUDA events on a GPU), or None."""
+    from ..backends import backend_for
+
+    try:
+        start = getattr(backend_for(device_type), "device_timer", None)
+    except RuntimeError:
+        return None
+    return start() if start is not None else None
+
+
+def _device_note(device_type: str) -> str | None:
+    """Why ``device_type`` cannot be timed (the CUDA simulator), or None when it can."""
+    from ..backends import backend_for
+
+    try:
+        return getattr(backend_for(device_type), "device_timing_note", None)
+    except RuntimeError:
+        return None
 
 
 def _synchronize(device_type: str) -> None:

@@ -357,3 +357,18 @@ def test_fused_backward_kernels_equal_the_tensor_formulas():
     ga, gb = B.mul_backward(g._data, (True, True), y._data, x._data)
     np.testing.assert_allclose(_h(ga), (g * y).cpu().numpy(), rtol=1e-15)
     assert B.tanh_backward(g._data, (True,), dev(4, dtype=np.float64)._data) is None
+
+
+def test_profiler_device_column_says_unavailable_under_the_simulator():
+    from symgrad.autograd import profiler
+
+    x = dev(3, 4, requires_grad=True)
+    with profiler.profile(use_device="cuda") as prof:
+        (x.exp() @ x.t()).sum().backward()
+    table = prof.key_averages().table()
+    assert "Self CUDA" in table and "symgrad::mm" in table
+    row = next(line for line in table.splitlines() if "symgrad::mm" in line)
+    assert row.count("unavailable") == 4
+    assert "Self CUDA time total: unavailable (timed CUDA events do not work under the " \
+           "numba.cuda simulator)" in table
+    assert all(e.device_time_ns == 0 for e in prof.function_events)

@@ -873,6 +873,15 @@ class CudaBackend:
         K.stats["d2h"] += 1
         return host.reshape(x.shape)
 
+    #: why the profiler shows no device time (None on a GPU, where CUDA events time ops)
+    device_timing_note = ("timed CUDA events do not work under the numba.cuda simulator"
+                          if K.SIM else None)
+
+    @staticmethod
+    def device_timer():
+        """Started CUDA events for the profiler; None under the simulator."""
+        return None if K.SIM else _EventTimer()
+
     @staticmethod
     def synchronize() -> None:
         from numba import cuda
@@ -944,6 +953,25 @@ def _batch_strides(x: CudaArray, bshape: tuple) -> tuple:
         xs = x.shape[d - lead]
         out.append(0 if xs == 1 and s != 1 else x.estrides[d - lead])
     return tuple(out)
+
+
+class _EventTimer:
+    """A pair of CUDA events: recorded at creation and at ``elapsed_ns``."""
+
+    __slots__ = ("_start", "_stop")
+
+    def __init__(self) -> None:
+        from numba import cuda
+
+        self._start, self._stop = cuda.event(), cuda.event()
+        self._start.record()
+
+    def elapsed_ns(self) -> int:
+        from numba import cuda
+
+        self._stop.record()
+        self._stop.synchronize()
+        return int(cuda.event_elapsed_time(self._start, self._stop) * 1e6)
 
 
 class _CudaState:
