@@ -64,6 +64,14 @@ def verify(root, gradient=None, **kwargs):
     return _verify(root, gradient, **kwargs)
 
 
+def capture_torch():
+    """``with symgrad.capture_torch():`` records a PyTorch forward with its values, so
+    ``symgrad.verify(torch_loss)`` can read operands torch itself never saved."""
+    from .symbolic import capture_torch as _capture
+
+    return _capture()
+
+
 __all__ = [
     "Tensor", "Size", "tensor", "dtype", "device", "float32", "float64", "int64", "bool",
     "float", "double", "long", "autograd", "cuda", "ops", "utils",
@@ -78,5 +86,5 @@ __all__ = [
     "clamp_min", "clamp_max", "softmax", "log_softmax", "logsumexp", "select", "narrow",
     "memory_allocated", "max_memory_allocated", "reset_peak_memory_stats",
     "nn", "optim", "save", "load",
-    "verify", "record",
+    "verify", "record", "capture_torch",
 ]
