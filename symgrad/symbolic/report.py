@@ -125,7 +125,7 @@ class Report:
         for s in lf.symbols.reshape(-1):
             e = sym.expand_intermediates(adjs[s])
             e = E.to_sympy(e, sym.sym_map)
-            if sympy.count_ops(e) <= 60:
+            if sympy.count_ops(e) <= 12:  # simplify is only cheap on tiny expressions
                 e = sympy.simplify(e)
             out.append(e)
         res = out[0] if not lf.shape else sympy.ImmutableDenseNDimArray(out, lf.shape)

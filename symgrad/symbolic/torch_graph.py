@@ -1,0 +1,343 @@
+"""PyTorch graphs in the verifier: torch's grad_fn chain read into the same ``Graph``.
+
+Each torch node is matched by its grad_fn name to the op in symgrad's registry with that
+name; its parameters come from torch's ``_saved_*`` attributes (or, for view/expand, the
+shape its consumers saw). Input values come from the leaves (``AccumulateGrad.variable``),
+from what torch saved, or by replaying the forward. PyTorch keeps no value for operands it
+did not need (``a + b`` with b not requiring grad, ``2 - a``): such a value is an error
+that names it and points to ``symgrad.capture_torch()``, a ``TorchFunctionMode`` that
+records every forward call with its values so any supported torch graph verifies.
+"""
+
+from __future__ import annotations
+
+import collections
+import inspect
+
+import numpy as np
+
+from .graph import FreedGraphError, GNode, Graph, Leaf, _spec_forward, assign_names
+
+__all__ = ["walk_torch", "capture_torch"]
+
+#: grad_fn names shared by several registry ops: the one a torch node means.
+_PREFER = {"ToCopyBackward0": "to_copy", "SqueezeBackward1": "squeeze",
+           "SumBackward0": "sum", "SumBackward1": "sum_dim", "MeanBackward0": "mean",
+           "MeanBackward1": "mean_dim", "ClampBackward1": "clamp"}
+
+#: The most recent captures (strong: the recorded values outlive the ``with`` block).
+_CAPTURES: collections.deque = collections.deque(maxlen=16)
+
+
+def _spec_for(name):
+    from ..ops import OPS
+
+    pref = _PREFER.get(name)
+    if pref is not None and pref in OPS:
+        return OPS[pref]
+    for spec in OPS.values():
+        if spec.grad_fn == name:
+            return spec
+    return None
+
+
+def _np(t):
+    return np.asarray(t.detach().cpu().numpy())
+
+
+def _plain(v):
+    import torch
+
+    if isinstance(v, torch.Size):
+        return tuple(int(s) for s in v)
+    if isinstance(v, (list, tuple)):
+        return tuple(_plain(u) for u in v)
+    return v
+
+
+class _Capture:
+    """The state of one ``capture_torch()``: forward calls by the grad_fn they made."""
+
+    def __init__(self) -> None:
+        self.calls: dict = {}  # id(grad_fn) -> (grad_fn, args, kwargs) with values
+        self.mode = None
+
+    def record(self, out, args, kwargs) -> None:
+        import torch
+
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        for o in outs:
+            if isinstance(o, torch.Tensor) and o.grad_fn is not None:
+                fn = o.grad_fn
+                snap = tuple(_snap(a) for a in args)
+                self.calls[id(fn)] = (fn, snap, {k: _snap(v) for k, v in kwargs.items()})
+
+    def lookup(self, fn):
+        hit = self.calls.get(id(fn))
+        return hit if hit is not None and hit[0] is fn else None
+
+
+def _snap(a):
+    import torch
+
+    if isinstance(a, torch.Tensor):
+        return ("tensor", _np(a), a)
+    if isinstance(a, (list, tuple)):
+        return ("seq", tuple(_snap(u) for u in a))
+    return ("value", a)
+
+
+def capture_torch():
+    """``with symgrad.capture_torch():`` records torch forwards (values included)."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    cap = _Capture()
+
+    class _Mode(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            out = func(*args, **kwargs)
+            if torch.is_grad_enabled():
+                cap.record(out, args, kwargs)
+            return out
+
+    class _Ctx:
+        def __enter__(self_):
+            cap.mode = _Mode()
+            cap.mode.__enter__()
+            _CAPTURES.append(cap)
+            self_.capture = cap
+            return self_
+
+        def __exit__(self_, *exc):
+            cap.mode.__exit__(*exc)
+
+    return _Ctx()
+
+
+def _captured(fn):
+    for cap in reversed(_CAPTURES):
+        hit = cap.lookup(fn)
+        if hit is not None:
+            return hit
+    return None
+
+
+def _forward_params(spec):
+    sig = inspect.signature(spec.forward)
+    names = list(sig.parameters)[1 + len(spec.inputs):]
+    return [(n, sig.parameters[n].default) for n in names]
+
+
+def walk_torch(root, names=None) -> Graph:
+    """Read torch's graph behind ``root`` (a torch tensor)."""
+    import torch
+
+    fn = root.grad_fn
+    order, index = [], {}
+    if fn is not None:
+        stack, seen = [(fn, False)], set()
+        while stack:
+            node, done = stack.pop()
+            if done:
+                index[id(node)] = len(order)
+                order.append(node)
+                continue
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            stack.append((node, True))
+            for nxt, _ in reversed(node.next_functions):
+                if nxt is not None and type(nxt).__name__ != "AccumulateGrad" and \
+                        id(nxt) not in seen:
+                    stack.append((nxt, False))
+    # shapes of each node's output, as its consumers saw them
+    out_shape: dict = {}
+    if fn is not None:
+        out_shape[id(fn)] = tuple(root.shape)
+    for node in order:  # torch keeps each node's output metadata (the grads it receives)
+        meta = getattr(node, "_input_metadata", None)
+        if meta:
+            out_shape[id(node)] = tuple(int(s) for s in meta[0].shape)
+    for node in order:
+        spec = _spec_for(node.name())
+        for i, (nxt, _) in enumerate(node.next_functions):
+            if nxt is None or spec is None or i >= len(spec.inputs):
+                continue
+            nm = spec.inputs[i]
+            sizes = getattr(node, f"_saved_{nm}_sym_sizes", None)
+            if sizes is None:
+                t = getattr(node, f"_saved_{nm}", None)
+                sizes = tuple(t.shape) if isinstance(t, torch.Tensor) else None
+            if sizes is not None:
+                out_shape.setdefault(id(nxt), _plain(sizes))
+    leaves: list[Leaf] = []
+    leaf_of: dict = {}
+
+    def leaf_ref(t, requires):
+        k = leaf_of.get(id(t))
+        if k is None:
+            k = leaf_of[id(t)] = len(leaves)
+            leaves.append(Leaf(k, t, _np(t), requires))
+        return ("leaf", k)
+
+    missing, gnodes = [], []
+    for j, node in enumerate(order):
+        name = node.name()
+        spec = _spec_for(name)
+        if spec is None:
+            raise NotImplementedError(
+                f"unknown torch node {name}: symgrad's op registry has no op with this "
+                "grad_fn name, so the verifier cannot give it a SymPy meaning")
+        cap = _captured(node)
+        inputs = []
+        for i, (nxt, nr) in enumerate(node.next_functions):
+            nm = spec.inputs[i] if i < len(spec.inputs) else f"input{i}"
+            if nxt is not None and type(nxt).__name__ == "AccumulateGrad":
+                inputs.append(leaf_ref(nxt.variable, True))
+            elif nxt is not None:
+                if id(nxt) not in index:
+                    missing.append(f"input '{nm}' of {name} (from {nxt.name()})")
+                    inputs.append(("missing", nm))
+                else:
+                    inputs.append(("node", index[id(nxt)], nr))
+            else:
+                val = None
+                try:
+                    val = getattr(node, f"_saved_{nm}", None)
+                except RuntimeError as exc:
+                    raise FreedGraphError(f"{exc} (torch graph: use retain_graph=True or "
+                                          "verify before backward)") from None
+                if val is None and cap is not None:
+                    val = _cap_arg(cap, i)
+                if isinstance(val, torch.Tensor):
+                    if val.dim() == 0 and not val.requires_grad and cap is None:
+                        inputs.append(("scalar", val.item()))  # a wrapped Python number
+                    else:
+                        inputs.append(leaf_ref(val, False))
+                elif val is not None:
+                    inputs.append(("scalar", val))
+                else:
+                    missing.append(f"input '{nm}' of {name}")
+                    inputs.append(("missing", nm))
+        params = {}
+        extra = list(cap[1][len(spec.inputs):]) if cap is not None else []
+        for k, (p, default) in enumerate(_forward_params(spec)):
+            if hasattr(node, f"_saved_{p}"):
+                params[p] = _plain(getattr(node, f"_saved_{p}"))
+            elif p == "size" and id(node) in out_shape:
+                params[p] = out_shape[id(node)]
+            elif cap is not None and p in cap[2]:
+                params[p] = _unsnap(cap[2][p])
+            elif k < len(extra):  # a positional argument of the captured call (2 - a)
+                params[p] = _unsnap(extra[k])
+            elif default is inspect.Parameter.empty:
+                missing.append(f"parameter '{p}' of {name}")
+        n_out = max(1, spec.differentiable_outputs)
+        g = GNode(j, node, name, spec, inputs, params, [], [],
+                  needs=tuple(n is not None for n, _ in node.next_functions),
+                  input_names=tuple(spec.inputs))
+        g.forward_numeric = _spec_forward(spec, params)
+        g.backward = _torch_backward(g)
+        g.out_shapes = [out_shape.get(id(node), None)] * n_out
+        gnodes.append(g)
+    if missing:
+        raise FreedGraphError(
+            "PyTorch did not keep the values the verifier needs: " + ", ".join(missing)
+            + ". Record the forward under `with symgrad.capture_torch():` (a "
+            "TorchFunctionMode that keeps every forward value), then verify.")
+    graph = Graph("torch", gnodes, leaves, ("leaf", 0) if fn is None else
+                  ("node", index[id(fn)], 0), _np(root), root_tensor=root)
+    if fn is None:
+        graph.root = leaf_ref(root, root.requires_grad)
+    # output shapes and dtypes by replaying (cheap: the graph is replayed once here)
+    for g in gnodes:
+        if g.spec is None:
+            continue
+        v = graph.value_of(("node", g.index, 0)) if g.out_dtypes else None
+        if v is None:
+            g.out_dtypes = [np.asarray(_first_float(graph, g)).dtype]
+            v = graph.value_of(("node", g.index, 0))
+        g.out_shapes = [tuple(np.shape(v))]
+    assign_names(leaves, names, lambda t: None)
+    graph.engine_grads = lambda gradient: _torch_engine_grads(graph, gradient)
+    graph.engine_hvp = lambda gradient, us: _torch_engine_hvp(graph, gradient, us)
+    return graph
+
+
+def _first_float(graph, g):
+    for r in g.inputs:
+        if r[0] in ("leaf", "node"):
+            v = graph.value_of(r)
+            if np.asarray(v).dtype.kind == "f":
+                return v
+    return np.zeros((), dtype=np.float32)
+
+
+def _cap_arg(cap, i):
+    _, args, _ = cap
+    return _unsnap(args[i]) if i < len(args) else None
+
+
+def _unsnap(s):
+    kind = s[0]
+    if kind == "tensor":
+        import torch
+
+        return torch.from_numpy(np.array(s[1]))
+    if kind == "seq":
+        return tuple(_unsnap(u) for u in s[1])
+    return s[1]
+
+
+def _torch_backward(g):
+    def backward(graph, grads):
+        import torch
+
+        from .local import _sum_to
+
+        gts = [torch.from_numpy(np.ascontiguousarray(v)) for v in grads]
+        outs = g.node(*gts)
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        res = []
+        for i, o in enumerate(outs):
+            if o is None or not g.needs[i] or g.inputs[i][0] == "scalar":
+                res.append(None)
+                continue
+            shape = np.shape(graph.value_of(g.inputs[i]))
+            res.append(_sum_to(_np(o).astype(np.float64), shape))
+        return res
+
+    return backward
+
+
+def _torch_engine_grads(graph, gradient):
+    import torch
+
+    leaves = [lf for lf in graph.leaves if lf.requires_grad and lf.is_float]
+    if not leaves:
+        return {}
+    root = graph.root_tensor
+    g = torch.as_tensor(np.asarray(gradient), dtype=root.dtype)
+    res = torch.autograd.grad([root], [lf.tensor for lf in leaves], [g], retain_graph=True,
+                              allow_unused=True)
+    return {lf.index: (np.zeros(lf.shape) if r is None else _np(r).astype(np.float64))
+            for lf, r in zip(leaves, res)}
+
+
+def _torch_engine_hvp(graph, gradient, us):
+    import torch
+
+    leaves = [lf for lf in graph.leaves if lf.requires_grad and lf.is_float]
+    root = graph.root_tensor
+    g = torch.as_tensor(np.asarray(gradient), dtype=root.dtype)
+    grads = torch.autograd.grad([root], [lf.tensor for lf in leaves], [g], retain_graph=True,
+                                create_graph=True, allow_unused=True)
+    s = sum(((gr * torch.as_tensor(us[lf.index], dtype=gr.dtype)).sum()
+             for lf, gr in zip(leaves, grads) if gr is not None and gr.requires_grad),
+            torch.zeros((), dtype=root.dtype))
+    res = torch.autograd.grad([s], [lf.tensor for lf in leaves], retain_graph=True,
+                              allow_unused=True) if s.requires_grad else [None] * len(leaves)
+    return {lf.index: (np.zeros(lf.shape) if r is None else _np(r).astype(np.float64))
+            for lf, r in zip(leaves, res)}
