@@ -102,7 +102,9 @@ class BackwardCFunction(Node, FunctionCtx):
         # symgrad.record()), or the non-tensor value; the verifier reads these
         self._input_refs: tuple = ()
         self._input_meta: tuple = ()  # per edge: (shape, dtype), used to check gradients
-        self._out_meta: tuple = ()  # per forward output: (shape, dtype, device) or None
+        # per forward output: (shape, dtype) as OpNode has it, or None for a non-tensor
+        self._out_meta: tuple = ()
+        self._out_device = None
 
     def __repr__(self) -> str:
         return f"<{_MODULE}.{type(self).__name__} object at {hex(id(self))}>"
@@ -135,8 +137,8 @@ class BackwardCFunction(Node, FunctionCtx):
         if self.materialize_grads:
             for i, g in enumerate(grads):
                 if g is None and self._out_meta[i] is not None:
-                    shape, dtype, device = self._out_meta[i]
-                    grads[i] = zeros(shape, dtype=dtype, device=device)
+                    shape, dtype = self._out_meta[i]
+                    grads[i] = zeros(shape, dtype=dtype, device=self._out_device)
         mode = _state.enabled
         try:
             result = cls.backward(self, *grads)
@@ -292,7 +294,8 @@ def _apply(cls, args, kwargs):
             o._bump()
         elif id(o) in input_ids:  # an input returned unchanged: a new tensor object, as torch
             o = Tensor._alias(o)
-        out_meta.append((o._data.shape, o.dtype, o._device))
+        out_meta.append((o._data.shape, o.dtype))
+        ctx._out_device = o._device
         if id(outputs[k]) not in non_diff and o.dtype.is_floating_point:
             o._grad_fn = ctx
             o._output_nr = k
