@@ -77,6 +77,10 @@ CASES = {
     "where": (lambda c, a, b: sg.where(c, a, b), "css"),
     "where-left": (lambda c, a, b: sg.where(c, a, b.detach()), "css"),
     "where-right": (lambda c, a, b: sg.where(c, a.detach(), b), "css"),
+    "softmax": (lambda x: x.softmax(-1), "s"),
+    "softmax-first-dim": (lambda x: x.softmax(0), "s"),
+    "log_softmax": (lambda x: x.log_softmax(-1), "s"),
+    "log_softmax-first-dim": (lambda x: x.log_softmax(0), "s"),
 }
 
 
@@ -266,7 +270,7 @@ def test_kernel_reductions_and_copy(dtype, mode, rng):
     x = rng.standard_normal((6, 7)).astype(dtype)
     tol = 1e-5 if dtype == np.float32 else 1e-12
     for axis, keep in ((None, False), (None, True), ((0, 1), False), ((1,), True), ((-1,), False),
-                       ((0,), True)):
+                       ((0,), True), (1, False)):
         got = CPU.sum(x, axis, keep)
         ref = NumpyBackend.sum(x, axis, keep)
         assert got.shape == ref.shape and got.dtype == ref.dtype
@@ -303,6 +307,41 @@ def test_kernel_fuzz_random_layouts_match_reference(mode):
                 if outs is not None:  # declined layouts go to the formula
                     assert outs[0].shape == g.shape
         _close(CPU.sum(a), NumpyBackend.sum(a), "sum")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_kernel_gather_and_scatter_add_rows(dtype, mode, monkeypatch):
+    """Rows picked by an int64 array (repeats, negatives), and the backward's scatter-add."""
+    monkeypatch.setattr(cpu_mod, "FUSED_MIN", 2)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((50, 7)).astype(dtype)
+    for idx in (np.array([3, -1, 3, 0, 49, -50]), np.arange(50)[::-1].copy(),
+                np.array([7], dtype=np.int32)):
+        for index in (idx, (idx,), (idx, slice(None))):
+            np.testing.assert_array_equal(CPU.getitem(x, index), NumpyBackend.getitem(x, index))
+        v = rng.standard_normal((idx.size, 7)).astype(dtype)
+        got = CPU.index_put(np.zeros_like(x), (idx,), v, True)
+        ref = NumpyBackend.index_put(np.zeros_like(x), (idx,), v, True)
+        np.testing.assert_allclose(got, ref, rtol=1e-12 if dtype == np.float64 else 1e-6)
+    for other in ((slice(None), np.array([1, 6])), (np.array([0, 2]), np.array([1, 6])),
+                  np.array([[1, 2]]), (np.array([1]), Ellipsis)):  # not a row pick: NumPy
+        np.testing.assert_array_equal(CPU.getitem(x, other), NumpyBackend.getitem(x, other))
+    for bad in (np.array([50]), np.array([-51])):  # NumPy's own error, no kernel call
+        with pytest.raises(IndexError):
+            CPU.getitem(x, bad)
+        with pytest.raises(IndexError):
+            CPU.index_put(np.zeros_like(x), (bad,), np.ones((1, 7), dtype), True)
+
+
+def test_indexing_backward_with_repeated_rows_matches_torch(on_cpu, torch, monkeypatch):
+    monkeypatch.setattr(cpu_mod, "FUSED_MIN", 2)
+    monkeypatch.setattr(cpu_mod, "PARALLEL_MIN", 8)
+    w = sg.tensor(np.arange(40.0).reshape(10, 4), requires_grad=True)
+    idx = sg.tensor([1, 1, -1, 3, 1])
+    (w[idx] * sg.arange(20.0).reshape(5, 4)).sum().backward()
+    tw = to_torch(torch, w)
+    (tw[torch.tensor([1, 1, -1, 3, 1])] * torch.arange(20.0).reshape(5, 4)).sum().backward()
+    np.testing.assert_allclose(w.grad.numpy(), tw.grad.numpy())
 
 
 def _close(got, ref, name):

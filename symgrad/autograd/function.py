@@ -215,23 +215,31 @@ def _record(spec, inputs, params, outputs) -> None:
         from .anomaly_mode import forward_stack
 
         node.metadata["traceback_"] = forward_stack()
+    per_input, tensor_names = spec.__dict__.get("_save_plan") or _save_plan(spec)
     saved = {}
-    for i, input_name in enumerate(spec.inputs):
-        if next_functions[i][0] is None:
-            continue
-        for p in spec.formula_params.get(input_name, ()):
-            if p not in saved:
-                saved[p] = _save(spec, p, inputs, params, outputs)
+    for i, names in enumerate(per_input):
+        if names and next_functions[i][0] is not None:
+            for p in names:
+                if p not in saved:
+                    saved[p] = _save(spec, p, inputs, params, outputs)
     if len(saved) != len(spec.saved):
         for p in spec.saved:  # names no needed formula uses read back as None, as in torch
             if p not in saved:
-                saved[p] = _save_param_only(spec, p, inputs, params)
+                saved[p] = None if p in tensor_names else _save(spec, p, inputs, params, ())
     node._saved = saved
     for k in range(spec.differentiable_outputs):
         o = outputs[k]
         o._grad_fn = node
         o._output_nr = k
         o._requires_grad = True
+
+
+def _save_plan(spec):
+    """Per op, once: each input's formula parameters, and which saved names are tensors."""
+    plan = (tuple(spec.formula_params.get(n, ()) for n in spec.inputs),
+            frozenset(p for p in spec.saved if spec.saved_kind(p)[0] in ("input", "output")))
+    spec.__dict__["_save_plan"] = plan
+    return plan
 
 
 def _save(spec, name, inputs, params, outputs):

@@ -79,11 +79,11 @@ def logsumexp_backward(grad, self, result, dim, keepdim):
 register(OpSpec(
     "softmax", "SoftmaxBackward0", ("self",), _softmax,
     {"self": lambda grad, dim, result: softmax_backward(grad, result, dim)},
-    STRUCTURAL, dtype_rule="same"))
+    STRUCTURAL, dtype_rule="same", fused_backward="softmax_backward"))
 register(OpSpec(
     "log_softmax", "LogSoftmaxBackward0", ("self",), _log_softmax,
     {"self": lambda grad, dim, result: log_softmax_backward(grad, result, dim)},
-    STRUCTURAL, dtype_rule="same"))
+    STRUCTURAL, dtype_rule="same", fused_backward="log_softmax_backward"))
 register(OpSpec(
     "logsumexp", "LogsumexpBackward0", ("self",), _logsumexp,
     {"self": lambda grad, dim, keepdim, result, self:

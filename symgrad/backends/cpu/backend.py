@@ -183,6 +183,39 @@ def _grad(grad, like: np.ndarray):
     return np.ascontiguousarray(grad).reshape(-1), 1
 
 
+def _dim(dim: int, ndim: int) -> int:
+    """A saved dim (torch shows negative ones as unsigned 64-bit) as an index."""
+    dim = int(dim)
+    if dim >= 1 << 63:
+        dim -= 1 << 64
+    return dim % ndim
+
+
+_ALL = slice(None)
+
+
+def _row_index(x, index):
+    """(checked, wrapped int64 rows, x as (n, m)) when ``index`` picks rows of dim 0 of a
+    C-contiguous float array with one 1-D integer array; else None (NumPy handles it and
+    raises NumPy's errors). Out-of-range rows also give None, so no kernel reads outside."""
+    if type(index) is tuple:
+        if not index or any(type(i) is not slice or i != _ALL for i in index[1:]):
+            return None
+        index = index[0]
+    if type(index) is not np.ndarray or index.ndim != 1 or index.dtype.kind not in "iu" \
+            or type(x) is not np.ndarray or x.ndim == 0 or x.dtype not in _FLOATS \
+            or not x.flags.c_contiguous or index.size == 0:
+        return None
+    n = x.shape[0]
+    lo, hi = int(index.min()), int(index.max())
+    if lo < -n or hi >= n:
+        return None
+    idx = index.astype(np.int64, copy=lo < 0)
+    if lo < 0:
+        idx[idx < 0] += n
+    return np.ascontiguousarray(idx), x.reshape(n, -1)
+
+
 def _new(like: np.ndarray, value) -> np.ndarray:
     """A size-1 result with ``like``'s shape and dtype holding ``value``."""
     if like.ndim == 0:
@@ -427,6 +460,62 @@ class CpuBackend(NumpyBackend):
             return (None, out, None) if need_a else (None, None, out)
         return None
 
+    # -- softmax / log_softmax backward over one dim ------------------------------------------
+    @staticmethod
+    def softmax_backward(grad, needed, dim, result):
+        """``(g - sum(g*y, dim)) * y``; one pass per row over the last dim when large."""
+        y = result
+        if type(y) is not np.ndarray or y.dtype not in _FLOATS or type(grad) is not np.ndarray \
+                or grad.shape != y.shape or grad.dtype != y.dtype:
+            return None
+        if y.ndim == 0:
+            return (_arr(np.multiply(grad, 0)),)
+        d = _dim(dim, y.ndim)
+        if y.size >= FUSED_MIN and d == y.ndim - 1 and y.flags.c_contiguous:
+            g = np.ascontiguousarray(grad).reshape(-1, y.shape[-1])
+            out = _empty(y)
+            _run("softmax_rows_b", y.size, g, y.reshape(g.shape), out.reshape(g.shape))
+            return (out,)
+        return (_arr((grad - (grad * y).sum(d, keepdims=True)) * y),)
+
+    @staticmethod
+    def log_softmax_backward(grad, needed, dim, result):
+        """``g - exp(y) * sum(g, dim)`` (NumPy: the exp is SIMD there)."""
+        y = result
+        if type(y) is not np.ndarray or y.dtype not in _FLOATS or type(grad) is not np.ndarray \
+                or grad.shape != y.shape or grad.dtype != y.dtype:
+            return None
+        if y.ndim == 0:
+            return (_arr(np.multiply(grad, 0)),)
+        d = _dim(dim, y.ndim)
+        return (_arr(grad - np.exp(y) * grad.sum(d, keepdims=True)),)
+
+    # -- gather / scatter-add along the first dim (integer-array indexing and its backward) ---
+    @staticmethod
+    def getitem(x, index):
+        """``x[idx]`` for one int64 index array on dim 0 of a large float array: all cores."""
+        rows = _row_index(x, index)
+        if rows is not None and x.size >= PARALLEL_MIN:
+            idx, x2 = rows
+            out = _alloc((idx.size,) + x.shape[1:], x.dtype)
+            _run("take_rows", PARALLEL_MIN, x2, idx, out.reshape(idx.size, -1))
+            return out
+        return NumpyBackend.getitem(x, index)
+
+    @staticmethod
+    def index_put(x, index, values, accumulate=False):
+        """``x[idx] += values`` with repeated rows adding up (the backward of ``x[idx]``):
+        one serial pass instead of NumPy's ``add.at``."""
+        rows = _row_index(x, index) if accumulate and x.size >= FUSED_MIN else None
+        if rows is not None:
+            idx, x2 = rows
+            if type(values) is np.ndarray and values.dtype == x.dtype \
+                    and values.shape == (idx.size,) + x.shape[1:]:
+                v = np.ascontiguousarray(values).reshape(idx.size, -1)
+                _run("scatter_add_rows", 0, v, idx, x2)  # serial: repeats add in order
+                return x
+        return NumpyBackend.index_put(x, index, values, accumulate)
+
     # -- reductions and copies ---------------------------------------------------------------
     @staticmethod
     def sum(x, axis=None, keepdims=False, dtype=None):
@@ -434,6 +523,8 @@ class CpuBackend(NumpyBackend):
         if type(x) is np.ndarray and x.size >= PARALLEL_MIN and x.dtype in _FLOATS \
                 and (dtype is None or np.dtype(getattr(dtype, "np", dtype)) == x.dtype) \
                 and x.flags.c_contiguous:
+            if isinstance(axis, int):
+                axis = (axis,)
             if axis is None or tuple(sorted(a % x.ndim for a in axis)) == tuple(range(x.ndim)):
                 total = _run("sum_f", x.size, _flat(x))
                 out = np.array(total, dtype=x.dtype)
