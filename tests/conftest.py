@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import gc
+import os
 
 import numpy as np
 import pytest
 
 import symgrad as sg
 from symgrad import backends
+
+# tests/cuda need numba's CUDA simulator, which must be switched on before numba loads: they
+# run in their own pytest process (`make test` has the line), or on a GPU (SYMGRAD_TEST_CUDA=1).
+if os.environ.get("NUMBA_ENABLE_CUDASIM") != "1" and os.environ.get("SYMGRAD_TEST_CUDA") != "1":
+    collect_ignore = ["cuda"]
 
 
 @pytest.fixture(params=sorted(n for n in backends._BACKENDS if n != "sympy"))

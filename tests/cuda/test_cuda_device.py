@@ -18,6 +18,15 @@ from symgrad.backends.cuda.backend import CudaBackend as B
 R = np.random.default_rng(0)
 
 
+@pytest.fixture
+def counters():
+    """Kernel launches and host<->device transfers, counted at numba's own entry points."""
+    from tests.cuda._count import Counter
+
+    with Counter() as c:
+        yield c
+
+
 def dev(*shape, requires_grad=False, dtype=np.float32):
     return sg.tensor(R.uniform(-1, 1, size=shape).astype(dtype), device="cuda",
                      requires_grad=requires_grad)
