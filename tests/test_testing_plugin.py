@@ -42,7 +42,8 @@ def _report_schema():
 
 def test_correct_passes_wrong_fails_with_table_and_report(pytester):
     pytester.makepyfile(test_grads=GOOD_AND_BAD)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--symgrad-report=out/checks.json")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider",
+                                           "--symgrad-report=out/checks.json")
     result.assert_outcomes(passed=2, failed=1)
     out = result.stdout.str()
     assert "test_wrong_backward" in out
@@ -62,7 +63,8 @@ def test_mode_option_and_xdist_workers_are_gathered(pytester):
     files = {f"test_part{i}": GOOD_AND_BAD.replace("def test_", f"def test_p{i}_")
              for i in range(2)}
     pytester.makepyfile(**files)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", "--symgrad-mode=local",
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2",
+                                           "--symgrad-mode=local",
                                 "--symgrad-report=checks.json")
     result.assert_outcomes(passed=4, failed=2)
     data = json.loads((pytester.path / "checks.json").read_text())
