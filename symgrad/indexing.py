@@ -151,11 +151,12 @@ def _check_indices(shape, adv) -> None:
 
 # -- getting -----------------------------------------------------------------------------------
 def _select(x: Tensor, dim: int, i: int) -> Tensor:
-    if x.ndim == 0:
+    shape = x._data.shape
+    if not shape:
         raise IndexError("invalid index of a 0-dim tensor. Use `tensor.item()` in Python or "
                          "`tensor.item<T>()` in C++ to convert a 0-dim tensor to a number")
-    _check_int(i, x.shape[dim], dim)
-    return _ix.select(x, u64(dim), u64(i))
+    _check_int(i, shape[dim], dim)
+    return _ix._apply("select", (x,), {"dim": dim, "index": i if i >= 0 else u64(i)})
 
 
 def _slice(x: Tensor, dim: int, s: slice, optimize: bool) -> Tensor:

@@ -11,15 +11,19 @@ tensors/lists/masks one ``index`` (IndexBackward0). The backwards are ops themse
 from __future__ import annotations
 
 from ._ints import norm, s64
-from .registry import register
+from .registry import OPS, register
 from .spec import STRUCTURAL, OpSpec
+
+_apply_fn = None
 
 
 def _apply(name, inputs, params):
-    from ..autograd.function import apply
-    from .registry import OPS
+    global _apply_fn
+    if _apply_fn is None:  # imported on first use (ops must not import autograd at load)
+        from ..autograd.function import apply
 
-    return apply(OPS[name], inputs, params)
+        _apply_fn = apply
+    return _apply_fn(OPS[name], inputs, params)
 
 
 def _at(d, item):
