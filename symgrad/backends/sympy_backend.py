@@ -65,13 +65,18 @@ class SympyBackend:
     name = "sympy"
     device_type = "sympy"
 
-    def __init__(self, engine=None, valuation=None, linear_probe: bool = False) -> None:
+    def __init__(self, engine=None, valuation=None, linear_probe: bool = False,
+                 lazy: bool | None = None) -> None:
         if engine is None:
             import sympy as engine
         self.sp = engine
         self.valuation = valuation
         #: In probe mode a kernel that is not linear in a symbolic operand raises Nonlinear.
         self.linear_probe = linear_probe
+        #: build products and sums of structural kernels unevaluated (SymPy only: its
+        #: evaluated Mul is ~10x slower; symengine's is fast). ``.doit()`` evaluates.
+        self._lazy = (linear_probe if lazy is None else lazy) and \
+            getattr(engine, "__name__", "") == "sympy"
         self._unary_cache: dict = {}
 
     # -- helpers ---------------------------------------------------------------------
@@ -84,7 +89,16 @@ class SympyBackend:
             return 0
         if len(terms) == 1:
             return terms[0]
+        if self._lazy:
+            return self.sp.Add(*terms, evaluate=False)
         return self.sp.Add(*terms)
+
+    def _times(self, a, b):
+        """a*b; in probe mode with SymPy left unevaluated (SymPy's Mul of a number and a
+        symbol costs ~0.3 ms evaluated, ~20 us not, and probes only need coefficients)."""
+        if self._lazy and not (is_number(a) and is_number(b)):
+            return self.sp.Mul(a, b, evaluate=False)
+        return a * b
 
     def _decide(self, rel):
         if rel is True or rel is False or isinstance(rel, (bool, np.bool_)):
@@ -195,6 +209,8 @@ class SympyBackend:
 
     def mul(self, a, b):
         self._probe(a, b, nonlinear_if=2)
+        if self._lazy:
+            return obj(np.frompyfunc(self._times, 2, 1)(obj(a), obj(b)))
         return obj(np.multiply(obj(a), obj(b)))
 
     def div(self, a, b):
@@ -405,12 +421,12 @@ class SympyBackend:
                 av = a[i, kk]
                 row = terms[i]
                 for j in np.nonzero(bnz[kk])[0]:
-                    row[j].append(av * b[kk, j])
+                    row[j].append(self._times(av, b[kk, j]))
         else:
             for kk, j in zip(*np.nonzero(bnz)):
                 bv = b[kk, j]
                 for i in np.nonzero(anz[:, kk])[0]:
-                    terms[i][j].append(a[i, kk] * bv)
+                    terms[i][j].append(self._times(a[i, kk], bv))
         out = np.empty((m, n), dtype=object)
         for i in range(m):
             for j in range(n):

@@ -52,7 +52,7 @@ class SymbolicGraph:
         self._partials: dict = {}
         self._n = 0
         self.ev = E.Evaluator(self.values)
-        self.be = SympyBackend(engine, valuation=self._valuation)
+        self.be = SympyBackend(engine, valuation=self._valuation, lazy=True)
         self.dps = E.DPS
 
     # -- construction --------------------------------------------------------------------

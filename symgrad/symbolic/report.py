@@ -125,6 +125,8 @@ class Report:
         for s in lf.symbols.reshape(-1):
             e = sym.expand_intermediates(adjs[s])
             e = E.to_sympy(e, sym.sym_map)
+            if isinstance(e, sympy.Basic):
+                e = e.doit()  # products and sums built unevaluated (fast path) evaluate now
             if sympy.count_ops(e) <= 12:  # simplify is only cheap on tiny expressions
                 e = sympy.simplify(e)
             out.append(e)

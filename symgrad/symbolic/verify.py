@@ -14,12 +14,15 @@ from .graph import Graph
 from .local import check_node
 from .report import LeafRow, NodeRow, Report, as_index
 
-__all__ = ["verify", "EXACT_BUDGET", "DEFAULT_TOLERANCES"]
+__all__ = ["verify", "EXACT_BUDGET", "EXACT_BUDGETS", "DEFAULT_TOLERANCES"]
 
-#: auto mode runs exact while the graph's estimated scalar operations stay under this.
-#: Measured (benchmarks/bench_verify.py): exact mode costs about 5-15 us per scalar op
-#: with symengine and 10-40 us with SymPy alone, so the budget keeps exact under ~2-4 s.
-EXACT_BUDGET = 100_000
+#: auto mode runs exact while the graph's estimated scalar operations stay under the
+#: budget of the engine in use. Measured by benchmarks/bench_verify.py (a 32x48 @ 48x32
+#: tanh layer, cost 101k): exact mode costs ~50-60 us per scalar op with symengine and
+#: ~120-135 us with SymPy alone (mpmath evaluation dominates), so both budgets keep an
+#: auto-mode exact run near 3 s.
+EXACT_BUDGETS = {"symengine": 60_000, "sympy": 25_000}
+EXACT_BUDGET = None  # set a number here to override both (tests do)
 
 #: dtype-aware defaults: element i passes when
 #: |engine_i - exact_i| <= atol + rtol * (|exact_i| + mean_j |exact_j|).
@@ -98,19 +101,20 @@ def verify(root, gradient=None, *, names=None, mode: str = "auto", order: int = 
     cost = graph.scalar_ops()
     chosen = mode
     skipped: list[str] = []
+    budget = EXACT_BUDGET if EXACT_BUDGET is not None else EXACT_BUDGETS[engine_name]
     blockers = _not_replayable(graph)
     if mode == "auto":
-        chosen = "exact" if cost <= EXACT_BUDGET and not blockers else "local"
+        chosen = "exact" if cost <= budget and not blockers else "local"
         if blockers:
             skipped.append("exact mode: no SymPy meaning for " + ", ".join(blockers))
         elif chosen == "local":
             skipped.append(f"exact mode: graph cost {cost} scalar ops is over the budget "
-                           f"{EXACT_BUDGET}")
+                           f"{budget}")
     elif mode == "exact" and blockers:
         raise NotImplementedError("exact mode needs a SymPy meaning for every node; none for "
                                   + ", ".join(blockers) + " (use mode='auto' or 'local')")
     rep = Report(ok=True, mode=chosen, requested_mode=mode, backend=engine_name, order=order,
-                 rtol={}, atol={}, leaves=[], nodes=[], budget=EXACT_BUDGET, cost=cost,
+                 rtol={}, atol={}, leaves=[], nodes=[], budget=budget, cost=cost,
                  graph_kind=graph.kind, skipped=skipped)
     rep._graph = graph
     rep._gradient = gradient
