@@ -3,9 +3,10 @@
     .venv/bin/python benchmarks/bench_mlp.py [--steps N] [--repeats R] [--json]
 
 Each library runs in its own process (thread pools interfere: see PERF-BASELINES.md);
-torch uses 2 threads. Every process does warm-up steps (which also compile symgrad's
-Numba kernels), then ``repeats`` rounds of ``steps`` timed steps; the figure is the median
-step time of the round with the lowest median. Models use nn.Linear (with bias) and ReLU.
+torch, BLAS and Numba use ``--threads`` threads (2 by default). Every process does warm-up
+steps (which also compile symgrad's Numba kernels), then ``repeats`` rounds of ``steps``
+timed steps; the figure is the median step time of the round with the lowest median.
+Models use nn.Linear (with bias) and ReLU.
 Targets (issue 6): the big step at most 0.8x torch, the small step at most 0.3x torch.
 """
 
@@ -38,7 +39,7 @@ def _data(sizes, batch):
 def _step_torch(sizes, batch):
     import torch
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "2")))
     layers = []
     for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
         layers.append(torch.nn.Linear(a, b))
@@ -133,11 +134,13 @@ def _measure(lib: str, name: str, steps: int, repeats: int) -> dict:
             "ms_rounds": [m * 1e3 for m in medians]}
 
 
-def _child(lib: str, name: str, steps: int, repeats: int) -> dict:
+def _child(lib: str, name: str, steps: int, repeats: int, threads: int) -> dict:
+    n = str(threads)
+    env = {**os.environ, "BENCH_THREADS": n, "OMP_NUM_THREADS": n, "OPENBLAS_NUM_THREADS": n,
+           "MKL_NUM_THREADS": n, "NUMBA_NUM_THREADS": n}
     out = subprocess.run([sys.executable, __file__, "--child", lib, name, "--steps", str(steps),
                           "--repeats", str(repeats)], capture_output=True, text=True, check=True,
-                         env={**os.environ, "OMP_NUM_THREADS": os.environ.get(
-                             "OMP_NUM_THREADS", "2")})
+                         env=env)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -145,6 +148,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=2,
+                    help="threads for torch, BLAS and Numba in every process (default 2)")
     ap.add_argument("--json", action="store_true", help="print one JSON line per result")
     ap.add_argument("--child", nargs=2, metavar=("LIB", "MODEL"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -154,7 +159,7 @@ def main() -> None:
     print(f"{'model':22s} " + " ".join(f"{lib:>14s}" for lib in LIBS)
           + f" {'symgrad/torch':>14s} {'target':>7s}")
     for name in CONFIGS:
-        res = {lib: _child(lib, name, args.steps, args.repeats) for lib in LIBS}
+        res = {lib: _child(lib, name, args.steps, args.repeats, args.threads) for lib in LIBS}
         ratio = res["symgrad"]["ms"] / res["torch"]["ms"]
         if args.json:
             for r in res.values():
