@@ -78,6 +78,9 @@ class SympyBackend:
         self._lazy = (linear_probe if lazy is None else lazy) and \
             getattr(engine, "__name__", "") == "sympy"
         self._unary_cache: dict = {}
+        #: a tie in amax/amin: False splits it (PyTorch's max()); True takes the first
+        #: element, the one argmax returns (max(dim), which returns indices)
+        self.ties_first = False
 
     # -- helpers ---------------------------------------------------------------------
     def _S(self, v):
@@ -351,7 +354,7 @@ class SympyBackend:
         keyed = [self.valuation(v) for v in nums]
         best = max(keyed) if larger else min(keyed)
         tied = [v for v, k in zip(nums, keyed) if k == best]
-        if len(tied) == 1:
+        if len(tied) == 1 or self.ties_first:
             return tied[0]
         return self._add_all(tied) / len(tied)  # PyTorch's amax splits ties evenly
 

@@ -334,3 +334,47 @@ def _has_derivative(d) -> bool:
     if type(d).__name__ in ("Derivative", "Subs"):
         return True
     return any(_has_derivative(a) for a in getattr(d, "args", ()))
+
+
+# -- branches decided at the values -------------------------------------------------------
+#: Ops whose ties split the gradient evenly (PyTorch's maximum/minimum). Elsewhere (clamp
+#: and its variants) the first argument as written wins a tie: the clamped value passes
+#: its gradient at the bounds, as PyTorch's clamp does.
+SPLIT_TIES = {"maximum", "minimum"}
+
+
+class DecidingEngine:
+    """The engine module with ``Max``/``Min``/``Piecewise`` decided at the symbols' values.
+
+    An elementwise SymPy meaning built through this proxy is the branch PyTorch's kernel
+    takes at the recorded values, so its derivative is PyTorch's one-sided one there.
+    """
+
+    def __init__(self, engine, valuation, split_ties: bool) -> None:
+        self._engine = engine
+        self._value = valuation
+        self._split = split_ties
+        self.__name__ = getattr(engine, "__name__", "engine")
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+    def _pick(self, args, larger):
+        vals = [self._value(a) for a in args]
+        best = max(vals) if larger else min(vals)
+        tied = [a for a, v in zip(args, vals) if v == best]
+        if len(tied) == 1 or not self._split:
+            return tied[0]
+        return self._engine.Add(*tied) / len(tied)
+
+    def Max(self, *args):  # noqa: N802  (SymPy's name)
+        return self._pick(args, True)
+
+    def Min(self, *args):  # noqa: N802
+        return self._pick(args, False)
+
+    def Piecewise(self, *pairs):  # noqa: N802
+        for expr, cond in pairs:
+            if cond is True or str(cond) == "True" or bool(self._value(cond)):
+                return expr
+        return self._engine.nan

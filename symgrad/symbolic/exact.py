@@ -119,8 +119,11 @@ class SymbolicGraph:
         elif g.spec is None:
             raise NotImplementedError(f"{g.name}: no SymPy meaning known for this node")
         elif callable(g.spec.sympy):
-            outs = (elementwise(g.spec.sympy, self.sp, arrays, g.params),)
+            deciding = E.DecidingEngine(self.sp, self._valuation,
+                                        g.spec.name in E.SPLIT_TIES)
+            outs = (elementwise(g.spec.sympy, deciding, arrays, g.params),)
         elif g.spec.sympy == STRUCTURAL:
+            self.be.ties_first = "indices" in g.spec.outputs  # value-selecting reductions
             outs = g.forward_numeric(self.be, arrays)
         else:
             raise NotImplementedError(f"{g.name}: op {g.spec.name!r} has no SymPy meaning")

@@ -47,29 +47,87 @@ class NodeCheck:
 _TEMPLATES: dict = {}
 
 
-def _lambdas(spec, params, n_in, positions):
-    """SymPy derivatives of an elementwise meaning, lambdified for NumPy (cached)."""
+def _lambdas(spec, params, n_in, positions, fixed=()):
+    """SymPy derivatives of an elementwise meaning, lambdified for NumPy (cached).
+
+    ``fixed``: (position, value) pairs of discrete inputs (a where() condition) that the
+    meaning branches on in Python; they are passed as constants.
+    """
     import sympy
 
-    key = (spec.name, repr(sorted(params.items(), key=lambda kv: kv[0])), n_in, positions)
+    key = (spec.name, repr(sorted(params.items(), key=lambda kv: kv[0])), n_in, positions,
+           fixed)
     hit = _TEMPLATES.get(key)
     if hit is not None:
         return hit
-    xs = sympy.symbols(f"x0:{n_in}", real=True)
-    f = spec.sympy(sympy, *xs, **params)
+    xs = list(sympy.symbols(f"x0:{n_in}", real=True))
+    args = list(xs)
+    for pos, val in fixed:
+        args[pos] = val
+    f = sympy.sympify(spec.sympy(sympy, *args, **params))
     derivs = []
     for k in positions:
         d = sympy.diff(f, xs[k])
-        derivs.append(sympy.lambdify(xs, d, modules=[_NP_EXTRA, "numpy"]))
+        fn = sympy.lambdify(xs, d, modules=[_NP_EXTRA, "numpy"])
+        if d.has(sympy.Heaviside):  # ties: elements where the two one-sided forms differ
+            f0 = sympy.lambdify(xs, d, modules=[_NP_H0, "numpy"])
+            f1 = sympy.lambdify(xs, d, modules=[_NP_H1, "numpy"])
+            fn.ties = lambda *a, f0=f0, f1=f1: np.asarray(f0(*a)) != np.asarray(f1(*a))
+        derivs.append(fn)
     formula = _formula(spec, f, xs, positions)
     _TEMPLATES[key] = (derivs, formula)
     return derivs, formula
 
 
+def _decided_derivative(spec, params, in_vals, idx, positions, k):
+    """d meaning / d input k at one element, branches decided as PyTorch decides them."""
+    import sympy
+
+    values = {}
+    args = []
+    for i, x in enumerate(in_vals):
+        if isinstance(x, np.ndarray):
+            v = np.broadcast_to(x, idx[1]).item(idx[0]) if x.ndim else x.item()
+        else:
+            v = x
+        if i in positions:
+            s = sympy.Symbol(f"x{i}", real=True)
+            values[s] = mpmath.mpf(float(v))
+            args.append(s)
+        else:
+            args.append(v)
+    ev = E.Evaluator(values)
+    eng = E.DecidingEngine(sympy, ev, spec.name in E.SPLIT_TIES)
+    f = sympy.sympify(spec.sympy(eng, *args, **params))
+    return float(ev(sympy.diff(f, args[k])))
+
+
+def _fix_ties(g, in_vals, args, k, d, dv, positions):
+    """Recompute the derivative at tied elements (Max/Min with equal arguments)."""
+    ties = getattr(d, "ties", None)
+    if ties is None:
+        return dv
+    mask = np.broadcast_to(ties(*args), dv.shape)
+    if not mask.any():
+        return dv
+    dv = np.array(dv, dtype=np.float64)
+    for flat in np.flatnonzero(mask):
+        idx = np.unravel_index(flat, dv.shape)
+        dv[idx] = _decided_derivative(g.spec, g.params, in_vals, (idx, dv.shape), positions, k)
+    return dv
+
+
+def _heaviside(at_zero):
+    return lambda x, h0=None: np.where(np.asarray(x) > 0, 1.0,
+                                       np.where(np.asarray(x) < 0, 0.0, at_zero))
+
+
 _NP_EXTRA = {"DiracDelta": lambda x: np.zeros_like(np.asarray(x, dtype=float)),
-             "Heaviside": lambda x, h0=0.5: np.where(np.asarray(x) > 0, 1.0,
-                                                     np.where(np.asarray(x) < 0, 0.0, 0.5)),
-             "sign": np.sign}
+             "Heaviside": _heaviside(0.5), "sign": np.sign}
+_NP_H0 = {"DiracDelta": _NP_EXTRA["DiracDelta"], "Heaviside": _heaviside(0.0),
+          "sign": np.sign}
+_NP_H1 = {"DiracDelta": _NP_EXTRA["DiracDelta"], "Heaviside": _heaviside(1.0),
+          "sign": np.sign}
 
 
 def _formula(spec, f, xs, positions):
@@ -102,13 +160,33 @@ def _elementwise_jtv(g, in_vals, v):
     positions = tuple(i for i, r in enumerate(g.inputs)
                       if r[0] != "scalar" and g.needs[i] and np.asarray(in_vals[i]).dtype.kind
                       == "f")
-    derivs, formula = _lambdas(g.spec, g.params, len(in_vals), positions)
-    args = [np.asarray(x, dtype=np.float64) if isinstance(x, np.ndarray) and x.dtype.kind in "fiu"
+    discrete = [i for i, r in enumerate(g.inputs)
+                if r[0] != "scalar" and np.asarray(in_vals[i]).dtype.kind in "biu"]
+    args = [np.asarray(x, dtype=np.float64) if isinstance(x, np.ndarray) and x.dtype.kind == "f"
             else x for x in in_vals]
+    if discrete:  # one template per value of the discrete inputs, applied where it holds
+        dis = [np.broadcast_to(np.asarray(in_vals[i]), v.shape) for i in discrete]
+        combos = np.unique(np.stack([d.reshape(-1) for d in dis], axis=1), axis=0)
+        if len(combos) > 16:
+            raise ValueError("too many discrete input values for an elementwise template")
+        total = {k: np.zeros(v.shape) for k in positions}
+        formula = ""
+        for combo in combos:
+            mask = np.all(np.stack([d == c for d, c in zip(dis, combo)]), axis=0)
+            fixed = tuple((i, c.item()) for i, c in zip(discrete, combo))
+            derivs, formula = _lambdas(g.spec, g.params, len(in_vals), positions, fixed)
+            with np.errstate(all="ignore"):
+                for k, d in zip(positions, derivs):
+                    dv = np.broadcast_to(np.asarray(d(*args), dtype=np.float64), v.shape)
+                    total[k] = np.where(mask, dv, total[k])
+        return {k: (_sum_to(v * total[k], np.shape(in_vals[k])), None)
+                for k in positions}, formula
+    derivs, formula = _lambdas(g.spec, g.params, len(in_vals), positions)
     res = {}
     with np.errstate(all="ignore"):
         for k, d in zip(positions, derivs):
             dv = np.broadcast_to(np.asarray(d(*args), dtype=np.float64), v.shape)
+            dv = _fix_ties(g, in_vals, args, k, d, dv, positions)
             res[k] = (_sum_to(v * dv, np.shape(in_vals[k])), None)
     return res, formula
 
@@ -152,7 +230,9 @@ def _structural_jtv(g, graph, in_vals, v_list, engine, engine_name, rng, sample,
                                             and in_vals[j].dtype.kind == "f" else in_vals[j])
                       for j in range(len(in_vals))]
             ev = E.Evaluator(values)
-            out = g.forward_numeric(SympyBackend(engine, valuation=ev), arrays)
+            be = SympyBackend(engine, valuation=ev)
+            be.ties_first = "indices" in g.spec.outputs  # max(dim): the argmax element
+            out = g.forward_numeric(be, arrays)
         ev = E.Evaluator(values)
         acc = {s: 0.0 for s in syms}
         symset = set(syms)
