@@ -289,3 +289,19 @@ def test_integer_outputs_cannot_be_differentiated():
         sg.arange(3).requires_grad_()
     a = sg.tensor([1.0, 2.0], requires_grad=True)
     assert not (a > 1).requires_grad and (a > 1).grad_fn is None
+
+
+def test_pass_through_gradients_never_alias_two_leaves_or_a_hooked_tensor():
+    a = sg.tensor([1.0, 2.0], requires_grad=True)
+    b = sg.tensor([3.0, 4.0], requires_grad=True)
+    ((a + b) * 2).sum().backward()  # AddBackward0 hands one buffer to both leaves
+    a.grad.zero_()
+    np.testing.assert_allclose(b.grad.numpy(), [2.0, 2.0])
+    kept = []
+    c = sg.tensor([1.0, 1.0], requires_grad=True)
+    h = c * 3
+    h.register_hook(lambda g: kept.append(g))
+    (h.t() * 1.0).sum().backward()
+    c.grad.zero_() if False else None
+    (c * 1).sum().backward()  # accumulates into c.grad in place
+    np.testing.assert_allclose(kept[0].numpy(), [1.0, 1.0])

@@ -137,14 +137,22 @@ def run_backward(roots, grad_roots, *, retain_graph: bool, create_graph: bool,
                 if not retain_graph:
                     node._release()
                 continue
-            outs = _apply(node, grads, needed, shared)
+            if _fn._profiler is None and not _anomaly.enabled:
+                outs = _apply_node(node, grads, needed, shared)
+            else:
+                outs = _apply(node, grads, needed, shared)
             if not retain_graph:
                 node._release()
             for (nxt, nr), g in zip(node.next_functions, outs):
                 if nxt is None or (needed is not None and nxt not in needed):
                     continue
                 if g is not None:
-                    _add_to_buffer(buffers, nxt, nr, g)
+                    buf = buffers.get(nxt)
+                    if buf is None:
+                        buf = buffers[nxt] = [None] * nxt._num_outputs()
+                        buf[nr] = g
+                    else:
+                        buf[nr] = g if buf[nr] is None else buf[nr] + g
                 deps[nxt] -= 1
                 if deps[nxt] == 0 and id(nxt) not in queued:
                     queued.add(id(nxt))
@@ -177,6 +185,7 @@ def _run_pre_hooks(node, grads, shared):
             for fn in list(hooks.values()):
                 if grads[nr] is None:
                     continue
+                shared.add(id(grads[nr]._storage))  # the hook may keep what it was given
                 new = fn(grads[nr])
                 if new is not None:
                     _check_hook_result(fn, new, grads[nr])
@@ -190,6 +199,7 @@ def _run_pre_hooks(node, grads, shared):
                 shared.add(id(g._storage))
     if node._pre_hooks:
         for fn in list(node._pre_hooks.values()):
+            shared.update(id(g._storage) for g in grads if g is not None)
             new = fn(tuple(grads))
             if new is not None:
                 grads = list(new)
@@ -230,7 +240,11 @@ def _apply_node(node, grads, needed, shared):
     else:
         mask = tuple([nxt is not None and nxt in needed for nxt, _ in node.next_functions])
     outs = node.apply(grads, mask)
-    in_storages = [g._storage for g in grads if g is not None]
+    # An output that aliases an incoming gradient (t(), view, add's pass-through) may become
+    # a leaf's .grad without a copy unless that buffer is visible elsewhere: the incoming
+    # one was shared already, or this node hands it to more than one edge.
+    incoming = {id(g._storage) for g in grads if g is not None}
+    handed_out = set()
     meta = getattr(node, "_input_meta", None)
     for i, g in enumerate(outs):
         if g is None:
@@ -241,8 +255,11 @@ def _apply_node(node, grads, needed, shared):
                 g = outs[i] = g.sum_to_size(shape)
             if g._data.dtype != dtype.np:
                 g = outs[i] = g.to(dtype)
-        if g._storage in in_storages:
-            shared.add(id(g._storage))
+        sid = id(g._storage)
+        if sid in incoming:
+            if sid in handed_out:
+                shared.add(sid)
+            handed_out.add(sid)
     if node._hooks:
         for fn in list(node._hooks.values()):
             new = fn(tuple(outs), tuple(grads))
