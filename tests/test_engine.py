@@ -196,7 +196,6 @@ def test_detach_clone_and_no_grad():
         return x * 2
 
     assert not f(a).requires_grad and not g(a).requires_grad
-    a.detach_() if False else None
     e = a * 1
     e.detach_()
     assert e.grad_fn is None and not e.requires_grad
@@ -302,6 +301,5 @@ def test_pass_through_gradients_never_alias_two_leaves_or_a_hooked_tensor():
     h = c * 3
     h.register_hook(lambda g: kept.append(g))
     (h.t() * 1.0).sum().backward()
-    c.grad.zero_() if False else None
     (c * 1).sum().backward()  # accumulates into c.grad in place
     np.testing.assert_allclose(kept[0].numpy(), [1.0, 1.0])
