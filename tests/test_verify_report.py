@@ -313,3 +313,28 @@ def test_html_escapes_user_strings_and_mimebundle(monkeypatch):
     assert bundle["text/plain"] == str(rep)
     assert bundle["application/vnd.symgrad.report+json"]["schema"] == "symgrad.report/1"
     assert "symgrad.verify" in repr(rep) or "Report" in repr(rep)
+
+
+def test_reports_hold_no_reference_cycles(no_gc, monkeypatch):
+    import weakref
+
+    from symgrad.ops import OPS
+
+    def run(bad):
+        a = sg.tensor([0.5, -1.0, 2.0], requires_grad=True)
+        w = sg.tensor([[1.0, 2.0, 3.0]], requires_grad=True)
+        y = ((w * a).tanh() @ a.reshape(3, 1)).sum()
+        rep = verify(y, order=2)
+        rep.symbolic_gradient(a)
+        local = verify(y, mode="local")
+        return weakref.ref(rep), weakref.ref(local), weakref.ref(a), rep.ok, local.ok
+
+    before = sg.memory_allocated()
+    refs = run(False)
+    assert refs[3] and refs[4]
+    assert all(r() is None for r in refs[:3]), "verify left a reference cycle"
+    monkeypatch.setitem(OPS["tanh"].grads, "self", lambda grad, result: grad * result)
+    refs = run(True)
+    assert not refs[3]
+    assert all(r() is None for r in refs[:3]), "a failing report left a reference cycle"
+    assert sg.memory_allocated() == before

@@ -49,25 +49,28 @@ def fill_custom(g, node) -> None:
         return tuple(np.asarray(o.detach().numpy()) if isinstance(o, _tensor_cls()) else o
                      for o in outs)
 
-    def backward(graph, grads):
-        from ..autograd.grad_mode import no_grad
-        from ..tensor import tensor
-        from .graph import _finish
-
-        n = node
-        if getattr(n, "_freed", False):
-            n = _rebuild_custom(graph, g, cls, positions)
-        gts = [None if v is None else tensor(np.asarray(v)) for v in grads]
-        mask = tuple(g.needs[j] for j in positions)
-        with no_grad():
-            outs = n.apply(gts, mask)
-        per_arg = [None] * len(g.inputs)
-        for i, j in enumerate(positions):
-            per_arg[j] = outs[i] if i < len(outs) else None
-        return _finish(graph, g, per_arg)
-
     g.forward_numeric = forward_numeric
-    g.backward = backward
+    g.backward = custom_backward
+
+
+def custom_backward(graph, g, grads):
+    """The Function's own backward on numeric grads, mapped back to its arguments."""
+    from ..autograd.grad_mode import no_grad
+    from ..tensor import tensor
+    from .graph import _finish
+
+    n = g.node
+    positions = tuple(n._tensor_positions)
+    if getattr(n, "_freed", False):
+        n = _rebuild_custom(graph, g, g.custom, positions)
+    gts = [None if v is None else tensor(np.asarray(v)) for v in grads]
+    mask = tuple(g.needs[j] for j in positions)
+    with no_grad():
+        outs = n.apply(gts, mask)
+    per_arg = [None] * len(g.inputs)
+    for i, j in enumerate(positions):
+        per_arg[j] = outs[i] if i < len(outs) else None
+    return _finish(graph, g, per_arg)
 
 
 def _rebuild_custom(graph, g, cls, positions):

@@ -52,7 +52,7 @@ class SymbolicGraph:
         self._partials: dict = {}
         self._n = 0
         self.ev = E.Evaluator(self.values)
-        self.be = SympyBackend(engine, valuation=self._valuation, lazy=True)
+        self.be = SympyBackend(engine, valuation=self.ev, lazy=True)  # no cycle via self
         self.dps = E.DPS
 
     # -- construction --------------------------------------------------------------------
@@ -119,7 +119,7 @@ class SymbolicGraph:
         elif g.spec is None:
             raise NotImplementedError(f"{g.name}: no SymPy meaning known for this node")
         elif callable(g.spec.sympy):
-            deciding = E.DecidingEngine(self.sp, self._valuation,
+            deciding = E.DecidingEngine(self.sp, self.ev,
                                         g.spec.name in E.SPLIT_TIES)
             outs = (elementwise(g.spec.sympy, deciding, arrays, g.params),)
         elif g.spec.sympy == STRUCTURAL:

@@ -70,7 +70,7 @@ class GNode:
     input_names: tuple = ()
     in_values: list = field(default_factory=list)  # recorded values, filled lazily
     note: str = ""
-    backward: Any = None  # callable(list of np grads) -> list of np arrays | None
+    backward: Any = None  # callable(graph, gnode, np grads) -> list of np arrays | None
     forward_numeric: Any = None  # callable(be, arrays) -> outputs (replay)
 
 
@@ -302,7 +302,7 @@ def walk_symgrad(root, names=None) -> Graph:
                   custom=custom, input_names=tuple(in_names))
         if spec is not None:
             g.forward_numeric = _spec_forward(spec, g.params)
-            g.backward = _node_backward(g)
+            g.backward = node_backward
         else:
             _fill_custom(g, node)
         gnodes.append(g)
@@ -320,8 +320,8 @@ def walk_symgrad(root, names=None) -> Graph:
     if fn is not None:
         graph._values[(index[fn], root._output_nr)] = _np_value(root)
     assign_names(leaves, names, _tensor_name)
-    graph.engine_grads = lambda gradient: _symgrad_engine_grads(graph, gradient)
-    graph.engine_hvp = lambda gradient, us: _symgrad_engine_hvp(graph, gradient, us)
+    graph.engine_grads = _symgrad_engine_grads  # called as f(graph, ...): no cycles
+    graph.engine_hvp = _symgrad_engine_hvp
     return graph
 
 
@@ -341,22 +341,21 @@ def _spec_forward(spec, params):
     return fwd
 
 
-def _node_backward(g: GNode):
-    """The node's own numeric backward, reduced to input shapes as the engine does."""
+def node_backward(graph: Graph, g: GNode, grads: list) -> list:
+    """The node's own numeric backward, reduced to input shapes as the engine does.
 
-    def backward(graph: Graph, grads: list) -> list:
-        from .. import tensor as _tensor
-        from ..autograd.grad_mode import no_grad
+    A plain function (no closure over ``g``), so graphs and reports hold no cycles.
+    """
+    from .. import tensor as _tensor
+    from ..autograd.grad_mode import no_grad
 
-        node = g.node
-        if getattr(node, "_freed", False):
-            node = _rebuild(graph, g)
-        gts = [None if v is None else _tensor(np.asarray(v)) for v in grads]
-        with no_grad():
-            outs = node.apply(gts, g.needs)
-        return _finish(graph, g, outs)
-
-    return backward
+    node = g.node
+    if getattr(node, "_freed", False):
+        node = _rebuild(graph, g)
+    gts = [None if v is None else _tensor(np.asarray(v)) for v in grads]
+    with no_grad():
+        outs = node.apply(gts, g.needs)
+    return _finish(graph, g, outs)
 
 
 def _finish(graph, g, outs):
@@ -470,8 +469,8 @@ def _symgrad_engine_hvp(graph: Graph, gradient, us: dict):
             s = term if s is None else s + term
         if s is None:
             return {lf.index: np.zeros(lf.shape) for lf in leaves}
-        res = autograd.grad([s], [lf.tensor for lf in leaves], retain_graph=False,
-                            allow_unused=True)
+        res = autograd.grad([s], [lf.tensor for lf in leaves], retain_graph=True,
+                            allow_unused=True)  # the user's graph stays usable
     finally:
         for t, old in kept:
             t._grad = old

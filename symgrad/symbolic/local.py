@@ -191,7 +191,8 @@ def _elementwise_jtv(g, in_vals, v):
     return res, formula
 
 
-def _structural_jtv(g, graph, in_vals, v_list, engine, engine_name, rng, sample, notes):
+def _structural_jtv(g, graph, in_vals, v_list, engine, engine_name, rng, sample, notes,
+                    deadline=None):
     """{input k: (values at sampled flat indices, flat indices or None for all)}."""
     res = {}
     for k, r in enumerate(g.inputs):
@@ -243,6 +244,8 @@ def _structural_jtv(g, graph, in_vals, v_list, engine, engine_name, rng, sample,
                 continue
             vflat = np.broadcast_to(vo, o.shape).reshape(-1)
             for j, e in enumerate(o.reshape(-1)):
+                if j % 4096 == 4095 and deadline is not None and time.perf_counter() > deadline:
+                    raise TimeoutExpired
                 if E.is_atom(e) and not E.is_symbol(e):
                     continue
                 if vflat[j] == 0:
@@ -278,7 +281,7 @@ def check_node(g, graph, engine, engine_name, rng, sample, tol_for, deadline=Non
         vs.append(rng.standard_normal(shape).astype(dt if np.dtype(dt).kind == "f"
                                                    else np.float64))
     try:
-        engine_res = g.backward(graph, vs)
+        engine_res = g.backward(graph, g, vs)
     except Exception as exc:  # a broken backward is a finding, not a crash
         chk.status = "error"
         chk.detail = f"backward raised {type(exc).__name__}: {exc}"
@@ -295,7 +298,8 @@ def check_node(g, graph, engine, engine_name, rng, sample, tol_for, deadline=Non
     elif callable(g.spec.sympy):
         sym, chk.formula = _elementwise_jtv(g, in_vals, v64[0])
     elif g.spec.sympy == STRUCTURAL:
-        sym = _structural_jtv(g, graph, in_vals, v64, engine, engine_name, rng, sample, notes)
+        sym = _structural_jtv(g, graph, in_vals, v64, engine, engine_name, rng, sample, notes,
+                              deadline)
         chk.formula = f"{g.spec.name}: structural (forward replayed on the SymPy backend)"
     else:
         chk.status = "unsupported"

@@ -239,7 +239,7 @@ def walk_torch(root, names=None) -> Graph:
                   needs=tuple(n is not None for n, _ in node.next_functions),
                   input_names=tuple(spec.inputs))
         g.forward_numeric = _spec_forward(spec, params)
-        g.backward = _torch_backward(g)
+        g.backward = _torch_backward
         g.out_shapes = [out_shape.get(id(node), None)] * n_out
         gnodes.append(g)
     if missing:
@@ -261,8 +261,8 @@ def walk_torch(root, names=None) -> Graph:
             v = graph.value_of(("node", g.index, 0))
         g.out_shapes = [tuple(np.shape(v))]
     assign_names(leaves, names, lambda t: None)
-    graph.engine_grads = lambda gradient: _torch_engine_grads(graph, gradient)
-    graph.engine_hvp = lambda gradient, us: _torch_engine_hvp(graph, gradient, us)
+    graph.engine_grads = _torch_engine_grads
+    graph.engine_hvp = _torch_engine_hvp
     return graph
 
 
@@ -291,25 +291,22 @@ def _unsnap(s):
     return s[1]
 
 
-def _torch_backward(g):
-    def backward(graph, grads):
-        import torch
+def _torch_backward(graph, g, grads):
+    import torch
 
-        from .local import _sum_to
+    from .local import _sum_to
 
-        gts = [torch.from_numpy(np.ascontiguousarray(v)) for v in grads]
-        outs = g.node(*gts)
-        outs = outs if isinstance(outs, tuple) else (outs,)
-        res = []
-        for i, o in enumerate(outs):
-            if o is None or not g.needs[i] or g.inputs[i][0] == "scalar":
-                res.append(None)
-                continue
-            shape = np.shape(graph.value_of(g.inputs[i]))
-            res.append(_sum_to(_np(o).astype(np.float64), shape))
-        return res
-
-    return backward
+    gts = [torch.from_numpy(np.ascontiguousarray(v)) for v in grads]
+    outs = g.node(*gts)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    res = []
+    for i, o in enumerate(outs):
+        if o is None or not g.needs[i] or g.inputs[i][0] == "scalar":
+            res.append(None)
+            continue
+        shape = np.shape(graph.value_of(g.inputs[i]))
+        res.append(_sum_to(_np(o).astype(np.float64), shape))
+    return res
 
 
 def _torch_engine_grads(graph, gradient):

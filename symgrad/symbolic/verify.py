@@ -125,7 +125,7 @@ def verify(root, gradient=None, *, names=None, mode: str = "auto", order: int = 
             rep.atol[_dtype_name(lf.value.dtype)] = a
     progress = _progress(len(graph.nodes), cost)
     try:
-        engine_grads = graph.engine_grads(gradient)
+        engine_grads = graph.engine_grads(graph, gradient)
         if chosen == "exact":
             _run_exact(rep, graph, engine, engine_name, gradient, engine_grads, tol_for, rng,
                        sample, deadline, progress)
@@ -150,6 +150,8 @@ def verify(root, gradient=None, *, names=None, mode: str = "auto", order: int = 
     finally:
         if progress is not None:
             progress.close()
+        if rep._sym is not None:
+            rep._sym.progress = None
     rep.notes.extend(graph.notes)
     for g in graph.nodes:
         if g.note and g.note not in rep.notes:
@@ -303,7 +305,7 @@ def _run_hvp(rep, graph, gradient, tol_for, rng, deadline):
     us = {lf.index: rng.standard_normal(lf.shape).astype(lf.value.dtype) for lf in leaves}
     sym = rep._sym
     exact = sym.hvp(gradient, us)
-    eng = graph.engine_hvp(gradient, us)
+    eng = graph.engine_hvp(graph, gradient, us)
     rep.ran.append("Hessian-vector products (order 2)")
     for lf in leaves:
         s = np.array([float(v) for v in exact[lf.index].reshape(-1)], dtype=np.float64)
