@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from . import autograd as _autograd
 from . import dtypes as _dt
 from ._format import format_data
 from .autograd import function as _fn
@@ -233,9 +234,7 @@ class Tensor:
 
     def backward(self, gradient: Tensor | None = None, retain_graph: bool | None = None,
                  create_graph: bool = False, inputs=None) -> None:
-        from .autograd import backward
-
-        backward(self, gradient, retain_graph, create_graph, inputs=inputs)
+        _autograd.backward(self, gradient, retain_graph, create_graph, inputs=inputs)
 
     def detach(self) -> Tensor:
         """A tensor sharing this one's data, outside the graph."""
@@ -381,9 +380,7 @@ class Tensor:
         return self
 
     def _inplace_add(self, other: Tensor) -> None:
-        from .backends import backend_for
-
-        backend_for(self._device.type).add_(self._data, other._data)
+        _backend_for(self._device.type).add_(self._data, other._data)
         self._bump()
 
     def _inplace(self, method: str, op: str, others: tuple = (), params: dict | None = None,

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import to_torch
 
 import symgrad as sg
 from symgrad import backends
@@ -17,6 +16,12 @@ from symgrad.backends.numpy_backend import NumpyBackend
 from symgrad.ops import OPS
 
 CPU = backends.get_backend("cpu")
+
+
+def to_torch(torch, t: sg.Tensor):
+    """The same values as a torch leaf (requires_grad as on ``t``)."""
+    x = torch.from_numpy(np.array(t.detach().numpy(), copy=True))
+    return x.requires_grad_(True) if t.requires_grad else x
 
 
 @pytest.fixture
