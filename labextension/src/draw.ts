@@ -347,7 +347,23 @@ function dagreLayout(
   for (const e of edges) {
     dg.setEdge(e.from, e.to, {});
   }
-  layout(dg);
+  // Keep each node's inputs left to right in next_functions order.
+  const byFrom = new Map<string, IVisibleEdge[]>();
+  for (const e of edges) {
+    (byFrom.get(e.from) ?? byFrom.set(e.from, []).get(e.from)!).push(e);
+  }
+  const constraints: { left: string; right: string }[] = [];
+  for (const list of byFrom.values()) {
+    list.sort((a, b) => Math.min(...a.inputs) - Math.min(...b.inputs));
+    for (let i = 1; i < list.length; i++) {
+      constraints.push({ left: list[i - 1].to, right: list[i].to });
+    }
+  }
+  try {
+    layout(dg, { constraints });
+  } catch {
+    layout(dg);
+  }
   for (const v of visible.values()) {
     const p = dg.node(v.id) as { x: number; y: number };
     v.x = p.x;
@@ -1334,7 +1350,9 @@ class GraphView implements IGraphView {
             h(
               'td',
               'sg-code',
-              sv.kind === 'tensor' ? formatShape(sv.shape) : ''
+              sv.shape !== undefined && sv.shape !== null
+                ? formatShape(sv.shape)
+                : ''
             )
           );
           tr.appendChild(h('td', undefined, sv.dtype ?? ''));
@@ -1478,91 +1496,114 @@ export function renderGraphView(
 
 // ------------------------------------------------------------------------------ reports
 
-function cellText(v: unknown): string {
-  if (v === null || v === undefined) {
-    return '–';
-  }
-  if (typeof v === 'number') {
-    return formatNumber(v);
-  }
-  if (typeof v === 'string') {
-    return v;
-  }
-  return JSON.stringify(v);
+type Num = number | string | null | undefined;
+
+interface IReportLeaf {
+  name: string;
+  latex: string;
+  shape: number[];
+  dtype: string;
+  status: string;
+  max_abs_err: Num;
+  max_rel_err: Num;
+  worst_index: number[] | null;
+  engine_value: Num;
+  symbolic_value: Num;
+  fd_value: Num;
+  fd_max_abs_err: Num;
+  checked: number;
+  sampled: boolean;
 }
 
-function asStatus(v: unknown): CheckStatus | null {
-  if (typeof v === 'boolean') {
-    return v ? 'pass' : 'fail';
-  }
-  if (typeof v !== 'string') {
-    return null;
-  }
-  const t = v.toLowerCase();
-  if (t === 'pass' || t === 'ok' || t === 'proved' || t === 'agree') {
-    return 'pass';
-  }
-  if (t === 'fail' || t === 'failed' || t === 'mismatch' || t === 'disagree') {
-    return 'fail';
-  }
-  if (t === 'error') {
-    return 'error';
-  }
-  if (t === 'skipped' || t === 'skip') {
-    return 'skipped';
-  }
-  return t === 'none' ? 'none' : null;
+interface IReportNode {
+  id: number;
+  name: string;
+  status: string;
+  formula: string;
+  max_abs_err: Num;
+  max_rel_err: Num;
+  sampled: boolean;
+  detail: string;
 }
 
-function genericTable(
-  rows: Record<string, unknown>[],
-  what: string
-): HTMLElement {
-  const cols: string[] = [];
-  for (const r of rows) {
-    for (const k of Object.keys(r)) {
-      if (!cols.includes(k)) {
-        cols.push(k);
-      }
-    }
+/** symgrad.report/1 (symgrad/symbolic/report.schema.json), the verifier's Report. */
+interface IReport {
+  schema: string;
+  ok: boolean;
+  mode: string;
+  requested_mode: string;
+  backend: string;
+  order: number;
+  graph_kind: string;
+  tolerances: Record<string, { rtol: number; atol: number }>;
+  seconds: number;
+  timed_out: boolean;
+  cost: number;
+  budget: number;
+  ran: string[];
+  skipped: string[];
+  notes: string[];
+  first_bad_node: number | null;
+  leaves: IReportLeaf[];
+  nodes: IReportNode[];
+  hvp: { name: string; status: string; max_abs_err: Num }[];
+}
+
+/** Map the report's status words onto the badge states. */
+export function reportStatus(s: string): CheckStatus {
+  switch (s) {
+    case 'ok':
+      return 'pass';
+    case 'mismatch':
+      return 'fail';
+    case 'error':
+    case 'timeout':
+      return 'error';
+    case 'skipped':
+    case 'unsupported':
+      return 'skipped';
+    default:
+      return 'none'; // 'not checked', 'not run'
   }
-  const table = h('table', 'sg-table');
-  table.dataset.symgrad = what;
+}
+
+function num(x: Num): string {
+  return typeof x === 'string' ? x : formatNumber(x);
+}
+
+function table(
+  what: string,
+  cols: string[],
+  rows: { status: CheckStatus; key: string; cells: (string | HTMLElement)[] }[]
+): HTMLTableElement {
+  const tbl = h('table', 'sg-table');
+  tbl.dataset.symgrad = what;
   const hr = h('tr');
   for (const c of cols) {
-    hr.appendChild(h('th', undefined, c.replace(/_/g, ' ')));
+    hr.appendChild(h('th', undefined, c));
   }
-  table.appendChild(h('thead')).appendChild(hr);
+  tbl.appendChild(h('thead')).appendChild(hr);
   const tb = h('tbody');
   for (const r of rows) {
     const tr = h('tr');
-    for (const c of cols) {
+    tr.dataset.status = r.status;
+    tr.dataset.key = r.key;
+    for (const c of r.cells) {
       const td = h('td');
-      const st = c === 'status' || c === 'ok' ? asStatus(r[c]) : null;
-      if (st) {
-        td.appendChild(
-          badge(st, typeof r[c] === 'string' ? (r[c] as string) : undefined)
-        );
-        tr.dataset.status = st;
-      } else if (c === 'formula' || c.endsWith('_latex')) {
-        td.appendChild(
-          typeof r[c] === 'string' ? tex(r[c] as string) : h('span', '', '–')
-        );
+      if (typeof c === 'string') {
+        td.textContent = c;
       } else {
-        const text = cellText(r[c]);
-        td.appendChild(
-          text.includes('\n') ? h('pre', 'sg-pre', text) : h('span', '', text)
-        );
+        td.appendChild(c);
       }
       tr.appendChild(td);
     }
     tb.appendChild(tr);
   }
-  table.appendChild(tb);
-  return table;
+  tbl.appendChild(tb);
+  return tbl;
 }
 
-/** Draw a verifier report (application/vnd.symgrad.report+json). */
+/** Draw a verifier report (application/vnd.symgrad.report+json, symgrad.report/1). */
 export function renderReportView(
   host: HTMLElement,
   data: unknown
@@ -1575,75 +1616,157 @@ export function renderReportView(
     root.dataset.state = 'error';
     root.appendChild(
       errorBox('symgrad: this report output cannot be drawn', [
-        'The payload does not match the symgrad report schema:',
+        'The payload does not match the symgrad.report/1 schema:',
         ...result.errors
       ])
     );
     return root;
   }
-  const r = result.value;
+  const r = result.value as unknown as IReport;
   const head = h('div', 'sg-header');
   head.appendChild(h('span', 'sg-title', 'Gradient check'));
-  const ok = r.ok;
   const overall = badge(
-    ok === true ? 'pass' : ok === false ? 'fail' : 'none',
-    ok === true
-      ? 'gradients agree'
-      : ok === false
-        ? 'gradients disagree'
-        : 'unverified'
+    r.ok ? 'pass' : 'fail',
+    r.ok ? 'gradients agree' : 'gradients disagree'
   );
   overall.dataset.symgrad = 'overall';
   head.appendChild(overall);
-  const bits: string[] = [];
-  for (const k of ['mode', 'rtol', 'atol', 'backend', 'sample']) {
-    if (r[k] !== undefined && r[k] !== null) {
-      bits.push(`${k} ${cellText(r[k])}`);
-    }
+  const bits = [
+    `${r.mode} mode` +
+      (r.requested_mode !== r.mode ? ` (asked: ${r.requested_mode})` : ''),
+    r.backend,
+    r.order === 2 ? 'second order' : 'first order',
+    `${r.seconds.toFixed(2)} s`
+  ];
+  if (r.graph_kind === 'torch') {
+    bits.push('PyTorch graph');
   }
-  if (bits.length) {
-    head.appendChild(h('span', 'sg-muted', bits.join(' · ')));
-  }
+  head.appendChild(h('span', 'sg-muted', bits.join(' · ')));
   root.appendChild(head);
-  if (r.first_bad_node !== undefined && r.first_bad_node !== null) {
-    const fb = r.first_bad_node;
-    const text =
-      typeof fb === 'object'
-        ? Object.values(fb as Record<string, unknown>)
-            .filter(v => typeof v === 'string' || typeof v === 'number')
-            .join(' ')
-        : String(fb);
+  const tols = Object.entries(r.tolerances ?? {}).map(
+    ([dt, v]) =>
+      `${dt}: rtol ${formatNumber(v.rtol)}, atol ${formatNumber(v.atol)}`
+  );
+  if (tols.length) {
+    root.appendChild(h('div', 'sg-muted', 'tolerances ' + tols.join('; ')));
+  }
+  if (r.timed_out) {
     root.appendChild(
-      h('div', 'sg-first-bad-note', `First disagreeing node: ${text}`)
+      h('div', 'sg-notice', 'The verification stopped at its time limit.')
     );
   }
-  for (const k of ['message', 'notes', 'skipped']) {
-    const v = r[k];
-    if (typeof v === 'string' && v) {
-      root.appendChild(h('div', 'sg-muted', v));
-    } else if (Array.isArray(v)) {
-      for (const item of v) {
-        root.appendChild(h('div', 'sg-muted', cellText(item)));
-      }
+  if (r.first_bad_node !== null && r.first_bad_node !== undefined) {
+    const node = r.nodes.find(n => n.id === r.first_bad_node);
+    root.appendChild(
+      h(
+        'div',
+        'sg-first-bad-note',
+        `First disagreeing node: ${node ? node.name : ''} (#${r.first_bad_node})`
+      )
+    );
+  }
+  for (const [label, items] of [
+    ['ran', r.ran],
+    ['skipped', r.skipped],
+    ['note', r.notes]
+  ] as const) {
+    for (const item of items ?? []) {
+      root.appendChild(h('div', 'sg-muted', `${label}: ${item}`));
     }
   }
-  for (const [k, title] of [
-    ['leaves', 'Leaves'],
-    ['nodes', 'Nodes']
-  ] as const) {
-    const rows = r[k];
-    if (Array.isArray(rows) && rows.length) {
-      root.appendChild(h('div', 'sg-section', title));
-      root.appendChild(
-        genericTable(
-          rows.filter(x => x && typeof x === 'object') as Record<
-            string,
-            unknown
-          >[],
-          `report-${k}`
-        )
-      );
-    }
+
+  root.appendChild(h('div', 'sg-section', 'Leaves'));
+  root.appendChild(
+    table(
+      'report-leaves',
+      [
+        'leaf',
+        'status',
+        'shape',
+        'engine',
+        'symbolic',
+        'finite diff',
+        'max abs err',
+        'max rel err',
+        'worst'
+      ],
+      r.leaves.map(l => {
+        const st = reportStatus(l.status);
+        return {
+          status: st,
+          key: l.name,
+          cells: [
+            h('span', 'sg-code', l.name),
+            badge(st, l.status),
+            formatShape(l.shape) + ' ' + l.dtype,
+            num(l.engine_value),
+            num(l.symbolic_value),
+            num(l.fd_value) +
+              (l.fd_max_abs_err !== null
+                ? ` (err ${num(l.fd_max_abs_err)})`
+                : ''),
+            num(l.max_abs_err),
+            num(l.max_rel_err),
+            (l.worst_index ? '[' + l.worst_index.join(', ') + ']' : '–') +
+              (l.sampled ? ` · ${l.checked} sampled` : '')
+          ]
+        };
+      })
+    )
+  );
+  if (r.nodes.some(n => n.status !== 'not run')) {
+    root.appendChild(h('div', 'sg-section', 'Nodes (local checks)'));
+    root.appendChild(
+      table(
+        'report-nodes',
+        [
+          '#',
+          'grad_fn',
+          'status',
+          'formula',
+          'max abs err',
+          'max rel err',
+          'detail'
+        ],
+        r.nodes.map(n => {
+          const st = reportStatus(n.status);
+          return {
+            status: st,
+            key: String(n.id),
+            cells: [
+              String(n.id),
+              h('span', 'sg-code', n.name),
+              badge(st, n.status),
+              h('span', 'sg-code', n.formula),
+              num(n.max_abs_err),
+              num(n.max_rel_err),
+              n.detail + (n.sampled ? ' (sampled)' : '')
+            ]
+          };
+        })
+      )
+    );
+  }
+  if (r.hvp.length) {
+    root.appendChild(h('div', 'sg-section', 'Hessian-vector products'));
+    root.appendChild(
+      table(
+        'report-hvp',
+        ['leaf', 'status', 'max abs err'],
+        r.hvp.map(x => {
+          const st = reportStatus(x.status);
+          return {
+            status: st,
+            key: x.name,
+            cells: [
+              h('span', 'sg-code', x.name),
+              badge(st, x.status),
+              num(x.max_abs_err)
+            ]
+          };
+        })
+      )
+    );
   }
   root.dataset.state = 'ready';
   return root;

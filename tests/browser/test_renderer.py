@@ -17,6 +17,7 @@ import sg_payloads as payloads
 from symgrad.jupyter.graph import load_schema
 
 STATIC = Path(__file__).resolve().parents[2] / "symgrad" / "jupyter" / "static"
+REPORT_SCHEMA = STATIC.parents[1] / "symbolic" / "report.schema.json"
 ORIGIN = "http://symgrad.test"
 PAGE = """<!doctype html><html><head><meta charset="utf-8"><title>symgrad</title></head>
 <body style="margin:8px"><div id="host" style="width:1100px"></div>
@@ -261,23 +262,47 @@ def test_500_node_graph_without_chains_renders(page):
     print(f"\n501-node graph with nothing to collapse: render {ms:.0f} ms")
 
 
+def _report_json() -> dict:
+    """A real verifier report (symgrad.report/1) for sum(a * c)."""
+    import symgrad as sg
+
+    a = sg.tensor([2.0, 1.0], requires_grad=True)
+    c = sg.tensor(4.0, requires_grad=True)
+    e = (a * c).sum()
+    data = sg.verify(e, names={"a": a, "c": c}).to_json()
+    jsonschema.validate(data, json.loads(REPORT_SCHEMA.read_text()))
+    return data
+
+
 def test_report_payload(page):
-    report = {
-        "schema": "symgrad.report/1", "ok": False, "mode": "exact", "backend": "sympy",
-        "first_bad_node": 3, "notes": ["sampled 4 elements"],
-        "leaves": [{"name": payloads.XSS, "shape": [2], "status": "mismatch",
-                    "max_abs_err": 0.5, "engine_value": 1.0, "symbolic_value": 0.5},
-                   {"name": "w", "shape": [2], "status": "ok", "max_abs_err": 0.0}],
-        "nodes": [{"id": 3, "name": "MulBackward0", "status": "mismatch",
-                   "formula": "a \\cdot b"}],
-    }
-    mount(page, valid(payloads.tutorial()), report=json.loads(json.dumps(report)))
+    report = _report_json()
+    mount(page, valid(payloads.tutorial()), report=report)
     rep = page.locator("[data-symgrad=report]")
-    assert rep.is_visible()
-    assert rep.locator("[data-symgrad=overall]").get_attribute("data-status") == "fail"
+    assert rep.get_attribute("data-state") == "ready"
+    assert rep.locator("[data-symgrad=overall]").get_attribute("data-status") == "pass"
     leaves = rep.locator("[data-symgrad=report-leaves] tbody tr")
     assert leaves.count() == 2
+    assert [leaves.nth(i).get_attribute("data-key") for i in range(2)] == ["a", "c"]
+    assert leaves.nth(0).get_attribute("data-status") == "pass"
+    assert "exact mode" in rep.text_content()
+
+    # A disagreement (as the verifier reports one), with a hostile leaf name.
+    bad = json.loads(json.dumps(report))
+    bad["ok"] = False
+    bad["leaves"][0].update(name=payloads.XSS, status="mismatch", max_abs_err=0.5)
+    bad["nodes"][0].update(status="mismatch", detail=payloads.XSS)
+    bad["first_bad_node"] = bad["nodes"][0]["id"]
+    jsonschema.validate(bad, json.loads(REPORT_SCHEMA.read_text()))
+    page.evaluate("r => window.model.set('report', r)", bad)
+    assert rep.locator("[data-symgrad=overall]").get_attribute("data-status") == "fail"
     assert leaves.nth(0).get_attribute("data-status") == "fail"
-    assert leaves.nth(1).get_attribute("data-status") == "pass"
-    assert payloads.XSS in leaves.nth(0).text_content()
+    assert leaves.nth(0).get_attribute("data-key") == payloads.XSS
+    nodes = rep.locator("[data-symgrad=report-nodes] tbody tr")
+    assert nodes.nth(0).get_attribute("data-status") == "fail"
+    assert "First disagreeing node: MulBackward0" in rep.text_content()
     assert page.locator("img").count() == 0
+
+    # A report that does not match its schema is an error box, not a table.
+    bad["mode"] = "guess"
+    page.evaluate("r => window.model.set('report', r)", bad)
+    assert "/mode" in page.locator("[data-symgrad=report] [data-symgrad=error]").text_content()
