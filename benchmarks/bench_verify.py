@@ -93,7 +93,8 @@ def main() -> None:
     # per scalar op cost of exact mode on a bigger layer: this sets the auto-mode budget
     layer = _layer()
     for be in backends:
-        t, rep = timed(lambda be=be: S.verify(layer, mode="exact", backend=be), repeat=1)
+        t, rep = timed(lambda be=be: S.verify(layer, mode="exact", backend=be,
+                                                     timeout=600), repeat=1)
         assert rep.ok
         rows.append((f"exact: us per scalar op (32x48 @ 48x32 tanh, cost {rep.cost})", be,
                      t / rep.cost * 1e6, None))

@@ -166,6 +166,16 @@ def test_auto_over_budget_runs_local(monkeypatch):
     assert any("over the budget" in s for s in rep.skipped)
 
 
+def test_exact_mode_over_budget_is_an_error_unless_timed(monkeypatch):
+    from symgrad.symbolic import VerifierBudgetError
+
+    monkeypatch.setattr(sys.modules["symgrad.symbolic.verify"], "EXACT_BUDGET", 10)
+    a = sg.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    with pytest.raises(VerifierBudgetError, match="over the budget.*mode='local'"):
+        verify((a * a).sum(), mode="exact")
+    assert verify((a * a).sum(), mode="exact", timeout=30).ok
+
+
 def test_exact_mode_with_sympy_and_symengine_agree():
     pytest.importorskip("symengine")
     a = sg.tensor([0.3, -0.7], dtype=sg.float64, requires_grad=True)

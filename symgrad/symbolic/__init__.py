@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from .graph import FreedGraphError
 from .report import MIME_TYPE, Report
-from .verify import DEFAULT_TOLERANCES, EXACT_BUDGET, EXACT_BUDGETS, verify
+from .verify import DEFAULT_TOLERANCES, EXACT_BUDGET, EXACT_BUDGETS, VerifierBudgetError, verify
 
 __all__ = ["verify", "Report", "FreedGraphError", "audit_rules", "capture_torch", "MIME_TYPE",
-           "EXACT_BUDGET", "EXACT_BUDGETS", "DEFAULT_TOLERANCES"]
+           "EXACT_BUDGET", "EXACT_BUDGETS", "DEFAULT_TOLERANCES", "VerifierBudgetError"]
 
 
 def audit_rules(*args, **kwargs):

@@ -14,7 +14,8 @@ from .graph import Graph
 from .local import check_node
 from .report import LeafRow, NodeRow, Report, as_index
 
-__all__ = ["verify", "EXACT_BUDGET", "EXACT_BUDGETS", "DEFAULT_TOLERANCES"]
+__all__ = ["verify", "EXACT_BUDGET", "EXACT_BUDGETS", "DEFAULT_TOLERANCES",
+           "VerifierBudgetError"]
 
 #: auto mode runs exact while the graph's estimated scalar operations stay under the
 #: budget of the engine in use. Measured by benchmarks/bench_verify.py (a 32x48 @ 48x32
@@ -33,6 +34,10 @@ DEFAULT_TOLERANCES = {"float32": (1e-4, 1e-6), "float64": (1e-8, 1e-12),
 FD_SAMPLES = 16
 #: in local mode (big graphs) finite differences are a spot check at this many elements.
 FD_SAMPLES_LOCAL = 3
+
+
+class VerifierBudgetError(RuntimeError):
+    """mode='exact' on a graph over the exact-mode budget, with no timeout given."""
 
 
 def _dtype_name(dt) -> str:
@@ -113,6 +118,11 @@ def verify(root, gradient=None, *, names=None, mode: str = "auto", order: int = 
     elif mode == "exact" and blockers:
         raise NotImplementedError("exact mode needs a SymPy meaning for every node; none for "
                                   + ", ".join(blockers) + " (use mode='auto' or 'local')")
+    elif mode == "exact" and cost > budget and timeout is None:
+        raise VerifierBudgetError(
+            f"exact mode on this graph would cost {cost} scalar operations, over the budget "
+            f"of {budget} for {engine_name} (about {cost / budget * 3:.0f} s); use "
+            "mode='auto' or mode='local' (sampled), or pass timeout=SECONDS to try anyway")
     rep = Report(ok=True, mode=chosen, requested_mode=mode, backend=engine_name, order=order,
                  rtol={}, atol={}, leaves=[], nodes=[], budget=budget, cost=cost,
                  graph_kind=graph.kind, skipped=skipped)
