@@ -6,9 +6,10 @@ from measurements on the 2-core test machine (``benchmarks/bench_core.py --thres
 
 * 1 element (scalar graphs): plain Python on the one value (``rules.py``); a Numba call
   on a 0-d array costs ~0.6 µs, two NumPy ufuncs ~0.8 µs.
-* below ``FUSED_MIN`` elements: NumPy expressions of the backward formulas. A Numba call
-  costs ~0.3 µs more than a ufunc, and tiny graphs (tutorials) then never import Numba,
-  which costs ~0.5 s of start-up.
+* below ``FUSED_MIN`` (256) elements: NumPy expressions of the backward formulas. Serial
+  Numba already wins by ~1 µs a node from 16 elements (one call instead of two or three
+  ufuncs), but importing Numba and loading cached kernels costs ~0.5 s of start-up, which
+  graphs of tutorial size (scalars, small vectors) never pay.
 * from ``FUSED_MIN``: serial Numba kernels doing a whole backward rule in one pass.
 * from ``PARALLEL_MIN``: ``parallel=True`` Numba kernels on all cores.
 
@@ -38,9 +39,11 @@ _R = NumpyBackend
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 #: elements from which fused backward rules run as one Numba pass (SYMGRAD_FUSED_MIN)
-FUSED_MIN = int(os.environ.get("SYMGRAD_FUSED_MIN", "2048"))
-#: elements from which kernels run on all cores (SYMGRAD_PARALLEL_MIN); a parallel launch
-#: costs ~10-20 µs, so below this one thread finishes first
+FUSED_MIN = int(os.environ.get("SYMGRAD_FUSED_MIN", "256"))
+#: elements from which kernels run on all cores (SYMGRAD_PARALLEL_MIN). A workqueue launch
+#: costs ~10 µs on a quiet machine (30-50 µs on a busy one), and one core streams ~20 GB/s,
+#: two ~34 GB/s (PERF-BASELINES B2): a 2**17-element float32 op (1.5 MB moved) takes
+#: ~75 µs on one core, ~55 µs on two, and below that one thread finishes first.
 PARALLEL_MIN = int(os.environ.get("SYMGRAD_PARALLEL_MIN", str(1 << 17)))
 #: bytes from which outputs come from the buffer pool instead of fresh pages (_alloc)
 POOL_MIN = 1 << 22
@@ -249,7 +252,7 @@ def _binary(name: str, ref):
     def kernel(a, b):
         ta, tb = type(a) is np.ndarray, type(b) is np.ndarray
         big = a if ta else b
-        if (ta or tb) and big.size >= PARALLEL_MIN:
+        if (ta or tb) and big.size >= PARALLEL_MIN:  # else straight to NumPy (tiny: fast)
             if ta and tb:
                 if _same(a, b):
                     out = _empty(a)
@@ -295,6 +298,7 @@ def _unary_backward(op: str):
     scalar_rule = rules.SCALAR_BACKWARD[op]
     np_rule = _NP_RULES[op]
     numba = op in _NUMBA_RULES
+    quiet = op in ("log", "sqrt")
 
     def kernel(grad, needed, saved):
         if type(saved) is not np.ndarray or saved.dtype not in _FLOATS \
@@ -309,8 +313,10 @@ def _unary_backward(op: str):
                 return None
             return (_new(saved, value),)
         if n < FUSED_MIN or not numba or not saved.flags.c_contiguous:
-            with np.errstate(all="ignore"):
-                return (_arr(np_rule(grad, saved)),)
+            if quiet:  # x/0 gives inf silently, as the formula's div kernel does
+                with np.errstate(all="ignore"):
+                    return (_arr(np_rule(grad, saved)),)
+            return (_arr(np_rule(grad, saved)),)
         g, sg = _grad(grad, saved)
         out = _empty(saved)
         _run(body, n, g, _flat(saved), _flat(out), sg)
