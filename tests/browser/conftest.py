@@ -93,7 +93,8 @@ def lab_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
             [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root",
              "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
              "--ServerApp.port_retries=0", "--ServerApp.token=", "--ServerApp.password=",
-             "--ServerApp.disable_check_xsrf=True", f"--ServerApp.root_dir={root}"],
+             "--ServerApp.disable_check_xsrf=True", "--LabApp.expose_app_in_browser=True",
+             f"--ServerApp.root_dir={root}"],
             env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     server = LabServer(f"http://127.0.0.1:{port}", root, proc, log)
     try:

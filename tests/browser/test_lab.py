@@ -87,6 +87,19 @@ def _wait_saved(path: Path, outputs: int, timeout: float = 30) -> dict:
         time.sleep(0.25)
 
 
+def _luminance(page, graph) -> dict[str, float]:
+    """Relative luminance of an op box's fill and of its label (computed styles)."""
+    return page.evaluate("""el => {
+        const lum = c => {
+            const [r, g, b] = c.match(/[\\d.]+/g).map(Number);
+            return (0.2126 * r + 0.7152 * g + 0.0722 * b) / 255;
+        };
+        const node = el.querySelector('.sg-node[data-kind=op]');
+        return {op: lum(getComputedStyle(node.querySelector('.sg-box')).fill),
+                text: lum(getComputedStyle(node.querySelector('.sg-node-label')).fill)};
+    }""", graph.element_handle())
+
+
 def test_symgrad_magic_in_jupyterlab(browser, lab_server, artifacts):
     t_start = time.monotonic()
     nb_path = lab_server.root / "tutorial.ipynb"
@@ -187,6 +200,17 @@ def test_symgrad_magic_in_jupyterlab(browser, lab_server, artifacts):
     assert lab_server.api("GET", "/api/kernels") == []
     graph.scroll_into_view_if_needed()
     page.screenshot(path=str(artifacts / "lab-reopened-no-kernel.png"))
+
+    # -- the dark theme reaches the drawing through JupyterLab's CSS variables -----------
+    light = _luminance(page, graph)
+    page.evaluate("window.jupyterapp.commands.execute('apputils:change-theme', "
+                  "{theme: 'JupyterLab Dark'})")
+    page.wait_for_selector("body[data-jp-theme-light=false]", state="attached",
+                           timeout=30_000)
+    page.wait_for_timeout(300)
+    dark = _luminance(page, graph)
+    assert dark["op"] < light["op"] and dark["text"] > light["text"], (light, dark)
+    page.screenshot(path=str(artifacts / "lab-reopened-dark.png"))
     assert page.dialogs == []
     assert page.locator("img[src='x']").count() == 0
     page.close()
