@@ -211,6 +211,23 @@ def test_order_two_catches_a_wrong_double_backward(monkeypatch):
     assert rep.hvp[0]["status"] == "mismatch"
 
 
+def test_progress_callback_is_called_and_can_stop():
+    a = sg.tensor([0.5, 1.0], requires_grad=True)
+    y = (a.sin() * a).sum()
+    seen = []
+    assert verify(y, progress=lambda done, total: seen.append((done, total))).ok
+    assert seen and seen[-1][0] <= seen[-1][1] and len(seen) >= 3
+
+    class Stop(Exception):
+        pass
+
+    def stop(done, total):
+        raise Stop
+
+    with pytest.raises(Stop):
+        verify(y, progress=stop)
+
+
 def test_timeout_is_honoured():
     a = sg.tensor(np.linspace(0.1, 1, 200), requires_grad=True)
     y = a

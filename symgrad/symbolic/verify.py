@@ -80,8 +80,14 @@ def _to_graph(root, names) -> Graph:
 
 def verify(root, gradient=None, *, names=None, mode: str = "auto", order: int = 1,
            rtol: float | None = None, atol: float | None = None, sample: int | None = None,
-           seed: int = 0, timeout: float | None = None, backend: str = "auto") -> Report:
-    """Check the engine's gradients of ``root`` against SymPy's (see docs/verifier.md)."""
+           seed: int = 0, timeout: float | None = None, backend: str = "auto",
+           progress=None) -> Report:
+    """Check the engine's gradients of ``root`` against SymPy's (see docs/verifier.md).
+
+    ``progress``: optional ``callback(done, total)`` called as nodes are checked (widgets
+    use it for a progress bar; an exception raised in it stops the verifier). Without
+    one, long runs show a tqdm bar.
+    """
     if mode not in ("auto", "exact", "local"):
         raise ValueError(f"mode must be 'auto', 'exact' or 'local', not {mode!r}")
     if order not in (1, 2):
@@ -133,14 +139,17 @@ def verify(root, gradient=None, *, names=None, mode: str = "auto", order: int = 
             r, a = tol_for(lf.value.dtype)
             rep.rtol[_dtype_name(lf.value.dtype)] = r
             rep.atol[_dtype_name(lf.value.dtype)] = a
-    progress = _progress(len(graph.nodes), cost)
+    callback = progress
+    progress = _CallbackProgress(callback, 2 * len(graph.nodes)) if callback is not None \
+        else _progress(len(graph.nodes), cost)
     try:
         engine_grads = graph.engine_grads(graph, gradient)
         if chosen == "exact":
             _run_exact(rep, graph, engine, engine_name, gradient, engine_grads, tol_for, rng,
                        sample, deadline, progress)
             if not rep.ok:
-                _run_local(rep, graph, engine, engine_name, rng, sample, tol_for, deadline)
+                _run_local(rep, graph, engine, engine_name, rng, sample, tol_for, deadline,
+                           progress)
             elif not rep.nodes:
                 rep.nodes = [_not_run(g) for g in graph.nodes]
                 rep.skipped.append("local checks: every leaf agreed, so they were not needed")
@@ -182,6 +191,22 @@ def _not_replayable(graph) -> list[str]:
         if not ok and g.name not in out:
             out.append(g.name)
     return out
+
+
+class _CallbackProgress:
+    """A tqdm-like ``update``/``close`` that reports to ``callback(done, total)``."""
+
+    def __init__(self, callback, total: int) -> None:
+        self.callback = callback
+        self.total = max(total, 1)
+        self.done = 0
+
+    def update(self, n: int = 1) -> None:
+        self.done = min(self.done + n, self.total)
+        self.callback(self.done, self.total)
+
+    def close(self) -> None:
+        pass
 
 
 def _progress(n_nodes, cost):
