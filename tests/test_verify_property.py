@@ -37,7 +37,7 @@ BINARY = {
 }
 
 
-@settings(max_examples=30, deadline=None, derandomize=True)
+@settings(max_examples=50, deadline=None, derandomize=True)
 @given(ops=st.lists(st.sampled_from(sorted(UNARY) + sorted(BINARY)), min_size=1, max_size=5),
        seed=st.integers(0, 2**16), same_name=st.booleans(),
        dtype=st.sampled_from(["float32", "float64"]))

@@ -79,3 +79,14 @@ def test_torch_and_symgrad_reports_agree(torch):
     rs = verify((sa.sigmoid() * sa).sum())
     assert rt.ok and rs.ok
     assert rt.leaves[0].symbolic_value == pytest.approx(rs.leaves[0].symbolic_value, rel=1e-12)
+
+
+def test_freed_torch_graph_says_how_to_keep_it(torch):
+    a = torch.tensor([0.3, -0.5], requires_grad=True)
+    y = (a * 3.0).exp().sum()
+    y.backward()
+    with pytest.raises(FreedGraphError, match="retain_graph=True"):
+        verify(y)
+    y = (a * 3.0).exp().sum()
+    y.backward(retain_graph=True)
+    assert verify(y).ok

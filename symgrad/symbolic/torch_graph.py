@@ -317,8 +317,15 @@ def _torch_engine_grads(graph, gradient):
         return {}
     root = graph.root_tensor
     g = torch.as_tensor(np.asarray(gradient), dtype=root.dtype)
-    res = torch.autograd.grad([root], [lf.tensor for lf in leaves], [g], retain_graph=True,
-                              allow_unused=True)
+    try:
+        res = torch.autograd.grad([root], [lf.tensor for lf in leaves], [g], retain_graph=True,
+                                  allow_unused=True)
+    except RuntimeError as exc:
+        if "second time" in str(exc) or "freed" in str(exc):
+            raise FreedGraphError("PyTorch freed this graph in an earlier backward(); verify "
+                                  "before backward() or call backward(retain_graph=True)"
+                                  ) from None
+        raise
     return {lf.index: (np.zeros(lf.shape) if r is None else _np(r).astype(np.float64))
             for lf, r in zip(leaves, res)}
 
