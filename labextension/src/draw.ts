@@ -1665,12 +1665,14 @@ export function renderReportView(
       )
     );
   }
+  if (r.ran.length) {
+    root.appendChild(h('div', 'sg-muted', `ran: ${r.ran.join(', ')}`));
+  }
   for (const [label, items] of [
-    ['ran', r.ran],
     ['skipped', r.skipped],
     ['note', r.notes]
   ] as const) {
-    for (const item of items ?? []) {
+    for (const item of items) {
       root.appendChild(h('div', 'sg-muted', `${label}: ${item}`));
     }
   }
@@ -1707,8 +1709,9 @@ export function renderReportView(
                 : ''),
             num(l.max_abs_err),
             num(l.max_rel_err),
-            (l.worst_index ? '[' + l.worst_index.join(', ') + ']' : '–') +
-              (l.sampled ? ` · ${l.checked} sampled` : '')
+            (l.worst_index && l.worst_index.length
+              ? '[' + l.worst_index.join(', ') + ']'
+              : '–') + (l.sampled ? ` · ${l.checked} sampled` : '')
           ]
         };
       })

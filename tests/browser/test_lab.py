@@ -44,12 +44,24 @@ CELLS = [
     "for _ in range(250):\n"
     "    z = z * w + bb\n"
     f"display({{{GRAPH_MIME!r}: graph_json(z, {{'w': w, 'bb': bb, 'h': h}})}}, raw=True)",
+    # The same drawing as an anywidget front end (what the Inspector can switch to): the
+    # bundle binds to the traitlets graph / selected / report.
+    "import pathlib, anywidget, traitlets, symgrad.jupyter\n"
+    "class GraphWidget(anywidget.AnyWidget):\n"
+    "    _esm = pathlib.Path(symgrad.jupyter.__file__).with_name('static') / 'inspector.js'\n"
+    "    graph = traitlets.Dict().tag(sync=True)\n"
+    "    selected = traitlets.Unicode('').tag(sync=True)\n"
+    "    report = traitlets.Dict().tag(sync=True)\n"
+    "names = {'a': a, 'b': b, 'c': c, 'd': d, 'e': e}\n"
+    "gw = GraphWidget(graph=graph_json(e, names), report=sg.verify(e, names=names).to_json())\n"
+    "gw",
 ]
+SELECTED_CELL = "print('selected:', gw.selected)"
 
 
 def _write_notebook(path: Path) -> None:
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(src) for src in CELLS]
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in [*CELLS, SELECTED_CELL]]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
                                  "language": "python"}
     nbformat.write(nb, path)
@@ -167,6 +179,28 @@ def test_symgrad_magic_in_jupyterlab(browser, lab_server, artifacts):
     assert big.locator(".sg-node[data-kind=op]").count() == 500
     print(f"\nJupyterLab, 503-node graph: first render {render_ms:.0f} ms (chains collapsed), "
           f"expand all {expand_ms:.0f} ms (click to DOM)")
+
+    # -- the anywidget front end: clicks reach the kernel's traitlets --------------------
+    widget = _graph(page, 4)
+    widget.locator(".sg-node").first.wait_for(state="attached", timeout=60_000)
+    assert widget.locator(".sg-node[data-kind=op]").count() == 2
+    report = page.locator(".jp-Notebook .jp-Cell").nth(4).locator(
+        ".sg-view[data-symgrad=report]")
+    assert report.locator("[data-symgrad=overall]").get_attribute("data-status") == "pass"
+    assert report.locator("[data-symgrad=report-leaves] tbody tr").count() == 3
+    add = widget.locator(".sg-node[data-kind=op]", has_text="AddBackward0")
+    add.scroll_into_view_if_needed()
+    add.click()
+    add_id = add.get_attribute("data-node-id")
+    assert widget.locator("[data-symgrad=node-panel]").get_attribute("data-selected") == add_id
+    last = page.locator(".jp-Notebook .jp-Cell").nth(len(CELLS))
+    last.locator(".jp-InputArea-editor").click()
+    page.keyboard.press("Shift+Enter")
+    out = last.locator(".jp-OutputArea-output")
+    out.wait_for(state="attached", timeout=60_000)
+    assert out.text_content().strip() == f"selected: {add_id}"
+    page.locator(".jp-Notebook .jp-Cell").nth(4).screenshot(
+        path=str(artifacts / "lab-anywidget.png"))
 
     # -- save, stop the kernel, reopen the saved notebook without one -------------------
     page.keyboard.press("Control+s")
