@@ -52,3 +52,12 @@ def test_ties_and_kinks_follow_pytorch(torch):
         got = np.array([[float(sym[i, j].subs(at)) for j in range(3)] for i in range(2)])
         np.testing.assert_allclose(got, t.grad.numpy(), atol=1e-12)
         assert verify(build(s), mode="local").ok
+
+
+def test_infinite_and_nan_gradients_agree_when_both_sides_have_them():
+    a = sg.tensor([0.0, 1.0], requires_grad=True)  # log'(0) = inf
+    b = sg.tensor([-1.0, 4.0], requires_grad=True)  # sqrt(-1) = nan
+    for y in ((a.log() * 2).sum(), b.sqrt().sum()):
+        for mode in ("exact", "local"):
+            rep = verify(y, mode=mode)
+            assert rep.ok, str(rep)

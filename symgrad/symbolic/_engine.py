@@ -178,10 +178,15 @@ def _pow(ev, e):
         return _mp.exp(ev.ev(x))
     bv = ev.ev(b)
     if getattr(x, "is_Integer", False):
-        return bv ** int(x)
+        n = int(x)
+        if bv == 0 and n < 0:  # 1/0: inf, as the engine's float division gives
+            return _mp.inf
+        return bv ** n
     xv = ev.ev(x)
     if bv < 0 and xv != int(xv):
         return _mp.nan
+    if bv == 0 and xv < 0:
+        return _mp.inf
     return bv ** xv
 
 

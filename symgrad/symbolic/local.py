@@ -19,7 +19,7 @@ import time
 import mpmath
 import numpy as np
 
-from ..backends.sympy_backend import Nonlinear, SympyBackend, obj
+from ..backends.sympy_backend import SympyBackend, obj
 from . import _engine as E
 from .exact import TimeoutExpired
 
@@ -219,7 +219,7 @@ def _structural_jtv(g, graph, in_vals, v_list, engine, engine_name, rng, sample,
             arrays = [probe if j == k else in_vals[j] for j in range(len(in_vals))]
             try:
                 out = g.forward_numeric(SympyBackend(engine, linear_probe=True), arrays)
-            except Nonlinear:
+            except Exception:  # Nonlinear, or a decision that needs values: replay densely
                 out = None
         if out is None:
             full = obj(x.astype(np.float64)).copy()
@@ -327,8 +327,10 @@ def check_node(g, graph, engine, engine_name, rng, sample, tol_for, deadline=Non
         rtol, atol = tol_for(np.asarray(in_vals[k]).dtype)
         if g.custom is not None and g.custom.sympy is None:  # finite differences: looser
             rtol, atol = max(rtol, 1e-5), max(atol, 1e-8)
-        err = np.abs(ef - sf)
-        scale = np.abs(sf) + (np.mean(np.abs(sf)) if sf.size else 0.0)
+        with np.errstate(invalid="ignore"):
+            err = np.where(ef == sf, 0.0, np.abs(ef - sf))  # equal infinities agree
+        finite = np.isfinite(sf)
+        scale = np.abs(sf) + (np.mean(np.abs(sf[finite])) if finite.any() else 0.0)
         both_nan = np.isnan(ef) & np.isnan(sf)
         err = np.where(both_nan, 0.0, err)
         ok = (err <= atol + rtol * scale) | both_nan

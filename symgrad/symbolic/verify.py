@@ -232,10 +232,12 @@ def _meaning(g) -> str:
 
 
 def _compare(e, s, rtol, atol):
-    err = np.abs(e - s)
+    with np.errstate(invalid="ignore"):
+        err = np.where(e == s, 0.0, np.abs(e - s))  # equal infinities agree
     both_nan = np.isnan(e) & np.isnan(s)
     err = np.where(both_nan, 0.0, err)
-    scale = np.abs(s) + (np.mean(np.abs(s)) if s.size else 0.0)
+    finite = np.isfinite(s)
+    scale = np.abs(s) + (np.mean(np.abs(s[finite])) if finite.any() else 0.0)
     ok = (err <= atol + rtol * scale) | both_nan
     rel = err / np.where(np.abs(s) > 0, np.abs(s), 1.0)
     return err, rel, ok
