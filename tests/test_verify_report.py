@@ -365,3 +365,18 @@ def test_reports_hold_no_reference_cycles(no_gc, monkeypatch):
     assert not refs[3]
     assert all(r() is None for r in refs[:3]), "a failing report left a reference cycle"
     assert sg.memory_allocated() == before
+
+
+def test_non_scalar_root_needs_a_gradient():
+    a = sg.tensor([0.5, -1.0, 2.0], requires_grad=True)
+    y = a.sin() * 3
+    with pytest.raises(RuntimeError, match="grad can be implicitly created only for scalar"):
+        verify(y)
+    g = sg.tensor([1.0, -2.0, 0.5])
+    rep = verify(y, g)
+    assert rep.ok
+    (w,) = rep.leaves[0].worst_index
+    x, gv = [0.5, -1.0, 2.0], [1.0, -2.0, 0.5]
+    assert rep.leaves[0].symbolic_value == pytest.approx(3 * np.cos(x[w]) * gv[w], rel=1e-12)
+    with pytest.raises(RuntimeError, match="Mismatch in shape"):
+        verify(y, sg.tensor([1.0, 2.0]))
