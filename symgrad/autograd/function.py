@@ -118,7 +118,7 @@ def apply(spec, inputs, params=None):
                     raise RuntimeError(
                         "Expected all tensors to be on the same device, but found at least "
                         f"two devices, {x._device} and {first._device}!")
-                if a.dtype != np_dtype:
+                if a.dtype is not np_dtype and a.dtype != np_dtype:
                     mixed = True
             if x._requires_grad:
                 requires_grad = True
@@ -142,7 +142,18 @@ def apply(spec, inputs, params=None):
         out = spec.forward(be, *arrays, **params)
     except ValueError as exc:
         raise _shape_error(spec, inputs, exc) from None
-    multi = len(spec.outputs) > 1
+    if len(spec.outputs) == 1:  # the common case, without the loop below
+        if type(out) is not np.ndarray and not hasattr(out, "__cuda_array_interface__"):
+            out = np.asarray(out)
+        np_out = dtype.np
+        if out.dtype is not np_out and out.dtype != np_out and rule != "bool_compare":
+            out = be.cast(out, np_out)
+        result = Tensor._wrap(out, device, first._storage if (
+            spec.view and be.shares_memory(out, first._data)) else None)
+        if requires_grad and _state.enabled and spec.grad_fn is not None:
+            _record(spec, inputs, params, (result,))
+        return result
+    multi = True
     outs = out if multi else (out,)
     wrapped = []
     for k, o in enumerate(outs):

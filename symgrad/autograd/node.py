@@ -268,7 +268,15 @@ class OpNode(Node):
         kernel = getattr(_backend_for(grad._device.type), spec.fused_backward, None)
         if kernel is None:
             return None
-        args = [self._fused_arg(p) for p in spec.saved]
+        saved = self._saved
+        args = []
+        for p in spec.saved:  # _fused_arg, inlined: this runs for every node
+            value = saved.get(p)
+            if type(value) is SavedTensor and value.tensor is not None \
+                    and value.tensor._storage.version == value.version:
+                args.append(value.tensor._data)
+            else:
+                args.append(self._fused_arg(p))
         outs = kernel(grad._data, needed, *args)
         if outs is None:
             return None
