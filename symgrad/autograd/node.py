@@ -245,7 +245,8 @@ class OpNode(Node):
 
             shape, dtype = self._out_meta[0]
             grad = zeros(shape, dtype=dtype)
-        if spec.fused_backward is not None and not _grad_state.enabled:
+        if (spec.fused_backward is not None and not _grad_state.enabled
+                and spec.grads.pristine):
             fused = self._apply_fused(spec, grad, needed)
             if fused is not None:
                 return fused

@@ -43,7 +43,8 @@ register(OpSpec(
 register(OpSpec(
     "sub", "SubBackward0", ("self", "other"),
     lambda be, self, other, alpha=1: be.sub(self, other if alpha == 1 else be.mul(other, alpha)),
-    {"self": lambda grad: grad, "other": lambda grad, alpha: -grad if alpha == 1 else grad * -alpha},
+    {"self": lambda grad: grad,
+     "other": lambda grad, alpha: -grad if alpha == 1 else grad * -alpha},
     lambda sp, x, y, alpha=1: x - alpha * y))
 register(OpSpec(
     "rsub", "RsubBackward1", ("self",),

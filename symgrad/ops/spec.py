@@ -24,6 +24,32 @@ STRUCTURAL = "structural"
 _META_SUFFIXES = ("_sym_sizes", "_sym_strides", "_sym_numel")
 
 
+class GradFormulas(dict):
+    """The backward formulas of one op; remembers whether they are still the registered ones.
+
+    A fused backward kernel implements the *registered* formulas, so it may only stand in
+    for them while ``pristine``: replacing a formula (a test planting a wrong rule, a user
+    experimenting) makes the engine run the formulas themselves. Checked once per node.
+    """
+
+    def __init__(self, formulas) -> None:
+        super().__init__(formulas)
+        self._registered = dict(formulas)
+        self.pristine = True
+
+    def __setitem__(self, key, value) -> None:
+        super().__setitem__(key, value)
+        self._refresh()
+
+    def __delitem__(self, key) -> None:
+        super().__delitem__(key)
+        self._refresh()
+
+    def _refresh(self) -> None:
+        self.pristine = self.keys() == self._registered.keys() and all(
+            dict.__getitem__(self, k) is f for k, f in self._registered.items())
+
+
 @dataclass(eq=False)
 class OpSpec:
     name: str
@@ -54,6 +80,7 @@ class OpSpec:
     saved: tuple[str, ...] = field(init=False)
 
     def __post_init__(self) -> None:
+        self.grads = GradFormulas(self.grads)
         self.formula_params = {}
         for input_name, formula in self.grads.items():
             if input_name not in self.inputs:
@@ -74,7 +101,7 @@ class OpSpec:
         return self.grad_fn is not None
 
     def saved_kind(self, saved_name: str) -> tuple[str, str | None]:
-        """Classify a saved name: ('input', i) | ('output', name) | ('meta', suffix) | ('param', None)."""
+        """Classify a saved name: input, output, meta (sizes/strides/numel) or param."""
         kinds = self.__dict__.setdefault("_saved_kinds", {})  # memo: asked for every node
         kind = kinds.get(saved_name)
         if kind is None:
