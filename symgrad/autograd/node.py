@@ -240,11 +240,14 @@ class OpNode(Node):
     def apply(self, grad_outputs: list, needed: tuple[bool, ...]) -> list:
         spec = type(self)._spec
         grad = grad_outputs[0]
-        if grad is None:
-            from ..tensor import zeros
+        if grad is None:  # only another output received a gradient: zeros, on its device
+            present = [g for g in grad_outputs if g is not None]
+            if not present:
+                return [None] * len(spec.inputs)
+            from ..creation import zeros
 
             shape, dtype = self._out_meta[0]
-            grad = zeros(shape, dtype=dtype)
+            grad = zeros(shape, dtype=dtype, device=present[0].device)
         if (spec.fused_backward is not None and not _grad_state.enabled
                 and spec.grads.pristine):
             fused = self._apply_fused(spec, grad, needed)
