@@ -35,6 +35,23 @@ function parse(v: unknown): unknown {
   return v;
 }
 
+function isEmpty(v: unknown): boolean {
+  return (
+    v === null ||
+    v === undefined ||
+    (typeof v === 'object' &&
+      !Array.isArray(v) &&
+      !Object.keys(v as object).length)
+  );
+}
+
+function placeholder(doc: Document, text: string): HTMLElement {
+  const div = doc.createElement('div');
+  div.className = 'sg-placeholder';
+  div.textContent = text;
+  return div;
+}
+
 function injectCss(doc: Document): void {
   if (doc.getElementById('symgrad-inspector-css')) {
     return;
@@ -59,11 +76,20 @@ function render({ model, el }: { model: IModel; el: HTMLElement }): () => void {
   };
   const drawGraph = (): void => {
     const data = parse(model.get(TRAITS.graph));
+    if (isEmpty(data)) {
+      // Not set yet (a traitlet default): nothing to draw, and nothing wrong.
+      view?.dispose();
+      view = null;
+      graphHost.textContent = '';
+      graphHost.appendChild(placeholder(el.ownerDocument, 'No graph yet.'));
+      return;
+    }
     if (view) {
       view.update(data);
       view.select(selectedId());
       return;
     }
+    graphHost.textContent = '';
     view = renderGraphView(graphHost, data, {
       selected: selectedId(),
       onSelect: id => {
@@ -75,13 +101,22 @@ function render({ model, el }: { model: IModel; el: HTMLElement }): () => void {
   const drawReport = (): void => {
     reportHost.textContent = '';
     const data = parse(model.get(TRAITS.report));
-    if (
-      data !== null &&
-      data !== undefined &&
-      !(typeof data === 'object' && !Object.keys(data as object).length)
-    ) {
-      renderReportView(reportHost, data);
+    if (isEmpty(data)) {
+      return;
     }
+    // The graph's agreement table already shows the per-leaf verdict: the full report
+    // (mode, what ran, node checks) folds away unless the graph has no agreement.
+    const graph = parse(model.get(TRAITS.graph)) as {
+      agreement?: unknown;
+    } | null;
+    const details = el.ownerDocument.createElement('details');
+    details.className = 'sg-report-details';
+    details.open = !graph || !graph.agreement;
+    const summary = el.ownerDocument.createElement('summary');
+    summary.textContent = 'Verifier report';
+    details.appendChild(summary);
+    reportHost.appendChild(details);
+    renderReportView(details, data);
   };
   const onSelected = (): void => view?.select(selectedId());
   drawGraph();

@@ -136,6 +136,15 @@ def test_model_selection_drives_view_and_next_functions_links(page):
     assert panel.get_attribute("data-selected") == "n1"
 
 
+def test_widget_before_the_graph_is_set(page):
+    mount(page, {})  # the traitlet's default
+    assert page.locator(".sg-placeholder").text_content() == "No graph yet."
+    assert page.locator("[data-symgrad=error]").count() == 0
+    page.evaluate("g => window.model.set('graph', g)", valid(payloads.tutorial()))
+    assert page.locator(".sg-placeholder").count() == 0
+    assert page.locator(".sg-node[data-kind=op]").count() == 2
+
+
 def test_wrong_backward_is_red_on_exactly_that_node(page, artifacts):
     mount(page, valid(payloads.tutorial(bad=True)))
     failing = page.locator(".sg-node[data-status=fail]")
