@@ -1,0 +1,39 @@
+"""The installed package carries the prebuilt JupyterLab extension and the widget bundle."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import symgrad
+
+PKG = Path(symgrad.__file__).parent
+
+
+def test_labextension_paths_point_at_the_build():
+    paths = symgrad._jupyter_labextension_paths()
+    assert paths == [{"src": "labextension", "dest": "symgrad"}]
+    meta = json.loads((PKG / paths[0]["src"] / "package.json").read_text())
+    assert meta["name"] == "symgrad"
+    assert meta["jupyterlab"]["mimeExtension"]  # a MIME renderer (the built entry point)
+    assert meta["jupyterlab"]["_build"]["load"].startswith("static/remoteEntry.")
+    assert (PKG / "labextension" / "install.json").exists()
+
+
+def test_jupyter_lists_symgrad_enabled():
+    out = subprocess.run([sys.executable, "-m", "jupyter", "labextension", "list"],
+                         capture_output=True, text=True, timeout=120)
+    text = re.sub(r"\x1b\[[0-9;]*m", "", out.stdout + out.stderr)
+    line = next((ln for ln in text.splitlines() if ln.strip().startswith("symgrad ")), None)
+    assert line is not None, text
+    assert f"v{symgrad.__version__}" in line and "enabled" in line and "OK" in line, line
+
+
+def test_widget_bundle_is_an_es_module():
+    js = (PKG / "jupyter" / "static" / "inspector.js").read_text()
+    assert re.search(r"export\s*\{[^}]*as default\s*\}", js)
+    # KaTeX fonts are inlined: the widget needs no other file and no network.
+    assert "data:font/woff2;base64," in js
