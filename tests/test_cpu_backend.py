@@ -397,6 +397,14 @@ def test_addcmul_matches_torch(cpu_backend, torch):
         sg.addcmul(a, 2.0, b)
 
 
-def test_cpu_backend_is_the_default():
-    assert backends._DEVICE_DEFAULT["cpu"] == "cpu"
-    assert isinstance(backends.backend_for("cpu"), type(CPU))
+def test_cpu_backend_is_the_default_unless_the_environment_says_numpy():
+    import os
+    import subprocess
+    import sys
+
+    code = "import symgrad; print(type(symgrad.backends.backend_for('cpu')).__name__)"
+    env = {k: v for k, v in os.environ.items() if k != "SYMGRAD_CPU_BACKEND"}
+    names = [subprocess.run([sys.executable, "-c", code], env=extra, capture_output=True,
+                            text=True, check=True).stdout.strip()
+             for extra in (env, {**env, "SYMGRAD_CPU_BACKEND": "numpy"})]
+    assert names == ["CpuBackend", "NumpyBackend"]

@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _run(code: str, env: dict | None = None, timeout: int = 240, cwd=ROOT):
-    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), "SYMGRAD_CPU_BACKEND": "cpu",
+                **(env or {})}
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=cwd, env=full_env,
                           capture_output=True, text=True, timeout=timeout)
 
