@@ -1007,7 +1007,9 @@ class GraphView implements IGraphView {
       bg.appendChild(t);
       el.appendChild(bg);
     }
-    this.listen(el, 'click', e => {
+    // Node listeners go with the node's element (redrawn on expand/collapse), so they
+    // are not in the view's cleanup list.
+    el.addEventListener('click', e => {
       e.stopPropagation();
       if (v.group) {
         this.expanded.add(v.group.id);
@@ -1016,17 +1018,17 @@ class GraphView implements IGraphView {
         this.userSelect(n ? n.id : v.id);
       }
     });
-    this.listen(el, 'keydown', e => {
+    el.addEventListener('keydown', e => {
       if (e.key === 'Enter' || e.key === ' ') {
+        // Not JupyterLab's: Enter would otherwise put the cell into edit mode.
         e.preventDefault();
-        (el as unknown as HTMLElement).dispatchEvent(
-          new MouseEvent('click', { bubbles: true })
-        );
+        e.stopPropagation();
+        el.dispatchEvent(new MouseEvent('click', { bubbles: true }));
       }
     });
-    this.listen(el, 'mouseenter', () => this.showTooltip(v));
-    this.listen(el, 'mousemove', e => this.moveTooltip(e));
-    this.listen(el, 'mouseleave', () => {
+    el.addEventListener('mouseenter', () => this.showTooltip(v));
+    el.addEventListener('mousemove', e => this.moveTooltip(e));
+    el.addEventListener('mouseleave', () => {
       this.tooltip.hidden = true;
     });
     return el;
@@ -1205,7 +1207,11 @@ class GraphView implements IGraphView {
         this.zoomBy(0.8);
       } else if (e.key === 'Escape') {
         this.userSelect(null);
+      } else {
+        return;
       }
+      e.preventDefault();
+      e.stopPropagation(); // keep notebook shortcuts out of the drawing's keys
     });
     if (typeof ResizeObserver !== 'undefined') {
       let lastWidth = 0;

@@ -134,6 +134,14 @@ def test_model_selection_drives_view_and_next_functions_links(page):
     page.evaluate("window.model.set('selected', 'n0')")
     page.click("[data-symgrad=node-panel] button[data-target=n1]")
     assert panel.get_attribute("data-selected") == "n1"
+    # Keyboard: nodes are focusable buttons; Escape on the drawing clears the selection.
+    page.focus(".sg-node[data-node-id=n2]")
+    page.keyboard.press("Enter")
+    assert panel.get_attribute("data-selected") == "n2"
+    page.focus(".sg-canvas")
+    page.keyboard.press("Escape")
+    assert panel.get_attribute("data-selected") == ""
+    assert page.evaluate("window.model.get('selected')") == ""
 
 
 def test_widget_before_the_graph_is_set(page):
