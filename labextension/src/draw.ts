@@ -244,6 +244,7 @@ export function findChains(g: IGraphPayload, keep: Set<string>): IGroup[] {
   const breaker = (n: IGraphNode): boolean =>
     n.kind !== 'op' ||
     keep.has(n.id) ||
+    roots.has(n.id) || // the root stays in sight
     n.first_bad === true ||
     n.check.status === 'fail' ||
     n.check.status === 'error';
