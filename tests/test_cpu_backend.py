@@ -6,6 +6,8 @@ Tests named ``test_kernel_*`` are also run once under ``NUMBA_BOUNDSCHECK=1``
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -257,6 +259,15 @@ def test_kernel_forward_matches_reference(dtype, mode, rng):
         assert got.dtype == ref.dtype and got.shape == ref.shape
         np.testing.assert_allclose(got, ref, rtol=2e-6 if dtype == np.float32 else 1e-14,
                                    atol=0, err_msg=name)
+    for v in x[:8]:  # one value (the scalar fast paths): same value, no warning
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            for name in ("exp", "log", "sqrt", "relu"):
+                got = getattr(CPU, name)(np.array(v, dtype))
+                with np.errstate(all="ignore"):
+                    ref = getattr(NumpyBackend, name)(np.array(v, dtype))
+                assert np.asarray(got).dtype == np.asarray(ref).dtype, name
+                np.testing.assert_array_equal(got, ref, err_msg=name)
     y = _special(rng, 40, dtype)[::-1].copy()
     for name in BINARY:
         for a, b in ((x, y), (x, 2.5), (3, y), (x.reshape(5, 8), y.reshape(5, 8))):
