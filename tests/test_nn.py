@@ -17,7 +17,8 @@ import symgrad as sg
 import symgrad.nn as nn
 import symgrad.nn.functional as F
 
-TSV = pathlib.Path(__file__).resolve().parents[2] / "shared" / "torch_grad_fn_names.tsv"
+# A copy of shared/torch_grad_fn_names.tsv (PyTorch 2.13.0 grad_fn and saved names).
+TSV = pathlib.Path(__file__).resolve().parent / "data" / "torch_grad_fn_names.tsv"
 
 
 def _lib_F(lib):
@@ -111,7 +112,6 @@ def test_nn_rows_grad_fn_and_saved_names_match_torch(row, torch):
     assert names == tnames
 
 
-@pytest.mark.skipif(not TSV.exists(), reason="shared/torch_grad_fn_names.tsv not beside the repo")
 @pytest.mark.parametrize("row", sorted(NN_ROWS))
 def test_nn_rows_match_the_shared_tsv(row):
     with open(TSV, newline="") as fh:
@@ -265,13 +265,16 @@ def test_linear_module_float32_matches_torch(torch):
     x = np.arange(12, dtype=np.float32).reshape(4, 3) / 7
     y, ty = lin(sg.tensor(x)), tlin(torch.tensor(x))
     assert y.dtype is sg.float32
-    np.testing.assert_allclose(y.detach().numpy(), ty.detach().numpy(), rtol=1e-6)
+    # float32 tolerance of the oracle suite: BLAS and torch sum in different orders
+    np.testing.assert_allclose(y.detach().numpy(), ty.detach().numpy(), rtol=1e-5, atol=1e-6)
     y.sum().backward()
     ty.sum().backward()
-    np.testing.assert_allclose(lin.weight.grad.numpy(), tlin.weight.grad.numpy(), rtol=1e-6)
+    np.testing.assert_allclose(lin.weight.grad.numpy(), tlin.weight.grad.numpy(), rtol=1e-5,
+                               atol=1e-6)
     # addmm's backward lays the gradient out like W.t(), so W.grad is contiguous (as torch's)
     assert lin.weight.grad.is_contiguous() and tlin.weight.grad.is_contiguous()
-    np.testing.assert_allclose(lin.bias.grad.numpy(), tlin.bias.grad.numpy(), rtol=1e-6)
+    np.testing.assert_allclose(lin.bias.grad.numpy(), tlin.bias.grad.numpy(), rtol=1e-5,
+                               atol=1e-6)
 
 
 # -- errors: torch's exception types and key words ---------------------------------------------
