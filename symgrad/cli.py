@@ -150,16 +150,18 @@ def _indent(text: str) -> str:
 
 
 def cmd_verify_rules(args) -> int:
+    """Print one line per op (status, op, grad_fn); exit 1 if any rule failed or errored."""
     from .symbolic import audit_rules
 
     results = audit_rules()
     failed = 0
-    rows = results.items() if isinstance(results, dict) else results
-    for row in rows:
-        name, status = (row if isinstance(row, tuple) else (row.get("op"), row.get("status")))
-        status = getattr(status, "status", status)
-        print(f"{str(status):24} {name}")
-        failed += str(status) == "failed"
+    for row in results:
+        bad = row.status in ("failed", "error")
+        failed += bad
+        line = f"{row.status:22} {row.op:18} {row.grad_fn}"
+        if bad and row.detail:
+            line += f"  {row.detail}"
+        print(line, flush=True)
     print(f"{len(results) - failed} passed, {failed} failed")
     return EXIT_FAILED if failed else EXIT_OK
 

@@ -96,3 +96,20 @@ def test_usage_errors_exit_two(checks_dir, args):
     r = _run(*args, cwd=checks_dir)
     assert r.returncode == 2, r.stdout + r.stderr
     assert "error" in r.stderr.lower()
+
+
+def test_verify_rules_proves_every_rule_and_fails_on_a_wrong_one(tmp_path):
+    r = _run("verify-rules", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.strip().splitlines()
+    assert lines[-1].endswith("passed, 0 failed")
+    assert any(line.startswith("proved") and "MulBackward0" in line for line in lines)
+    broken = ("from symgrad.ops import OPS\n"
+              "OPS['cos'].grads['self'] = lambda grad, self: grad * self.sin()\n"
+              "from symgrad.cli import main\n"
+              "raise SystemExit(main(['verify-rules']))\n")
+    r = subprocess.run([sys.executable, "-c", broken], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert any(line.startswith("failed") and "CosBackward0" in line
+               for line in r.stdout.splitlines())
