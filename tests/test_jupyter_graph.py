@@ -282,3 +282,76 @@ def test_import_symgrad_stays_light():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.strip()
     assert out == "[]"
+
+
+def _loop_graph(n_iter: int = 250) -> dict:
+    w = sg.tensor([0.5, 0.25], requires_grad=True)
+    bb = sg.tensor([0.1, 0.2], requires_grad=True)
+    h = sg.tensor([1.0, 2.0], requires_grad=True)
+    z = h
+    for _ in range(n_iter):
+        z = z * w + bb
+    return graph_json(z, {"w": w, "bb": bb, "h": h})
+
+
+def test_static_svg_of_a_500_op_loop_is_small_and_collapsed():
+    import time
+
+    p = _loop_graph()
+    assert len(p["nodes"]) == 503
+    t0 = time.perf_counter()
+    html = render_html(p)
+    dt = time.perf_counter() - t0
+    print(f"\nstatic SVG of a 500-op loop: {len(html) / 1e3:.1f} KB in {dt * 1e3:.0f} ms")
+    assert len(html) < 300_000
+    root = ET.fromstring(render_svg(p))
+    groups = [g for g in root.iter("{http://www.w3.org/2000/svg}g")
+              if g.get("class", "").startswith("sg-node ")]
+    kinds = sorted(g.get("data-kind") for g in groups)
+    # the root, one box for the other 499 ops, and each leaf drawn once
+    assert kinds == ["accumulate"] * 3 + ["chain", "op"]
+    chain = next(g for g in groups if g.get("data-kind") == "chain")
+    assert chain.get("data-members") == "499"
+    texts = [t.text for t in chain.iter("{http://www.w3.org/2000/svg}text")]
+    assert texts[0] == "(MulBackward0 \u2192 AddBackward0) \u00d7 249 + 1"
+    # the shared leaves w and bb get one edge each from the chain, not 250
+    paths = [e for e in root.iter("{http://www.w3.org/2000/svg}path")
+             if e.get("class") == "sg-edge"]
+    targets = sorted((e.get("data-from").startswith("chain:"), e.get("data-to"))
+                     for e in paths)
+    assert len(paths) == 5 and len(set(targets)) == 5
+    # a selected node inside the run stays visible (the run splits around it)
+    inner = next(n["id"] for n in p["nodes"] if n["label"] == "MulBackward0"
+                 and n["id"] not in p["roots"] and n["order"] > 200)
+    svg = render_svg(p, selected=inner)
+    assert re.search(f'data-id="{inner}"[^>]*data-selected="true"', svg)
+    assert svg.count('data-kind="chain"') == 2
+
+
+def test_layout_bounds_bend_points_for_shared_leaves():
+    # every op of the loop consumes w or bb: without a budget the edges to those leaves
+    # need ~n^2/2 dummy points; with it the drawing stays linear in the graph size
+    p = _loop_graph()
+    ids = [n["id"] for n in p["nodes"]]
+    lay = layout(ids, [(e["from"], e["to"]) for e in p["edges"]])
+    points = sum(len(pts) for _a, _b, pts in lay.edges)
+    assert len(lay.boxes) == 503 and points <= 2 * len(p["edges"]) + 2 * (4 * 503 + 64)
+    for a, b, pts in lay.edges:  # still drawn from the consumer down to the input
+        assert pts[0][1] == lay.boxes[a][1] + lay.boxes[a][3] and pts[-1][1] == lay.boxes[b][1]
+
+
+def test_uncollapsed_500_op_svg_stays_linear(monkeypatch):
+    import time
+
+    import symgrad.jupyter.svg as svg_mod
+
+    monkeypatch.setattr(svg_mod, "AUTO_COLLAPSE_NODES", 10**9)
+    p = _loop_graph()
+    t0 = time.perf_counter()
+    svg = render_svg(p)
+    dt = time.perf_counter() - t0
+    print(f"\nuncollapsed SVG of a 500-op loop: {len(svg) / 1e3:.1f} KB in {dt * 1e3:.0f} ms")
+    root = ET.fromstring(svg)
+    assert sum(1 for g in root.iter("{http://www.w3.org/2000/svg}g")
+               if g.get("class", "").startswith("sg-node ")) == 503
+    assert len(svg) < 1_000_000  # ~1 KB per node; it was 4.7 MB with n^2 bend points

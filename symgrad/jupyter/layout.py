@@ -2,7 +2,9 @@
 
 Roots go on top and gradients flow down to the leaves, as in torchviz drawings.
 Steps: longest-path layering from the roots; dummy nodes split edges that span several
-layers (so they bend around boxes instead of crossing them); a few sweeps of barycentric
+layers (so they bend around boxes instead of crossing them), within a budget linear in
+the node count (the longest edges past it, e.g. to a leaf shared by a whole loop, are
+drawn straight); a few sweeps of barycentric
 ordering reduce crossings; x positions are pulled toward the mean of their neighbours
 and then pushed apart so boxes never overlap. Linear-ish in the graph size: a 2000-node
 graph lays out in well under a second.
@@ -39,8 +41,12 @@ def box_width(label: str, sublabel: str = "") -> float:
 
 
 def layout(node_ids: list[str], edges: list[tuple[str, str]],
-           widths: dict[str, float] | None = None) -> Layout:
-    """Lay out the DAG ``edges`` (``(from, to)``, from = consumer, drawn above ``to``)."""
+           widths: dict[str, float] | None = None, max_dummies: int | None = None) -> Layout:
+    """Lay out the DAG ``edges`` (``(from, to)``, from = consumer, drawn above ``to``).
+
+    ``max_dummies`` bounds the bend points of long edges (default ``4 n + 64``); edges
+    past it are drawn straight, so time and output stay linear in the graph size.
+    """
     widths = widths or {}
     ids = list(dict.fromkeys(node_ids))
     index = {n: i for i, n in enumerate(ids)}
@@ -71,7 +77,19 @@ def layout(node_ids: list[str], edges: list[tuple[str, str]],
             if indeg[c] == 0:
                 queue.append(c)
 
-    # 2. dummy nodes for long edges
+    # 2. dummy nodes for long edges, within a budget linear in the graph size: a leaf
+    # shared by every op of a 500-op loop would otherwise need ~n^2/2 of them, so the
+    # longest edges beyond the budget are drawn straight (they still pull the ordering)
+    if max_dummies is None:
+        max_dummies = 4 * len(ids) + 64
+    spans = sorted(max(rank[b] - rank[a] - 1, 0) for a, b in edge_list)
+    span_cap = len(ids) + 1
+    total = 0
+    for s in spans:
+        if total + s > max_dummies:
+            span_cap = s
+            break
+        total += s
     chains: list[tuple[str, str, list[str]]] = []
     down: dict[str, list[str]] = {n: [] for n in ids}  # adjacency between adjacent layers
     up: dict[str, list[str]] = {n: [] for n in ids}
@@ -81,6 +99,11 @@ def layout(node_ids: list[str], edges: list[tuple[str, str]],
         span = rank[b] - rank[a]
         path = [a]
         if span <= 0:  # only possible for a broken cycle: draw straight
+            chains.append((a, b, [a, b]))
+            continue
+        if span - 1 >= span_cap:  # over the budget: straight
+            down[a].append(b)
+            up[b].append(a)
             chains.append((a, b, [a, b]))
             continue
         for k in range(1, span):

@@ -4,7 +4,9 @@ VS Code, nbviewer, GitHub and a saved notebook without widget state all show thi
 string that came from user code or the engine (tensor names, grad_fn names, previews,
 messages) passes through :func:`esc`; nothing is inserted as markup. Nodes carry
 ``data-id``/``data-kind``/``data-status`` so the widget and the browser tests can find
-them, and a ``<title>`` so hovering shows shape and dtype.
+them, and a ``<title>`` so hovering shows shape and dtype. Graphs above
+``AUTO_COLLAPSE_NODES`` draw loop-built runs of ops as one chain box, so a 500-op loop is
+a few KB of SVG rather than megabytes.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ _ids = itertools.count()
 
 STATUS_COLORS = {"pass": "#1a7f37", "fail": "#cf222e", "skipped": "#9a6700",
                  "error": "#8250df", "none": "#57606a"}
-_FILL = {"op": "#eef2f8", "accumulate": "#ddf4ff", "leaf": "#ddf4ff", "none": "#f6f8fa"}
+_FILL = {"op": "#eef2f8", "accumulate": "#ddf4ff", "leaf": "#ddf4ff", "none": "#f6f8fa",
+         "chain": "#fff8c5"}
 
 
 def esc(value: Any) -> str:
@@ -34,6 +37,8 @@ def _sublabel(n: dict) -> str:
     shape_txt = "" if shape is None else ("()" if shape == [] else str(shape))
     if n["kind"] == "accumulate":
         return ("AccumulateGrad " + shape_txt).strip()
+    if n["kind"] == "chain":
+        return f"{len(n['members'])} ops"
     if n["kind"] == "none":
         return n.get("variable") or ""
     if n["kind"] == "op" and n.get("variable"):
@@ -41,9 +46,110 @@ def _sublabel(n: dict) -> str:
     return shape_txt
 
 
+#: Above this many nodes, runs of ops are drawn as one box (as the labextension does).
+AUTO_COLLAPSE_NODES = 150
+#: Shortest run of ops that is collapsed.
+MIN_RUN = 6
+_STATUS_RANK = {"fail": 4, "error": 3, "pass": 2, "skipped": 1, "none": 0}
+
+
+def _summarize_run(labels: list[str]) -> str:
+    for p in range(1, min(4, len(labels) // 2) + 1):
+        if all(lb == labels[i % p] for i, lb in enumerate(labels)):
+            reps, rest = divmod(len(labels), p)
+            unit = labels[0] if p == 1 else "(" + " \u2192 ".join(labels[:p]) + ")"
+            return f"{unit} \u00d7 {reps}" + (f" + {rest}" if rest else "")
+    return f"{labels[0]} \u2192 \u2026 \u2192 {labels[-1]}"
+
+
+def find_chains(payload: dict, keep: set[str] | frozenset[str] = frozenset()) -> list[dict]:
+    """Maximal runs of op nodes ``a -> b -> c`` where each consumes only the next op and
+    is consumed only by the previous one (leaves and None may hang off any member).
+
+    Loops (``x = x * w + b``) build them; they are what makes a 500-op graph unreadable
+    and slow to draw. Roots, ``keep`` (the selection) and failing nodes break runs, like
+    the labextension's ``findChains``. Each group: ``id``, ``members`` (ids), ``label``,
+    ``status`` (the worst member check).
+    """
+    by_id = {n["id"]: n for n in payload["nodes"]}
+    op_children: dict[str, set[str]] = {}
+    parents: dict[str, set[str]] = {}
+    for e in payload["edges"]:
+        parents.setdefault(e["to"], set()).add(e["from"])
+        if by_id.get(e["to"], {}).get("kind") == "op":
+            op_children.setdefault(e["from"], set()).add(e["to"])
+    roots = set(payload.get("roots") or [])
+
+    def breaker(n: dict) -> bool:
+        return (n["kind"] != "op" or n["id"] in keep or n["id"] in roots
+                or n.get("first_bad") is True or n["check"]["status"] in ("fail", "error"))
+
+    nxt: dict[str, str] = {}
+    has_prev: set[str] = set()
+    for n in payload["nodes"]:
+        kids = op_children.get(n["id"])
+        if breaker(n) or not kids or len(kids) != 1:
+            continue
+        b = next(iter(kids))
+        if not breaker(by_id[b]) and len(parents.get(b, ())) == 1:
+            nxt[n["id"]] = b
+            has_prev.add(b)
+    groups = []
+    for n in payload["nodes"]:
+        if n["id"] not in nxt or n["id"] in has_prev:
+            continue
+        members = [n["id"]]
+        seen = {n["id"]}
+        cur = n["id"]
+        while cur in nxt and nxt[cur] not in seen:
+            cur = nxt[cur]
+            seen.add(cur)
+            members.append(cur)
+        if len(members) >= MIN_RUN:
+            status = max((by_id[m]["check"]["status"] for m in members),
+                         key=lambda st: _STATUS_RANK.get(st, 0))
+            groups.append({"id": "chain:" + n["id"], "members": members, "status": status,
+                           "label": _summarize_run([by_id[m]["label"] for m in members])})
+    return groups
+
+
+def _visible(payload: dict, selected: str | None) -> tuple[list[dict], list[dict]]:
+    """Nodes and edges to draw: runs collapsed into chain boxes in big graphs, with the
+    edges of their members merged (so a leaf shared by a whole loop gets one edge)."""
+    nodes, edges = payload["nodes"], payload["edges"]
+    if len(nodes) <= AUTO_COLLAPSE_NODES:
+        return nodes, edges
+    groups = find_chains(payload, {selected} if selected else set())
+    if not groups:
+        return nodes, edges
+    owner = {m: g["id"] for g in groups for m in g["members"]}
+    first = {g["members"][0]: g for g in groups}
+    vis_nodes = []
+    for n in nodes:
+        g = first.get(n["id"])
+        if g is not None:
+            vis_nodes.append({"id": g["id"], "kind": "chain", "label": g["label"],
+                              "name": g["label"], "members": g["members"],
+                              "check": {"status": g["status"]}})
+        elif n["id"] not in owner:
+            vis_nodes.append(n)
+    vis_edges: dict[tuple[str, str], dict] = {}
+    for e in edges:
+        a, b = owner.get(e["from"], e["from"]), owner.get(e["to"], e["to"])
+        if a != b and (a, b) not in vis_edges:
+            vis_edges[(a, b)] = {"from": a, "to": b,
+                                 "input": e["input"] if a == e["from"] else ""}
+    return vis_nodes, list(vis_edges.values())
+
+
 def render_svg(payload: dict, selected: str | None = None) -> str:
-    """The graph as one ``<svg>`` element (roots on top, leaves at the bottom)."""
-    nodes = payload["nodes"]
+    """The graph as one ``<svg>`` element (roots on top, leaves at the bottom).
+
+    Graphs above ``AUTO_COLLAPSE_NODES`` nodes draw runs of ops as one chain box
+    (``data-kind="chain"``, ``data-members``), keeping the selected node out of them.
+    """
+    nodes, vis_edges = _visible(payload, selected)
+    payload = dict(payload, nodes=nodes, edges=vis_edges)
     widths = {n["id"]: box_width(n["label"], _sublabel(n)) for n in nodes}
     lay = layout([n["id"] for n in nodes], [(e["from"], e["to"]) for e in payload["edges"]],
                  widths)
@@ -81,6 +187,8 @@ def render_svg(payload: dict, selected: str | None = None) -> str:
         fill = "#ffebe9" if status == "fail" else _FILL.get(n["kind"], "#ffffff")
         dash = ' stroke-dasharray="5 3"' if n["kind"] == "none" else ""
         sel = ' data-selected="true"' if n["id"] == selected else ""
+        if n["kind"] == "chain":
+            sel += f' data-members="{len(n["members"])}"'
         tip = [n["name"]]
         if n.get("variable") and n["kind"] != "none":
             tip.append(f"variable: {n['variable']}")
