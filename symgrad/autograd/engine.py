@@ -102,6 +102,12 @@ def run_backward(roots, grad_roots, *, retain_graph: bool, create_graph: bool,
 
     prev_mode = _state.enabled
     _state.enabled = create_graph
+    if inputs is None and accumulate:
+        try:
+            _run_plain(ready, buffers, deps, queued, shared, retain_graph, create_graph)
+        finally:
+            _state.enabled = prev_mode
+        return None
     try:
         while ready:
             _, _, node = heapq.heappop(ready)
@@ -172,6 +178,62 @@ def run_backward(roots, grad_roots, *, retain_graph: bool, create_graph: bool,
     return None
 
 
+def _run_plain(ready, buffers, deps, queued, shared, retain_graph, create_graph) -> None:
+    """The main loop of ``Tensor.backward`` without ``inputs=`` (the common case).
+
+    Same order and semantics as the general loop; a node that is the only one ready
+    after its producer ran is run directly instead of going through the heap.
+    """
+    heappop, heappush = heapq.heappop, heapq.heappush
+    fn_mod, anomaly = _fn, _anomaly
+    node = None
+    while True:
+        if node is None:
+            if not ready:
+                return
+            node = heappop(ready)[2]
+        grads = buffers.pop(node, None) or [None] * node._num_outputs()
+        if node._tensor_hooks or node._retained or node._pre_hooks:
+            grads = _run_pre_hooks(node, grads, shared)
+        if isinstance(node, AccumulateGrad):
+            if fn_mod._profiler is not None:
+                fn_mod._profiler._record_node(node, _accumulate_into, node.variable,
+                                              grads[0], create_graph, shared)
+            else:
+                _accumulate_into(node.variable, grads[0], create_graph, shared)
+            node = None
+            continue
+        if fn_mod._profiler is None and not anomaly.enabled:
+            outs = _apply_node(node, grads, None, shared)
+        else:
+            outs = _apply(node, grads, None, shared)
+        if not retain_graph:
+            node._release()
+        direct = None
+        for (nxt, nr), g in zip(node.next_functions, outs):
+            if nxt is None:
+                continue
+            if g is not None:
+                buf = buffers.get(nxt)
+                if buf is None:
+                    buf = buffers[nxt] = [None] * nxt._num_outputs()
+                    buf[nr] = g
+                else:
+                    buf[nr] = g if buf[nr] is None else buf[nr] + g
+            d = deps[nxt] - 1
+            deps[nxt] = d
+            if d == 0 and id(nxt) not in queued:
+                queued.add(id(nxt))
+                if direct is None and not ready:
+                    direct = nxt  # alone in the heap it would be popped next
+                else:
+                    if direct is not None:
+                        heappush(ready, (-direct._sequence_nr, id(direct), direct))
+                        direct = None
+                    heappush(ready, (-nxt._sequence_nr, id(nxt), nxt))
+        node = direct
+
+
 def _add_to_buffer(buffers, node, nr, g) -> None:
     buf = buffers.get(node)
     if buf is None:
@@ -240,26 +302,30 @@ def _apply_node(node, grads, needed, shared):
     else:
         mask = tuple([nxt is not None and nxt in needed for nxt, _ in node.next_functions])
     outs = node.apply(grads, mask)
-    # An output that aliases an incoming gradient (t(), view, add's pass-through) may become
-    # a leaf's .grad without a copy unless that buffer is visible elsewhere: the incoming
-    # one was shared already, or this node hands it to more than one edge.
-    incoming = {id(g._storage) for g in grads if g is not None}
-    handed_out = set()
     meta = getattr(node, "_input_meta", None)
-    for i, g in enumerate(outs):
-        if g is None:
-            continue
-        if meta is not None and meta[i] is not None:
+    if meta is not None:
+        for i, g in enumerate(outs):
+            if g is None or meta[i] is None:
+                continue
             shape, dtype = meta[i]
             if g._data.shape != shape:
                 g = outs[i] = g.sum_to_size(shape)
-            if g._data.dtype != dtype.np:
-                g = outs[i] = g.to(dtype)
-        sid = id(g._storage)
-        if sid in incoming:
-            if sid in handed_out:
-                shared.add(sid)
-            handed_out.add(sid)
+            if g._data.dtype is not dtype.np and g._data.dtype != dtype.np:
+                outs[i] = g.to(dtype)
+    if len(outs) > 1:
+        # An output that aliases an incoming gradient (t(), view, add's pass-through) may
+        # become a leaf's .grad without a copy unless that buffer is visible elsewhere: the
+        # incoming one was shared already, or this node hands it to more than one edge.
+        incoming = {id(g._storage) for g in grads if g is not None}
+        handed_out = set()
+        for g in outs:
+            if g is None:
+                continue
+            sid = id(g._storage)
+            if sid in incoming:
+                if sid in handed_out:
+                    shared.add(sid)
+                handed_out.add(sid)
     if node._hooks:
         for fn in list(node._hooks.values()):
             new = fn(tuple(outs), tuple(grads))

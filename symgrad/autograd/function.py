@@ -201,6 +201,7 @@ def _record(spec, inputs, params, outputs) -> None:
     refs = []
     meta = []
     strong = bool(_recording)
+    wref = weakref.ref
     for x in inputs:
         if isinstance(x, Tensor):
             if x._requires_grad:
@@ -209,7 +210,7 @@ def _record(spec, inputs, params, outputs) -> None:
                                       else (accumulator_of(x), 0))
             else:
                 next_functions.append(_NO_EDGE)
-            refs.append(x if strong else weakref.ref(x))  # strong under record()
+            refs.append(x if strong else wref(x))  # strong under record()
             meta.append((x._data.shape, x.dtype))
         else:
             next_functions.append(_NO_EDGE)
@@ -226,13 +227,17 @@ def _record(spec, inputs, params, outputs) -> None:
         from .anomaly_mode import forward_stack
 
         node.metadata["traceback_"] = forward_stack()
-    per_input, tensor_names = spec.__dict__.get("_save_plan") or _save_plan(spec)
+    per_input, tensor_names, input_index = spec.__dict__.get("_save_plan") or _save_plan(spec)
     saved = {}
     for i, names in enumerate(per_input):
         if names and next_functions[i][0] is not None:
             for p in names:
                 if p not in saved:
-                    saved[p] = _save(spec, p, inputs, params, outputs)
+                    j = input_index.get(p, -1)
+                    if j >= 0 and isinstance(inputs[j], Tensor):  # _save's commonest case
+                        saved[p] = SavedTensor(inputs[j], False)
+                    else:
+                        saved[p] = _save(spec, p, inputs, params, outputs)
     if len(saved) != len(spec.saved):
         for p in spec.saved:  # names no needed formula uses read back as None, as in torch
             if p not in saved:
@@ -248,7 +253,9 @@ def _record(spec, inputs, params, outputs) -> None:
 def _save_plan(spec):
     """Per op, once: each input's formula parameters, and which saved names are tensors."""
     plan = (tuple(spec.formula_params.get(n, ()) for n in spec.inputs),
-            frozenset(p for p in spec.saved if spec.saved_kind(p)[0] in ("input", "output")))
+            frozenset(p for p in spec.saved if spec.saved_kind(p)[0] in ("input", "output")),
+            {p: spec.inputs.index(p) for names in spec.formula_params.values() for p in names
+             if spec.saved_kind(p)[0] == "input"})
     spec.__dict__["_save_plan"] = plan
     return plan
 
