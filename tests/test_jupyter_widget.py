@@ -263,3 +263,57 @@ def test_xss_name_is_escaped_in_every_html_output():
     assert "<img" not in rep._repr_html_()
     assert "&lt;img src=x onerror=alert(1)&gt;" in rep._repr_html_()
     w.close()
+
+
+def test_graph_view_is_the_anywidget_canvas_when_the_bundle_exists():
+    from symgrad.jupyter import widget as widget_mod
+
+    pytest.importorskip("anywidget")
+    # built by `make test` / `pip install -e .` (labextension: jlpm build:widget)
+    assert widget_mod.BUNDLE.is_file(), "run `cd labextension && jlpm build:widget`"
+    ns = tutorial()
+    w = Inspector(ns["e"], ns)
+    canvas = w.canvas
+    assert canvas is not None and w.children[0] is canvas
+    assert w.svg_view not in w.children
+    # the canvas runs the labextension's module, which binds these three traits
+    assert "change:" in canvas._esm and '"selected"' in canvas._esm
+    state = canvas.get_state()
+    assert state["graph"] == w.graph and state["report"] == w.report
+    assert state["report"]["schema"] == "symgrad.report/1"
+    assert state["selected"] == w.selected == "n0"
+    # a click in the browser sets the canvas's trait: the panel and the picker follow
+    add = w.find("AddBackward0")
+    canvas.selected = add
+    assert w.selected == add and w.node_picker.value == add
+    assert f'data-id="{add}"' in w.node_panel.value
+    assert re.search(f'data-id="{add}"[^>]*data-selected="true"', w.svg_view.value)
+    # and the Python side's selection reaches the canvas
+    w.node_picker.value = w.find("c")
+    assert canvas.selected == w.find("c")
+    # re-verification replaces the graph (badges) and the report on the canvas too
+    w.rtol_input.value = 1e-3
+    assert canvas.graph["agreement"]["rtol"] == 1e-3 and canvas.report == w.report
+    w.close()
+    assert canvas.comm is None  # closed with the Inspector
+
+
+@pytest.mark.parametrize("missing", ["bundle", "anywidget"])
+def test_graph_view_falls_back_to_static_svg(monkeypatch, tmp_path, missing):
+    import sys
+
+    from symgrad.jupyter import widget as widget_mod
+
+    if missing == "bundle":
+        monkeypatch.setattr(widget_mod, "BUNDLE", tmp_path / "inspector.js")
+    else:
+        monkeypatch.setattr(widget_mod, "_CANVAS_CLASSES", {})
+        monkeypatch.setitem(sys.modules, "anywidget", None)  # import raises ImportError
+    assert widget_mod.canvas_class() is None
+    ns = tutorial()
+    w = Inspector(ns["e"], ns, verify=False)
+    assert w.canvas is None and w.children[0] is w.svg_view
+    assert '<svg' in w.svg_view.value and 'data-selected="true"' in w.svg_view.value
+    w.selected = w.find("AddBackward0")
+    assert re.search(f'data-id="{w.selected}"[^>]*data-selected="true"', w.svg_view.value)
+    w.close()

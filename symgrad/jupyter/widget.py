@@ -1,10 +1,12 @@
 """The Inspector: an ipywidgets 8 view of a graph, its saved operands and its proof.
 
 All state lives in synced traitlets (``graph``: the frozen graph JSON, ``selected``: a
-node id, ``report``: the verifier's JSON, ``rtol``/``atol``, ``status``, ``progress``) so
-a JavaScript front end (the labextension's anywidget view) can bind to the same model;
-the Python children (SVG in an HTML widget, a node picker, the node panel, HTMLMath for
-the LaTeX, the agreement table) are the view that works in any front end. Every string
+node id, ``report``: the verifier's JSON, ``rtol``/``atol``, ``status``, ``progress``).
+The graph is drawn by ``canvas``, the labextension's anywidget front end (pan, zoom,
+click to select) bound to ``graph``/``selected``/``report``, when its bundle was built
+and anywidget imports; otherwise by the static SVG in an HTML widget (``svg_view``,
+always kept current). The other children (a node picker, the node panel, HTMLMath for
+the LaTeX, the agreement table) work in any front end. Every string
 from user code is HTML-escaped before it reaches an HTML widget.
 """
 
@@ -14,6 +16,7 @@ import html
 import inspect
 import threading
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import ipywidgets as widgets
@@ -22,7 +25,41 @@ import traitlets
 from .graph import apply_report, graph_json
 from .svg import agreement_table_html, badge, esc, render_svg
 
-__all__ = ["Inspector", "VerificationInterrupted", "run_verify"]
+__all__ = ["Inspector", "VerificationInterrupted", "run_verify", "BUNDLE", "canvas_class"]
+
+#: The labextension's drawing code as an ES module (built by esbuild; not committed).
+BUNDLE = Path(__file__).with_name("static") / "inspector.js"
+_CANVAS_CLASSES: dict[Path, type] = {}
+
+
+def canvas_class() -> type | None:
+    """The anywidget class drawing the interactive graph, or None where it cannot.
+
+    None when the bundle was not built (a source checkout without ``jlpm``) or anywidget
+    is not installed; the Inspector then shows its static SVG instead. The class is made
+    on first use because anywidget reads ``_esm`` when the class is defined.
+    """
+    bundle = BUNDLE
+    if not bundle.is_file():
+        return None
+    cls = _CANVAS_CLASSES.get(bundle)
+    if cls is not None:
+        return cls
+    try:
+        import anywidget
+    except ImportError:
+        return None
+
+    class GraphCanvas(anywidget.AnyWidget):
+        """The labextension's graph view; binds to ``graph``, ``selected`` and ``report``."""
+
+        _esm = bundle
+        graph = traitlets.Dict().tag(sync=True)
+        selected = traitlets.Unicode("").tag(sync=True)
+        report = traitlets.Dict().tag(sync=True)
+
+    _CANVAS_CLASSES[bundle] = GraphCanvas
+    return GraphCanvas
 
 
 class VerificationInterrupted(Exception):
@@ -120,10 +157,20 @@ class Inspector(widgets.VBox):
         controls = widgets.HBox([self.rtol_input, self.atol_input, self.verify_button,
                                  self.stop_button, self.progress_bar, self.status_label])
         panel = widgets.VBox([self.node_picker, self.node_panel, self.formula_view])
-        super().__init__(children=[self.svg_view, panel, controls, self.agreement_view,
+        # the interactive canvas replaces the static SVG where the bundle exists; the SVG
+        # is still kept current (it is cheap) so it can stand in for it
+        canvas_cls = canvas_class()
+        self.canvas = canvas_cls() if canvas_cls is not None else None
+        graph_view = self.canvas if self.canvas is not None else self.svg_view
+        super().__init__(children=[graph_view, panel, controls, self.agreement_view,
                                    self.symbolic_view],
                          **kwargs)
         self.add_class("symgrad-inspector")
+        if self.canvas is not None:
+            traitlets.dlink((self, "graph"), (self.canvas, "graph"))
+            traitlets.dlink((self, "report"), (self.canvas, "report"))
+            # a click in the browser sets the canvas's selection, which drives the panel
+            traitlets.link((self, "selected"), (self.canvas, "selected"))
 
         self.rtol, self.atol = rtol, atol
         self._node_map: dict[int, str] = {}
@@ -176,6 +223,8 @@ class Inspector(widgets.VBox):
     def close(self) -> None:
         """Close the Inspector and every child widget (they hold the frozen graph)."""
         self.stop()
+        if self.canvas is not None:
+            self.canvas.close()
         for w in (self.svg_view, self.node_picker, self.node_panel, self.formula_view,
                   self.agreement_view, self.symbolic_view, self.rtol_input, self.atol_input,
                   self.verify_button, self.stop_button, self.progress_bar, self.status_label,

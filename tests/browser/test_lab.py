@@ -79,8 +79,10 @@ def _open(browser, url: str):
 
 
 def _graph(page, cell: int):
+    # the cell's first output: in a %%symgrad cell the graph bundle, before the Inspector
+    # (whose anywidget canvas draws the same view)
     return page.locator(".jp-Notebook .jp-Cell").nth(cell).locator(
-        ".sg-view[data-symgrad=graph]")
+        ".jp-OutputArea-output").first.locator(".sg-view[data-symgrad=graph]")
 
 
 def _wait_saved(path: Path, outputs: int, timeout: float = 30) -> dict:
@@ -154,6 +156,23 @@ def test_symgrad_magic_in_jupyterlab(browser, lab_server, artifacts):
     assert panel.locator(".katex").count() >= 1  # formula typeset
     page.mouse.move(1, 1)  # no tooltip in the pictures
     graph.screenshot(path=str(artifacts / "lab-tutorial-graph.png"))
+
+    # -- the Inspector draws with the anywidget canvas; a click reaches its node panel ---
+    inspector = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".symgrad-inspector")
+    canvas = inspector.locator(".sg-view[data-symgrad=graph]")
+    canvas.locator(".sg-node").first.wait_for(state="attached", timeout=60_000)
+    assert canvas.locator(".sg-node[data-kind=op]").count() == 2
+    assert canvas.locator(".sg-node[data-kind=accumulate]").count() == 3
+    assert canvas.locator(".sg-node[data-kind=op][data-status=pass]").count() == 2
+    assert inspector.locator("svg.symgrad-graph").count() == 0  # no static SVG beside it
+    add = canvas.locator(".sg-node[data-kind=op]", has_text="AddBackward0")
+    add.scroll_into_view_if_needed()
+    add.click()
+    add_id = add.get_attribute("data-node-id")
+    inspector.locator(f".sg-node-panel[data-id={add_id}]").wait_for(state="attached",
+                                                                     timeout=30_000)
+    page.mouse.move(1, 1)
+    inspector.screenshot(path=str(artifacts / "lab-inspector.png"))
     if os.environ.get("SYMGRAD_UPDATE_DOCS_SCREENSHOT"):
         graph.screenshot(path=str(DOCS_SHOT))
     page.screenshot(path=str(artifacts / "lab-notebook.png"))
