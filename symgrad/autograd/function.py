@@ -12,7 +12,7 @@ import weakref
 
 import numpy as np
 
-from ..backends import backend_for
+from ..backends import _BACKENDS, _DEVICE_DEFAULT, backend_for
 from ..dtypes import bool_, default_float, float64, int64, promote
 from .anomaly_mode import _anomaly
 from .grad_mode import _state
@@ -128,7 +128,10 @@ def apply(spec, inputs, params=None):
             arrays.append(x)
     device = first._device
     rule = spec.dtype_rule
-    be = backend_for(device.type)
+    try:  # backend_for, inlined
+        be = _BACKENDS[_DEVICE_DEFAULT[device.type]]
+    except KeyError:
+        be = backend_for(device.type)
     dtype = None
     int_ok = _SAME_DTYPE_RULES.get(rule)
     if int_ok is not None and not mixed:
@@ -196,7 +199,9 @@ _NO_EDGE = (None, 0)
 
 def _record(spec, inputs, params, outputs) -> None:
     Tensor = _tensor_cls
-    node = node_class_for(spec)()
+    cls, per_input, tensor_names, fast_kind, n_saved, n_diff = (
+        spec.__dict__.get("_record_plan") or _record_plan(spec))
+    node = cls()
     next_functions = []
     refs = []
     meta = []
@@ -206,8 +211,12 @@ def _record(spec, inputs, params, outputs) -> None:
         if isinstance(x, Tensor):
             if x._requires_grad:
                 fn = x._grad_fn
-                next_functions.append((fn, x._output_nr) if fn is not None
-                                      else (accumulator_of(x), 0))
+                if fn is not None:
+                    next_functions.append((fn, x._output_nr))
+                else:
+                    ref = x._accumulator  # accumulator_of, inlined for a live one
+                    acc = ref() if ref is not None else None
+                    next_functions.append((acc if acc is not None else accumulator_of(x), 0))
             else:
                 next_functions.append(_NO_EDGE)
             refs.append(x if strong else wref(x))  # strong under record()
@@ -219,44 +228,67 @@ def _record(spec, inputs, params, outputs) -> None:
     node.next_functions = tuple(next_functions)
     node._input_refs = tuple(refs)
     node._input_meta = tuple(meta)
-    node._out_meta = tuple([(o._data.shape, o.dtype)
-                            for o in outputs[:spec.differentiable_outputs]])
+    if n_diff == 1:
+        o = outputs[0]
+        node._out_meta = ((o._data.shape, o.dtype),)
+    else:
+        node._out_meta = tuple([(o._data.shape, o.dtype) for o in outputs[:n_diff]])
     node._freed = False
     node._params = params  # the verifier replays the forward from these
     if _anomaly.enabled:
         from .anomaly_mode import forward_stack
 
         node.metadata["traceback_"] = forward_stack()
-    per_input, tensor_names, input_index = spec.__dict__.get("_save_plan") or _save_plan(spec)
     saved = {}
     for i, names in enumerate(per_input):
         if names and next_functions[i][0] is not None:
             for p in names:
                 if p not in saved:
-                    j = input_index.get(p, -1)
-                    if j >= 0 and isinstance(inputs[j], Tensor):  # _save's commonest case
+                    j = fast_kind.get(p, -1)  # _save's commonest cases, inlined
+                    if j >= 0 and isinstance(inputs[j], Tensor):
                         saved[p] = SavedTensor(inputs[j], False)
+                    elif j == -2:
+                        saved[p] = params.get(p)
+                    elif j <= -10 and -10 - j < n_diff:
+                        saved[p] = SavedTensor(outputs[-10 - j], True, -10 - j)
                     else:
                         saved[p] = _save(spec, p, inputs, params, outputs)
-    if len(saved) != len(spec.saved):
+    if len(saved) != n_saved:
         for p in spec.saved:  # names no needed formula uses read back as None, as in torch
             if p not in saved:
-                saved[p] = None if p in tensor_names else _save(spec, p, inputs, params, ())
+                if p in tensor_names:
+                    saved[p] = None
+                elif fast_kind.get(p) == -2:
+                    saved[p] = params.get(p)
+                else:
+                    saved[p] = _save(spec, p, inputs, params, ())
     node._saved = saved
-    for k in range(spec.differentiable_outputs):
+    for k in range(n_diff):
         o = outputs[k]
         o._grad_fn = node
         o._output_nr = k
         o._requires_grad = True
 
 
-def _save_plan(spec):
-    """Per op, once: each input's formula parameters, and which saved names are tensors."""
-    plan = (tuple(spec.formula_params.get(n, ()) for n in spec.inputs),
+def _record_plan(spec):
+    """Per op, once: its node class, each input's formula parameters, which saved names
+    are tensors, and for saved names ``_save`` would classify as an input its index (a
+    param: -2, output k: -10 - k)."""
+    fast_kind = {}
+    for names in spec.formula_params.values():
+        for p in names:
+            kind = spec.saved_kind(p)[0]
+            if kind == "input":
+                fast_kind[p] = spec.inputs.index(p)
+            elif kind == "param":
+                fast_kind[p] = -2
+            elif kind == "output":
+                fast_kind[p] = -10 - spec.outputs.index(p)
+    plan = (node_class_for(spec),
+            tuple(spec.formula_params.get(n, ()) for n in spec.inputs),
             frozenset(p for p in spec.saved if spec.saved_kind(p)[0] in ("input", "output")),
-            {p: spec.inputs.index(p) for names in spec.formula_params.values() for p in names
-             if spec.saved_kind(p)[0] == "input"})
-    spec.__dict__["_save_plan"] = plan
+            fast_kind, len(spec.saved), spec.differentiable_outputs)
+    spec.__dict__["_record_plan"] = plan
     return plan
 
 

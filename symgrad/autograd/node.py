@@ -12,6 +12,7 @@ import itertools
 import weakref
 from typing import Any
 
+from ..backends import _BACKENDS, _DEVICE_DEFAULT
 from ..backends import backend_for as _backend_for
 from .grad_mode import _state as _grad_state
 
@@ -269,7 +270,11 @@ class OpNode(Node):
 
     def _apply_fused(self, spec, grad, needed):
         """The backend's one-pass backward kernel, when it has one (no graph is recorded)."""
-        kernel = getattr(_backend_for(grad._device.type), spec.fused_backward, None)
+        try:  # _backend_for, inlined
+            be = _BACKENDS[_DEVICE_DEFAULT[grad._device.type]]
+        except KeyError:
+            be = _backend_for(grad._device.type)
+        kernel = getattr(be, spec.fused_backward, None)
         if kernel is None:
             return None
         saved = self._saved
