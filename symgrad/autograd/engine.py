@@ -234,8 +234,7 @@ def _run_plain(ready, buffers, deps, queued, shared, retain_graph, create_graph)
                     buf[nr] = g if buf[nr] is None else buf[nr] + g
             d = deps[nxt] - 1
             deps[nxt] = d
-            if d == 0 and id(nxt) not in queued:
-                queued.add(id(nxt))
+            if d == 0:  # only roots are queued at the start, and only with no deps
                 if direct is None and not ready:
                     direct = nxt  # alone in the heap it would be popped next
                 else:
@@ -310,7 +309,13 @@ def _apply(node, grads, needed, shared):
 
 def _apply_node(node, grads, needed, shared):
     if needed is None:
-        mask = tuple([nxt is not None for nxt, _ in node.next_functions])
+        nf = node.next_functions
+        if len(nf) == 1:  # the common arities without a comprehension
+            mask = (nf[0][0] is not None,)
+        elif len(nf) == 2:
+            mask = (nf[0][0] is not None, nf[1][0] is not None)
+        else:
+            mask = tuple([nxt is not None for nxt, _ in nf])
     else:
         mask = tuple([nxt is not None and nxt in needed for nxt, _ in node.next_functions])
     outs = node.apply(grads, mask)

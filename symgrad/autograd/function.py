@@ -95,7 +95,7 @@ def _result_dtype(rule, tensors, scalars, params):
 
 #: dtype rules whose result is the inputs' common dtype when they all share it (no casts)
 _SAME_DTYPE_RULES = {"promote": True, "same": True, "bool_compare": True,
-                     "promote_float": False, "float": False}
+                     "promote_float": False, "float": False, "same_required": True}
 
 
 def apply(spec, inputs, params=None):
@@ -139,6 +139,9 @@ def apply(spec, inputs, params=None):
         d = first.dtype
         if d.is_floating_point or (int_ok and (not has_scalar or rule == "same")):
             dtype = bool_ if rule == "bool_compare" else d
+    elif rule == "sum" and not params.get("dtype"):
+        d = first.dtype  # _result_dtype's "sum" rule without a dtype argument; no casts
+        dtype = d if d.is_floating_point else None
     if dtype is None:
         dtype, arrays = _promote_and_cast(spec, inputs, params, be, Tensor)
     try:

@@ -290,6 +290,9 @@ class OpNode(Node):
         if outs is None:
             return None
         wrap, device = type(grad)._wrap, grad._device
+        if len(outs) == 1:
+            o = outs[0]
+            return [None if o is None else wrap(o, device)]
         return [None if o is None else wrap(o, device) for o in outs]
 
     def _fused_arg(self, name: str):
