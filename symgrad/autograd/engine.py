@@ -326,7 +326,7 @@ def _apply_node(node, grads, needed, shared):
                 continue
             shape, dtype = meta[i]
             if g._data.shape != shape:
-                g = outs[i] = g.sum_to_size(shape)
+                g = outs[i] = _sum_to(g, shape)
             if g._data.dtype is not dtype.np and g._data.dtype != dtype.np:
                 outs[i] = g.to(dtype)
     if len(outs) > 1:
@@ -349,6 +349,16 @@ def _apply_node(node, grads, needed, shared):
             if new is not None:
                 outs = list(new)
     return outs
+
+
+def _sum_to(g, shape):
+    """``g.sum_to_size(shape)``; one sum, not sum + reshape, for leading broadcast dims
+    when no graph is recorded (a bias's gradient)."""
+    gs = g._data.shape
+    lead = len(gs) - len(shape)
+    if lead > 0 and not _state.enabled and gs[lead:] == shape:
+        return g.sum(tuple(range(lead)))
+    return g.sum_to_size(shape)
 
 
 def _accumulate_into(variable, g, create_graph, shared) -> None:
