@@ -769,6 +769,42 @@ def _iter(self):
     return (_select(self, 0, _u(i)) for i in range(self.shape[0]))
 
 
+# -- composites that tutorials use (built from registered ops, so every backend has them) ---
+def _count_true(input, dim, keepdim):
+    nonzero = ne(input, 0)
+    if dim is None:
+        return sum(nonzero), input.numel()
+    dims = _dims(dim, input.ndim)
+    n = 1
+    for d in dims:
+        n *= input.shape[d] if input.ndim else 1
+    return sum(nonzero, dims, keepdim=keepdim), n
+
+
+def all(input, dim=None, keepdim=False):  # noqa: A001
+    """True where every element (along ``dim``) is non-zero; a bool tensor, no gradient."""
+    hits, n = _count_true(input, dim, keepdim)
+    return eq(hits, n)
+
+
+def any(input, dim=None, keepdim=False):  # noqa: A001
+    """True where some element (along ``dim``) is non-zero; a bool tensor, no gradient."""
+    hits, _ = _count_true(input, dim, keepdim)
+    return gt(hits, 0)
+
+
+def norm(input, p="fro", dim=None, keepdim=False):
+    """The 2-norm (``p=2`` or ``"fro"``), composed as ``sqrt(sum(x * x))``.
+
+    Its gradient is exact, but the graph shows SqrtBackward0 over SumBackward0 over
+    MulBackward0 where torch shows one LinalgVectorNormBackward0 (docs/differences.md).
+    """
+    if p not in (2, 2.0, "fro"):
+        raise NotImplementedError(f"norm(p={p!r}): only the 2-norm is implemented")
+    return sqrt(sum(mul(input, input), dim, keepdim=keepdim) if dim is not None
+                else sum(mul(input, input)))
+
+
 # -- Tensor methods and operators ------------------------------------------------------------
 def _install_tensor_methods() -> None:
     T = Tensor
@@ -778,7 +814,7 @@ def _install_tensor_methods() -> None:
                  "unsqueeze", "squeeze", "sum_to_size", "clone", "mm", "mv", "dot", "matmul",
                  "bmm", "contiguous", "max", "min", "argmax", "argmin", "maximum", "minimum",
                  "clamp", "clamp_min", "clamp_max", "softmax", "log_softmax", "logsumexp",
-                 "select", "narrow",
+                 "select", "narrow", "all", "any", "norm",
                  "gt", "ge", "lt", "le", "eq", "ne", "logical_not", "logical_or",
                  "logical_and"):
         setattr(T, name, globals()[name])

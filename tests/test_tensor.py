@@ -136,3 +136,18 @@ def test_inplace_basics_and_version_counter(torch):
     v = a.reshape(2, 2)
     v.fill_(3.0)
     assert a._version == v._version == 1 and a.tolist() == [3.0] * 4
+
+
+def test_tutorial_helpers_all_any_norm_match_torch(torch):
+    x = np.array([[0.5, -2.0, 0.0], [1.5, 3.0, -1.0]], dtype=np.float32)
+    for expr in ["a.all()", "a.any()", "(a > 0).all(1)", "(a > 0).any(0, keepdim=True)",
+                 "a.norm()", "a.norm(dim=1)", "(9 * a ** 2 == a * a * 9).all()"]:
+        ours = eval(expr, {}, {"a": sg.tensor(x)})  # noqa: S307
+        theirs = eval(expr, {}, {"a": torch.tensor(x)})  # noqa: S307
+        assert ours.dtype.name == str(theirs.dtype).replace("torch.", ""), expr
+        np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=1e-6, err_msg=expr)
+    w = sg.tensor(x, requires_grad=True)
+    tw = torch.tensor(x, requires_grad=True)
+    w.norm().backward()
+    tw.norm().backward()
+    np.testing.assert_allclose(w.grad.numpy(), tw.grad.numpy(), rtol=1e-6)
