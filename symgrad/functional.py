@@ -781,13 +781,13 @@ def _count_true(input, dim, keepdim):
     return sum(nonzero, dims, keepdim=keepdim), n
 
 
-def all(input, dim=None, keepdim=False):  # noqa: A001
+def all_(input, dim=None, keepdim=False):
     """True where every element (along ``dim``) is non-zero; a bool tensor, no gradient."""
     hits, n = _count_true(input, dim, keepdim)
     return eq(hits, n)
 
 
-def any(input, dim=None, keepdim=False):  # noqa: A001
+def any_(input, dim=None, keepdim=False):
     """True where some element (along ``dim``) is non-zero; a bool tensor, no gradient."""
     hits, _ = _count_true(input, dim, keepdim)
     return gt(hits, 0)
@@ -814,10 +814,11 @@ def _install_tensor_methods() -> None:
                  "unsqueeze", "squeeze", "sum_to_size", "clone", "mm", "mv", "dot", "matmul",
                  "bmm", "contiguous", "max", "min", "argmax", "argmin", "maximum", "minimum",
                  "clamp", "clamp_min", "clamp_max", "softmax", "log_softmax", "logsumexp",
-                 "select", "narrow", "all", "any", "norm",
+                 "select", "narrow", "norm",
                  "gt", "ge", "lt", "le", "eq", "ne", "logical_not", "logical_or",
                  "logical_and"):
         setattr(T, name, globals()[name])
+    T.all, T.any = all_, any_  # named with _ here: the module keeps the builtins
     T.true_divide = T.divide = T.div
     T.multiply = T.mul
     T.subtract = T.sub
