@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
 
 from . import graph, profiler
@@ -100,7 +98,3 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph: bool | None = None,
 
         result = tuple(zeros_like(x) if r is None else r for r, x in zip(result, ins))
     return result
-
-
-def _is_seq(x) -> bool:
-    return isinstance(x, Sequence)

@@ -16,12 +16,10 @@ __all__ = ["assert_gradients_match", "check_function", "gradient_check", "resolv
 
 #: (check name, report JSON) for every check run in this process, in order.
 RECORDED: list[tuple[str, dict]] = []
-_current_name: list[str] = []
 
 
 def _record(report, name: str | None) -> None:
-    label = name or (_current_name[-1] if _current_name else "check")
-    RECORDED.append((label, report.to_json()))
+    RECORDED.append((name or "check", report.to_json()))
 
 
 def _verify(root, *, mode, rtol, atol, order, names, gradient=None):
