@@ -303,3 +303,24 @@ def test_pass_through_gradients_never_alias_two_leaves_or_a_hooked_tensor():
     (h.t() * 1.0).sum().backward()
     (c * 1).sum().backward()  # accumulates into c.grad in place
     np.testing.assert_allclose(kept[0].numpy(), [1.0, 1.0])
+
+
+def test_a_node_behind_two_root_outputs_runs_once():
+    from symgrad.autograd import Function
+
+    class Two(Function):
+        @staticmethod
+        def forward(ctx, a):
+            return a * 2, a * 3
+
+        @staticmethod
+        def backward(ctx, g1, g2):
+            return g1 * 2 + g2 * 3
+
+    a = sg.tensor([1.0, 2.0], requires_grad=True)
+    x, y = Two.apply(a)
+    runs = []
+    x.grad_fn.register_prehook(lambda grads: runs.append(1))
+    sg.autograd.backward([x, y], [sg.ones(2), sg.ones(2)])
+    assert runs == [1]
+    np.testing.assert_allclose(a.grad.numpy(), [5.0, 5.0])  # g1 * 2 + g2 * 3

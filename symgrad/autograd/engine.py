@@ -73,10 +73,10 @@ def run_backward(roots, grad_roots, *, retain_graph: bool, create_graph: bool,
 
     # Dependency counts over the part of the graph that will run.
     deps: dict = {}
-    seen = set()
-    stack = [n for n, _ in root_edges if needed is None or n in needed]
-    for n in stack:
-        seen.add(n)
+    # several root edges may share a node (two outputs of one Function): visit it once
+    roots = list(dict.fromkeys(n for n, _ in root_edges if needed is None or n in needed))
+    seen = set(roots)
+    stack = list(roots)
     while stack and needed is None:  # the common case: a node is new when deps lacks it
         node = stack.pop()
         for nxt, _ in node.next_functions:
@@ -106,17 +106,18 @@ def run_backward(roots, grad_roots, *, retain_graph: bool, create_graph: bool,
         shared.add(id(g._storage))
 
     results = [None] * (len(inputs) if inputs is not None else 0)
+    # Each node is queued exactly once: a root only here (several root edges may share a
+    # node, e.g. two outputs of one Function), any other node when its deps reach zero.
     ready = []
-    for node, _ in root_edges:
-        if deps.get(node, 0) == 0 and (needed is None or node in needed):
+    for node in roots:
+        if deps.get(node, 0) == 0:
             heapq.heappush(ready, (-node._sequence_nr, id(node), node))
-    queued = {id(n) for _, _, n in ready}
 
     prev_mode = _state.enabled
     _state.enabled = create_graph
     if inputs is None and accumulate:
         try:
-            _run_plain(ready, buffers, deps, queued, shared, retain_graph, create_graph)
+            _run_plain(ready, buffers, deps, shared, retain_graph, create_graph)
         finally:
             _state.enabled = prev_mode
         return None
@@ -145,11 +146,7 @@ def run_backward(roots, grad_roots, *, retain_graph: bool, create_graph: bool,
                                     for nxt, _ in node.next_functions)
             if isinstance(node, AccumulateGrad):
                 if inputs is None and accumulate:
-                    if _fn._profiler is not None:
-                        _fn._profiler._record_node(node, _accumulate_into, node.variable,
-                                                   grads[0], create_graph, shared)
-                    else:
-                        _accumulate_into(node.variable, grads[0], create_graph, shared)
+                    _accumulate_node(node, grads, create_graph, shared)
                 continue
             if stop_here:
                 if not retain_graph:
@@ -165,15 +162,9 @@ def run_backward(roots, grad_roots, *, retain_graph: bool, create_graph: bool,
                 if nxt is None or (needed is not None and nxt not in needed):
                     continue
                 if g is not None:
-                    buf = buffers.get(nxt)
-                    if buf is None:
-                        buf = buffers[nxt] = [None] * nxt._num_outputs()
-                        buf[nr] = g
-                    else:
-                        buf[nr] = g if buf[nr] is None else buf[nr] + g
+                    _add_to_buffer(buffers, nxt, nr, g)
                 deps[nxt] -= 1
-                if deps[nxt] == 0 and id(nxt) not in queued:
-                    queued.add(id(nxt))
+                if deps[nxt] == 0:
                     heapq.heappush(ready, (-nxt._sequence_nr, id(nxt), nxt))
     finally:
         _state.enabled = prev_mode
@@ -190,7 +181,7 @@ def run_backward(roots, grad_roots, *, retain_graph: bool, create_graph: bool,
     return None
 
 
-def _run_plain(ready, buffers, deps, queued, shared, retain_graph, create_graph) -> None:
+def _run_plain(ready, buffers, deps, shared, retain_graph, create_graph) -> None:
     """The main loop of ``Tensor.backward`` without ``inputs=`` (the common case).
 
     Same order and semantics as the general loop; a node that is the only one ready
@@ -208,11 +199,7 @@ def _run_plain(ready, buffers, deps, queued, shared, retain_graph, create_graph)
         if node._tensor_hooks or node._retained or node._pre_hooks:
             grads = _run_pre_hooks(node, grads, shared)
         if isinstance(node, AccumulateGrad):
-            if fn_mod._profiler is not None:
-                fn_mod._profiler._record_node(node, _accumulate_into, node.variable,
-                                              grads[0], create_graph, shared)
-            else:
-                _accumulate_into(node.variable, grads[0], create_graph, shared)
+            _accumulate_node(node, grads, create_graph, shared)
             node = None
             continue
         if fn_mod._profiler is None and not anomaly.enabled:
@@ -243,6 +230,15 @@ def _run_plain(ready, buffers, deps, queued, shared, retain_graph, create_graph)
                         direct = None
                     heappush(ready, (-nxt._sequence_nr, id(nxt), nxt))
         node = direct
+
+
+def _accumulate_node(node, grads, create_graph, shared) -> None:
+    """Run an AccumulateGrad node (timed as its own row under the profiler)."""
+    if _fn._profiler is not None:
+        _fn._profiler._record_node(node, _accumulate_into, node.variable, grads[0],
+                                   create_graph, shared)
+    else:
+        _accumulate_into(node.variable, grads[0], create_graph, shared)
 
 
 def _add_to_buffer(buffers, node, nr, g) -> None:
