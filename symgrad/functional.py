@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from . import dtypes as _dt
 from .autograd.function import apply
+from .backends.base import view_strides
 from .ops import OPS
 from .ops._ints import u64, u64s
 from .tensor import Tensor, _wrap_dim
@@ -209,26 +210,10 @@ def _infer_size(shape, numel):
 
 
 def _viewable(input, shape) -> bool:
-    """PyTorch's computeStride: can ``input`` be viewed as ``shape`` without a copy?"""
-    old = tuple(input.shape)
+    """Can ``input`` be viewed as ``shape`` without a copy (PyTorch's computeStride)?"""
     if input.numel() == 0 or input.ndim == 0 or input.is_contiguous():
         return True
-    stride = input.stride()
-    view_d = len(shape) - 1
-    chunk_base_stride = stride[-1]
-    tensor_numel = view_numel = 1
-    for d in range(len(old) - 1, -1, -1):
-        tensor_numel *= old[d]
-        if d == 0 or (old[d - 1] != 1 and stride[d - 1] != tensor_numel * chunk_base_stride):
-            while view_d >= 0 and (view_numel < tensor_numel or shape[view_d] == 1):
-                view_numel *= shape[view_d]
-                view_d -= 1
-            if view_numel != tensor_numel:
-                return False
-            if d > 0:
-                chunk_base_stride = stride[d - 1]
-                tensor_numel = view_numel = 1
-    return view_d == -1
+    return view_strides(tuple(input.shape), input.stride(), tuple(shape)) is not None
 
 
 def reshape(input, *shape):

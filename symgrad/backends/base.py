@@ -35,3 +35,34 @@ class Backend(Protocol):
     def transpose(self, x: Array, axes: tuple[int, ...]) -> Array: ...
     def broadcast_to(self, x: Array, shape: tuple[int, ...]) -> Array: ...
     def cast(self, x: Array, np_dtype) -> Array: ...
+
+
+def view_strides(old: tuple, stride: tuple, shape: tuple) -> tuple | None:
+    """PyTorch's computeStride: element strides of ``shape`` over the memory of a tensor of
+    shape ``old`` and strides ``stride``, or None when a view is impossible (a copy is needed).
+
+    Shared by the view/reshape dispatch (which node torch records) and the CUDA backend
+    (which strides its views get)."""
+    if not old:
+        out, step = [], 1
+        for size in reversed(shape):
+            out.append(step)
+            step *= size
+        return tuple(reversed(out))
+    new = [0] * len(shape)
+    view_d = len(shape) - 1
+    chunk_base_stride = stride[-1]
+    tensor_numel = view_numel = 1
+    for d in range(len(old) - 1, -1, -1):
+        tensor_numel *= old[d]
+        if d == 0 or (old[d - 1] != 1 and stride[d - 1] != tensor_numel * chunk_base_stride):
+            while view_d >= 0 and (view_numel < tensor_numel or shape[view_d] == 1):
+                new[view_d] = view_numel * chunk_base_stride
+                view_numel *= shape[view_d]
+                view_d -= 1
+            if view_numel != tensor_numel:
+                return None
+            if d > 0:
+                chunk_base_stride = stride[d - 1]
+                tensor_numel = view_numel = 1
+    return tuple(new) if view_d == -1 else None

@@ -16,6 +16,7 @@ import operator
 
 import numpy as np
 
+from ..base import view_strides
 from . import allocator
 from . import kernels as K
 
@@ -692,7 +693,7 @@ class CudaBackend:
             raise ValueError(f"cannot reshape array of size {x.size} into shape {shape}")
         if x.is_contiguous:
             return _view(x, shape, _contig_strides(shape), x.offset)
-        strides = _view_strides(x.shape, x.estrides, shape)
+        strides = view_strides(x.shape, x.estrides, shape)
         if strides is not None:  # the strides allow a view (as numpy's reshape)
             return _view(x, shape, strides, x.offset)
         x = CudaBackend.copy(x)
@@ -918,29 +919,6 @@ class CudaBackend:
     @staticmethod
     def shares_memory(a, b) -> bool:
         return _is_array(a) and _is_array(b) and a.block is b.block
-
-
-def _view_strides(old, stride, shape):
-    """PyTorch's computeStride: the strides of ``shape`` over old's memory, or None (copy)."""
-    if not old:
-        return _contig_strides(shape)
-    new = [0] * len(shape)
-    view_d = len(shape) - 1
-    chunk_base_stride = stride[-1]
-    tensor_numel = view_numel = 1
-    for d in range(len(old) - 1, -1, -1):
-        tensor_numel *= old[d]
-        if d == 0 or (old[d - 1] != 1 and stride[d - 1] != tensor_numel * chunk_base_stride):
-            while view_d >= 0 and (view_numel < tensor_numel or shape[view_d] == 1):
-                new[view_d] = view_numel * chunk_base_stride
-                view_numel *= shape[view_d]
-                view_d -= 1
-            if view_numel != tensor_numel:
-                return None
-            if d > 0:
-                chunk_base_stride = stride[d - 1]
-                tensor_numel = view_numel = 1
-    return tuple(new) if view_d == -1 else None
 
 
 def _batch_strides(x: CudaArray, bshape: tuple) -> tuple:
