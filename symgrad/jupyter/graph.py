@@ -360,10 +360,7 @@ def _saved_rows(node: Any, namer: Namer, own_output: Any | None) -> list[dict]:
                 row["preview"] = "freed by backward (use retain_graph=True)"
                 t = _recorded_input(node, spec, name)
                 if t is not None:  # the node still holds the input (symgrad.record())
-                    row["shape"] = _shape(t)
-                    row["dtype"] = _dtype_name(t)
-                    row["preview"] = preview(t)
-                    row["same_object_as"] = _same_object(t, namer)
+                    _tensor_fields(row, t, namer)
             elif isinstance(value, saved_cls):
                 t = value.tensor
                 if t is None:
@@ -376,11 +373,7 @@ def _saved_rows(node: Any, namer: Namer, own_output: Any | None) -> list[dict]:
                 row["is_output"] = is_output
                 row["same_object_as"] = None
                 if t is not None:
-                    row["shape"] = _shape(t)
-                    row["dtype"] = _dtype_name(t)
-                    row["preview"] = preview(t)
-                    if not is_output:
-                        row["same_object_as"] = _same_object(t, namer)
+                    _tensor_fields(row, t, namer if not is_output else None)
                     if getattr(t, "_storage", None) is not None and \
                             t._storage.version != value.version:
                         row["preview"] += (f" (modified in place: version "
@@ -390,18 +383,8 @@ def _saved_rows(node: Any, namer: Namer, own_output: Any | None) -> list[dict]:
                 row["shape"] = []
                 row["dtype"] = getattr(value.dtype, "name", None)
                 row["preview"] = _fmt(value.value)
-            elif value is None:
-                row["kind"] = "none"
-                row["preview"] = "None"
-            elif name.endswith(("_sym_sizes", "_sym_strides", "_sym_numel")):
-                row["kind"] = "meta"
-                row["preview"] = _short_repr(value)
-            elif isinstance(value, (int, float, bool, np.number)):
-                row["kind"] = "scalar"
-                row["preview"] = _fmt(value)
             else:
-                row["kind"] = "value"
-                row["preview"] = _short_repr(value)
+                _plain_fields(row, value)
             rows.append(row)
         return rows
     # torch nodes and anything else exposing _saved_* attributes
@@ -422,22 +405,34 @@ def _saved_rows(node: Any, namer: Namer, own_output: Any | None) -> list[dict]:
             continue
         if _is_tensor(value):
             row["kind"] = "tensor"
-            row["shape"] = _shape(value)
-            row["dtype"] = _dtype_name(value)
-            row["preview"] = preview(value)
-            row["same_object_as"] = _same_object(value, namer)
+            _tensor_fields(row, value, namer)
             row["is_output"] = attr == "_saved_result"
-        elif value is None:
-            row["kind"] = "none"
-            row["preview"] = "None"
-        elif isinstance(value, (int, float, bool)):
-            row["kind"] = "scalar"
-            row["preview"] = _fmt(value)
         else:
-            row["kind"] = "value"
-            row["preview"] = _short_repr(value)
+            _plain_fields(row, value)
         rows.append(row)
     return rows
+
+
+def _tensor_fields(row: dict, t, namer) -> None:
+    """Shape, dtype and preview of a saved tensor; which user variable it is (unless namer
+    is None, as for a saved output, which is never the user's object)."""
+    row["shape"] = _shape(t)
+    row["dtype"] = _dtype_name(t)
+    row["preview"] = preview(t)
+    if namer is not None:
+        row["same_object_as"] = _same_object(t, namer)
+
+
+def _plain_fields(row: dict, value) -> None:
+    """A saved non-tensor: None, size/stride metadata, a number, or anything else."""
+    if value is None:
+        row["kind"], row["preview"] = "none", "None"
+    elif row["name"].endswith(("_sym_sizes", "_sym_strides", "_sym_numel")):
+        row["kind"], row["preview"] = "meta", _short_repr(value)
+    elif isinstance(value, (int, float, bool, np.number)):
+        row["kind"], row["preview"] = "scalar", _fmt(value)
+    else:
+        row["kind"], row["preview"] = "value", _short_repr(value)
 
 
 def _recorded_input(node: Any, spec: Any, name: str) -> Any:
