@@ -327,6 +327,12 @@ def _unary_backward(op: str):
     return staticmethod(kernel)
 
 
+def _same_float_arrays(grad, y) -> bool:
+    """Both plain float NumPy arrays of one shape and dtype: what the row kernels take."""
+    return (type(y) is np.ndarray and y.dtype in _FLOATS and type(grad) is np.ndarray
+            and grad.shape == y.shape and grad.dtype == y.dtype)
+
+
 class CpuBackend(NumpyBackend):
     """Numba-compiled CPU kernels; the NumPy reference for everything not overridden."""
 
@@ -499,9 +505,8 @@ class CpuBackend(NumpyBackend):
     def softmax_backward(grad, needed, dim, result):
         """``(g - sum(g*y, dim)) * y``; one pass per row over the last dim when large."""
         y = result
-        if type(y) is not np.ndarray or y.dtype not in _FLOATS or type(grad) is not np.ndarray \
-                or grad.shape != y.shape or grad.dtype != y.dtype:
-            return None
+        if not _same_float_arrays(grad, y):
+            return None  # the formulas handle it
         if y.ndim == 0:
             return (_arr(np.multiply(grad, 0)),)
         d = _dim(dim, y.ndim)
@@ -516,9 +521,8 @@ class CpuBackend(NumpyBackend):
     def log_softmax_backward(grad, needed, dim, result):
         """``g - exp(y) * sum(g, dim)`` (NumPy: the exp is SIMD there)."""
         y = result
-        if type(y) is not np.ndarray or y.dtype not in _FLOATS or type(grad) is not np.ndarray \
-                or grad.shape != y.shape or grad.dtype != y.dtype:
-            return None
+        if not _same_float_arrays(grad, y):
+            return None  # the formulas handle it
         if y.ndim == 0:
             return (_arr(np.multiply(grad, 0)),)
         d = _dim(dim, y.ndim)
