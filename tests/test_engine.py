@@ -3,7 +3,6 @@ memory and weak references, and deep graphs. PyTorch is the oracle where it has 
 
 from __future__ import annotations
 
-import gc
 import threading
 import warnings
 import weakref
@@ -231,8 +230,7 @@ def test_memory_returns_to_baseline_and_graph_dies_without_gc(no_gc):
     assert node_ref() is None and h_ref() is None
     assert sg.memory_allocated() - base == (64 * 32 * 2 + 16 * 64) * 4  # w, w.grad, x
     del w, x
-    assert sg.memory_allocated() == base
-    assert gc.collect() == 0 or True  # collector disabled: what matters is the counter above
+    assert sg.memory_allocated() == base  # freed by reference counting: the collector is off
 
 
 def test_views_share_storage_in_memory_accounting(no_gc):
@@ -277,10 +275,9 @@ def test_errors_for_shapes_and_devices(torch):
             lib.ones(2, 3) @ lib.ones(4, 5)
         with pytest.raises(RuntimeError, match="is invalid for input of size 6"):
             lib.ones(2, 3).reshape(4)
-    with pytest.raises(RuntimeError, match="NUMBA_ENABLE_CUDASIM"):
-        if sg.cuda.is_available():
-            raise RuntimeError("NUMBA_ENABLE_CUDASIM (a GPU is present; nothing to check)")
-        sg.ones(2).to("cuda")
+    if not sg.cuda.is_available():  # with a GPU (or the simulator) the move works instead
+        with pytest.raises(RuntimeError, match="NUMBA_ENABLE_CUDASIM"):
+            sg.ones(2).to("cuda")
 
 
 def test_integer_outputs_cannot_be_differentiated():

@@ -95,10 +95,6 @@ def gradient_check(inputs=None, *, mode: str = "auto", rtol: float | None = None
                                 "order": order, "seed": seed}
         return fn
 
-    if callable(inputs) and not isinstance(inputs, (tuple, list)) and \
-            getattr(inputs, "__code__", None) is not None and inputs.__code__.co_argcount > 0:
-        fn, inputs = inputs, None  # used bare: @gradient_check
-        return mark(fn)
     return mark
 
 
