@@ -63,6 +63,18 @@ class SymbolicGraph:
         if self.deadline is not None and time.perf_counter() > self.deadline:
             raise TimeoutExpired
 
+    def _reverse_sweep(self, adj) -> None:
+        """Push adjoints from the last definition back to the leaves, in place, checking the
+        deadline every 256 definitions so a timeout (and Ctrl-C) is honoured."""
+        for k in range(len(self.defs) - 1, -1, -1):
+            if k % 256 == 0:
+                self.check_time()
+            a = adj.pop(self.defs[k][0], None)
+            if not a:
+                continue
+            for f, p in self.partials_of(k).items():
+                adj[f] += a * self.ev(p)
+
     def make_leaf_symbols(self) -> None:
         import sympy
 
@@ -164,15 +176,7 @@ class SymbolicGraph:
             for idx, a in np.ndenumerate(root):
                 if E.is_symbol(a):
                     adj[a] += mpmath.mpf(float(gflat[idx]))
-            for k in range(len(self.defs) - 1, -1, -1):
-                if k % 256 == 0:
-                    self.check_time()
-                s = self.defs[k][0]
-                a = adj.pop(s, None)
-                if not a:
-                    continue
-                for f, p in self.partials_of(k).items():
-                    adj[f] += a * self.ev(p)
+            self._reverse_sweep(adj)
             out = {}
             for leaf in self.graph.leaves:
                 if not (leaf.requires_grad and leaf.is_float):
@@ -258,13 +262,7 @@ class SymbolicGraph:
                         for f, p in E.partials(t, self.engine_name).items():
                             seeds[f] += mpmath.mpf(float(u[idx])) * self.ev(p)
             adj = seeds
-            for k in range(len(self.defs) - 1, -1, -1):
-                s = self.defs[k][0]
-                a = adj.pop(s, None)
-                if not a:
-                    continue
-                for f, p in self.partials_of(k).items():
-                    adj[f] += a * self.ev(p)
+            self._reverse_sweep(adj)
             out = {}
             for leaf in self.graph.leaves:
                 if leaf.index not in us:
