@@ -419,3 +419,52 @@ def test_cpu_backend_is_the_default_unless_the_environment_says_numpy():
                             text=True, check=True).stdout.strip()
              for extra in (env, {**env, "SYMGRAD_CPU_BACKEND": "numpy"})]
     assert names == ["CpuBackend", "NumpyBackend"]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_add_scaled_in_place_matches_torch_add_alpha(dtype, mode, rng, torch):
+    """SGD's ``p += -lr * grad`` runs as one in-place pass; every tier gives torch's
+    ``add_(other, alpha=)`` (alpha rounded to the tensor's dtype, as torch does)."""
+    be = cpu_mod.CpuBackend()
+    dst = rng.standard_normal(200).astype(dtype)  # below the default FUSED_MIN
+    src = rng.standard_normal(200).astype(dtype)
+    expected = torch.from_numpy(dst.copy()).add_(torch.from_numpy(src), alpha=-0.013).numpy()
+    buffer = dst
+    calls = []
+    real_run = cpu_mod._run
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cpu_mod, "_run", lambda name, *a: (calls.append(name), real_run(name, *a)))
+        assert be.add_scaled_(dst, src, -0.013) is None
+    assert dst is buffer  # in place
+    assert calls == ([] if mode == "numpy" else ["add_scaled_f"])
+    np.testing.assert_allclose(dst, expected, rtol=1e-6 if dtype == np.float32 else 1e-15)
+    # shapes a kernel does not take (broadcasting, mixed dtypes) go to NumPy
+    row = np.ones((4, 3), dtype)
+    be.add_scaled_(row, np.arange(3, dtype=dtype), 2.0)
+    np.testing.assert_array_equal(row, 1 + 2 * np.arange(3, dtype=dtype)[None, :].repeat(4, 0))
+
+
+def test_large_matmul_results_reuse_pooled_buffers_without_clobbering(rng):
+    """A weight gradient is freed by zero_grad and made again by the next backward: big
+    2-D matmul results come from the buffer pool (no fresh pages), never from a live one."""
+    be = cpu_mod.CpuBackend()
+    a = rng.standard_normal((256, 64)).astype(np.float32)
+    b = rng.standard_normal((64, 784)).astype(np.float32)
+    assert 256 * 784 * 4 >= cpu_mod.POOL_MIN
+    first = be.matmul(a, b)
+    np.testing.assert_allclose(first, a @ b, rtol=1e-5, atol=1e-5)
+    keep = first.copy()
+    second = be.matmul(a * 2, b)  # `first` is alive: a different buffer
+    assert not np.shares_memory(first, second)
+    np.testing.assert_array_equal(first, keep)
+    np.testing.assert_allclose(second, 2 * keep, rtol=1e-5, atol=1e-4)
+    address = first.__array_interface__["data"][0]
+    del first
+    third = be.matmul(a, b)  # the freed buffer comes back
+    assert third.__array_interface__["data"][0] == address
+    np.testing.assert_allclose(third, keep)
+    # small, batched or mixed-dtype products are plain np.matmul
+    small = be.matmul(a[:2], b[:, :3])
+    np.testing.assert_allclose(small, a[:2] @ b[:, :3], rtol=1e-5)
+    batched = be.matmul(np.stack([a, a]), b)
+    assert batched.shape == (2, 256, 784)

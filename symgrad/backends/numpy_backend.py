@@ -191,6 +191,11 @@ class NumpyBackend:
         np.add(dst, src, out=dst, casting="unsafe")
 
     @staticmethod
+    def add_scaled_(dst, src, alpha):
+        """``dst += alpha * src`` (torch's ``add_(other, alpha=)``), alpha in dst's dtype."""
+        np.add(dst, np.multiply(src, dst.dtype.type(alpha)), out=dst, casting="unsafe")
+
+    @staticmethod
     def sub_(dst, src):
         np.subtract(dst, src, out=dst, casting="unsafe")
 

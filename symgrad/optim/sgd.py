@@ -67,6 +67,6 @@ class SGD(Optimizer):
                         be.add_(buf._data, d if dampening == 0 else be.mul(d, 1 - dampening))
                         buf._storage.version += 1
                     d = be.add(d, be.mul(buf._data, momentum)) if nesterov else buf._data
-                be.add_(p._data, be.mul(d, -lr))
+                be.add_scaled_(p._data, d, -lr)
                 p._storage.version += 1
         return loss

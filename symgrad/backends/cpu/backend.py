@@ -41,12 +41,13 @@ _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 #: elements from which fused backward rules run as one Numba pass (SYMGRAD_FUSED_MIN)
 FUSED_MIN = int(os.environ.get("SYMGRAD_FUSED_MIN", "256"))
 #: elements from which kernels run on all cores (SYMGRAD_PARALLEL_MIN). A workqueue launch
-#: costs ~10 µs on a quiet machine (30-50 µs on a busy one), and one core streams ~20 GB/s,
-#: two ~34 GB/s (PERF-BASELINES B2): a 2**17-element float32 op (1.5 MB moved) takes
-#: ~75 µs on one core, ~55 µs on two, and below that one thread finishes first.
-PARALLEL_MIN = int(os.environ.get("SYMGRAD_PARALLEL_MIN", str(1 << 17)))
-#: bytes from which outputs come from the buffer pool instead of fresh pages (_alloc)
-POOL_MIN = 1 << 22
+#: costs 110-150 µs on these 2-vCPU VMs (waking a sleeping thread; measured with
+#: ``bench_core.py --thresholds``), and one core streams ~20 GB/s, two ~34 GB/s
+#: (PERF-BASELINES B2): serial Numba wins up to ~1M float32 elements, parallel from ~4M.
+PARALLEL_MIN = int(os.environ.get("SYMGRAD_PARALLEL_MIN", str(1 << 21)))
+#: bytes from which outputs come from the buffer pool instead of fresh pages (_alloc):
+#: glibc's malloc serves blocks from 128 KiB with fresh mmap pages (a fault per 4 KiB)
+POOL_MIN = 1 << 17
 
 _K = None
 _kernel_lock = threading.Lock()
@@ -385,6 +386,25 @@ class CpuBackend(NumpyBackend):
                  _flat(out))
             return out
         return NumpyBackend.addcmul(x, t1, t2, value)
+
+    @staticmethod
+    def add_scaled_(dst, src, alpha):
+        """``dst += alpha * src`` in place, in one pass with no temporary (SGD's step)."""
+        if dst.size >= FUSED_MIN and _same(dst, src) and type(alpha) in (int, float):
+            _run("add_scaled_f", dst.size, _flat(dst), _flat(src), dst.dtype.type(alpha))
+            return
+        NumpyBackend.add_scaled_(dst, src, alpha)
+
+    @staticmethod
+    def matmul(a, b):
+        """BLAS through NumPy; a large 2-D result goes into a pooled buffer (no page faults:
+        a weight gradient is freed by ``zero_grad`` and made again by the next backward)."""
+        if type(a) is np.ndarray and type(b) is np.ndarray and a.ndim == 2 and b.ndim == 2 \
+                and a.dtype is b.dtype and a.dtype in _FLOATS and a.shape[1] == b.shape[0]:
+            n, m = a.shape[0], b.shape[1]
+            if n * m * a.itemsize >= POOL_MIN:
+                return np.matmul(a, b, out=_alloc((n, m), a.dtype))
+        return np.matmul(a, b)
 
     # -- fused backward rules (OpSpec.fused_backward names them) -----------------------------
     exp_backward = _unary_backward("exp")

@@ -227,6 +227,12 @@ def addcmul_f(a, t1, t2, value, out):
         out[i] = a[i] + value * (t1[i] * t2[i])
 
 
+def add_scaled_f(dst, src, alpha):
+    """dst += alpha * src in place, one pass (torch's ``add_(other, alpha=)``: SGD's step)."""
+    for i in prange(dst.size):
+        dst[i] += alpha * src[i]
+
+
 # -- fused backward kernels: the whole backward of an op in one pass ------------------------
 # ``sg`` is 0 when the grad is an expanded scalar (the backward of sum or mean).
 def exp_b(g, v, out, sg):
@@ -487,11 +493,11 @@ def copy_f(x, out):
         out[i] = x[i]
 
 
-_BODIES = [neg_f, relu_f, abs_f, add_f, sub_f, mul_f, div_f, addcmul_f, exp_b, log_b, tanh_b,
-           sigmoid_b, sqrt_b, relu_b, abs_b, reciprocal_b, mul2_b, div2_b, div_other_b, pow_b,
-           where2_b, where1_b, sum_f, sum_rows_f, sum_last_f, softmax_rows, log_softmax_rows,
-           logsumexp_rows, softmax_rows_b, log_softmax_rows_b, take_rows, scatter_add_rows,
-           copy_f]
+_BODIES = [neg_f, relu_f, abs_f, add_f, sub_f, mul_f, div_f, addcmul_f, add_scaled_f, exp_b,
+           log_b, tanh_b, sigmoid_b, sqrt_b, relu_b, abs_b, reciprocal_b, mul2_b, div2_b,
+           div_other_b, pow_b, where2_b, where1_b, sum_f, sum_rows_f, sum_last_f, softmax_rows,
+           log_softmax_rows, logsumexp_rows, softmax_rows_b, log_softmax_rows_b, take_rows,
+           scatter_add_rows, copy_f]
 
 #: name -> (serial dispatcher, parallel dispatcher); nothing compiles until first called
 K: dict[str, tuple] = {f.__name__: twin(f) for f in _BODIES}

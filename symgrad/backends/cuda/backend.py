@@ -905,6 +905,10 @@ class CudaBackend:
         _ew_into("add", dst, [dst, src])
 
     @staticmethod
+    def add_scaled_(dst, src, alpha):
+        _ew_into("add", dst, [dst, CudaBackend.mul(src, dst.dtype.type(alpha))])
+
+    @staticmethod
     def sub_(dst, src):
         _ew_into("sub", dst, [dst, src])
 
