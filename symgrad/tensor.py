@@ -84,6 +84,15 @@ class Tensor:
         a.name = t.name
         return a
 
+    @classmethod
+    def _alias_of(cls, data, device, storage: Storage, grad_fn, output_nr: int) -> Tensor:
+        """A saved output unpacked: a new tensor over its array whose grad_fn is ``grad_fn``."""
+        a = cls._wrap(data, device, storage)
+        a._grad_fn = grad_fn
+        a._output_nr = output_nr
+        a._requires_grad = True
+        return a
+
     def __init__(self, *args, **kwargs) -> None:
         raise TypeError("use symgrad.tensor(data) or a creation function to make a Tensor")
 

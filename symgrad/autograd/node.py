@@ -117,6 +117,19 @@ def _add_hook(hooks: dict, fn) -> RemovableHandle:
 #: Checked once per saved tensor, so the hooks cost nothing while none is active.
 _saved_tensors_hooks: list = []
 
+_Tensor = None
+
+
+def _tensor_type():
+    """symgrad.Tensor (imported on first use: tensor.py imports this module)."""
+    global _Tensor
+    if _Tensor is None:
+        from ..tensor import Tensor
+
+        _Tensor = Tensor
+    return _Tensor
+
+
 _TYPE_NAMES = {"float32": "FloatTensor", "float64": "DoubleTensor", "int64": "LongTensor",
                "bool": "BoolTensor"}
 
@@ -124,45 +137,60 @@ _TYPE_NAMES = {"float32": "FloatTensor", "float64": "DoubleTensor", "int64": "Lo
 class SavedTensor:
     """A tensor a node saved, with the storage version it had when saved.
 
-    A saved input is the very object the user passed. A saved output is kept as a
-    grad_fn-free alias (owning it with its grad_fn would be a cycle); unpacking it
-    gives a new tensor whose grad_fn is the node, as PyTorch does. Under
+    A saved input is the very object the user passed. A saved output is kept as its
+    array and storage only (owning the output with its grad_fn would be a cycle);
+    unpacking it gives a new tensor whose grad_fn is the node, as PyTorch does. The fused
+    backward kernels read ``data`` directly, so saving an output creates no tensor. Under
     ``saved_tensors_hooks`` only what ``pack`` returned is kept, ``unpack`` gives the
     tensor back, and (as in PyTorch) no version check is made.
     """
 
-    __slots__ = ("tensor", "version", "output_nr", "_packed", "_unpack")
+    __slots__ = ("_tensor", "data", "storage", "device", "version", "output_nr", "_packed",
+                 "_unpack")
 
     def __init__(self, tensor, is_output: bool, output_nr: int = 0) -> None:
-        self.version = tensor._storage.version
+        storage = tensor._storage
+        self.version = storage.version
         self.output_nr = output_nr if is_output else -1
-        if is_output:
-            from ..tensor import Tensor
-
-            tensor = Tensor._alias(tensor)
         if _saved_tensors_hooks:
+            if is_output:
+                tensor = _tensor_type()._alias(tensor)
             pack, self._unpack = _saved_tensors_hooks[-1]
             self._packed = pack(tensor)
-            self.tensor = None
+            self._tensor = self.data = self.storage = self.device = None
         else:
             self._unpack = None
-            self.tensor = tensor
+            self.data = tensor._data
+            self.storage = storage
+            self.device = tensor._device
+            self._tensor = None if is_output else tensor
+
+    @property
+    def tensor(self):
+        """The saved tensor (for an output, a grad_fn-free alias made on first use);
+        None under ``saved_tensors_hooks``."""
+        t = self._tensor
+        if t is None and self.data is not None:
+            t = self._tensor = _tensor_type()._wrap(self.data, self.device, self.storage)
+        return t
 
     def unpack(self, node: Node):
-        t = self.tensor
-        if t is None:
+        if self._unpack is not None:
             t = self._unpack(self._packed)
-            from ..tensor import Tensor
-
-            if not isinstance(t, Tensor):
+            if not isinstance(t, _tensor_type()):
                 raise TypeError("Output of saved tensor unpack_hook expected to be a Tensor "
                                 f"but got result of type {type(t).__name__}")
-        elif t._storage.version != self.version:
+        elif self.storage.version != self.version:
             raise RuntimeError(self._version_message(node))
+        elif self.output_nr < 0:
+            return self._tensor
+        else:
+            t = None
         if self.output_nr >= 0:
-            from ..tensor import Tensor
-
-            return Tensor._alias(t, grad_fn=node, output_nr=self.output_nr)
+            T = _tensor_type()
+            if t is None:
+                return T._alias_of(self.data, self.device, self.storage, node, self.output_nr)
+            return T._alias(t, grad_fn=node, output_nr=self.output_nr)
         return t
 
     def _version_message(self, node: Node) -> str:
@@ -281,9 +309,9 @@ class OpNode(Node):
         args = []
         for p in spec.saved:  # _fused_arg, inlined: this runs for every node
             value = saved.get(p)
-            if type(value) is SavedTensor and value.tensor is not None \
-                    and value.tensor._storage.version == value.version:
-                args.append(value.tensor._data)
+            if type(value) is SavedTensor and value.data is not None \
+                    and value.storage.version == value.version:
+                args.append(value.data)
             else:
                 args.append(self._fused_arg(p))
         outs = kernel(grad._data, needed, *args)
@@ -299,9 +327,8 @@ class OpNode(Node):
         """A saved operand as the kernel takes it: the array of a tensor, or the number."""
         value = self._saved.get(name)
         if type(value) is SavedTensor:
-            t = value.tensor
-            if t is not None and t._storage.version == value.version:
-                return t._data
+            if value.data is not None and value.storage.version == value.version:
+                return value.data
             return value.unpack(self)._data  # version error, or the unpack hook's tensor
         if value is _FREED:
             raise RuntimeError(FREED_MESSAGE)

@@ -542,6 +542,9 @@ class SympyBackend:
     def add_(dst, src):
         dst[...] = np.add(dst, obj(src))
 
+    def add_scaled_(self, dst, src, alpha):
+        dst[...] = np.add(dst, self.mul(src, alpha))
+
     @staticmethod
     def sub_(dst, src):
         dst[...] = np.subtract(dst, obj(src))
