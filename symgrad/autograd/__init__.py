@@ -30,31 +30,42 @@ __all__ = ["backward", "grad", "no_grad", "enable_grad", "set_grad_enabled", "in
            "is_anomaly_check_nan_enabled"]
 
 
+_Tensor = None
+
+
+def _tensor_type():
+    global _Tensor
+    if _Tensor is None:  # tensor.py imports this package: resolved on first use
+        from ..tensor import Tensor
+
+        _Tensor = Tensor
+    return _Tensor
+
+
 def _as_list(x):
     if x is None:
         return None
-    from ..tensor import Tensor
-
-    if isinstance(x, Tensor):
+    if isinstance(x, _Tensor or _tensor_type()):
         return [x]
     return list(x)
 
 
 def _make_grads(outputs, grad_outputs, create_graph):
-    from ..creation import ones_like
-
     grads = []
     for i, out in enumerate(outputs):
         g = grad_outputs[i] if grad_outputs is not None and i < len(grad_outputs) else None
         if g is None:
-            if out.numel() != 1:
+            data = out._data
+            if data.size != 1:
                 raise RuntimeError("grad can be implicitly created only for scalar outputs")
-            if not out.dtype.is_floating_point:
+            if data.dtype.kind != "f":
                 raise RuntimeError("grad can be implicitly created only for real scalar "
                                    f"outputs but got {out.dtype!r}")
             if out._device.type == "cpu":  # the common case, without the factory's checks
-                g = type(out)._wrap(np.ones(out._data.shape, out._data.dtype), out._device)
+                g = type(out)._wrap(np.ones(data.shape, data.dtype), out._device)
             else:
+                from ..creation import ones_like
+
                 g = ones_like(out)
         else:
             if tuple(g.shape) != tuple(out.shape):

@@ -46,6 +46,9 @@ def run_backward(roots, grad_roots, *, retain_graph: bool, create_graph: bool,
     ``inputs`` when given. accumulate=False: return the gradients of ``inputs``
     (``autograd.grad``) without touching any ``.grad``.
     """
+    if inputs is None and accumulate:
+        _backward_all(roots, grad_roots, retain_graph, create_graph)
+        return None
     root_edges = []
     for t in roots:
         if t._grad_fn is not None:
@@ -115,12 +118,6 @@ def run_backward(roots, grad_roots, *, retain_graph: bool, create_graph: bool,
 
     prev_mode = _state.enabled
     _state.enabled = create_graph
-    if inputs is None and accumulate:
-        try:
-            _run_plain(ready, buffers, deps, shared, retain_graph, create_graph)
-        finally:
-            _state.enabled = prev_mode
-        return None
     try:
         while ready:
             _, _, node = heapq.heappop(ready)
@@ -145,9 +142,7 @@ def run_backward(roots, grad_roots, *, retain_graph: bool, create_graph: bool,
                 stop_here = not any(nxt is not None and nxt in needed
                                     for nxt, _ in node.next_functions)
             if isinstance(node, AccumulateGrad):
-                if inputs is None and accumulate:
-                    _accumulate_node(node, grads, create_graph, shared)
-                continue
+                continue  # with inputs=, leaves are reached through the captures above
             if stop_here:
                 if not retain_graph:
                     node._release()
@@ -179,6 +174,56 @@ def run_backward(roots, grad_roots, *, retain_graph: bool, create_graph: bool,
                 results[i] = r.detach()
         return tuple(results)
     return None
+
+
+def _backward_all(roots, grad_roots, retain_graph: bool, create_graph: bool) -> None:
+    """``Tensor.backward()`` without ``inputs=``: every leaf gets its gradient.
+
+    The general loop of ``run_backward`` less what only ``inputs=`` and ``autograd.grad``
+    need (captures, the needed-node filter, results), so a small graph's fixed cost stays low.
+    """
+    root_nodes = []
+    buffers: dict = {}
+    shared = set()  # storages that alias a caller's tensor: never accumulated into in place
+    for t, g in zip(roots, grad_roots):
+        node = t._grad_fn
+        if node is not None:
+            nr = t._output_nr
+        elif t._requires_grad:
+            node, nr = accumulator_of(t), 0
+        else:
+            raise RuntimeError(
+                "element 0 of tensors does not require grad and does not have a grad_fn")
+        if node not in buffers:
+            root_nodes.append(node)  # several roots may share a node: it runs once
+        _add_to_buffer(buffers, node, nr, g)
+        shared.add(id(g._storage))
+
+    # Dependency counts: a node is new when deps lacks it (roots are marked seen).
+    deps: dict = {}
+    stack = list(root_nodes)
+    seen = set(root_nodes) if len(root_nodes) > 1 else None
+    first = root_nodes[0]
+    while stack:
+        node = stack.pop()
+        for nxt, _ in node.next_functions:
+            if nxt is None:
+                continue
+            c = deps.get(nxt)
+            if c is None:
+                deps[nxt] = 1
+                if nxt is not first and (seen is None or nxt not in seen):
+                    stack.append(nxt)
+            else:
+                deps[nxt] = c + 1
+    ready = [(-n._sequence_nr, id(n), n) for n in root_nodes if n not in deps]
+    heapq.heapify(ready)
+    prev_mode = _state.enabled
+    _state.enabled = create_graph
+    try:
+        _run_plain(ready, buffers, deps, shared, retain_graph, create_graph)
+    finally:
+        _state.enabled = prev_mode
 
 
 def _run_plain(ready, buffers, deps, shared, retain_graph, create_graph) -> None:
