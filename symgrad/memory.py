@@ -32,6 +32,23 @@ class Storage:
         _live[self.device_type] -= self.nbytes
 
 
+_new = object.__new__
+
+
+def new_storage(nbytes: int, device_type: str) -> Storage:
+    """``Storage(nbytes, device_type)`` without the ``__init__`` call: every op output
+    makes one, so this is on the hot path of ``Tensor._wrap``."""
+    s = _new(Storage)
+    s.nbytes = nbytes
+    s.device_type = device_type
+    s.version = 0
+    live = _live[device_type] + nbytes
+    _live[device_type] = live
+    if live > _peak[device_type]:
+        _peak[device_type] = live
+    return s
+
+
 def _type_of(device) -> str:
     if device is None:
         return "cpu"

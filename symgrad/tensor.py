@@ -20,7 +20,7 @@ from .autograd import function as _fn
 from .autograd.grad_mode import _state
 from .backends import backend_for as _backend_for
 from .device import CPU, as_device
-from .memory import Storage
+from .memory import Storage, new_storage
 
 __all__ = ["Tensor", "Size", "tensor"]
 
@@ -32,6 +32,9 @@ _TORCH_NAMES = {"float32": "Float", "float64": "Double", "int64": "Long", "bool"
 
 _DT_OF = {np.dtype(np.float32): _dt.float32, np.dtype(np.float64): _dt.float64,
           np.dtype(np.int64): _dt.int64, np.dtype(np.bool_): _dt.bool_}
+
+
+_new = object.__new__
 
 
 class Size(tuple):
@@ -59,9 +62,9 @@ class Tensor:
     # -- construction --------------------------------------------------------------------
     @classmethod
     def _wrap(cls, data, device=CPU, storage: Storage | None = None) -> Tensor:
-        t = object.__new__(cls)
+        t = _new(cls)
         t._data = data
-        t._storage = storage if storage is not None else Storage(data.nbytes, device.type)
+        t._storage = storage if storage is not None else new_storage(data.nbytes, device.type)
         t._device = device
         t._requires_grad = False
         t._grad = None

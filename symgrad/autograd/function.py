@@ -28,12 +28,16 @@ _profiler = None
 
 
 def _T():
-    global _tensor_cls
+    global _tensor_cls, _DT_OF
     if _tensor_cls is None:
-        from ..tensor import Tensor
+        from ..tensor import _DT_OF, Tensor
 
         _tensor_cls = Tensor
     return _tensor_cls
+
+
+#: NumPy dtype -> symgrad dtype (tensor.py's table, bound with the Tensor class)
+_DT_OF: dict = {}
 
 
 def edge_of(t) -> tuple:
@@ -93,6 +97,8 @@ def _result_dtype(rule, tensors, scalars, params):
     raise ValueError(f"unknown dtype rule {rule!r}")
 
 
+_NP_SCALARS = frozenset((np.float32, np.float64, np.int64, np.bool_))
+
 #: dtype rules whose result is the inputs' common dtype when they all share it (no casts)
 _SAME_DTYPE_RULES = {"promote": True, "same": True, "bool_compare": True,
                      "promote_float": False, "float": False, "same_required": True}
@@ -149,7 +155,8 @@ def apply(spec, inputs, params=None):
     except ValueError as exc:
         raise _shape_error(spec, inputs, exc) from None
     if len(spec.outputs) == 1:  # the common case, without the loop below
-        if type(out) is not np.ndarray and not hasattr(out, "__cuda_array_interface__"):
+        if type(out) is not np.ndarray and (type(out) in _NP_SCALARS or not hasattr(
+                out, "__cuda_array_interface__")):  # a ufunc on 0-d arrays gives a scalar
             out = np.asarray(out)
         np_out = dtype.np
         if out.dtype is not np_out and out.dtype != np_out and rule != "bool_compare":
@@ -201,7 +208,7 @@ _NO_EDGE = (None, 0)
 
 
 def _record(spec, inputs, params, outputs) -> None:
-    Tensor = _tensor_cls
+    Tensor = _tensor_cls or _T()
     cls, per_input, tensor_names, fast_kind, n_saved, n_diff = (
         spec.__dict__.get("_record_plan") or _record_plan(spec))
     node = cls()
@@ -223,7 +230,8 @@ def _record(spec, inputs, params, outputs) -> None:
             else:
                 next_functions.append(_NO_EDGE)
             refs.append(x if strong else wref(x))  # strong under record()
-            meta.append((x._data.shape, x.dtype))
+            a = x._data
+            meta.append((a.shape, _DT_OF[a.dtype]))
         else:
             next_functions.append(_NO_EDGE)
             refs.append(x)
@@ -232,8 +240,8 @@ def _record(spec, inputs, params, outputs) -> None:
     node._input_refs = tuple(refs)
     node._input_meta = tuple(meta)
     if n_diff == 1:
-        o = outputs[0]
-        node._out_meta = ((o._data.shape, o.dtype),)
+        a = outputs[0]._data
+        node._out_meta = ((a.shape, _DT_OF[a.dtype]),)
     else:
         node._out_meta = tuple([(o._data.shape, o.dtype) for o in outputs[:n_diff]])
     node._freed = False
@@ -248,8 +256,10 @@ def _record(spec, inputs, params, outputs) -> None:
             for p in names:
                 if p not in saved:
                     j = fast_kind.get(p, -1)  # _save's commonest cases, inlined
-                    if j >= 0 and isinstance(inputs[j], Tensor):
-                        saved[p] = SavedTensor(inputs[j], False)
+                    if j >= 0:
+                        x = inputs[j]
+                        saved[p] = SavedTensor(x, False) if isinstance(x, Tensor) else \
+                            _WrappedScalar(x, _scalar_dtype(x))
                     elif j == -2:
                         saved[p] = params.get(p)
                     elif j <= -10 and -10 - j < n_diff:

@@ -369,9 +369,13 @@ class AccumulateGrad(Node):
     __slots__ = ("variable",)
 
     def __init__(self, variable) -> None:
-        super().__init__()
-        self.variable = variable
+        # Node.__init__ written out: a leaf's accumulator is made again whenever the last
+        # graph using the leaf was dropped, which in a training loop is every step
+        self.next_functions = ()
         self._sequence_nr = 1 << 62  # runs as soon as it is ready, as in PyTorch
+        self._metadata = self._pre_hooks = self._hooks = None
+        self._tensor_hooks = self._retained = None
+        self.variable = variable
 
     def apply(self, grad_outputs, needed):
         raise RuntimeError("AccumulateGrad is applied by the engine")

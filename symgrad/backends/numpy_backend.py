@@ -18,10 +18,14 @@ def _quiet(fn):
     return kernel
 
 
-def _sigmoid(x):
-    from scipy.special import expit  # accurate in both tails; loaded on first use
+_expit = None
 
-    return expit(x)
+
+def _sigmoid(x):
+    global _expit
+    if _expit is None:  # scipy's expit is accurate in both tails; imported on first use
+        from scipy.special import expit as _expit
+    return _expit(x)
 
 
 def _pow(a, b):
