@@ -93,7 +93,7 @@ CASES = {
 
 def test_every_elementwise_fused_op_has_a_case_and_a_backend_rule():
     fused = {name for name, spec in OPS.items() if spec.fused_backward}
-    assert fused == {c.split("-")[0] for c in CASES}
+    assert fused == {c.split("-")[0] for c in CASES} | {c.split("-")[0] for c in NN_CASES}
     for name in fused:
         assert callable(getattr(CPU, OPS[name].fused_backward))
         assert not hasattr(NumpyBackend, OPS[name].fused_backward)  # the oracle stays plain
@@ -468,3 +468,74 @@ def test_large_matmul_results_reuse_pooled_buffers_without_clobbering(rng):
     np.testing.assert_allclose(small, a[:2] @ b[:, :3], rtol=1e-5)
     batched = be.matmul(np.stack([a, a]), b)
     assert batched.shape == (2, 256, 784)
+
+
+
+# the nn ops with fused backward rules: (builder given the library, see _lib, then the
+# inputs; input shapes); every input requires grad
+NN_CASES = {
+    # nn.Linear: bias, x, W.t() (mat2 column-major: its grad comes back in W's layout)
+    "addmm": (lambda m, b, x, w: m.addmm(b, x, w.t()), [(5,), (3, 4), (5, 4)]),
+    "addmm-batch-bias": (lambda m, b, x, w: m.addmm(b, x, w), [(3, 5), (3, 4), (4, 5)]),
+    "addmm-scaled": (lambda m, b, x, w: m.addmm(b, x, w, beta=0.5, alpha=-2.0),
+                     [(1, 5), (3, 4), (4, 5)]),
+    "addmm-transposed-mat1": (lambda m, b, x, w: m.addmm(b, x.t(), w),
+                              [(5,), (4, 3), (4, 5)]),
+    "mse_loss": (lambda m, a, b: m.nn.functional.mse_loss(a, b), [(3, 4), (3, 4)]),
+    "mse_loss-sum": (lambda m, a, b: m.nn.functional.mse_loss(a, b, reduction="sum"),
+                     [(6,), (6,)]),
+    "mse_loss-none": (lambda m, a, b: m.nn.functional.mse_loss(a, b, reduction="none"),
+                      [(2, 3), (2, 3)]),
+}
+
+
+def _lib(module):
+    """What the NN_CASES builders call, from symgrad or from torch."""
+    import types
+
+    addmm = module.nn.functional.addmm if module is sg else module.addmm
+    return types.SimpleNamespace(addmm=addmm, nn=module.nn)
+
+
+@pytest.mark.parametrize("case", sorted(NN_CASES))
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_nn_fused_backward_equals_formulas_and_torch(case, dtype, on_cpu, rng, torch):
+    """addmm's and mse_loss's one-call backward (no graph recorded) agrees with their
+    tensor-op formulas (create_graph) and with torch, values and memory layout alike."""
+    fn, shapes = NN_CASES[case]
+    xs = [sg.tensor(_signed(rng, shp, dtype), requires_grad=True) for shp in shapes]
+    y = fn(_lib(sg), *xs)
+    g = sg.tensor(np.asarray(rng.standard_normal(y.shape), dtype=dtype))
+    calls = []
+    kernel = OPS[case.split("-")[0]].fused_backward
+    real = getattr(cpu_mod.CpuBackend, kernel)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cpu_mod.CpuBackend, kernel,
+                   staticmethod(lambda *a: calls.append(1) or real(*a)))
+        fused = sg.autograd.grad(y, xs, g, retain_graph=True)
+        assert calls == [1]
+        formula = sg.autograd.grad(y, xs, g, create_graph=True)
+        assert calls == [1]  # recording a graph: the formulas ran
+    txs = [to_torch(torch, x) for x in xs]
+    expected = torch.autograd.grad(fn(_lib(torch), *txs), txs, to_torch(torch, g))
+    tol = dict(rtol=2e-6, atol=1e-6) if dtype == np.float32 else dict(rtol=1e-13, atol=1e-13)
+    for a, b, e in zip(fused, formula, expected, strict=True):
+        assert a.dtype is b.dtype and a.shape == b.shape == tuple(e.shape)
+        assert a.stride() == b.stride() == e.stride()
+        np.testing.assert_allclose(a.numpy(), b.detach().numpy(), **tol)
+        np.testing.assert_allclose(a.numpy(), e.numpy(), **tol)
+
+
+def test_linear_bias_gradient_passed_through_never_aliases_the_callers_gradient(on_cpu, rng):
+    """addmm's fused backward hands the incoming gradient itself to a same-shape bias; it
+    keeps that gradient's storage, so the bias's .grad is never the caller's tensor (which
+    the next backward would then accumulate into)."""
+    b = sg.tensor(np.zeros((2, 3), np.float32), requires_grad=True)
+    x = sg.tensor(rng.standard_normal((2, 4)).astype(np.float32))
+    w = sg.tensor(rng.standard_normal((4, 3)).astype(np.float32))
+    g = sg.ones(2, 3)
+    for _ in range(2):
+        sg.nn.functional.addmm(b, x, w).backward(g)
+    assert not np.shares_memory(b.grad.numpy(), g.numpy())
+    np.testing.assert_array_equal(g.numpy(), np.ones((2, 3), np.float32))
+    np.testing.assert_array_equal(b.grad.numpy(), np.full((2, 3), 2, np.float32))

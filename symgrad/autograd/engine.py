@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import heapq
 
+from ..backends import _BACKENDS, _DEVICE_DEFAULT, backend_for
 from . import function as _fn
 from .anomaly_mode import _anomaly
 from .function import accumulator_of
@@ -393,12 +394,14 @@ def _apply_node(node, grads, needed, shared):
 
 
 def _sum_to(g, shape):
-    """``g.sum_to_size(shape)``; one sum, not sum + reshape, for leading broadcast dims
-    when no graph is recorded (a bias's gradient)."""
-    gs = g._data.shape
+    """``g.sum_to_size(shape)``; for leading broadcast dims when no graph is recorded (a
+    bias's gradient), one backend sum straight on the array."""
+    data = g._data
+    gs = data.shape
     lead = len(gs) - len(shape)
     if lead > 0 and not _state.enabled and gs[lead:] == shape:
-        return g.sum(tuple(range(lead)))
+        be = _BACKENDS.get(_DEVICE_DEFAULT.get(g._device.type)) or backend_for(g._device.type)
+        return type(g)._wrap(be.sum(data, tuple(range(lead)), False), g._device)
     return g.sum_to_size(shape)
 
 

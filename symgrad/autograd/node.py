@@ -317,11 +317,15 @@ class OpNode(Node):
         outs = kernel(grad._data, needed, *args)
         if outs is None:
             return None
-        wrap, device = type(grad)._wrap, grad._device
+        # a kernel may pass the incoming gradient through (addmm's bias): it keeps its
+        # storage, so the engine's aliasing rule sees the buffer is shared
+        wrap, device, g_data = type(grad)._wrap, grad._device, grad._data
         if len(outs) == 1:
             o = outs[0]
-            return [None if o is None else wrap(o, device)]
-        return [None if o is None else wrap(o, device) for o in outs]
+            return [None if o is None else wrap(o, device, grad._storage if o is g_data
+                                                else None)]
+        return [None if o is None else wrap(o, device, grad._storage if o is g_data else None)
+                for o in outs]
 
     def _fused_arg(self, name: str):
         """A saved operand as the kernel takes it: the array of a tensor, or the number."""

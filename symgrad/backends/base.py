@@ -37,6 +37,12 @@ class Backend(Protocol):
     def cast(self, x: Array, np_dtype) -> Array: ...
 
 
+def column_major(sizes: tuple, strides: tuple) -> bool:
+    """A 2-D tensor laid out as the transpose of a contiguous one (``W.t()``): the layout
+    in which torch's mm backward returns that operand's gradient."""
+    return strides[0] == 1 and (strides[1] == sizes[0] or sizes[1] == 1) and sizes[0] != 1
+
+
 def view_strides(old: tuple, stride: tuple, shape: tuple) -> tuple | None:
     """PyTorch's computeStride: element strides of ``shape`` over the memory of a tensor of
     shape ``old`` and strides ``stride``, or None when a view is impossible (a copy is needed).

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
+from ..backends.base import column_major as _column_major
 from .registry import register
 from .spec import STRUCTURAL, OpSpec
-
-
-def _column_major(sizes, strides) -> bool:
-    return strides[0] == 1 and (strides[1] == sizes[0] or sizes[1] == 1) and sizes[0] != 1
 
 
 def _scaled(grad, alpha):

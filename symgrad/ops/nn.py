@@ -54,7 +54,7 @@ register(OpSpec(
         mm_mat1_backward(grad, mat2, mat1_sym_sizes, mat1_sym_strides, alpha),
      "mat2": lambda grad, mat1, mat2_sym_sizes, mat2_sym_strides, alpha:
         mm_mat2_backward(grad, mat1, mat2_sym_sizes, mat2_sym_strides, alpha)},
-    STRUCTURAL, dtype_rule="same_required",
+    STRUCTURAL, dtype_rule="same_required", fused_backward="addmm_backward",
     doc="The engine sums self's gradient back to the bias shape, as torch's does."))
 
 
@@ -73,7 +73,7 @@ register(OpSpec(
     "mse_loss", "MseLossBackward0", ("self", "target"), _mse_forward,
     {"self": lambda grad, self, target, reduction: _mse_grad(grad, self, target, reduction),
      "target": lambda grad, self, target, reduction: -_mse_grad(grad, self, target, reduction)},
-    STRUCTURAL, dtype_rule="promote"))
+    STRUCTURAL, dtype_rule="promote", fused_backward="mse_loss_backward"))
 
 
 # -- binary_cross_entropy_with_logits ------------------------------------------------------

@@ -29,6 +29,7 @@ import threading
 
 import numpy as np
 
+from ..base import column_major
 from ..numpy_backend import NumpyBackend
 from . import rules
 
@@ -536,6 +537,50 @@ class CpuBackend(NumpyBackend):
             _run("softmax_rows_b", y.size, g, y.reshape(g.shape), out.reshape(g.shape))
             return (out,)
         return (_arr((grad - (grad * y).sum(d, keepdims=True)) * y),)
+
+    # -- fused backward of the nn ops: BLAS and ufuncs straight on the arrays --------------
+    @staticmethod
+    def addmm_backward(grad, needed, alpha, beta, mat1, mat1_sym_sizes, mat1_sym_strides,
+                       mat2, mat2_sym_sizes, mat2_sym_strides):
+        """nn.Linear's backward: the three formulas of ``addmm`` as NumPy calls (mm's
+        layout rule included), instead of five or six tensor ops."""
+        if type(grad) is not np.ndarray or grad.ndim != 2 or grad.dtype not in _FLOATS \
+                or type(alpha) not in (int, float) or type(beta) not in (int, float):
+            return None
+        for m in (mat1, mat2):
+            if m is not None and (type(m) is not np.ndarray or m.dtype != grad.dtype):
+                return None
+        mm = CpuBackend.matmul
+        g_self = g_mat1 = g_mat2 = None
+        if needed[0]:
+            g_self = grad if beta == 1 else np.multiply(grad, beta)
+        if needed[1]:
+            if column_major(mat1_sym_sizes, mat1_sym_strides):
+                g_mat1 = mm(mat2, grad.T).T
+            else:
+                g_mat1 = mm(grad, mat2.T)
+            if alpha != 1:
+                g_mat1 = np.multiply(g_mat1, alpha)
+        if needed[2]:
+            if column_major(mat2_sym_sizes, mat2_sym_strides):
+                g_mat2 = mm(grad.T, mat1).T
+            else:
+                g_mat2 = mm(mat1.T, grad)
+            if alpha != 1:
+                g_mat2 = np.multiply(g_mat2, alpha)
+        return (g_self, g_mat1, g_mat2)
+
+    @staticmethod
+    def mse_loss_backward(grad, needed, reduction, self, target):
+        """``(self - target) * (grad * scale)`` once, for both inputs (target's negated)."""
+        if type(grad) is not np.ndarray or grad.dtype not in _FLOATS:
+            return None
+        for x in (self, target):
+            if type(x) is not np.ndarray or x.dtype != grad.dtype:
+                return None
+        scale = 2.0 / self.size if reduction == 1 else 2.0  # 1: torch's Reduction::Mean
+        d = np.multiply(np.subtract(self, target), np.multiply(grad, scale))
+        return (d if needed[0] else None, np.negative(d) if needed[1] else None)
 
     @staticmethod
     def log_softmax_backward(grad, needed, dim, result):
