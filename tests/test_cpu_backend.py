@@ -539,3 +539,22 @@ def test_linear_bias_gradient_passed_through_never_aliases_the_callers_gradient(
     assert not np.shares_memory(b.grad.numpy(), g.numpy())
     np.testing.assert_array_equal(g.numpy(), np.ones((2, 3), np.float32))
     np.testing.assert_array_equal(b.grad.numpy(), np.full((2, 3), 2, np.float32))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_outer_product_matmul_kernel_equals_numpy(dtype, mode, rng):
+    """A k=1 matmul (batch-1 weight gradient) runs as one multiply per element: the same
+    values as gemm, for contiguous and transposed operands."""
+    be = cpu_mod.CpuBackend()
+    g = rng.standard_normal((1, 20)).astype(dtype)  # 200 elements: NumPy by default
+    x = rng.standard_normal((1, 10)).astype(dtype)
+    calls = []
+    real_run = cpu_mod._run
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cpu_mod, "_run", lambda name, *a: (calls.append(name), real_run(name, *a)))
+        out = be.matmul(g.T, x)  # (20, 1) @ (1, 10), g.T is a strided view
+        wide = be.matmul(np.ascontiguousarray(x.T), g)
+    assert calls == ([] if mode == "numpy" else ["outer_f", "outer_f"])
+    np.testing.assert_array_equal(out, np.matmul(g.T, x))
+    np.testing.assert_array_equal(wide, np.matmul(x.T, g))
+    assert out.shape == (20, 10) and out.flags.c_contiguous

@@ -403,6 +403,14 @@ class CpuBackend(NumpyBackend):
         if type(a) is np.ndarray and type(b) is np.ndarray and a.ndim == 2 and b.ndim == 2 \
                 and a.dtype is b.dtype and a.dtype in _FLOATS and a.shape[1] == b.shape[0]:
             n, m = a.shape[0], b.shape[1]
+            if a.shape[1] == 1 and n * m >= FUSED_MIN:
+                # an outer product (a batch-1 weight gradient): one multiply per element,
+                # exactly what gemm computes, without OpenBLAS waking its threads for a
+                # k=1 product (128x128: gemm ~20 µs, NumPy broadcasting ~7, this ~2)
+                out = _alloc((n, m), a.dtype)
+                _run("outer_f", n * m, np.ascontiguousarray(a).reshape(-1),
+                     np.ascontiguousarray(b).reshape(-1), out.reshape(-1))
+                return out
             if n * m * a.itemsize >= POOL_MIN:
                 return np.matmul(a, b, out=_alloc((n, m), a.dtype))
         return np.matmul(a, b)

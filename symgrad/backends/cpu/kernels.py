@@ -227,6 +227,15 @@ def addcmul_f(a, t1, t2, value, out):
         out[i] = a[i] + value * (t1[i] * t2[i])
 
 
+def outer_f(a, b, out):
+    """out[i, j] = a[i] * b[j] over flat arrays (a matmul with inner size 1)."""
+    m = b.size
+    for i in prange(a.size):
+        ai = a[i]
+        for j in range(m):
+            out[i * m + j] = ai * b[j]
+
+
 def add_scaled_f(dst, src, alpha):
     """dst += alpha * src in place, one pass (torch's ``add_(other, alpha=)``: SGD's step)."""
     for i in prange(dst.size):
@@ -493,8 +502,8 @@ def copy_f(x, out):
         out[i] = x[i]
 
 
-_BODIES = [neg_f, relu_f, abs_f, add_f, sub_f, mul_f, div_f, addcmul_f, add_scaled_f, exp_b,
-           log_b, tanh_b, sigmoid_b, sqrt_b, relu_b, abs_b, reciprocal_b, mul2_b, div2_b,
+_BODIES = [neg_f, relu_f, abs_f, add_f, sub_f, mul_f, div_f, addcmul_f, outer_f, add_scaled_f,
+           exp_b, log_b, tanh_b, sigmoid_b, sqrt_b, relu_b, abs_b, reciprocal_b, mul2_b, div2_b,
            div_other_b, pow_b, where2_b, where1_b, sum_f, sum_rows_f, sum_last_f, softmax_rows,
            log_softmax_rows, logsumexp_rows, softmax_rows_b, log_softmax_rows_b, take_rows,
            scatter_add_rows, copy_f]
