@@ -109,7 +109,8 @@ def apply(spec, inputs, params=None):
     if _profiler is not None:
         return _profiler._record_op(spec, inputs, params)
     Tensor = _tensor_cls or _T()
-    params = params or {}
+    if params is None:
+        params = {}
     # one pass over the inputs: arrays, requires_grad, and whether all share one dtype
     first = None
     requires_grad = has_scalar = mixed = False
@@ -142,11 +143,11 @@ def apply(spec, inputs, params=None):
     int_ok = _SAME_DTYPE_RULES.get(rule)
     if int_ok is not None and not mixed:
         # fast path: every tensor has one dtype d, so promotion gives d and nothing is cast
-        d = first.dtype
+        d = _DT_OF[np_dtype]
         if d.is_floating_point or (int_ok and (not has_scalar or rule == "same")):
             dtype = bool_ if rule == "bool_compare" else d
     elif rule == "sum" and not params.get("dtype"):
-        d = first.dtype  # _result_dtype's "sum" rule without a dtype argument; no casts
+        d = _DT_OF[np_dtype]  # _result_dtype's "sum" rule without a dtype argument; no casts
         dtype = d if d.is_floating_point else None
     if dtype is None:
         dtype, arrays = _promote_and_cast(spec, inputs, params, be, Tensor)
