@@ -361,7 +361,7 @@ def _apply_node(node, grads, needed, shared):
     else:
         mask = tuple([nxt is not None and nxt in needed for nxt, _ in node.next_functions])
     outs = node.apply(grads, mask)
-    meta = getattr(node, "_input_meta", None)
+    meta = node._input_meta
     if meta is not None:
         for i, g in enumerate(outs):
             if g is None or meta[i] is None:
@@ -370,6 +370,11 @@ def _apply_node(node, grads, needed, shared):
             if g._data.shape != shape:
                 g = outs[i] = _sum_to(g, shape)
             if g._data.dtype is not dtype.np and g._data.dtype != dtype.np:
+                outs[i] = g.to(dtype)
+    else:  # every input is shaped like output 0 (see _record): only a dtype to check
+        dtype = node._out_meta[0][1]
+        for i, g in enumerate(outs):
+            if g is not None and g._data.dtype is not dtype.np and g._data.dtype != dtype.np:
                 outs[i] = g.to(dtype)
     if len(outs) > 1:
         # An output that aliases an incoming gradient (t(), view, add's pass-through) may

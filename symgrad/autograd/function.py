@@ -215,9 +215,11 @@ def _record(spec, inputs, params, outputs) -> None:
     node = cls()
     next_functions = []
     refs = []
-    meta = []
     strong = bool(_recording)
     wref = weakref.ref
+    out0 = outputs[0]._data
+    out_shape, out_dtype = out0.shape, out0.dtype
+    reshaped = False  # does some tensor input differ from output 0 in shape or dtype?
     for x in inputs:
         if isinstance(x, Tensor):
             if x._requires_grad:
@@ -232,17 +234,20 @@ def _record(spec, inputs, params, outputs) -> None:
                 next_functions.append(_NO_EDGE)
             refs.append(x if strong else wref(x))  # strong under record()
             a = x._data
-            meta.append((a.shape, _DT_OF[a.dtype]))
+            if not reshaped and (a.shape != out_shape or a.dtype is not out_dtype):
+                reshaped = True
         else:
             next_functions.append(_NO_EDGE)
             refs.append(x)
-            meta.append(None)
     node.next_functions = tuple(next_functions)
     node._input_refs = tuple(refs)
-    node._input_meta = tuple(meta)
+    # Input (shape, dtype)s, by which the engine sums broadcast gradients back and casts
+    # them; None when every tensor input is shaped like output 0 (nothing to undo).
+    node._input_meta = tuple([(x._data.shape, _DT_OF[x._data.dtype])
+                              if isinstance(x, Tensor) else None for x in inputs]) \
+        if reshaped else None
     if n_diff == 1:
-        a = outputs[0]._data
-        node._out_meta = ((a.shape, _DT_OF[a.dtype]),)
+        node._out_meta = ((out_shape, _DT_OF[out_dtype]),)
     else:
         node._out_meta = tuple([(o._data.shape, o.dtype) for o in outputs[:n_diff]])
     node._freed = False
