@@ -376,7 +376,15 @@ def _apply_node(node, grads, needed, shared):
         for i, g in enumerate(outs):
             if g is not None and g._data.dtype is not dtype.np and g._data.dtype != dtype.np:
                 outs[i] = g.to(dtype)
-    if len(outs) > 1:
+    if len(outs) > 1 and len(grads) == 1:  # the common case of the rule below
+        if grads[0] is not None:
+            storage, handed = grads[0]._storage, 0
+            for g in outs:
+                if g is not None and g._storage is storage:
+                    handed += 1
+            if handed > 1:
+                shared.add(id(storage))
+    elif len(outs) > 1:
         # An output that aliases an incoming gradient (t(), view, add's pass-through) may
         # become a leaf's .grad without a copy unless that buffer is visible elsewhere: the
         # incoming one was shared already, or this node hands it to more than one edge.
