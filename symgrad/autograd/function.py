@@ -210,9 +210,7 @@ _NO_EDGE = (None, 0)
 
 def _record(spec, inputs, params, outputs) -> None:
     Tensor = _tensor_cls or _T()
-    cls, per_input, tensor_names, fast_kind, n_saved, n_diff = (
-        spec.__dict__.get("_record_plan") or _record_plan(spec))
-    node = cls()
+    node = (spec.__dict__.get("_node_cls") or _node_cls(spec))()
     next_functions = []
     refs = []
     strong = bool(_recording)
@@ -220,6 +218,8 @@ def _record(spec, inputs, params, outputs) -> None:
     out0 = outputs[0]._data
     out_shape, out_dtype = out0.shape, out0.dtype
     reshaped = False  # does some tensor input differ from output 0 in shape or dtype?
+    needs = 0  # bit i: input i gets a gradient
+    bit = 1
     for x in inputs:
         if isinstance(x, Tensor):
             if x._requires_grad:
@@ -230,6 +230,7 @@ def _record(spec, inputs, params, outputs) -> None:
                     ref = x._accumulator  # accumulator_of, inlined for a live one
                     acc = ref() if ref is not None else None
                     next_functions.append((acc if acc is not None else accumulator_of(x), 0))
+                needs |= bit
             else:
                 next_functions.append(_NO_EDGE)
             refs.append(x if strong else wref(x))  # strong under record()
@@ -239,6 +240,7 @@ def _record(spec, inputs, params, outputs) -> None:
         else:
             next_functions.append(_NO_EDGE)
             refs.append(x)
+        bit <<= 1
     node.next_functions = tuple(next_functions)
     node._input_refs = tuple(refs)
     # Input (shape, dtype)s, by which the engine sums broadcast gradients back and casts
@@ -246,6 +248,7 @@ def _record(spec, inputs, params, outputs) -> None:
     node._input_meta = tuple([(x._data.shape, _DT_OF[x._data.dtype])
                               if isinstance(x, Tensor) else None for x in inputs]) \
         if reshaped else None
+    n_diff = spec.differentiable_outputs
     if n_diff == 1:
         node._out_meta = ((out_shape, _DT_OF[out_dtype]),)
     else:
@@ -257,30 +260,21 @@ def _record(spec, inputs, params, outputs) -> None:
 
         node.metadata["traceback_"] = forward_stack()
     saved = {}
-    for i, names in enumerate(per_input):
-        if names and next_functions[i][0] is not None:
-            for p in names:
-                if p not in saved:
-                    j = fast_kind.get(p, -1)  # _save's commonest cases, inlined
-                    if j >= 0:
-                        x = inputs[j]
-                        saved[p] = SavedTensor(x, False) if isinstance(x, Tensor) else \
-                            _WrappedScalar(x, _scalar_dtype(x))
-                    elif j == -2:
-                        saved[p] = params.get(p)
-                    elif j <= -10 and -10 - j < n_diff:
-                        saved[p] = SavedTensor(outputs[-10 - j], True, -10 - j)
-                    else:
-                        saved[p] = _save(spec, p, inputs, params, outputs)
-    if len(saved) != n_saved:
-        for p in spec.saved:  # names no needed formula uses read back as None, as in torch
-            if p not in saved:
-                if p in tensor_names:
-                    saved[p] = None
-                elif fast_kind.get(p) == -2:
-                    saved[p] = params.get(p)
-                else:
-                    saved[p] = _save(spec, p, inputs, params, ())
+    plans = spec.__dict__.get("_save_plans")
+    plan = plans.get(needs) if plans is not None else None
+    for name, how, j in plan if plan is not None else _save_plan(spec, needs):
+        if how is _PARAM:
+            saved[name] = params.get(name)
+        elif how is _INPUT:
+            x = inputs[j]
+            saved[name] = SavedTensor(x, False) if isinstance(x, Tensor) else \
+                _WrappedScalar(x, _scalar_dtype(x))
+        elif how is _OUTPUT:
+            saved[name] = SavedTensor(outputs[j], True, j)
+        elif how is _UNUSED:
+            saved[name] = None  # no needed formula uses it: reads back as None, as in torch
+        else:
+            saved[name] = _save(spec, name, inputs, params, outputs)
     node._saved = saved
     for k in range(n_diff):
         o = outputs[k]
@@ -289,25 +283,38 @@ def _record(spec, inputs, params, outputs) -> None:
         o._requires_grad = True
 
 
-def _record_plan(spec):
-    """Per op, once: its node class, each input's formula parameters, which saved names
-    are tensors, and for saved names ``_save`` would classify as an input its index (a
-    param: -2, output k: -10 - k)."""
-    fast_kind = {}
-    for names in spec.formula_params.values():
-        for p in names:
-            kind = spec.saved_kind(p)[0]
-            if kind == "input":
-                fast_kind[p] = spec.inputs.index(p)
-            elif kind == "param":
-                fast_kind[p] = -2
-            elif kind == "output":
-                fast_kind[p] = -10 - spec.outputs.index(p)
-    plan = (node_class_for(spec),
-            tuple(spec.formula_params.get(n, ()) for n in spec.inputs),
-            frozenset(p for p in spec.saved if spec.saved_kind(p)[0] in ("input", "output")),
-            fast_kind, len(spec.saved), spec.differentiable_outputs)
-    spec.__dict__["_record_plan"] = plan
+def _node_cls(spec):
+    cls = spec.__dict__["_node_cls"] = node_class_for(spec)
+    return cls
+
+
+# how _record saves a name (see _save_plan)
+_PARAM, _INPUT, _OUTPUT, _UNUSED, _OTHER = "param", "input", "output", "unused", "other"
+
+
+def _save_plan(spec, needs: int) -> tuple:
+    """Per op and per set of inputs that get a gradient (bit i: input i), once: each
+    name to save, how, and its input or output index. The formulas of the inputs that
+    get a gradient name what is saved (as derivatives.yaml does); the op's other saved
+    tensors read back as None, its other numbers and sizes are kept."""
+    used: list[str] = []
+    for i, input_name in enumerate(spec.inputs):
+        if needs >> i & 1:
+            used += [p for p in spec.formula_params.get(input_name, ()) if p not in used]
+    steps = []
+    for name in used + [p for p in spec.saved if p not in used]:
+        kind = spec.saved_kind(name)[0]
+        if kind == "param":
+            steps.append((name, _PARAM, -1))
+        elif kind in ("input", "output") and name not in used:
+            steps.append((name, _UNUSED, -1))
+        elif kind == "input":
+            steps.append((name, _INPUT, spec.inputs.index(name)))
+        elif kind == "output" and spec.outputs.index(name) < spec.differentiable_outputs:
+            steps.append((name, _OUTPUT, spec.outputs.index(name)))
+        else:  # sizes and strides, outputs without gradient
+            steps.append((name, _OTHER, -1))
+    plan = spec.__dict__.setdefault("_save_plans", {})[needs] = tuple(steps)
     return plan
 
 
@@ -332,11 +339,6 @@ def _save(spec, name, inputs, params, outputs):
             return int(data.size)
         return tuple(s // data.itemsize for s in data.strides)
     return params.get(name)
-
-
-def _save_param_only(spec, name, inputs, params):
-    kind, _ = spec.saved_kind(name)
-    return None if kind in ("input", "output") else _save(spec, name, inputs, params, ())
 
 
 def _scalar_dtype(x):
