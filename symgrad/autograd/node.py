@@ -309,11 +309,16 @@ class OpNode(Node):
         args = []
         for p in spec.saved:  # _fused_arg, inlined: this runs for every node
             value = saved.get(p)
-            if type(value) is SavedTensor and value.data is not None \
-                    and value.storage.version == value.version:
-                args.append(value.data)
+            kind = type(value)
+            if kind is SavedTensor:
+                args.append(value.data if value.data is not None and value.storage.version
+                            == value.version else self._fused_arg(p))
+            elif kind is _WrappedScalar:
+                args.append(value.value)
+            elif value is _FREED:
+                raise RuntimeError(FREED_MESSAGE)
             else:
-                args.append(self._fused_arg(p))
+                args.append(value)
         outs = kernel(grad._data, needed, *args)
         if outs is None:
             return None
