@@ -11,7 +11,12 @@ from measurements on the 2-core test machine (``benchmarks/bench_core.py --thres
   ufuncs), but importing Numba and loading cached kernels costs ~0.5 s of start-up, which
   graphs of tutorial size (scalars, small vectors) never pay.
 * from ``FUSED_MIN``: serial Numba kernels doing a whole backward rule in one pass.
-* from ``PARALLEL_MIN``: ``parallel=True`` Numba kernels on all cores.
+* from ``PARALLEL_MIN`` (2M): ``parallel=True`` Numba kernels on all cores; a workqueue
+  launch costs 110-150 µs here, so smaller arrays finish first on one core.
+
+Outputs from 128 KiB come from a buffer pool (no fresh pages to fault in), matmuls go to
+NumPy's BLAS except k=1 products (an outer-product kernel), and nn.Linear's and MSE's
+backward rules run as one call each (``addmm_backward``, ``mse_loss_backward``).
 
 Transcendentals (sin, cos, exp, log, tanh) stay NumPy at every size: this llvmlite has no
 SVML, so Numba calls scalar libm, ~5x slower per element than NumPy's SIMD loops.
