@@ -19,14 +19,8 @@ class Storage:
 
     __slots__ = ("nbytes", "device_type", "version", "__weakref__")
 
-    def __init__(self, nbytes: int, device_type: str = "cpu") -> None:
-        self.nbytes = nbytes
-        self.device_type = device_type
-        self.version = 0
-        live = _live[device_type] + nbytes
-        _live[device_type] = live
-        if live > _peak[device_type]:
-            _peak[device_type] = live
+    def __new__(cls, nbytes: int, device_type: str = "cpu") -> Storage:
+        return new_storage(nbytes, device_type)
 
     def __del__(self) -> None:
         _live[self.device_type] -= self.nbytes
@@ -36,8 +30,8 @@ _new = object.__new__
 
 
 def new_storage(nbytes: int, device_type: str) -> Storage:
-    """``Storage(nbytes, device_type)`` without the ``__init__`` call: every op output
-    makes one, so this is on the hot path of ``Tensor._wrap``."""
+    """A storage of ``nbytes`` on ``device_type``, counted as live. A plain function (no
+    ``__init__`` call): every op output makes one, in ``Tensor._wrap``."""
     s = _new(Storage)
     s.nbytes = nbytes
     s.device_type = device_type

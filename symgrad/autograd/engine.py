@@ -81,18 +81,6 @@ def run_backward(roots, grad_roots, *, retain_graph: bool, create_graph: bool,
     roots = list(dict.fromkeys(n for n, _ in root_edges if needed is None or n in needed))
     seen = set(roots)
     stack = list(roots)
-    while stack and needed is None:  # the common case: a node is new when deps lacks it
-        node = stack.pop()
-        for nxt, _ in node.next_functions:
-            if nxt is None:
-                continue
-            c = deps.get(nxt)
-            if c is None:
-                deps[nxt] = 1
-                if nxt not in seen:
-                    stack.append(nxt)
-            else:
-                deps[nxt] = c + 1
     while stack:
         node = stack.pop()
         for nxt, _ in node.next_functions:
