@@ -273,6 +273,11 @@ def _record(spec, inputs, params, outputs) -> None:
             saved[name] = SavedTensor(outputs[j], True, j)
         elif how is _UNUSED:
             saved[name] = None  # no needed formula uses it: reads back as None, as in torch
+        elif how is _SIZES:
+            saved[name] = inputs[j]._data.shape
+        elif how is _STRIDES:
+            a = inputs[j]._data
+            saved[name] = tuple([s // a.itemsize for s in a.strides])
         else:
             saved[name] = _save(spec, name, inputs, params, outputs)
     node._saved = saved
@@ -289,7 +294,8 @@ def _node_cls(spec):
 
 
 # how _record saves a name (see _save_plan)
-_PARAM, _INPUT, _OUTPUT, _UNUSED, _OTHER = "param", "input", "output", "unused", "other"
+_PARAM, _INPUT, _OUTPUT, _UNUSED, _SIZES, _STRIDES, _OTHER = (
+    "param", "input", "output", "unused", "sizes", "strides", "other")
 
 
 def _save_plan(spec, needs: int) -> tuple:
@@ -303,8 +309,11 @@ def _save_plan(spec, needs: int) -> tuple:
             used += [p for p in spec.formula_params.get(input_name, ()) if p not in used]
     steps = []
     for name in used + [p for p in spec.saved if p not in used]:
-        kind = spec.saved_kind(name)[0]
-        if kind == "param":
+        kind, detail = spec.saved_kind(name)
+        if kind == "meta" and detail in ("_sym_sizes", "_sym_strides"):
+            steps.append((name, _SIZES if detail == "_sym_sizes" else _STRIDES,
+                           spec.inputs.index(name[: -len(detail)])))
+        elif kind == "param":
             steps.append((name, _PARAM, -1))
         elif kind in ("input", "output") and name not in used:
             steps.append((name, _UNUSED, -1))
@@ -312,7 +321,7 @@ def _save_plan(spec, needs: int) -> tuple:
             steps.append((name, _INPUT, spec.inputs.index(name)))
         elif kind == "output" and spec.outputs.index(name) < spec.differentiable_outputs:
             steps.append((name, _OUTPUT, spec.outputs.index(name)))
-        else:  # sizes and strides, outputs without gradient
+        else:  # numel, outputs without gradient
             steps.append((name, _OTHER, -1))
     plan = spec.__dict__.setdefault("_save_plans", {})[needs] = tuple(steps)
     return plan
