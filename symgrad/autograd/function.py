@@ -163,7 +163,7 @@ def apply(spec, inputs, params=None):
         if out.dtype is not np_out and out.dtype != np_out and rule != "bool_compare":
             out = be.cast(out, np_out)
         result = Tensor._wrap(out, device, first._storage if (
-            spec.view and be.shares_memory(out, first._data)) else None)
+            spec.view and _is_view_of(out, first._data, be)) else None)
         if requires_grad and _state.enabled and spec.grad_fn is not None:
             _record(spec, inputs, params, (result,))
         return result
@@ -175,11 +175,20 @@ def apply(spec, inputs, params=None):
             o = np.asarray(o)
         if k == 0 and o.dtype != dtype.np and rule != "bool_compare":
             o = be.cast(o, dtype.np)
-        storage = first._storage if (spec.view and be.shares_memory(o, first._data)) else None
+        storage = first._storage if (spec.view and _is_view_of(o, first._data, be)) else None
         wrapped.append(Tensor._wrap(o, device, storage))
     if requires_grad and _state.enabled and spec.grad_fn is not None:
         _record(spec, inputs, params, wrapped)
     return tuple(wrapped) if multi else wrapped[0]
+
+
+def _is_view_of(out, data, be) -> bool:
+    """Does a view op's result use ``data``'s memory? For NumPy arrays ``base`` says so at
+    once (NumPy points every view at the array that owns the memory)."""
+    if type(out) is np.ndarray and type(data) is np.ndarray:
+        base = out.base
+        return base is not None and (base is data or base is data.base)
+    return be.shares_memory(out, data)
 
 
 def _promote_and_cast(spec, inputs, params, be, Tensor):
