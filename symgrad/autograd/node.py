@@ -175,23 +175,20 @@ class SavedTensor:
         return t
 
     def unpack(self, node: Node):
+        T = _tensor_type()
         if self._unpack is not None:
             t = self._unpack(self._packed)
-            if not isinstance(t, _tensor_type()):
+            if not isinstance(t, T):
                 raise TypeError("Output of saved tensor unpack_hook expected to be a Tensor "
                                 f"but got result of type {type(t).__name__}")
-        elif self.storage.version != self.version:
+            if self.output_nr >= 0:
+                return T._alias(t, grad_fn=node, output_nr=self.output_nr)
+            return t
+        if self.storage.version != self.version:
             raise RuntimeError(self._version_message(node))
-        elif self.output_nr < 0:
-            return self._tensor
-        else:
-            t = None
         if self.output_nr >= 0:
-            T = _tensor_type()
-            if t is None:
-                return T._alias_of(self.data, self.device, self.storage, node, self.output_nr)
-            return T._alias(t, grad_fn=node, output_nr=self.output_nr)
-        return t
+            return T._alias_of(self.data, self.device, self.storage, node, self.output_nr)
+        return self._tensor
 
     def _version_message(self, node: Node) -> str:
         from .anomaly_mode import _anomaly
