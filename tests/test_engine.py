@@ -321,3 +321,17 @@ def test_a_node_behind_two_root_outputs_runs_once():
     sg.autograd.backward([x, y], [sg.ones(2), sg.ones(2)])
     assert runs == [1]
     np.testing.assert_allclose(a.grad.numpy(), [5.0, 5.0])  # g1 * 2 + g2 * 3
+
+
+def test_backward_of_no_tensors_does_nothing_and_roots_reachable_from_roots_run_once(torch):
+    """``autograd.backward([])`` is a no-op, as in torch; a root that is also reachable from
+    another root receives both gradients before it runs (y feeds z: dz/dx + dy/dx)."""
+    sg.autograd.backward([])
+    x = sg.tensor(2.0, requires_grad=True)
+    y = x * x
+    z = y + 1
+    sg.autograd.backward([z, y])
+    xt = torch.tensor(2.0, requires_grad=True)
+    yt = xt * xt
+    torch.autograd.backward([yt + 1, yt])
+    assert x.grad.item() == xt.grad.item() == 8.0

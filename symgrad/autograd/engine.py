@@ -188,6 +188,8 @@ def _backward_all(roots, grad_roots, retain_graph: bool, create_graph: bool) -> 
         _add_to_buffer(buffers, node, nr, g)
         shared.add(id(g._storage))
 
+    if not root_nodes:
+        return
     # Dependency counts: a node is new when deps lacks it (roots are marked seen).
     deps: dict = {}
     stack = list(root_nodes)
