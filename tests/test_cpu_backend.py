@@ -486,6 +486,7 @@ NN_CASES = {
                      [(6,), (6,)]),
     "mse_loss-none": (lambda m, a, b: m.nn.functional.mse_loss(a, b, reduction="none"),
                       [(2, 3), (2, 3)]),
+    "mse_loss-broadcast": (lambda m, a, b: m.nn.functional.mse_loss(a, b), [(3, 4), (4,)]),
 }
 
 
@@ -499,6 +500,7 @@ def _lib(module):
 
 @pytest.mark.parametrize("case", sorted(NN_CASES))
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.filterwarnings("ignore:Using a target size")  # torch, on the broadcast case
 def test_nn_fused_backward_equals_formulas_and_torch(case, dtype, on_cpu, rng, torch):
     """addmm's and mse_loss's one-call backward (no graph recorded) agrees with their
     tensor-op formulas (create_graph) and with torch, values and memory layout alike."""
