@@ -335,3 +335,21 @@ def test_backward_of_no_tensors_does_nothing_and_roots_reachable_from_roots_run_
     yt = xt * xt
     torch.autograd.backward([yt + 1, yt])
     assert x.grad.item() == xt.grad.item() == 8.0
+
+
+def test_two_gradients_for_one_output_are_summed(torch):
+    """x * x hands x two gradients: summed as arrays (a 0-d result stays an array, not a
+    NumPy scalar), or as a recorded add under create_graph, matching torch both ways."""
+    x = sg.tensor(3.0, requires_grad=True)
+    h = x.tanh()
+    (h * h).backward()
+    xt = torch.tensor(3.0, requires_grad=True)
+    ht = xt.tanh()
+    (ht * ht).backward()
+    assert type(x.grad._data) is np.ndarray and x.grad.shape == ()
+    np.testing.assert_allclose(x.grad.item(), xt.grad.item(), rtol=1e-6)
+    x.grad = None
+    (g,) = sg.autograd.grad(x * x, [x], create_graph=True)
+    assert g.grad_fn is not None and g.item() == 6.0
+    (gg,) = sg.autograd.grad(g, [x])
+    assert gg.item() == 2.0

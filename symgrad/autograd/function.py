@@ -156,9 +156,8 @@ def apply(spec, inputs, params=None):
     except ValueError as exc:
         raise _shape_error(spec, inputs, exc) from None
     if len(spec.outputs) == 1:  # the common case, without the loop below
-        if type(out) is not np.ndarray and (type(out) in _NP_SCALARS or not hasattr(
-                out, "__cuda_array_interface__")):  # a ufunc on 0-d arrays gives a scalar
-            out = np.asarray(out)
+        if type(out) is not np.ndarray:
+            out = as_array(out)
         np_out = dtype.np
         if out.dtype is not np_out and out.dtype != np_out and rule != "bool_compare":
             out = be.cast(out, np_out)
@@ -167,19 +166,25 @@ def apply(spec, inputs, params=None):
         if requires_grad and _state.enabled and spec.grad_fn is not None:
             _record(spec, inputs, params, (result,))
         return result
-    multi = True
-    outs = out if multi else (out,)
     wrapped = []
-    for k, o in enumerate(outs):
-        if type(o) is not np.ndarray and not hasattr(o, "__cuda_array_interface__"):
-            o = np.asarray(o)
+    for k, o in enumerate(out):
+        o = as_array(o)
         if k == 0 and o.dtype != dtype.np and rule != "bool_compare":
             o = be.cast(o, dtype.np)
         storage = first._storage if (spec.view and _is_view_of(o, first._data, be)) else None
         wrapped.append(Tensor._wrap(o, device, storage))
     if requires_grad and _state.enabled and spec.grad_fn is not None:
         _record(spec, inputs, params, wrapped)
-    return tuple(wrapped) if multi else wrapped[0]
+    return tuple(wrapped)
+
+
+def as_array(out):
+    """A backend result as an array: a NumPy ufunc on 0-d arrays returns a scalar, and a
+    CUDA array is kept as it is."""
+    if type(out) is not np.ndarray and (type(out) in _NP_SCALARS or not hasattr(
+            out, "__cuda_array_interface__")):
+        return np.asarray(out)
+    return out
 
 
 def _is_view_of(out, data, be) -> bool:
