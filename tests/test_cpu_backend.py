@@ -422,7 +422,7 @@ def test_cpu_backend_is_the_default_unless_the_environment_says_numpy():
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_add_scaled_in_place_matches_torch_add_alpha(dtype, mode, rng, torch):
+def test_kernel_add_scaled_in_place_matches_torch_add_alpha(dtype, mode, rng, torch):
     """SGD's ``p += -lr * grad`` runs as one in-place pass; every tier gives torch's
     ``add_(other, alpha=)`` (alpha rounded to the tensor's dtype, as torch does)."""
     be = cpu_mod.CpuBackend()
@@ -544,7 +544,7 @@ def test_linear_bias_gradient_passed_through_never_aliases_the_callers_gradient(
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_outer_product_matmul_kernel_equals_numpy(dtype, mode, rng):
+def test_kernel_outer_product_matmul_equals_numpy(dtype, mode, rng):
     """A k=1 matmul (batch-1 weight gradient) runs as one multiply per element: the same
     values as gemm, for contiguous and transposed operands."""
     be = cpu_mod.CpuBackend()
