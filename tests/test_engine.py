@@ -353,3 +353,18 @@ def test_two_gradients_for_one_output_are_summed(torch):
     assert g.grad_fn is not None and g.item() == 6.0
     (gg,) = sg.autograd.grad(g, [x])
     assert gg.item() == 2.0
+
+
+def test_a_saved_input_is_read_as_it_is_at_backward_time(torch):
+    """``x.data = ...`` after the forward: the backward sees the new values, as torch's does,
+    on the fused path (no graph recorded) and on the formula path (create_graph) alike."""
+    x = sg.tensor([1.0, 2.0], requires_grad=True)
+    xt = torch.tensor([1.0, 2.0], requires_grad=True)
+    for create_graph in (False, True):
+        y, yt = x.sin(), xt.sin()  # sin saves its input
+        x.data, xt.data = sg.tensor([3.0, 4.0]), torch.tensor([3.0, 4.0])
+        (g,) = sg.autograd.grad(y.sum(), [x], create_graph=create_graph)
+        (gt,) = torch.autograd.grad(yt.sum(), [xt])
+        np.testing.assert_allclose(g.detach().numpy(), gt.numpy(), rtol=1e-6)
+        np.testing.assert_allclose(gt.numpy(), np.cos([3.0, 4.0]), rtol=1e-6)
+        x.data, xt.data = sg.tensor([1.0, 2.0]), torch.tensor([1.0, 2.0])

@@ -137,10 +137,11 @@ _TYPE_NAMES = {"float32": "FloatTensor", "float64": "DoubleTensor", "int64": "Lo
 class SavedTensor:
     """A tensor a node saved, with the storage version it had when saved.
 
-    A saved input is the very object the user passed. A saved output is kept as its
-    array and storage only (owning the output with its grad_fn would be a cycle);
-    unpacking it gives a new tensor whose grad_fn is the node, as PyTorch does. The fused
-    backward kernels read ``data`` directly, so saving an output creates no tensor. Under
+    A saved input is the very object the user passed (read as it is at backward time, so
+    ``x.data = ...`` is seen, as in PyTorch). A saved output is kept as its array and
+    storage only (owning the output with its grad_fn would be a cycle); unpacking it gives
+    a new tensor whose grad_fn is the node, as PyTorch does, and the fused backward kernels
+    read ``data`` directly, so saving an output creates no tensor. Under
     ``saved_tensors_hooks`` only what ``pack`` returned is kept, ``unpack`` gives the
     tensor back, and (as in PyTorch) no version check is made.
     """
@@ -158,12 +159,14 @@ class SavedTensor:
             pack, self._unpack = _saved_tensors_hooks[-1]
             self._packed = pack(tensor)
             self._tensor = self.data = self.storage = self.device = None
-        else:
-            self._unpack = None
+        elif is_output:
+            self._unpack = self._tensor = None
             self.data = tensor._data
             self.storage = storage
             self.device = tensor._device
-            self._tensor = None if is_output else tensor
+        else:
+            self._unpack = self.data = self.storage = self.device = None
+            self._tensor = tensor
 
     @property
     def tensor(self):
@@ -184,11 +187,24 @@ class SavedTensor:
             if self.output_nr >= 0:
                 return T._alias(t, grad_fn=node, output_nr=self.output_nr)
             return t
-        if self.storage.version != self.version:
-            raise RuntimeError(self._version_message(node))
         if self.output_nr >= 0:
+            if self.storage.version != self.version:
+                raise RuntimeError(self._version_message(node))
             return T._alias_of(self.data, self.device, self.storage, node, self.output_nr)
-        return self._tensor
+        t = self._tensor
+        if t._storage.version != self.version:
+            raise RuntimeError(self._version_message(node))
+        return t
+
+    def array(self):
+        """The saved array for a fused kernel when unchanged since saving, else None (the
+        caller unpacks, which raises the version error or runs the unpack hook)."""
+        if self.output_nr < 0:
+            t = self._tensor  # None under saved_tensors_hooks
+            return t._data if t is not None and t._storage.version == self.version else None
+        if self.data is not None:  # None under saved_tensors_hooks
+            return self.data if self.storage.version == self.version else None
+        return None
 
     def _version_message(self, node: Node) -> str:
         from .anomaly_mode import _anomaly
@@ -308,8 +324,8 @@ class OpNode(Node):
             value = saved.get(p)
             kind = type(value)
             if kind is SavedTensor:
-                args.append(value.data if value.data is not None and value.storage.version
-                            == value.version else self._fused_arg(p))
+                a = value.array()
+                args.append(a if a is not None else self._fused_arg(p))
             elif kind is _WrappedScalar:
                 args.append(value.value)
             elif value is _FREED:
@@ -333,9 +349,8 @@ class OpNode(Node):
         """A saved operand as the kernel takes it: the array of a tensor, or the number."""
         value = self._saved.get(name)
         if type(value) is SavedTensor:
-            if value.data is not None and value.storage.version == value.version:
-                return value.data
-            return value.unpack(self)._data  # version error, or the unpack hook's tensor
+            a = value.array()
+            return a if a is not None else value.unpack(self)._data  # version error or hook
         if value is _FREED:
             raise RuntimeError(FREED_MESSAGE)
         if type(value) is _WrappedScalar:
