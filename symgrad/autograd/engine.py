@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import heapq
 
-from ..backends import _BACKENDS, _DEVICE_DEFAULT, backend_for
+from ..backends import backend_for
 from . import function as _fn
 from .anomaly_mode import _anomaly
 from .function import accumulator_of
@@ -136,10 +136,7 @@ def run_backward(roots, grad_roots, *, retain_graph: bool, create_graph: bool,
                 if not retain_graph:
                     node._release()
                 continue
-            if _fn._profiler is None and not _anomaly.enabled:
-                outs = _apply_node(node, grads, needed, shared)
-            else:
-                outs = _apply(node, grads, needed, shared)
+            outs = _apply(node, grads, needed, shared)
             if not retain_graph:
                 node._release()
             for (nxt, nr), g in zip(node.next_functions, outs):
@@ -291,8 +288,7 @@ def _sum_grads(a, b):
     if _state.enabled or x.shape != y.shape or x.dtype != y.dtype or a._device != b._device:
         return a + b
     device = a._device
-    be = _BACKENDS.get(_DEVICE_DEFAULT.get(device.type)) or backend_for(device.type)
-    return type(a)._wrap(_fn.as_array(be.add(x, y)), device)
+    return type(a)._wrap(_fn.as_array(backend_for(device.type).add(x, y)), device)
 
 
 def _run_pre_hooks(node, grads, shared):
@@ -414,7 +410,7 @@ def _sum_to(g, shape):
     gs = data.shape
     lead = len(gs) - len(shape)
     if lead > 0 and not _state.enabled and gs[lead:] == shape:
-        be = _BACKENDS.get(_DEVICE_DEFAULT.get(g._device.type)) or backend_for(g._device.type)
+        be = backend_for(g._device.type)
         return type(g)._wrap(be.sum(data, tuple(range(lead)), False), g._device)
     return g.sum_to_size(shape)
 

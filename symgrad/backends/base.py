@@ -21,6 +21,10 @@ STRUCTURAL = ("sum", "mean", "amax", "amin", "argmax", "argmin", "matmul", "resh
               "transpose", "broadcast_to", "getitem", "setitem", "where", "cast", "copy",
               "index_put", "concatenate", "stack", "full", "arange", "from_host", "to_host")
 KERNELS = ELEMENTWISE_UNARY + ELEMENTWISE_BINARY + STRUCTURAL
+#: Unary ops whose whole backward is ``grad`` and one saved array through a scalar rule;
+#: a backend with fused kernels offers ``<op>_backward(grad, needed, saved)`` for each.
+UNARY_FUSED_BACKWARD = ("exp", "log", "sin", "cos", "tanh", "sigmoid", "sqrt", "relu", "abs",
+                        "reciprocal")
 
 
 class Backend(Protocol):

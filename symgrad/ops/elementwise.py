@@ -8,6 +8,7 @@ as plain as the math.
 
 from __future__ import annotations
 
+from ..backends.base import UNARY_FUSED_BACKWARD
 from .registry import OPS, register
 from .spec import OpSpec
 
@@ -140,6 +141,5 @@ register(OpSpec(
 # A backend offering ``<op>_backward(grad, needed, *saved)`` runs the op's whole backward
 # in one pass when no graph is recorded (symgrad/backends/cpu); the formulas above stay the
 # definition, used under create_graph=True, and tests prove both equal.
-for _name in ("neg", "exp", "log", "sin", "cos", "tanh", "sigmoid", "sqrt", "relu", "abs",
-              "sign", "reciprocal", "pow", "mul", "div", "where"):
+for _name in UNARY_FUSED_BACKWARD + ("neg", "sign", "pow", "mul", "div", "where"):
     OPS[_name].fused_backward = _name + "_backward"

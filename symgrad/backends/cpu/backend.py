@@ -34,7 +34,7 @@ import threading
 
 import numpy as np
 
-from ..base import column_major
+from ..base import UNARY_FUSED_BACKWARD, column_major
 from ..numpy_backend import NumpyBackend
 from . import rules
 
@@ -420,17 +420,8 @@ class CpuBackend(NumpyBackend):
                 return np.matmul(a, b, out=_alloc((n, m), a.dtype))
         return np.matmul(a, b)
 
-    # -- fused backward rules (OpSpec.fused_backward names them) -----------------------------
-    exp_backward = _unary_backward("exp")
-    log_backward = _unary_backward("log")
-    sin_backward = _unary_backward("sin")
-    cos_backward = _unary_backward("cos")
-    tanh_backward = _unary_backward("tanh")
-    sigmoid_backward = _unary_backward("sigmoid")
-    sqrt_backward = _unary_backward("sqrt")
-    relu_backward = _unary_backward("relu")
-    abs_backward = _unary_backward("abs")
-    reciprocal_backward = _unary_backward("reciprocal")
+    # -- fused backward rules (OpSpec.fused_backward names them; the unary ones of
+    # base.UNARY_FUSED_BACKWARD are set below the class) ------------------------------------
 
     @staticmethod
     def neg_backward(grad, needed):
@@ -660,5 +651,8 @@ class CpuBackend(NumpyBackend):
             return out
         return NumpyBackend.copy(x)
 
+
+for _op in UNARY_FUSED_BACKWARD:  # the fused backward rules OpSpec.fused_backward names
+    setattr(CpuBackend, _op + "_backward", _unary_backward(_op))
 
 _Self = CpuBackend

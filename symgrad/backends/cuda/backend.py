@@ -16,7 +16,7 @@ import operator
 
 import numpy as np
 
-from ..base import view_strides
+from ..base import UNARY_FUSED_BACKWARD, view_strides
 from . import allocator
 from . import kernels as K
 
@@ -519,17 +519,8 @@ class CudaBackend:
         dt = _result_dtype(a, b)
         return _ew("where", [cond, a, b], dt, compute_dtype=dt)
 
-    # -- fused backward rules (OpSpec.fused_backward names them) ---------------------------------
-    exp_backward = _unary_backward("exp")
-    log_backward = _unary_backward("log")
-    sin_backward = _unary_backward("sin")
-    cos_backward = _unary_backward("cos")
-    tanh_backward = _unary_backward("tanh")
-    sigmoid_backward = _unary_backward("sigmoid")
-    sqrt_backward = _unary_backward("sqrt")
-    relu_backward = _unary_backward("relu")
-    abs_backward = _unary_backward("abs")
-    reciprocal_backward = _unary_backward("reciprocal")
+    # -- fused backward rules (OpSpec.fused_backward names them; the unary ones of
+    # base.UNARY_FUSED_BACKWARD are set below the class) ----------------------------------------
 
     @staticmethod
     def neg_backward(grad, needed):
@@ -923,6 +914,10 @@ class CudaBackend:
     @staticmethod
     def shares_memory(a, b) -> bool:
         return _is_array(a) and _is_array(b) and a.block is b.block
+
+
+for _op in UNARY_FUSED_BACKWARD:  # the fused backward rules OpSpec.fused_backward names
+    setattr(CudaBackend, _op + "_backward", _unary_backward(_op))
 
 
 def _batch_strides(x: CudaArray, bshape: tuple) -> tuple:
