@@ -51,12 +51,7 @@ class Adam(Optimizer):
         return state
 
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            from ..autograd.grad_mode import enable_grad
-
-            with enable_grad():
-                loss = closure()
+        loss = self._loss_of(closure)
         for group in self.param_groups:
             lr = float(group["lr"])
             beta1, beta2 = group["betas"]

@@ -81,6 +81,16 @@ class Optimizer:
     def step(self, closure=None):
         raise NotImplementedError
 
+    @staticmethod
+    def _loss_of(closure):
+        """``step(closure)``: re-evaluate the loss with grad mode on, as torch's optimizers do."""
+        if closure is None:
+            return None
+        from ..autograd.grad_mode import enable_grad
+
+        with enable_grad():
+            return closure()
+
     # -- state dicts: parameters are referred to by their index over all groups -----------
     def state_dict(self) -> dict[str, Any]:
         index: dict[int, int] = {}

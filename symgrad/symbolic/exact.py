@@ -63,6 +63,18 @@ class SymbolicGraph:
         if self.deadline is not None and time.perf_counter() > self.deadline:
             raise TimeoutExpired
 
+    def _leaf_adjoints(self, adj, wanted) -> dict:
+        """{leaf index: object array of its adjoints (0 where none arrived)} for each leaf
+        ``wanted(leaf)`` accepts, after a reverse sweep filled ``adj``."""
+        out = {}
+        for leaf in self.graph.leaves:
+            if wanted(leaf):
+                arr = np.empty(leaf.shape, dtype=object)
+                for idx, s in np.ndenumerate(leaf.symbols):
+                    arr[idx] = adj.get(s, mpmath.mpf(0))
+                out[leaf.index] = arr
+        return out
+
     def _reverse_sweep(self, adj) -> None:
         """Push adjoints from the last definition back to the leaves, in place, checking the
         deadline every 256 definitions so a timeout (and Ctrl-C) is honoured."""
@@ -177,15 +189,7 @@ class SymbolicGraph:
                 if E.is_symbol(a):
                     adj[a] += mpmath.mpf(float(gflat[idx]))
             self._reverse_sweep(adj)
-            out = {}
-            for leaf in self.graph.leaves:
-                if not (leaf.requires_grad and leaf.is_float):
-                    continue
-                arr = np.empty(leaf.shape, dtype=object)
-                for idx, s in np.ndenumerate(leaf.symbols):
-                    arr[idx] = adj.get(s, mpmath.mpf(0))
-                out[leaf.index] = arr
-            return out
+            return self._leaf_adjoints(adj, lambda leaf: leaf.requires_grad and leaf.is_float)
 
     def symbolic_adjoints(self, gradient: np.ndarray, want) -> dict:
         """Adjoint expressions of the symbols in ``want`` (in terms of intermediates)."""
@@ -263,15 +267,7 @@ class SymbolicGraph:
                             seeds[f] += mpmath.mpf(float(u[idx])) * self.ev(p)
             adj = seeds
             self._reverse_sweep(adj)
-            out = {}
-            for leaf in self.graph.leaves:
-                if leaf.index not in us:
-                    continue
-                arr = np.empty(leaf.shape, dtype=object)
-                for idx, s in np.ndenumerate(leaf.symbols):
-                    arr[idx] = adj.get(s, mpmath.mpf(0))
-                out[leaf.index] = arr
-            return out
+            return self._leaf_adjoints(adj, lambda leaf: leaf.index in us)
 
 
 def _num(sp, x: float):

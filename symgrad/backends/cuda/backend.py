@@ -161,9 +161,11 @@ def _kshape(shape) -> tuple:
     return tuple(shape) if shape else (1,)
 
 
-def _bstrides(x: CudaArray, out_shape: tuple) -> tuple:
-    """x's element strides broadcast to ``out_shape`` (0 where x is broadcast)."""
-    lead = len(out_shape) - x.ndim
+def _bstrides(x: CudaArray, out_shape: tuple, ndim: int | None = None) -> tuple:
+    """The element strides of x's first ``ndim`` dims (all by default) broadcast to
+    ``out_shape`` (0 where x is broadcast)."""
+    ndim = x.ndim if ndim is None else ndim
+    lead = len(out_shape) - ndim
     out = []
     for d, s in enumerate(out_shape):
         if d < lead:
@@ -660,8 +662,8 @@ class CudaBackend:
                              f"different from {k})")
         bshape = tuple(np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2]))
         nb = _prod(bshape)
-        abst = _batch_strides(a2, bshape)
-        bbst = _batch_strides(b2, bshape)
+        abst = _bstrides(a2, bshape, a2.ndim - 2)  # the batch dims
+        bbst = _bstrides(b2, bshape, b2.ndim - 2)
         out = _new(bshape + (m, n), dt)
         K.matmul(out.buf, a2.buf, a2.offset, a2.estrides[-2], a2.estrides[-1], b2.buf,
                  b2.offset, b2.estrides[-2], b2.estrides[-1], m, n, k, bshape or (1,),
@@ -918,18 +920,6 @@ class CudaBackend:
 
 for _op in UNARY_FUSED_BACKWARD:  # the fused backward rules OpSpec.fused_backward names
     setattr(CudaBackend, _op + "_backward", _unary_backward(_op))
-
-
-def _batch_strides(x: CudaArray, bshape: tuple) -> tuple:
-    lead = len(bshape) - (x.ndim - 2)
-    out = []
-    for d, s in enumerate(bshape):
-        if d < lead:
-            out.append(0)
-            continue
-        xs = x.shape[d - lead]
-        out.append(0 if xs == 1 and s != 1 else x.estrides[d - lead])
-    return tuple(out)
 
 
 class _EventTimer:
