@@ -36,41 +36,25 @@ def _data(sizes, batch):
             rng.standard_normal((batch, sizes[-1])).astype(np.float32))
 
 
-def _step_torch(sizes, batch):
-    import torch
+def _step_lib(lib_name, sizes, batch):
+    """The same training step in torch and in symgrad: their nn/optim APIs are the same."""
+    if lib_name == "torch":
+        import torch as lib
 
-    torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "2")))
+        lib.set_num_threads(int(os.environ.get("BENCH_THREADS", "2")))
+        x, y = (lib.from_numpy(a) for a in _data(sizes, batch))
+    else:
+        import symgrad as lib
+
+        x, y = (lib.tensor(a) for a in _data(sizes, batch))
     layers = []
     for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
-        layers.append(torch.nn.Linear(a, b))
+        layers.append(lib.nn.Linear(a, b))
         if i < len(sizes) - 2:
-            layers.append(torch.nn.ReLU())
-    model = torch.nn.Sequential(*layers)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    x, y = (torch.from_numpy(a) for a in _data(sizes, batch))
-    loss_fn = torch.nn.functional.mse_loss
-
-    def step():
-        opt.zero_grad()
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        opt.step()
-
-    return step
-
-
-def _step_symgrad(sizes, batch):
-    import symgrad as sg
-
-    layers = []
-    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
-        layers.append(sg.nn.Linear(a, b))
-        if i < len(sizes) - 2:
-            layers.append(sg.nn.ReLU())
-    model = sg.nn.Sequential(*layers)
-    opt = sg.optim.SGD(model.parameters(), lr=0.01)
-    x, y = (sg.tensor(a) for a in _data(sizes, batch))
-    loss_fn = sg.nn.functional.mse_loss
+            layers.append(lib.nn.ReLU())
+    model = lib.nn.Sequential(*layers)
+    opt = lib.optim.SGD(model.parameters(), lr=0.01)
+    loss_fn = lib.nn.functional.mse_loss
 
     def step():
         opt.zero_grad()
@@ -117,9 +101,10 @@ def _measure(lib: str, name: str, steps: int, repeats: int) -> dict:
     sizes, batch = CONFIGS[name]
     if lib == "symgrad-numpy":
         os.environ["SYMGRAD_CPU_BACKEND"] = "numpy"
-    make = {"torch": _step_torch, "symgrad": _step_symgrad, "symgrad-numpy": _step_symgrad,
-            "numpy-hand": _step_numpy}[lib]
-    step = make(sizes, batch)
+    if lib == "numpy-hand":
+        step = _step_numpy(sizes, batch)
+    else:
+        step = _step_lib("torch" if lib == "torch" else "symgrad", sizes, batch)
     for _ in range(20):
         step()
     medians, fastest = [], float("inf")
