@@ -192,7 +192,7 @@ class SymgradMagics(Magics):
             return GraphView(target, names)
         if command == "saved":
             return SavedView(graph_json(target, names, formulas=False))
-        from .widget import run_verify
+        from .run import run_verify
 
         return run_verify(target, names, rtol=opts.rtol, atol=opts.atol, sample=opts.sample,
                           mode=opts.mode)

@@ -13,7 +13,6 @@ from user code is HTML-escaped before it reaches an HTML widget.
 from __future__ import annotations
 
 import html
-import inspect
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -23,6 +22,7 @@ import ipywidgets as widgets
 import traitlets
 
 from .graph import apply_report, graph_json
+from .run import VerificationInterrupted, run_verify
 from .svg import agreement_table_html, badge, esc, render_svg
 
 __all__ = ["Inspector", "VerificationInterrupted", "run_verify", "BUNDLE", "canvas_class"]
@@ -60,40 +60,6 @@ def canvas_class() -> type | None:
 
     _CANVAS_CLASSES[bundle] = GraphCanvas
     return GraphCanvas
-
-
-class VerificationInterrupted(Exception):
-    """Raised inside the verifier's progress callback when the user pressed Stop."""
-
-
-def _verifier():
-    try:
-        from ..symbolic import verify  # type: ignore[attr-defined]
-    except ImportError:
-        try:
-            from .. import verify  # type: ignore[attr-defined]
-        except ImportError:
-            return None
-    return verify
-
-
-def run_verify(root: Any, names: Mapping[str, Any] | None = None, *, progress=None,
-               **options: Any) -> Any:
-    """Call ``symgrad.verify`` with the options it accepts (None values are left out)."""
-    verify = _verifier()
-    if verify is None:
-        raise RuntimeError("symgrad.verify is not available in this installation")
-    try:
-        params = inspect.signature(verify).parameters
-    except (TypeError, ValueError):
-        params = {}
-    accepts_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    kwargs = {k: v for k, v in options.items() if v is not None and (k in params or accepts_kw)}
-    if names is not None and ("names" in params or accepts_kw):
-        kwargs["names"] = names
-    if progress is not None and ("progress" in params or accepts_kw):
-        kwargs["progress"] = progress
-    return verify(root, **kwargs)
 
 
 def _in_kernel() -> bool:
