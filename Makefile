@@ -1,18 +1,26 @@
 # Set-up and the main jobs. `make demo` and `make test` work on a fresh clone: they create
-# .venv, install torch 2.13.0 (the CPU test oracle) first, then symgrad with its extras,
-# pinned by constraints.txt.
+# .venv and install, pinned by constraints.txt, only what the job needs: the demo gets
+# symgrad with its `demo` extra (no torch, no test tools); the tests get torch 2.13.0 (the
+# CPU test oracle, installed first) and the `dev` extra.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+STAMP := $(VENV)/.installed-test
+DEMO_STAMP := $(VENV)/.installed-demo
 
 .PHONY: install demo test lint bench clean lab labext chromium
 
-$(STAMP): pyproject.toml constraints.txt
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(DEMO_STAMP): pyproject.toml constraints.txt | $(VENV)/bin/python
+	$(PY) -m pip install -q -c constraints.txt -e '.[demo]'
+	touch $(DEMO_STAMP)
+
+$(STAMP): pyproject.toml constraints.txt | $(VENV)/bin/python
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -c constraints.txt -e '.[dev,fast,cuda,jupyter,lab]'
-	touch $(STAMP)
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
+	touch $(STAMP) $(DEMO_STAMP)
 
 install: $(STAMP)
 
@@ -39,14 +47,21 @@ chromium:
 lab: $(STAMP) $(LABEXT)
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root)
 
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(PY) -m symgrad.demo
 
+# Every stage runs even when an earlier one failed (one failure must not hide another
+# stage's results); the target fails at the end if any stage did, naming them.
 test: $(STAMP) $(LABEXT) chromium
-	$(PY) -m ruff check .
-	$(PY) -m pytest -n 2 -q --symgrad-report=test-artifacts/symgrad-checks.json
-	# the CUDA kernels under numba's simulator (the variable must be set before numba loads)
-	NUMBA_ENABLE_CUDASIM=1 $(PY) -m pytest -n 2 -q -p no:cacheprovider tests/cuda
+	@failed=""; \
+	echo "== lint"; $(PY) -m ruff check . || failed="$$failed lint"; \
+	echo "== tests"; $(PY) -m pytest -n 2 -q --symgrad-report=test-artifacts/symgrad-checks.json \
+		|| failed="$$failed tests"; \
+	echo "== CUDA kernels under numba's simulator (set before numba loads)"; \
+	NUMBA_ENABLE_CUDASIM=1 $(PY) -m pytest -n 2 -q -p no:cacheprovider tests/cuda \
+		|| failed="$$failed cuda-simulator"; \
+	if [ -n "$$failed" ]; then echo "make test: failed stages:$$failed"; exit 1; fi; \
+	echo "make test: every stage passed"
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
