@@ -8,6 +8,7 @@ import warnings
 
 import numpy as np
 import pytest
+from _tolerance import assert_close
 
 import symgrad as sg
 from symgrad.autograd import function as function_module
@@ -211,15 +212,30 @@ def test_profiler_table_lists_each_op_and_node_of_an_mlp_step_with_exact_counts(
         stack.append(e["ts"] + e["dur"])
 
 
+def _step_terms():
+    """Rounding errors one step can accumulate in a parameter, counted along its chain:
+    forward (each layer's mm over fan_in, add, relu), the loss (sub, pow, mean over the
+    batch), backward (mm over fan_out for the input's gradient, mm/bias sum over the batch
+    for the parameters', add, relu), and the update (LR * g, p -= ...)."""
+    n = len(LAYERS)
+    forward = sum(fan_in for fan_in, _ in LAYERS) + 2 * n
+    loss = 2 + BATCH
+    backward = 3 + sum(fan_out for _, fan_out in LAYERS) + BATCH + 2 * n
+    return forward + loss + backward + 2
+
+
 def test_profiler_gradients_match_torch_after_the_step(torch):
     params, x, y = _mlp_params(sg)
     tparams, tx, ty = _mlp_params(torch)
+    before = [[p.detach().numpy().copy() for p in pair] for pair in params]
     with profile():
         _mlp_step(sg, params, x, y)
     _mlp_step(torch, tparams, tx, ty)
-    for (w, b), (tw, tb) in zip(params, tparams):
-        np.testing.assert_allclose(w.detach().numpy(), tw.detach().numpy(), rtol=1e-5)
-        np.testing.assert_allclose(b.detach().numpy(), tb.detach().numpy(), rtol=1e-5)
+    for pair, tpair, pre in zip(params, tparams, before):
+        for p, tp, p0 in zip(pair, tpair, pre):
+            # the update's operands set the scale: |p| before the step and |LR * grad|
+            scale = np.abs(p0).max() + LR * np.abs(tp.grad.numpy()).max()
+            assert_close(p, tp, terms=_step_terms(), scale=scale, msg=str(tuple(p.shape)))
 
 
 def test_profiler_sorting_row_limit_ranges_and_custom_functions():
