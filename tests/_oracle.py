@@ -4,6 +4,8 @@ compare values, gradients, second derivatives and the whole recorded graph."""
 from __future__ import annotations
 
 import numpy as np
+from _tolerance import as_array, tolerance
+from _tolerance import assert_close as _assert_close
 
 import symgrad as sg
 
@@ -21,7 +23,7 @@ def as_np(t):
         return None
     if isinstance(t, sg.Tensor):
         return np.asarray(t.detach().numpy())
-    return t.detach().numpy()
+    return as_array(t)
 
 
 def first(out):
@@ -33,10 +35,25 @@ def weights(shape, seed=7):
     return np.random.default_rng(seed).uniform(-1, 1, size=shape)
 
 
+def program_terms(arrays, out_shape=(), create_graph=False):
+    """How many rounding errors a program of the op set can accumulate (for the tolerance).
+
+    No op of the set sums over more elements than its inputs hold (sum/mean/softmax over
+    some of them, a matmul over its inner dim), and the weighted-sum loss adds one term per
+    output element; a second derivative runs the chain again and sums g * g over the
+    gradients (as many elements as the inputs)."""
+    n = sum(max(int(np.size(a)), 1) for a in arrays) + max(int(np.prod(out_shape)), 1)
+    return 2 * n + sum(max(int(np.size(a)), 1) for a in arrays) if create_graph else n
+
+
 def run_grads(lib, fn, arrays, create_graph=False):
+    """Run ``fn`` on leaves made from ``arrays``; the loss is the weighted sum of its output.
+
+    Sets ``run_grads.signature`` (the graph) and ``run_grads.terms`` (program_terms)."""
     xs = leaves(lib, arrays)
     out = first(fn(lib, *xs))
-    run_grads.signature = graph_signature(out.grad_fn)
+    run_grads.terms = program_terms(arrays, tuple(out.shape), create_graph)
+    run_grads.signature = graph_signature(out.grad_fn, terms=run_grads.terms)
     w = weights(tuple(out.shape))
     wt = lib.tensor(w.astype(as_np(out).dtype)) if out.dtype in (lib.float32, lib.float64) \
         else None
@@ -60,28 +77,61 @@ def run_grads(lib, fn, arrays, create_graph=False):
     return out, grads, second
 
 
-def assert_close(a, b, rtol=1e-5, atol=1e-6):
+def assert_close(a, b, *, terms=1, scale=None, msg=""):
+    """Values or gradients of the two libraries within the dtype's rounding bound
+    (tests/_tolerance.py). ``None`` (no gradient) on one side requires exact zeros on the
+    other: a gradient that does not depend on the input is never computed by rounding."""
     if a is None or b is None:
-        assert (a is None or np.allclose(as_np(a), 0)) and (b is None or np.allclose(as_np(b), 0))
+        for v in (a, b):
+            if v is not None:
+                _assert_close(v, np.zeros_like(as_np(v)), msg=msg or "None vs a gradient")
         return
-    a, b = as_np(a), as_np(b)
-    assert a.shape == b.shape, (a.shape, b.shape)
-    np.testing.assert_allclose(a.astype(np.float64), b.astype(np.float64), rtol=rtol, atol=atol)
+    _assert_close(as_np(a), as_np(b), terms=terms, scale=scale, msg=msg)
 
 
-def _saved_value(v):
+class SavedArray:
+    """A saved tensor in a graph signature: equal to another when shape and dtype match and
+    the values agree within the rounding bound of ``terms`` accumulated errors."""
+
+    def __init__(self, array, terms):
+        self.array, self.terms = array, terms
+
+    def __eq__(self, other):
+        if not isinstance(other, SavedArray):
+            return NotImplemented
+        a, b = self.array, other.array
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return False
+        if a.dtype.kind not in "fc":
+            return bool(np.array_equal(a, b))
+        nan_a, nan_b = np.isnan(a), np.isnan(b)
+        if (nan_a != nan_b).any():
+            return False
+        a, b = np.where(nan_a, 0, a), np.where(nan_b, 0, b)
+        if (np.isinf(a) | np.isinf(b)).any() and not np.array_equal(np.isinf(a) * a,
+                                                                    np.isinf(b) * b):
+            return False
+        finite = np.isfinite(a)
+        bound = tolerance(b[finite], terms=max(self.terms, other.terms))
+        return bool((np.abs(a[finite].astype(np.float64) - b[finite]) <= bound).all())
+
+    __hash__ = None
+
+    def __repr__(self):
+        return f"SavedArray({self.array.shape}, {self.array.dtype}, {self.array.tolist()})"
+
+
+def _saved_value(v, terms):
     if hasattr(v, "detach") and hasattr(v, "shape"):
-        a = as_np(v)
-        return ("T", tuple(a.shape), str(a.dtype), np.round(a.astype(np.float64), 5).tolist())
+        return ("T", SavedArray(as_np(v), terms))
     if isinstance(v, tuple):
-        return tuple(_saved_value(x) for x in v)
-    if isinstance(v, float):
-        return round(v, 6)
-    return v
+        return tuple(_saved_value(x, terms) for x in v)
+    return v  # Python numbers are the program's constants: exact
 
 
-def graph_signature(fn, memo=None):
-    """Nested (name, saved attrs, children) of a grad_fn, torch's prefixes stripped."""
+def graph_signature(fn, memo=None, terms=1):
+    """Nested (name, saved attrs, children) of a grad_fn, torch's prefixes stripped; saved
+    tensors compare within the rounding bound of ``terms`` accumulated errors."""
     if fn is None:
         return None
     memo = {} if memo is None else memo
@@ -93,7 +143,7 @@ def graph_signature(fn, memo=None):
     saved = {}
     for attr in dir(fn):
         if attr.startswith("_saved_"):
-            saved[attr] = _saved_value(getattr(fn, attr))
+            saved[attr] = _saved_value(getattr(fn, attr), terms)
     edges = tuple(fn.next_functions)
     if name == "WhereBackward0" and len(edges) == 3:
         # symgrad keeps where's condition as a first, edge-less input (None, 0) (the fused
@@ -101,6 +151,6 @@ def graph_signature(fn, memo=None):
         assert edges[0] == (None, 0)
         edges = edges[1:]
     sig = (name, tuple(sorted(saved.items())),
-           tuple((graph_signature(n, memo), nr) for n, nr in edges))
+           tuple((graph_signature(n, memo, terms), nr) for n, nr in edges))
     memo[id(fn)] = sig
     return sig
