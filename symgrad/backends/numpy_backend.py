@@ -18,14 +18,12 @@ def _quiet(fn):
     return kernel
 
 
-_expit = None
-
-
 def _sigmoid(x):
-    global _expit
-    if _expit is None:  # scipy's expit is accurate in both tails; imported on first use
-        from scipy.special import expit as _expit
-    return _expit(x)
+    """1/(1+e^-x) without overflow in either tail: exp only ever sees -|x|."""
+    x = np.asarray(x)
+    with np.errstate(all="ignore"):
+        e = np.exp(-np.abs(x))
+        return np.where(x >= 0, 1 / (1 + e), e / (1 + e))
 
 
 def _pow(a, b):
