@@ -17,9 +17,13 @@ comparison in the suite therefore asks this module for a bound computed from
 * ``scale``: the magnitude the rounding errors are relative to. By default the largest
   finite ``|expected|`` in the compared block (a norm-wise bound: small elements of a block
   get the block's absolute slack, as BLAS error bounds do). Where the result can cancel
-  (a sum of mixed-sign terms, ``a - b`` with a ~ b, a gradient that is nearly zero), pass the
-  magnitude of the *summed terms* instead, e.g. ``scale=(abs(a) @ abs(b)).max()`` for a
-  matmul or ``scale=abs(x).sum()`` for a sum.
+  (a sum of mixed-sign terms, a gradient that is nearly zero), pass the magnitude of the
+  *summed terms* instead, e.g. ``scale=(abs(a) @ abs(b)).max()`` for a matmul or
+  ``scale=abs(x).sum()`` for a sum, or ``scale=magnitude(expected, *inputs)`` when the
+  terms are products of O(1) inputs and weights in [-1, 1]: a sum of n such terms then
+  has ``sum|terms| <= n * max|input|``, and ``terms >= n`` supplies the factor n.
+  (A single correctly rounded ``a - b`` needs no such care: its error is relative to
+  its result.)
 
 The bound (:func:`tolerance`) is::
 
@@ -57,7 +61,7 @@ import numpy as np
 SAFETY = 4
 """Default ``ulps``: the safety factor over the first-order rounding bound (see above)."""
 
-__all__ = ["SAFETY", "as_array", "assert_close", "eps_of", "tolerance"]
+__all__ = ["SAFETY", "as_array", "assert_close", "eps_of", "magnitude", "tolerance"]
 
 
 def as_array(value) -> np.ndarray:
@@ -97,6 +101,13 @@ def _magnitude(expected: np.ndarray) -> float:
     """Largest finite |value| of the block (0 for an empty or all-nonfinite block)."""
     finite = np.abs(expected[np.isfinite(expected)])
     return float(finite.max()) if finite.size else 0.0
+
+
+def magnitude(*values) -> float:
+    """Largest finite ``|v|`` over all ``values`` (a ``scale`` covering the terms a result
+    was summed from when they are the given inputs, or products of them with weights in
+    [-1, 1])."""
+    return max((_magnitude(as_array(v)) for v in values if v is not None), default=0.0)
 
 
 def tolerance(expected, *, terms=1, scale=None, ulps=SAFETY, dtype=None, actual=None):

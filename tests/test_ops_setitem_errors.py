@@ -66,9 +66,9 @@ def test_setitem_graph_values_and_grads_match_torch(case, torch, cpu_backend):
     sig = run_grads.signature
     theirs, g_theirs, _ = run_grads(torch, fn, arrays)
     assert sig == run_grads.signature
-    assert_close(ours, theirs, terms=run_grads.terms)
+    assert_close(ours, theirs, terms=run_grads.terms, inputs=arrays)
     for a, b in zip(g_ours, g_theirs):
-        assert_close(a, b, terms=run_grads.terms)
+        assert_close(a, b, terms=run_grads.terms, inputs=arrays)
 
 
 @pytest.mark.parametrize("case", SETITEM, ids=[c[0] for c in SETITEM])
@@ -82,9 +82,9 @@ def test_setitem_second_derivatives_match_torch(case, torch):
     _, g_ours, h_ours = run_grads(sg, squared, arrays, create_graph=True)
     _, g_theirs, h_theirs = run_grads(torch, squared, arrays, create_graph=True)
     for a, b in zip(g_ours, g_theirs):
-        assert_close(a, b, terms=run_grads.terms)
+        assert_close(a, b, terms=run_grads.terms, inputs=arrays)
     for a, b in zip(h_ours, h_theirs):
-        assert_close(a, b, terms=run_grads.terms)
+        assert_close(a, b, terms=run_grads.terms, inputs=arrays)
 
 
 def test_setitem_keeps_identity_bumps_version_and_rebases_grad_fn():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _tolerance import SAFETY, assert_close, eps_of, tolerance
+from _tolerance import SAFETY, assert_close, eps_of, magnitude, tolerance
 
 import symgrad as sg
 
@@ -66,6 +66,12 @@ def test_scale_is_the_blocks_magnitude_or_given():
         assert_close(np.float32(1.0009765625), np.float32(1.0), terms=3)
     assert_close(np.float32(1.0009765625), np.float32(1.0), terms=3,
                  scale=np.abs(terms).sum())
+    # the inputs' magnitude as the scale of a cancelling sum
+    x = np.array([2.0, -2.0, 1e-3], dtype=np.float32)
+    assert magnitude(np.float32(1e-3), x, None) == 2.0
+    assert_close(np.float32(1e-3) + np.float32(1e-7), np.float32(1e-3), terms=3,
+                 scale=magnitude(np.float32(1e-3), x))
+    assert magnitude(np.array([np.nan, -np.inf, -3.0])) == 3.0 and magnitude() == 0.0
     # an elementwise scale
     assert_close(np.array([1.0, 100.5]), np.array([1.0, 100.0]), scale=np.array([1.0, 1e15]))
     with pytest.raises(AssertionError):

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _oracle import program_terms
+from _tolerance import assert_close, magnitude
 
 import symgrad as sg
 from tests import test_ops_shape_index as shape_index
@@ -48,14 +50,13 @@ def _np(t):
 
 def _saved(v, values):
     """A saved operand's comparable form; tensors' values go to ``values`` (compared apart,
-    with a tolerance: float32 kernels may round differently in the last place)."""
+    with a tolerance: kernels may round differently in the last place). Python numbers are
+    the program's constants: exact."""
     if isinstance(v, sg.Tensor):
         values.append(v)
         return ("T", tuple(v.shape), v.dtype.name)
     if isinstance(v, tuple):
         return tuple(_saved(x, values) for x in v)
-    if isinstance(v, float):
-        return round(v, 6)
     if isinstance(v, sg.device):
         return "device"
     return v
@@ -109,21 +110,22 @@ def run(device, fn, arrays, create_graph=False):
     return result
 
 
-def _close(a, b, dtype=np.float64):
+def _close(a, b, terms, arrays):
+    """Within the rounding bound of the dtype over the program's terms (tests/_tolerance.py);
+    the scale is the result's magnitude or the inputs' (reductions may cancel)."""
     if a is None or b is None:
         assert a is None and b is None
         return
     assert a.device == CUDA and b.device == CPU
     x, y = _np(a), _np(b)
     assert x.shape == y.shape and x.dtype == y.dtype
-    tol = dict(rtol=1e-10, atol=1e-12) if dtype == np.float64 else dict(rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(x, y, **tol)
+    assert_close(x, y, terms=terms, scale=magnitude(y, *arrays))
 
 
 def check(fn, arrays, create_graph=False):
     cpu = run("cpu", fn, arrays, create_graph)
     dev = run("cuda", fn, arrays, create_graph)
-    dtype = arrays[0].dtype
+    terms = program_terms(arrays, tuple(cpu["out"].shape), create_graph)
     # the same graph; saved tensors live on the device, except wrapped Python scalars
     # (``2 * x`` saves a 0-dim CPU tensor in torch too)
     assert _strip_device(dev["sig"], "cuda:0") == _strip_device(cpu["sig"], "cpu")
@@ -131,13 +133,13 @@ def check(fn, arrays, create_graph=False):
         if a.device == CPU:
             assert a.ndim == 0 and b.device == CPU
             a = a.to("cuda")
-        _close(a, b, dtype)
-    _close(dev["out"], cpu["out"], dtype)
+        _close(a, b, terms, arrays)
+    _close(dev["out"], cpu["out"], terms, arrays)
     assert (dev["grads"] is None) == (cpu["grads"] is None)
     for a, b in zip(dev["grads"] or (), cpu["grads"] or ()):
-        _close(a, b, dtype)
+        _close(a, b, terms, arrays)
     for a, b in zip(dev["second"] or (), cpu["second"] or ()):
-        _close(a, b, dtype)
+        _close(a, b, terms, arrays)
 
 
 @pytest.mark.parametrize("case", core.CASES, ids=[c[0] for c in core.CASES])
