@@ -68,15 +68,53 @@ def _lambdas(spec, params, n_in, positions, fixed=()):
     derivs = []
     for k in positions:
         d = sympy.diff(f, xs[k])
-        fn = sympy.lambdify(xs, d, modules=[_NP_EXTRA, "numpy"])
+        fn = lambdify_numpy(xs, d, _NP_EXTRA)
         if d.has(sympy.Heaviside):  # ties: elements where the two one-sided forms differ
-            f0 = sympy.lambdify(xs, d, modules=[_NP_H0, "numpy"])
-            f1 = sympy.lambdify(xs, d, modules=[_NP_H1, "numpy"])
+            f0 = lambdify_numpy(xs, d, _NP_H0)
+            f1 = lambdify_numpy(xs, d, _NP_H1)
             fn.ties = lambda *a, f0=f0, f1=f1: np.asarray(f0(*a)) != np.asarray(f1(*a))
         derivs.append(fn)
     formula = _formula(spec, f, xs, positions)
     _TEMPLATES[key] = (derivs, formula)
     return derivs, formula
+
+
+def lambdify_numpy(xs, expr, extra: dict):
+    """``sympy.lambdify`` for NumPy whose generated code carries every number at full
+    precision.
+
+    SymPy's printers write a ``Float`` with the 15 significant digits of its default
+    precision, so a parameter such as a clamp bound ``0.17433847556174747`` became
+    ``0.174338475561747`` in the generated code and an element lying exactly on the
+    bound was judged outside it. Here a Float is printed as ``repr(float(value))``: the
+    shortest decimal that reads back as the same double (every float parameter, scalar
+    or constant in a meaning came from a double, and the code computes in float64).
+    """
+    import sympy
+
+    printer = _full_precision_printer()({
+        "fully_qualified_modules": False, "inline": True, "allow_unknown_functions": True,
+        "user_functions": {k: k for k in extra}})
+    return sympy.lambdify(xs, expr, modules=[extra, "numpy"], printer=printer)
+
+
+_PRINTER = None
+
+
+def _full_precision_printer():
+    global _PRINTER
+    if _PRINTER is None:
+        from sympy.printing.numpy import NumPyPrinter
+
+        class FullPrecisionNumPyPrinter(NumPyPrinter):
+            def _print_Float(self, expr):  # noqa: N802  (SymPy's printer protocol)
+                v = float(expr)
+                if v != v or v in (float("inf"), float("-inf")):
+                    return super()._print_Float(expr)
+                return repr(v)
+
+        _PRINTER = FullPrecisionNumPyPrinter
+    return _PRINTER
 
 
 def _decided_derivative(spec, params, in_vals, idx, positions, k):
