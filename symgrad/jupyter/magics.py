@@ -2,13 +2,26 @@
 
 ``%%symgrad [--no-verify] [--root NAME] [--rtol X] [--atol X] [--sample N] [--mode M]``
 runs the cell as IPython would (same namespace, same result, errors raised as usual)
-under ``symgrad.record()`` so the graph stays inspectable after ``backward()``. It then
-displays, as two separate outputs, the graph MIME bundle (JSON + static SVG + text: it
-survives in a saved notebook) and the Inspector widget, which verifies with a progress
-bar. The cell's own result is returned, so ``Out[n]`` is what it would have been.
+under ``symgrad.record()`` so the graph stays inspectable after ``backward()``, then
+verifies the graph it built (unless ``--no-verify``) and shows:
 
-Line forms: ``%symgrad graph EXPR``, ``%symgrad verify EXPR [options]``,
-``%symgrad saved EXPR``.
+* always, the graph MIME bundle as its own output (graph JSON + static SVG/HTML + a
+  text outline: it survives in a saved notebook), carrying the verdicts once known;
+* in a kernel with ipywidgets (the ``jupyter`` extra), the Inspector widget as a second
+  output; it runs the verifier with a progress bar and Stop;
+* otherwise (core install, or terminal IPython) the verifier's report as a second output
+  (report JSON + HTML table + text). In a kernel without ipywidgets, one line on stderr
+  says so, once per session. Terminal IPython prints the text/plain parts: the graph as
+  an indented grad_fn outline, the report as tables.
+
+If the verifier raises (over its budget, a freed graph ...) the cell prints
+``%%symgrad: verification failed: <Error>: <message>`` on stderr below the graph, and
+the cell still succeeds. The cell's own result is returned, so ``Out[n]`` is what it
+would have been.
+
+Line forms: ``%symgrad graph EXPR`` (the graph bundle), ``%symgrad verify EXPR
+[options]`` (returns the Report, displayed as the report bundle; a verifier error is a
+one-line UsageError), ``%symgrad saved EXPR`` (every node's saved operands).
 """
 
 from __future__ import annotations
@@ -16,8 +29,10 @@ from __future__ import annotations
 import argparse
 import ast
 import contextlib
+import copy
 import re
 import shlex
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,7 +40,8 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.display import display
 
-from .graph import GraphView, _is_tensor, graph_json, mimebundle
+from .graph import GraphView, _is_tensor, apply_report, graph_json, mimebundle
+from .run import run_verify, verify_with_node_checks
 from .svg import esc
 
 __all__ = ["SymgradMagics", "register", "find_roots"]
@@ -101,6 +117,53 @@ def find_roots(candidates: list[Any]) -> list[Any]:
     return [t for t in with_graph if id(t.grad_fn) not in below]
 
 
+def _has_kernel(shell: Any) -> bool:
+    """A Jupyter kernel (a front end that renders rich outputs and widgets, and updates
+    an output in place), as opposed to terminal IPython, which prints text/plain."""
+    return getattr(shell, "kernel", None) is not None
+
+
+def _inspector_class(shell: Any) -> tuple[type | None, str | None]:
+    """The Inspector widget class when this front end can show it, else ``(None, why)``.
+
+    ``why`` is None in terminal IPython: no widget could show there, so nothing is missing.
+    """
+    if not _has_kernel(shell):
+        return None, None
+    try:
+        from .widget import Inspector
+    except ImportError as exc:
+        missing = getattr(exc, "name", None)
+        return None, (f"{missing} is not installed" if missing else
+                      f"the Inspector cannot be imported ({_one_line(exc)})")
+    return Inspector, None
+
+
+class _GraphOutput:
+    """The graph bundle as one output. In a kernel it is shown at once and updated in
+    place when the verdicts are in; a terminal cannot update an output, so there it is
+    shown once, by :meth:`show`."""
+
+    def __init__(self, payload: dict, live: bool) -> None:
+        self.shown = payload if live else None
+        self.handle = display(mimebundle(payload), raw=True, display_id=True) if live \
+            else None
+
+    def show(self, payload: dict) -> None:
+        if payload is self.shown:
+            return
+        if self.handle is not None:
+            self.handle.update(mimebundle(payload), raw=True)
+        else:
+            display(mimebundle(payload), raw=True)
+        self.shown = payload
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 def _user_names(ns: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in ns.items() if not k.startswith("_") and _is_tensor(v)}
 
@@ -157,21 +220,48 @@ class SymgradMagics(Magics):
 
         names = _user_names(ns)
         root_arg = roots[0] if len(roots) == 1 else list(roots)
-        payload = graph_json(root_arg, names)
-        handle = display(mimebundle(payload), raw=True, display_id=True)
-        try:
-            from .widget import Inspector
-        except ImportError:  # ipywidgets missing: the graph output alone
+        node_map: dict[int, str] = {}
+        payload = graph_json(root_arg, names, node_map=node_map)
+        inspector_cls, why_not = _inspector_class(shell)
+        if why_not is not None:
+            self._notice(why_not, f"%%symgrad: {why_not}; showing the static graph"
+                         + (" and report" if args.verify else "")
+                         + " (pip install 'symgrad[jupyter]' for the Inspector)")
+        graph_out = _GraphOutput(payload, live=_has_kernel(shell))
+        if inspector_cls is not None:  # the widget verifies (progress bar, Stop)
+            inspector = inspector_cls(root_arg, names, verify=False, rtol=args.rtol,
+                                      atol=args.atol, sample=args.sample, mode=args.mode)
+            display(inspector)
+            if args.verify:
+                inspector.verify(background=False)
+                graph_out.show(inspector.graph)
+            self.last_inspector = inspector
             return None if suppress else value
-        inspector = Inspector(root_arg, names, verify=False, rtol=args.rtol, atol=args.atol,
-                              sample=args.sample, mode=args.mode)
-        display(inspector)
+        report = error = None
         if args.verify:
-            inspector.verify(background=False)
-            if handle is not None:
-                handle.update(mimebundle(inspector.graph), raw=True)
-        self.last_inspector = inspector
+            try:
+                report, local = verify_with_node_checks(
+                    roots[0], names, rtol=args.rtol, atol=args.atol, sample=args.sample,
+                    mode=args.mode)
+            except Exception as exc:  # noqa: BLE001 - one line below the graph, not a traceback
+                error = f"%%symgrad: verification failed: {_one_line(exc)}"
+            else:
+                payload = copy.deepcopy(payload)
+                apply_report(payload, report, node_map, local)
+        graph_out.show(payload)
+        if error is not None:
+            print(error, file=sys.stderr)
+        if report is not None:
+            display(report)  # its own output: report JSON + HTML table + text
+        self.last_report = report
         return None if suppress else value
+
+    def _notice(self, key: str, text: str) -> None:
+        """``text`` on stderr, once per IPython session (shell) for each ``key``."""
+        shown = self.__dict__.setdefault("_notices", set())
+        if key not in shown:
+            shown.add(key)
+            print(text, file=sys.stderr)
 
     # -- %symgrad graph|verify|saved EXPR ----------------------------------------------
     def _line(self, line: str) -> Any:
@@ -192,10 +282,11 @@ class SymgradMagics(Magics):
             return GraphView(target, names)
         if command == "saved":
             return SavedView(graph_json(target, names, formulas=False))
-        from .run import run_verify
-
-        return run_verify(target, names, rtol=opts.rtol, atol=opts.atol, sample=opts.sample,
-                          mode=opts.mode)
+        try:
+            return run_verify(target, names, rtol=opts.rtol, atol=opts.atol,
+                              sample=opts.sample, mode=opts.mode)
+        except Exception as exc:  # noqa: BLE001 - one line (UsageError), not a traceback
+            raise UsageError(f"%symgrad verify: {_one_line(exc)}") from None
 
 
 class SavedView:
