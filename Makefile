@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-test
 DEMO_STAMP := $(VENV)/.installed-demo
 
-.PHONY: install demo test lint bench clean lab labext chromium
+.PHONY: install demo test lint bench clean lab labext chromium wheel
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,10 @@ $(LABEXT): $(LABEXT_SRC) | $(STAMP)
 
 labext: $(LABEXT)
 
+# A wheel with the prebuilt labextension inside (users install it with no Node.js).
+wheel: $(LABEXT)
+	$(PY) -m pip wheel -q --no-deps -w dist .
+
 # Headless browser for tests/browser (Debian's chromium; CI runs as root).
 chromium:
 	command -v chromium >/dev/null || (apt-get update && apt-get install -y chromium)
@@ -70,4 +74,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_core.py
 
 clean:
-	rm -rf $(VENV) demo-output test-artifacts .pytest_cache
+	rm -rf $(VENV) demo-output test-artifacts .pytest_cache dist
