@@ -9,6 +9,8 @@ e.g. ``Abs`` or ``Max``).
 
 from __future__ import annotations
 
+from collections import ChainMap
+
 import mpmath
 import numpy as np
 
@@ -122,7 +124,10 @@ class Evaluator:
                 return self.ev(s)
         else:
             s = e
-        subs = {x: sympy.Float(mpmath.nstr(self._symbol(x), DPS), DPS)
+        # the symbols' values exactly (a 40-digit decimal of a recorded double is a hair
+        # off it, which flips a comparison with the double itself)
+        prec = max(_mp.prec, 53)
+        subs = {x: sympy.Float._new(_mp.mpf(self._symbol(x))._mpf_, prec)
                 for x in s.free_symbols}
         r = s.xreplace(subs).evalf(DPS)
         if not r.is_number:
@@ -131,6 +136,32 @@ class Evaluator:
             return _mp.mpf(str(r))
         except ValueError:
             return _mp.nan
+
+
+class DecisionEvaluator(Evaluator):
+    """Values for branch decisions: the engine's *recorded* value of every atom.
+
+    An intermediate symbol's high-precision value can differ from the value the engine
+    recorded for it (a mean that the engine rounded onto a clamp bound is, exactly, a hair
+    off it), and the engine's backward took its branch at the recorded value. So
+    decisions read ``recorded`` (symbol -> mpf of the recorded float) first and fall back
+    to ``values`` (the high-precision ones) for symbols that have no recorded value.
+    ``round`` (``numpy.float32`` for a float32 node, else None) rounds the numbers of the
+    meaning (clamp bounds, scalars) to the node's dtype, as the engine's kernel compares
+    a float32 element with float32(bound).
+    """
+
+    _NUMS = ("Float", "RealDouble", "RealMPFR")
+
+    def __init__(self, recorded: dict, values: dict) -> None:
+        super().__init__(ChainMap(recorded, values))
+        self.round = None
+
+    def ev(self, e):
+        if self.round is not None and (isinstance(e, (float, np.floating))
+                                       or type(e).__name__ in self._NUMS):
+            return _mp.mpf(float(self.round(float(e))))
+        return super().ev(e)
 
 
 def _number(e):
@@ -377,6 +408,19 @@ class DecidingEngine:
 
     def Min(self, *args):  # noqa: N802
         return self._pick(args, False)
+
+    def Abs(self, x):  # noqa: N802
+        """|x| as the branch at x's value: x, -x, or 0 where x is 0 (abs'(0) = 0)."""
+        v = self._value(x)
+        if v != v:  # nan: no branch to take
+            return self._engine.Abs(x)
+        return x if v > 0 else (-x if v < 0 else self._engine.Integer(0))
+
+    def sign(self, x):
+        v = self._value(x)
+        if v != v:
+            return self._engine.sign(x)
+        return self._engine.Integer(1 if v > 0 else (-1 if v < 0 else 0))
 
     def Piecewise(self, *pairs):  # noqa: N802
         for expr, cond in pairs:

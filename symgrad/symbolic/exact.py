@@ -52,7 +52,11 @@ class SymbolicGraph:
         self._partials: dict = {}
         self._n = 0
         self.ev = E.Evaluator(self.values)
-        self.be = SympyBackend(engine, valuation=self.ev, lazy=True)  # no cycle via self
+        #: symbol -> mpf of the value the engine recorded for it: branches (clamp, relu,
+        #: abs, max ties, argmax) are decided there, not at the high-precision value
+        self.recorded: dict = {}
+        self.dv = E.DecisionEvaluator(self.recorded, self.values)
+        self.be = SympyBackend(engine, valuation=self.dv, lazy=True)  # no cycle via self
         self.dps = E.DPS
 
     # -- construction --------------------------------------------------------------------
@@ -109,7 +113,7 @@ class SymbolicGraph:
                 self.tex_map[ss] = t
             leaf.symbols = syms.reshape(leaf.shape)
 
-    def _atomize(self, e):
+    def _atomize(self, e, recorded=None):
         if E.is_atom(e):
             if isinstance(e, (np.floating, np.integer)):
                 return e.item()
@@ -119,7 +123,23 @@ class SymbolicGraph:
         self.def_index[s] = len(self.defs)
         self.defs.append((s, e))
         self.values[s] = self.ev(e)
+        if recorded is not None:
+            self.recorded[s] = mpmath.mpf(recorded)
         return s
+
+    def _recorded_outputs(self, g) -> list:
+        """The engine's recorded value of each output of ``g`` (None where unknown)."""
+        out = []
+        for nr in range(len(g.out_shapes)):
+            try:
+                v = np.asarray(self.graph.value_of(("node", g.index, nr)))
+            except Exception:  # no value: decisions fall back to the exact value
+                v = None
+            if v is not None and (v.dtype.kind not in "fiub"
+                                  or v.shape != tuple(g.out_shapes[nr])):
+                v = None
+            out.append(v)
+        return out
 
     def input_arrays(self, g) -> list:
         arrays = []
@@ -136,6 +156,8 @@ class SymbolicGraph:
         from ..ops.spec import STRUCTURAL
 
         arrays = self.input_arrays(g)
+        dt = np.dtype(g.out_dtypes[0]) if g.out_dtypes else np.dtype(np.float64)
+        self.dv.round = np.float32 if dt.kind == "f" and dt.itemsize <= 4 else None
         if g.custom is not None:
             from .custom import custom_meaning
 
@@ -143,7 +165,7 @@ class SymbolicGraph:
         elif g.spec is None:
             raise NotImplementedError(f"{g.name}: no SymPy meaning known for this node")
         elif callable(g.spec.sympy):
-            deciding = E.DecidingEngine(self.sp, self.ev,
+            deciding = E.DecidingEngine(self.sp, self.dv,
                                         g.spec.name in E.SPLIT_TIES)
             outs = (elementwise(g.spec.sympy, deciding, arrays, g.params),)
         elif g.spec.sympy == STRUCTURAL:
@@ -151,11 +173,16 @@ class SymbolicGraph:
             outs = g.forward_numeric(self.be, arrays)
         else:
             raise NotImplementedError(f"{g.name}: op {g.spec.name!r} has no SymPy meaning")
+        self.dv.round = None
+        recorded = self._recorded_outputs(g)
         for nr, o in enumerate(outs):
             o = obj(o)
             out = np.empty(o.shape, dtype=object)
+            rec = recorded[nr] if nr < len(recorded) else None
+            if rec is not None and rec.shape != o.shape:
+                rec = None
             for idx, e in np.ndenumerate(o):
-                out[idx] = self._atomize(e)
+                out[idx] = self._atomize(e, None if rec is None else float(rec[idx]))
             self.node_out[(g.index, nr)] = out
 
     def build(self) -> None:

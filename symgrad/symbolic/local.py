@@ -140,7 +140,7 @@ def _decided_derivative(spec, params, in_vals, idx, positions, k):
     return float(ev(sympy.diff(f, args[k])))
 
 
-def _fix_ties(g, in_vals, args, k, d, dv, positions):
+def _fix_ties(g, params, in_vals, args, k, d, dv, positions):
     """Recompute the derivative at tied elements (Max/Min with equal arguments)."""
     ties = getattr(d, "ties", None)
     if ties is None:
@@ -151,7 +151,7 @@ def _fix_ties(g, in_vals, args, k, d, dv, positions):
     dv = np.array(dv, dtype=np.float64)
     for flat in np.flatnonzero(mask):
         idx = np.unravel_index(flat, dv.shape)
-        dv[idx] = _decided_derivative(g.spec, g.params, in_vals, (idx, dv.shape), positions, k)
+        dv[idx] = _decided_derivative(g.spec, params, in_vals, (idx, dv.shape), positions, k)
     return dv
 
 
@@ -194,12 +194,31 @@ def _sum_to(a: np.ndarray, shape) -> np.ndarray:
     return a.reshape(shape)
 
 
+def _in_node_dtype(g, in_vals):
+    """``(params, in_vals)`` with Python-float parameters and scalar inputs rounded to a
+    float32 node's dtype, as the engine's float32 kernel uses them: ``x.clamp(0.7, 0.9)``
+    on float32 compares ``x`` with ``float32(0.7)``, so an element equal to float32(0.7)
+    is on the bound, not below it."""
+    dts = [np.asarray(x).dtype for x in in_vals if isinstance(x, np.ndarray)
+           and x.dtype.kind == "f"]
+    if not dts or max(dt.itemsize for dt in dts) != 4:
+        return g.params, in_vals
+
+    def rnd(v):
+        return float(np.float32(v)) if isinstance(v, float) else v
+
+    params = {k: rnd(v) for k, v in g.params.items()}
+    in_vals = [rnd(x) if r[0] == "scalar" else x for x, r in zip(in_vals, g.inputs)]
+    return params, in_vals
+
+
 def _elementwise_jtv(g, in_vals, v):
     positions = tuple(i for i, r in enumerate(g.inputs)
                       if r[0] != "scalar" and g.needs[i] and np.asarray(in_vals[i]).dtype.kind
                       == "f")
     discrete = [i for i, r in enumerate(g.inputs)
                 if r[0] != "scalar" and np.asarray(in_vals[i]).dtype.kind in "biu"]
+    params, in_vals = _in_node_dtype(g, in_vals)
     args = [np.asarray(x, dtype=np.float64) if isinstance(x, np.ndarray) and x.dtype.kind == "f"
             else x for x in in_vals]
     if discrete:  # one template per value of the discrete inputs, applied where it holds
@@ -212,19 +231,19 @@ def _elementwise_jtv(g, in_vals, v):
         for combo in combos:
             mask = np.all(np.stack([d == c for d, c in zip(dis, combo)]), axis=0)
             fixed = tuple((i, c.item()) for i, c in zip(discrete, combo))
-            derivs, formula = _lambdas(g.spec, g.params, len(in_vals), positions, fixed)
+            derivs, formula = _lambdas(g.spec, params, len(in_vals), positions, fixed)
             with np.errstate(all="ignore"):
                 for k, d in zip(positions, derivs):
                     dv = np.broadcast_to(np.asarray(d(*args), dtype=np.float64), v.shape)
                     total[k] = np.where(mask, dv, total[k])
         return {k: (_sum_to(v * total[k], np.shape(in_vals[k])), None)
                 for k in positions}, formula
-    derivs, formula = _lambdas(g.spec, g.params, len(in_vals), positions)
+    derivs, formula = _lambdas(g.spec, params, len(in_vals), positions)
     res = {}
     with np.errstate(all="ignore"):
         for k, d in zip(positions, derivs):
             dv = np.broadcast_to(np.asarray(d(*args), dtype=np.float64), v.shape)
-            dv = _fix_ties(g, in_vals, args, k, d, dv, positions)
+            dv = _fix_ties(g, params, in_vals, args, k, d, dv, positions)
             res[k] = (_sum_to(v * dv, np.shape(in_vals[k])), None)
     return res, formula
 
