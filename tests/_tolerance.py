@@ -51,7 +51,8 @@ sides) compare exactly. Shapes must be equal: no broadcasting, so a transposed o
 result fails clearly instead of passing by accident.
 
 Inputs may be numpy arrays, Python scalars or sequences, symgrad tensors, torch tensors
-(``.detach().cpu().numpy()`` is used where present) or numba device arrays.
+(``.detach().cpu().numpy()`` is used where present) or numba device arrays. A Python float
+counts as float64: compare ``.item()`` of a float32 tensor with ``dtype=np.float32``.
 """
 
 from __future__ import annotations
