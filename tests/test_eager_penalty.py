@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _tolerance import assert_close
 
 import symgrad as sg
 
@@ -22,6 +23,11 @@ W2 = (RNG.standard_normal((D, D)) / 4).astype(np.float32)
 CS = [(RNG.standard_normal((D, D)) / 4).astype(np.float32) for _ in range(N_PEN)]
 LAMBDAS = [0.1, 0.01, 0.5]
 ACT = B * D * 4  # bytes of one float32 activation
+# Roundings along w1's gradient (w2's takes fewer): the forward h1 and h2 (mm over D, tanh);
+# the loss's backward (mean, 2 h2, tanh', mm over D, tanh', mm over the batch); a penalty's
+# (h1 @ C over D, 2 lambda, mm over D, tanh', mm over the batch); the N_PEN + 1 sums of
+# the contributions, in a different order eagerly than combined.
+TERMS = 2 * (D + 2) + (2 + 3 + D + 3 + B) + (D + 2 + D + 3 + B) + N_PEN + 1
 
 
 def _params(lib):
@@ -82,13 +88,13 @@ def test_eager_penalties_free_their_branches_keep_the_backbone_and_match_combine
     for k in range(N_PEN):
         total = total + _penalty(sg, h1, k)
     total.backward()
-    np.testing.assert_allclose(eager[0], cw1.grad.numpy(), rtol=1e-5, atol=1e-7)
-    np.testing.assert_allclose(eager[1], cw2.grad.numpy(), rtol=1e-5, atol=1e-7)
+    assert_close(eager[0], cw1.grad, terms=TERMS, msg="w1: eager vs combined")
+    assert_close(eager[1], cw2.grad, terms=TERMS, msg="w2: eager vs combined")
 
     tw1, tw2 = _params(torch)
     teager = _eager(torch, tw1, tw2)
-    np.testing.assert_allclose(eager[0], teager[0], rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(eager[1], teager[1], rtol=1e-5, atol=1e-6)
+    assert_close(eager[0], teager[0], terms=TERMS, msg="w1: vs torch")
+    assert_close(eager[1], teager[1], terms=TERMS, msg="w2: vs torch")
 
 
 def test_backbone_is_freed_by_the_final_backward(no_gc):
