@@ -1,8 +1,10 @@
 """The ``symgrad`` command (also ``python -m symgrad``).
 
-``symgrad check PATH_OR_MODULE[:FUNC] [-k EXPR] [--json OUT] [--html OUT] [--mode M]``
+``symgrad check PATH_OR_MODULE[:FUNC] [-k EXPR] [--json OUT] [--html OUT] [--mode M] [-v]``
 verifies every function decorated with ``@symgrad.testing.gradient_check`` and exits 0
 when all agree, 1 when any gradient is wrong, 2 on a usage error (bad path, nothing found).
+A failing check prints a summary that names the first bad node (grad_fn and position from
+the root) and the leaves (parameter paths, argument names); ``-v`` prints full reports.
 ``symgrad verify-rules`` runs the rule audit over every registered op.
 """
 
@@ -104,7 +106,27 @@ def _progress(items, enabled: bool):
     return tqdm(items, desc="symgrad check", unit="check", leave=False)
 
 
+def _status_line(name: str, ok: bool, data: dict) -> str:
+    """``ok     file.py::check  [mode exact]`` (+ the first bad node, or the error)."""
+    line = f"{'ok' if ok else 'FAILED':6} {name}"
+    if data.get("mode"):
+        line += f"  [mode {data['mode']}]"
+    if not ok:
+        if "error" in data:
+            line += f"  error: {data['error']}"
+        elif data.get("first_bad_node_label"):
+            line += f"  first bad node: {data['first_bad_node_label']}"
+        else:
+            bad = [lf["name"] for lf in data.get("leaves") or [] if lf.get("status") != "ok"]
+            if bad:
+                line += "  leaves that disagree: " + ", ".join(bad)
+    return line
+
+
 def cmd_check(args) -> int:
+    import traceback
+
+    from .symbolic.report import render_text
     from .testing.checks import run_marked
     from .testing.html import html_page
 
@@ -118,35 +140,35 @@ def cmd_check(args) -> int:
     for name, fn in _progress(found, tty):
         if args.mode:
             fn.__symgrad_check__ = {**fn.__symgrad_check__, "mode": args.mode}
+        trace = None
         try:
             report = run_marked(fn, name)
-            ok, data, error = bool(report.ok), report.to_json(), None
+            ok, data = bool(report.ok), report.to_json()
         except Exception as exc:  # a check that cannot run counts as failed, with the reason
-            ok, data, error = False, {"ok": False, "error": f"{type(exc).__name__}: {exc}"}, exc
+            ok, data = False, {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+            trace = traceback.format_exc()
         results.append({"name": name, "ok": ok, "report": data})
-        status = "ok" if ok else "FAILED"
-        line = f"{status:6} {name}"
-        if data.get("mode"):
-            line += f"  [{data['mode']}]"
-        if not ok:
-            line += f"  first bad node: {data.get('first_bad_node')}" if error is None \
-                else f"  error: {data['error']}"
-        print(line, flush=True)
-        if not ok and error is None:
-            print(_indent(str(report)), flush=True)
+        print(_status_line(name, ok, data), flush=True)
+        if args.verbose and trace is not None:
+            print(_indent(trace.rstrip()), flush=True)
+        elif "leaves" in data and (args.verbose or not ok):
+            print(_indent(render_text(data, verbose=args.verbose, width=96)), flush=True)
     failed = sum(not r["ok"] for r in results)
+    if failed and not args.verbose:
+        print("(symgrad check --verbose shows every leaf and node, with formulas and "
+              "tolerances)")
     print(f"{len(results) - failed} passed, {failed} failed")
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(
             {"schema": "symgrad.checks/1", "total": len(results), "failed": failed,
-             "checks": results}, indent=1))
+             "checks": results}, indent=1, allow_nan=False))
     if args.html:
         pathlib.Path(args.html).write_text(html_page(results))
     return EXIT_FAILED if failed else EXIT_OK
 
 
 def _indent(text: str) -> str:
-    return "\n".join("    " + line for line in text.splitlines())
+    return "\n".join("    " + line if line else "" for line in text.splitlines())
 
 
 def cmd_verify_rules(args) -> int:
@@ -175,6 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--json", metavar="OUT", help="write the results as JSON")
     check.add_argument("--html", metavar="OUT", help="write the results as HTML")
     check.add_argument("--mode", choices=("auto", "exact", "local", "finite_differences"))
+    check.add_argument("-v", "--verbose", action="store_true",
+                       help="print every check's full report: all leaves and nodes, "
+                            "formulas, tolerances, notes (default: a summary of failures)")
     check.set_defaults(run=cmd_check)
     rules = sub.add_parser("verify-rules", help="prove every op's backward rule symbolically")
     rules.set_defaults(run=cmd_verify_rules)

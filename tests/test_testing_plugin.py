@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 
 pytest_plugins = ["pytester"]
 
@@ -81,3 +82,100 @@ def test_plugin_is_registered_through_the_entry_point():
 
     eps = [ep for ep in entry_points(group="pytest11") if ep.name == "symgrad"]
     assert eps and eps[0].value == "symgrad.testing.plugin"
+
+
+# -- leaves named as the user knows them ----------------------------------------------------
+MODEL_TEST = '''
+import symgrad as sg
+from symgrad import nn
+from symgrad.ops import OPS
+
+sg.manual_seed(0)
+model = nn.Sequential(nn.Linear(3, 2), nn.Tanh()).double()
+
+
+def test_model_with_wrong_tanh(symgrad_check, monkeypatch):
+    monkeypatch.setitem(OPS["tanh"].grads, "self", lambda grad, result: grad * (1 - result))
+    inputs = sg.randn(4, 3, dtype=sg.float64, requires_grad=True)
+    symgrad_check(lambda features: model(features).sum(), inputs)
+'''
+
+
+def test_failure_names_module_parameters_and_arguments(pytester):
+    pytester.makepyfile(test_model=MODEL_TEST)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider",
+                                           "--symgrad-report=checks.json")
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert "first bad node: TanhBackward0 (#" in out
+    for name, shape in (("0.weight", "2x3"), ("0.bias", "2"), ("features", "4x3")):
+        assert re.search(rf"^E?\s+{re.escape(name)}\s+{shape} float64\s+mismatch", out,
+                         re.MULTILINE), name
+    assert not re.search(r"\b(x0|t0)\b", out)
+    data = json.loads((pytester.path / "checks.json").read_text())
+    report = data["checks"][0]["report"]
+    assert [lf["name"] for lf in report["leaves"]] == ["0.weight", "0.bias", "features"]
+    assert report["first_bad_node_label"].startswith("TanhBackward0 (#")
+
+
+def test_leaf_names_prefer_parameter_paths_then_arguments_then_variables():
+    import symgrad as sg
+    from symgrad import nn
+    from symgrad.autograd import Function
+    from symgrad.testing import assert_gradients_match, check_function
+    from symgrad.testing.checks import leaf_names
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1 = nn.Linear(2, 2).double()
+
+        def forward(self, inp):
+            return self.fc1(inp).sum()
+
+    net = Net()
+    x = sg.tensor([[0.5, -1.0]], dtype=sg.float64, requires_grad=True)
+    scale = sg.tensor(2.0, dtype=sg.float64, requires_grad=True)
+
+    def by_name(names):
+        return {k: id(v) for k, v in names.items()}
+
+    # a module that the function reads from its closure, an argument, a closure tensor
+    names = by_name(leaf_names(lambda features: net(features) * scale, (x,)))
+    assert names == {"fc1.weight": id(net.fc1.weight), "fc1.bias": id(net.fc1.bias),
+                     "features": id(x), "scale": id(scale)}
+    # the module itself as the checked function: forward's parameter names
+    assert by_name(leaf_names(net, (x,))) == {"fc1.weight": id(net.fc1.weight),
+                                              "fc1.bias": id(net.fc1.bias), "inp": id(x)}
+    # two modules: paths are told apart by the modules' variable names
+    other = Net()
+    two = leaf_names(lambda a: net(a) + other(a), (x,))
+    assert {"net.fc1.weight", "other.fc1.weight", "a"} <= set(two)
+    # *args, and x0 only when nothing names an input
+    assert set(leaf_names(lambda *args: args[0].sum(), (x,))) == {"args[0]"}
+    assert set(leaf_names(max, (x,))) == {"x0"}  # no signature to read
+
+    rep = assert_gradients_match(lambda features: net(features) * scale, x)
+    assert [lf.name for lf in rep.leaves] == ["fc1.weight", "fc1.bias", "features", "scale"]
+
+    class Mul(Function):
+        @staticmethod
+        def forward(ctx, left, right):
+            ctx.save_for_backward(left, right)
+            return left * right
+
+        @staticmethod
+        def backward(ctx, grad):
+            left, right = ctx.saved_tensors
+            return grad * right, grad * left
+
+    a = sg.tensor([1.0, 2.0], dtype=sg.float64, requires_grad=True)
+    b = sg.tensor([3.0, 4.0], dtype=sg.float64, requires_grad=True)
+    rep = check_function(Mul, a, b)
+    assert sorted(lf.name for lf in rep.leaves) == ["left", "right"]
+    # the caller's own names come first; tensor.name beats everything
+    rep = assert_gradients_match(lambda u: (u * u).sum(), a, names={"alpha": a})
+    assert [lf.name for lf in rep.leaves] == ["alpha"]
+    a.name = "a_named"
+    rep = assert_gradients_match(lambda u: (u * u).sum(), a)
+    assert [lf.name for lf in rep.leaves] == ["a_named"]

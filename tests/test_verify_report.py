@@ -380,3 +380,122 @@ def test_non_scalar_root_needs_a_gradient():
     assert rep.leaves[0].symbolic_value == pytest.approx(3 * np.cos(x[w]) * gv[w], rel=1e-12)
     with pytest.raises(RuntimeError, match="Mismatch in shape"):
         verify(y, sg.tensor([1.0, 2.0]))
+
+
+# -- the report's forms name nodes and leaves, label columns and render non-finite values --
+def _table_rows(text: str, marker: str) -> dict:
+    """{first cell: {header: cell}} of the text table whose header holds ``marker``."""
+    import re
+
+    lines = text.splitlines()
+    k = next(i for i, line in enumerate(lines) if marker in line)
+    spans = [(m.start(), m.end()) for m in re.finditer(r"-+", lines[k + 1])]
+    names = [lines[k][a:b].strip() for a, b in spans]
+    rows = {}
+    for line in lines[k + 2:]:
+        if not line.strip() or not line.startswith(" " * spans[0][0]) or \
+                line[spans[0][0]] == " ":
+            break
+        cells = {n: line[a:b + 1].strip() for n, (a, b) in zip(names, spans)}
+        if ":" in cells[names[0]]:  # the legend under the table
+            break
+        rows[cells[names[0]]] = cells
+    return rows
+
+
+def _nonfinite_report():
+    from symgrad.symbolic.report import LeafRow, NodeRow, Report
+
+    nan, inf = float("nan"), float("inf")
+    leaves = [LeafRow("fc1.weight", (2, 3), "float32", inf, nan, (1, 2), nan, 0.5, -inf,
+                      "mismatch", nan, 6, False, r"\mathrm{fc1.weight}", bound=inf),
+              LeafRow("x", (), "float64", 0.0, 0.0, (), 1.0, 1.0, 1.0, "ok", 0.0, 1)]
+    nodes = [NodeRow(0, "MulBackward0", "mismatch", "result = other*self", nan, inf,
+                     detail="d/dself[1, 2]: engine nan, symbolic 0.5"),
+             NodeRow(1, "SumBackward0", "ok", "sum: structural", 0.0, 0.0)]
+    return Report(ok=False, mode="exact", requested_mode="auto", backend="sympy", order=1,
+                  rtol={"float32": 1e-4, "float64": inf}, atol={"float32": 1e-6,
+                                                              "float64": 1e-12},
+                  leaves=leaves, nodes=nodes, seconds=0.1)
+
+
+def test_nonfinite_values_render_in_text_html_and_strict_json():
+    jsonschema = pytest.importorskip("jsonschema")
+    rep = _nonfinite_report()
+    for text in (str(rep), rep.summary()):
+        row = _table_rows(text, "engine grad")["fc1.weight"]
+        assert (row["engine grad"], row["symbolic grad"], row["finite-diff grad"],
+                row["max abs err"], row["finite-diff err"]) == ("nan", "0.5", "-inf", "inf",
+                                                                "nan")
+    full = str(rep)
+    assert _table_rows(full, "engine grad")["fc1.weight"]["bound"] == "inf"
+    node = _table_rows(full, "checked against")["MulBackward0 (#2 of 2 from the root)"]
+    assert (node["max abs err"], node["max rel err"]) == ("nan", "inf")
+    assert "rtol inf" in full
+    h = rep._repr_html_()
+    assert "<td>nan</td>" in h and "<td>inf</td>" in h and "<td>-inf</td>" in h
+    doc = rep.to_json()
+    text = json.dumps(doc, allow_nan=False)  # strict JSON: no NaN/Infinity literals
+    assert json.loads(text) == doc
+    leaf = doc["leaves"][0]
+    assert (leaf["engine_value"], leaf["fd_value"], leaf["max_abs_err"], leaf["bound"]) == \
+        ("nan", "-inf", "inf", "inf")
+    assert doc["nodes"][0]["max_abs_err"] == "nan" and doc["tolerances"]["float64"]["rtol"] \
+        == "inf"
+    jsonschema.validate(doc, json.loads(SCHEMA.read_text()))
+
+
+def test_nonfinite_gradients_from_a_real_graph_in_every_form():
+    a = sg.tensor([1.0, 2.0], dtype=sg.float64, requires_grad=True)
+    b = sg.tensor([0.5, -1.0], dtype=sg.float64, requires_grad=True)
+    rep = verify((a * float("inf")).sum() + (b * float("nan")).sum(), names=locals())
+    json.dumps(rep.to_json(), allow_nan=False)
+    rows = _table_rows(str(rep), "engine grad")
+    assert (rows["a"]["engine grad"], rows["a"]["symbolic grad"]) == ("inf", "inf")
+    assert (rows["b"]["engine grad"], rows["b"]["symbolic grad"]) == ("nan", "nan")
+    tex = rep.latex()
+    assert r"\mathrm{inf}" in tex and r"\mathrm{nan}" in tex
+    assert "NaN" not in tex and r"\infty" not in tex
+    assert "<td>inf</td>" in rep._repr_html_()
+
+
+def test_nodes_are_named_by_grad_fn_and_position_from_the_root(monkeypatch):
+    rep = _bad_report(monkeypatch)  # (x * x).sum() with a wrong MulBackward0
+    assert rep.first_bad_node_label == "MulBackward0 (#2 of 2 from the root)"
+    assert rep.node_label(rep.nodes[-1]) == "SumBackward0 (#1 of 2 from the root)"
+    assert rep.node_label(rep.first_bad_node) == rep.first_bad_node_label
+    doc = rep.to_json()
+    assert doc["first_bad_node"] == 0 and doc["first_bad_node_label"] == rep.first_bad_node_label
+    assert [(n["id"], n["label"], n["position"], n["reference"]) for n in doc["nodes"]] == [
+        (0, "MulBackward0 (#2 of 2 from the root)", 2, "symbolic"),
+        (1, "SumBackward0 (#1 of 2 from the root)", 1, "symbolic")]
+    for text in (str(rep), rep.summary()):
+        assert "first bad node: MulBackward0 (#2 of 2 from the root)" in text
+    assert "MulBackward0 (#2 of 2 from the root)" in rep._repr_html_()
+
+
+def test_text_columns_are_labelled_and_details_never_cut():
+    from symgrad.symbolic.report import NodeRow
+
+    rep = _nonfinite_report()
+    long = "d/dself[1, 2]: engine 1.5, symbolic 0.5; " + " ".join(
+        f"word{i}" for i in range(60))
+    rep.nodes[0] = NodeRow(0, "MulBackward0", "mismatch", "result = other*self", 1.0, 2.0,
+                           detail=long)
+    full, short = str(rep), rep.summary()
+    for text in (full, short):
+        assert " ".join(long.split()) in " ".join(text.split())
+        assert max(len(line) for line in text.splitlines()
+                   if "word" in line) <= 100  # wrapped at TEXT_WIDTH
+    header = next(line for line in full.splitlines() if "engine grad" in line)
+    assert [h.strip() for h in header.split("  ") if h.strip()] == [
+        "leaf", "shape", "status", "worst element", "engine grad", "symbolic grad",
+        "finite-diff grad", "max abs err", "bound", "max rel err", "finite-diff err",
+        "elements checked"]
+    assert "SumBackward0 (#1 of 2" in full and "SumBackward0" not in short  # ok nodes
+    assert set(_table_rows(full, "engine grad")) == {"fc1.weight", "x"}
+    assert set(_table_rows(short, "engine grad")) == {"fc1.weight"}  # ok leaves left out
+    h = rep._repr_html_()
+    for th in ("engine grad", "symbolic grad", "finite-diff grad", "bound", "max abs err",
+               "checked against", "formula", "detail"):
+        assert f">{th}</th>" in h

@@ -9,22 +9,30 @@ from __future__ import annotations
 import html
 import json
 import math
+import re
+import textwrap
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-__all__ = ["Report", "LeafRow", "NodeRow", "MIME_TYPE", "SCHEMA_ID"]
+__all__ = ["Report", "LeafRow", "NodeRow", "MIME_TYPE", "SCHEMA_ID", "node_label",
+           "render_text", "render_html"]
 
 MIME_TYPE = "application/vnd.symgrad.report+json"
 SCHEMA_ID = "symgrad.report/1"
+#: long text (details, notes) wraps at this width in text reports; nothing is cut.
+TEXT_WIDTH = 100
 
 
 def _num(x):
     """A JSON-safe float (NaN/inf become strings, as JSON has no literal for them)."""
-    if x is None:
-        return None
-    x = float(x)
+    if x is None or isinstance(x, str):
+        return x
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return str(x)
     if math.isnan(x):
         return "nan"
     if math.isinf(x):
@@ -33,11 +41,20 @@ def _num(x):
 
 
 def _fmt(x, digits=6) -> str:
+    """A number for text and HTML: ``-`` when not computed, ``nan``/``inf``/``-inf``."""
     if x is None:
         return "-"
     if isinstance(x, str):
         return x
-    return f"{float(x):.{digits}g}"
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return str(x)
+    if math.isnan(x):
+        return "nan"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return f"{x:.{digits}g}"
 
 
 @dataclass
@@ -51,24 +68,29 @@ class LeafRow:
     engine_value: float | None
     symbolic_value: float | None
     fd_value: float | None
-    status: str  # ok | mismatch | not checked
+    status: str  # ok | mismatch | not checked | non-finite | could not evaluate
     fd_max_abs_err: float | None = None
     checked: int = 0
     sampled: bool = False
     latex: str = ""
+    bound: float | None = None  # the error allowed at the worst element, when known
+    #: status "non-finite" / "could not evaluate": where the nan/inf arose
+    detail: str = ""
 
 
 @dataclass
 class NodeRow:
     id: int
     name: str
-    status: str  # ok | mismatch | error | unsupported | skipped | not run | timeout
+    status: str  # ok | mismatch | error | unsupported | skipped | not run | timeout |
+    #              could not evaluate
     formula: str = ""
     max_abs_err: float | None = None
     max_rel_err: float | None = None
     sampled: bool = False
     detail: str = ""
     node: Any = field(default=None, repr=False, compare=False)
+    bound: float | None = None  # the error allowed at the worst element, when known
 
 
 @dataclass
@@ -92,6 +114,8 @@ class Report:
     cost: int = 0
     graph_kind: str = "symgrad"
     hvp: list = field(default_factory=list)  # rows for order=2
+    #: ok | mismatch | non-finite | could not evaluate | unsupported | timed out
+    status: str = ""
     _sym: Any = field(default=None, repr=False)
     _gradient: Any = field(default=None, repr=False)
     _graph: Any = field(default=None, repr=False)
@@ -158,56 +182,57 @@ class Report:
                 g = self.symbolic_gradient(lf.tensor)
             except ValueError:
                 continue
-            body = sympy.latex(g, symbol_names=sym.tex_map)
+            body = _latex_nonfinite(sympy.latex(g, symbol_names=sym.tex_map))
             lines.append(rf"\frac{{\partial L}}{{\partial {lf.latex}}} = {body}")
         return " \\\\\n".join(lines)
+
+    # -- node names ---------------------------------------------------------------------
+    def node_label(self, node) -> str:
+        """A node as users read it: ``MulBackward0 (#3 of 7 from the root)``.
+
+        ``node`` is a row of ``.nodes``, its id, or the grad_fn object. Positions count
+        the graph's grad_fn nodes from the root's own (#1) in reverse topological order,
+        the order backward runs them.
+        """
+        rows = self.nodes
+        row = None
+        for r in rows:
+            if r is node or r.id == node or (r.node is not None and r.node is node):
+                row = r
+                break
+        if row is None:
+            if isinstance(node, NodeRow):
+                row = node
+            elif isinstance(node, int):
+                raise KeyError(f"no node with id {node} in this report")
+            else:
+                return _node_name(node)
+        pos = _positions([r.id for r in rows]).get(row.id)
+        return node_label(row.name, pos, len(rows))
+
+    @property
+    def first_bad_node_label(self) -> str | None:
+        """``first_bad_node`` named by grad_fn and position (None when all agree)."""
+        if self.first_bad_node is None:
+            return None
+        return self.node_label(self.first_bad_node)
 
     # -- assertions and text --------------------------------------------------------------
     def assert_ok(self) -> None:
         if not self.ok:
             raise AssertionError("gradient check failed\n" + str(self))
 
-    def _leaf_table(self) -> list[str]:
-        head = ["leaf", "shape", "status", "max abs err", "max rel err", "worst", "engine",
-                "symbolic", "finite diff"]
-        rows = [head]
-        for r in self.leaves:
-            rows.append([r.name, "x".join(map(str, r.shape)) or "scalar", r.status,
-                         _fmt(r.max_abs_err, 3), _fmt(r.max_rel_err, 3),
-                         "-" if r.worst_index is None else str(list(r.worst_index)),
-                         _fmt(r.engine_value), _fmt(r.symbolic_value), _fmt(r.fd_value)])
-        return _table(rows)
+    def to_text(self, verbose: bool = True, width: int = TEXT_WIDTH) -> str:
+        """The report for a terminal: every leaf and node (``verbose``), or a summary of
+        what disagrees. Cells and details are never cut; long text wraps at ``width``."""
+        return render_text(self.to_json(), verbose=verbose, width=width)
 
-    def _node_table(self) -> list[str]:
-        rows = [["id", "grad_fn", "local check", "max abs err", "detail"]]
-        for r in self.nodes:
-            mark = " <- first bad" if r.node is not None and r.node is self.first_bad_node \
-                else ""
-            rows.append([str(r.id), r.name, r.status + mark, _fmt(r.max_abs_err, 3),
-                         r.detail[:90]])
-        return _table(rows)
+    def summary(self, width: int = TEXT_WIDTH) -> str:
+        """What disagrees, named and readable (``to_text(verbose=False)``)."""
+        return self.to_text(verbose=False, width=width)
 
     def __str__(self) -> str:
-        head = (f"symgrad.verify: {'OK' if self.ok else 'MISMATCH'}  (mode {self.mode}, "
-                f"backend {self.backend}, order {self.order}, {self.seconds:.2f} s)")
-        lines = [head]
-        if self.first_bad_node is not None:
-            lines.append(f"first bad node: {_node_name(self.first_bad_node)}")
-        lines += self._leaf_table()
-        if self.nodes and any(r.status != "not run" for r in self.nodes):
-            lines.append("")
-            lines += self._node_table()
-        if self.hvp:
-            lines.append("")
-            lines += _table([["leaf", "Hessian-vector status", "max abs err"]] + [
-                [h["name"], h["status"], _fmt(h["max_abs_err"], 3)] for h in self.hvp])
-        if self.ran:
-            lines.append("ran: " + ", ".join(self.ran))
-        if self.skipped:
-            lines.append("skipped: " + "; ".join(self.skipped))
-        for n in self.notes:
-            lines.append("note: " + n)
-        return "\n".join(lines)
+        return self.to_text(verbose=True)
 
     def __repr__(self) -> str:
         return f"<symgrad Report ok={self.ok} mode={self.mode!r} leaves={len(self.leaves)} " \
@@ -215,11 +240,34 @@ class Report:
 
     # -- JSON -----------------------------------------------------------------------------
     def to_json(self) -> dict:
-        """A dict in the ``symgrad.report/1`` schema (``json.dumps`` it as is)."""
+        """A dict in the ``symgrad.report/1`` schema.
+
+        Strict JSON: NaN and infinities are the strings ``"nan"``, ``"inf"``, ``"-inf"``
+        (so ``json.dumps(d, allow_nan=False)`` works); a value not computed is ``null``.
+        Nodes carry their ``id`` (forward topological order, what ``first_bad_node``
+        refers to) and a ``label`` naming them by grad_fn and position from the root.
+        """
         first = None
         for r in self.nodes:
             if r.node is not None and r.node is self.first_bad_node:
                 first = r.id
+        pos = _positions([r.id for r in self.nodes])
+        total = len(self.nodes)
+        nodes = []
+        for r in self.nodes:
+            ref = _reference(r)
+            nodes.append({
+                "id": int(r.id), "name": r.name, "status": r.status, "formula": r.formula,
+                "max_abs_err": _num(r.max_abs_err), "max_rel_err": _num(r.max_rel_err),
+                "sampled": bool(r.sampled), "detail": _detail_words(r.detail, ref),
+                "label": node_label(r.name, pos[r.id], total), "position": pos[r.id],
+                "reference": ref, "bound": _num(r.bound)})
+        first_label = None
+        if first is not None:
+            first_label = node_label(self.nodes[[r.id for r in self.nodes].index(first)].name,
+                                     pos[first], total)
+        elif self.first_bad_node is not None:
+            first_label = _node_name(self.first_bad_node)
         return {
             "schema": SCHEMA_ID,
             "ok": bool(self.ok),
@@ -228,8 +276,9 @@ class Report:
             "backend": self.backend,
             "order": int(self.order),
             "graph_kind": self.graph_kind,
-            "tolerances": {k: {"rtol": self.rtol[k], "atol": self.atol[k]} for k in self.rtol},
-            "seconds": round(float(self.seconds), 6),
+            "tolerances": {k: {"rtol": _num(self.rtol[k]), "atol": _num(self.atol[k])}
+                           for k in self.rtol},
+            "seconds": _num(round(float(self.seconds), 6)),
             "timed_out": bool(self.timed_out),
             "cost": int(self.cost),
             "budget": int(self.budget),
@@ -237,6 +286,7 @@ class Report:
             "skipped": list(self.skipped),
             "notes": list(self.notes),
             "first_bad_node": first,
+            "first_bad_node_label": first_label,
             "leaves": [{
                 "name": r.name, "latex": r.latex, "shape": [int(s) for s in r.shape],
                 "dtype": r.dtype, "status": r.status,
@@ -245,47 +295,16 @@ class Report:
                                                                      r.worst_index],
                 "engine_value": _num(r.engine_value), "symbolic_value": _num(r.symbolic_value),
                 "fd_value": _num(r.fd_value), "fd_max_abs_err": _num(r.fd_max_abs_err),
-                "checked": int(r.checked), "sampled": bool(r.sampled)} for r in self.leaves],
-            "nodes": [{
-                "id": int(r.id), "name": r.name, "status": r.status, "formula": r.formula,
-                "max_abs_err": _num(r.max_abs_err), "max_rel_err": _num(r.max_rel_err),
-                "sampled": bool(r.sampled), "detail": r.detail} for r in self.nodes],
+                "checked": int(r.checked), "sampled": bool(r.sampled),
+                "bound": _num(r.bound)} for r in self.leaves],
+            "nodes": nodes,
             "hvp": [{"name": h["name"], "status": h["status"],
                      "max_abs_err": _num(h["max_abs_err"])} for h in self.hvp],
         }
 
     # -- HTML -----------------------------------------------------------------------------
     def _repr_html_(self) -> str:
-        e = html.escape
-        color = "#1a7f37" if self.ok else "#cf222e"
-        parts = [f'<div class="symgrad-report"><p><b style="color:{color}">'
-                 f'{"OK" if self.ok else "MISMATCH"}</b> &mdash; mode {e(self.mode)}, '
-                 f"backend {e(self.backend)}, order {self.order}, {self.seconds:.2f} s</p>"]
-        if self.first_bad_node is not None:
-            parts.append(f"<p>first bad node: <code>{e(_node_name(self.first_bad_node))}"
-                         "</code></p>")
-        parts.append("<table><thead><tr>" + "".join(
-            f"<th>{h}</th>" for h in ("leaf", "shape", "status", "max abs err",
-                                      "max rel err", "worst", "engine", "symbolic",
-                                      "finite diff")) + "</tr></thead><tbody>")
-        for r in self.leaves:
-            parts.append("<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in (
-                r.name, "x".join(map(str, r.shape)) or "scalar", r.status,
-                _fmt(r.max_abs_err, 3), _fmt(r.max_rel_err, 3),
-                "-" if r.worst_index is None else list(r.worst_index), _fmt(r.engine_value),
-                _fmt(r.symbolic_value), _fmt(r.fd_value))) + "</tr>")
-        parts.append("</tbody></table>")
-        if self.nodes and any(r.status != "not run" for r in self.nodes):
-            parts.append("<table><thead><tr><th>id</th><th>grad_fn</th><th>local check</th>"
-                         "<th>formula</th><th>detail</th></tr></thead><tbody>")
-            for r in self.nodes:
-                parts.append("<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in (
-                    r.id, r.name, r.status, r.formula, r.detail)) + "</tr>")
-            parts.append("</tbody></table>")
-        for n in self.notes + [f"skipped: {s}" for s in self.skipped]:
-            parts.append(f"<p><i>{e(n)}</i></p>")
-        parts.append("</div>")
-        return "".join(parts)
+        return render_html(self.to_json())
 
     def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
         bundle = {MIME_TYPE: self.to_json(), "text/html": self._repr_html_(),
@@ -297,12 +316,356 @@ class Report:
         return bundle
 
     def to_json_str(self) -> str:
-        return json.dumps(self.to_json())
+        return json.dumps(self.to_json(), allow_nan=False)
 
 
 def _node_name(node) -> str:
     n = node.name() if hasattr(node, "name") and callable(node.name) else type(node).__name__
     return str(n)
+
+
+def node_label(name: str, position: int | None, total: int) -> str:
+    """``MulBackward0 (#3 of 7 from the root)``: the name every report form uses."""
+    if position is None:
+        return str(name)
+    return f"{name} (#{position} of {total} from the root)"
+
+
+def _positions(ids: list) -> dict:
+    """id -> position counted from the root's grad_fn (#1); ids are in forward order."""
+    return {i: k + 1 for k, i in enumerate(sorted(ids, reverse=True))}
+
+
+_FD_FORMULA = "finite differences (no SymPy meaning)"
+
+
+def _reference(row) -> str:
+    """What a node's backward was compared with: ``symbolic`` or ``finite differences``
+    (a custom Function without a ``sympy`` staticmethod)."""
+    node = row.node
+    cls = getattr(type(node), "_forward_cls", None) if node is not None else None
+    if cls is not None:
+        return "finite differences" if getattr(cls, "sympy", None) is None else "symbolic"
+    return "finite differences" if _FD_FORMULA in (row.formula or "") else "symbolic"
+
+
+def _detail_words(detail: str, reference: str) -> str:
+    """The local check's detail, naming finite differences as such where they were the
+    reference (its worst-element clause reads ``engine X, symbolic Y`` either way)."""
+    if reference != "finite differences" or not detail:
+        return detail
+    return re.sub(r"(: engine [^,;]+), symbolic ", r"\1, finite differences ", detail, count=1)
+
+
+def _latex_nonfinite(tex: str) -> str:
+    """NaN and infinities in LaTeX as the words the other forms use (nan, inf)."""
+    return (tex.replace(r"\text{NaN}", r"\mathrm{nan}")
+               .replace(r"\tilde{\infty}", r"\mathrm{inf}")
+               .replace(r"\infty", r"\mathrm{inf}"))
+
+
+# -- rendering (from the JSON form, so session reports and the CLI draw the same) ---------
+_BAD_NODE = ("mismatch", "error", "unsupported", "timeout")
+
+LEAF_COLUMNS = {  # key: (header, what it holds)
+    "leaf": ("leaf", "the leaf tensor: parameter path or variable name"),
+    "shape": ("shape", "shape and dtype"),
+    "status": ("status", "ok, mismatch, or not checked (local mode: no symbolic value)"),
+    "worst": ("worst element", "the element where engine and symbolic differ most"),
+    "engine": ("engine grad", "d(output)/d(leaf) at the worst element from the engine's "
+                              "backward"),
+    "symbolic": ("symbolic grad", "the same from SymPy's exact derivative"),
+    "fd": ("finite-diff grad", "the same from central finite differences (float64)"),
+    "abs": ("max abs err", "largest |engine - symbolic| over the checked elements"),
+    "bound": ("bound", "the largest error allowed at the worst element"),
+    "rel": ("max rel err", "largest |engine - symbolic| / |symbolic|"),
+    "fd_err": ("finite-diff err", "largest |finite-diff - symbolic| at the sampled elements "
+                                  "(local mode: |finite-diff - engine|)"),
+    "checked": ("elements checked", "how many elements were compared (sampled: a seeded "
+                                    "sample)"),
+}
+NODE_COLUMNS = {
+    "node": ("node", "grad_fn name and position counted from the root's grad_fn (#1)"),
+    "status": ("local check", "the node's own backward against its op's Jacobian"),
+    "reference": ("checked against", "symbolic Jacobian, or finite differences of the "
+                                     "forward (custom Function without a sympy meaning)"),
+    "abs": ("max abs err", "largest |engine - reference| of the node's vector-Jacobian "
+                           "product"),
+    "bound": ("bound", "the largest error allowed at the worst element"),
+    "rel": ("max rel err", "largest |engine - reference| / |reference|"),
+    "formula": ("formula", "the op's meaning used for the check"),
+    "detail": ("detail", "the worst element: engine value against the reference"),
+}
+_LEAF_SUMMARY = ("leaf", "shape", "status", "worst", "engine", "symbolic", "fd", "abs",
+                 "fd_err")
+_LEAF_FULL = ("leaf", "shape", "status", "worst", "engine", "symbolic", "fd", "abs", "bound",
+              "rel", "fd_err", "checked")
+_SUMMARY_ROWS = 10
+
+
+def _leaf_column_text(key: str, fd_vs: str) -> str:
+    if key == "worst" and fd_vs == "engine":
+        return "the sampled element where finite differences and engine differ most"
+    if key == "fd_err":
+        return f"largest |finite-diff - {fd_vs}| at the sampled elements"
+    return LEAF_COLUMNS[key][1]
+
+
+def _shape_text(leaf: dict) -> str:
+    shape = "x".join(str(s) for s in leaf.get("shape") or []) or "scalar"
+    return f"{shape} {leaf['dtype']}" if leaf.get("dtype") else shape
+
+
+def _leaf_cells(leaf: dict) -> dict:
+    wi = leaf.get("worst_index")
+    checked = str(leaf.get("checked", ""))
+    if leaf.get("sampled"):
+        checked += " sampled"
+    return {"leaf": leaf.get("name", "?"), "shape": _shape_text(leaf),
+            "status": leaf.get("status", ""),
+            "worst": "-" if wi is None else ("[" + ", ".join(map(str, wi)) + "]" if wi
+                                             else "scalar"),
+            "engine": _fmt(leaf.get("engine_value")),
+            "symbolic": _fmt(leaf.get("symbolic_value")),
+            "fd": _fmt(leaf.get("fd_value")), "abs": _fmt(leaf.get("max_abs_err"), 3),
+            "bound": _fmt(leaf.get("bound"), 3), "rel": _fmt(leaf.get("max_rel_err"), 3),
+            "fd_err": _fmt(leaf.get("fd_max_abs_err"), 3), "checked": checked}
+
+
+def _with_labels(data: dict) -> list[dict]:
+    """The nodes of a report dict, each with ``label`` (older dicts lack it)."""
+    nodes = list(data.get("nodes") or [])
+    pos = _positions([n.get("id", k) for k, n in enumerate(nodes)])
+    out = []
+    for k, n in enumerate(nodes):
+        n = dict(n)
+        p = n.get("position") or pos.get(n.get("id", k))
+        n.setdefault("label", node_label(n.get("name", "?"), p, len(nodes)))
+        n["position"] = p
+        n.setdefault("reference", "finite differences" if _FD_FORMULA in (n.get("formula")
+                                                                           or "") else "symbolic")
+        out.append(n)
+    return out
+
+
+def _first_bad(data: dict, nodes: list[dict]) -> dict | None:
+    fb = data.get("first_bad_node")
+    for n in nodes:
+        if fb is not None and n.get("id") == fb:
+            return n
+    return None
+
+
+def _wrap(text: str, width: int, indent: str, first: str | None = None) -> list[str]:
+    """Wrap at word boundaries, never cutting a word or dropping text."""
+    return textwrap.wrap(text, width=width, initial_indent=indent if first is None else first,
+                         subsequent_indent=indent, break_long_words=False,
+                         break_on_hyphens=False) or [indent.rstrip()]
+
+
+def _tolerance_text(data: dict) -> str:
+    tols = data.get("tolerances") or {}
+    per = "; ".join(f"{dt}: rtol {_fmt(v.get('rtol'), 3)}, atol {_fmt(v.get('atol'), 3)}"
+                    for dt, v in tols.items())
+    return ("tolerance: an element passes when |engine - symbolic| <= atol + rtol * "
+            "(|symbolic| + mean |symbolic|)" + (f"; {per}" if per else ""))
+
+
+def render_text(data: dict, verbose: bool = True, width: int = TEXT_WIDTH) -> str:
+    """A report dict (``Report.to_json()``) as text: a summary of what disagrees, or with
+    ``verbose`` every leaf and node with formulas, tolerances and notes."""
+    if "leaves" not in data:  # a check that could not run: its error only
+        return "\n".join(_wrap(str(data.get("error", "no report")), width, "  ", ""))
+    ok = bool(data.get("ok"))
+    mode = data.get("mode", "?")
+    seconds = data.get("seconds")
+    secs = f"{seconds:.2f} s" if isinstance(seconds, (int, float)) else f"{seconds} s"
+    lines = [f"symgrad.verify: {'OK' if ok else 'MISMATCH'}  (mode {mode}, backend "
+             f"{data.get('backend', '?')}, order {data.get('order', 1)}, {secs})"]
+    nodes = _with_labels(data)
+    first = _first_bad(data, nodes)
+    if first is not None:
+        lines.append(f"first bad node: {first['label']}")
+        if first.get("detail"):
+            lines += _wrap(first["detail"], width, "    ", "  ")
+    elif data.get("first_bad_node_label"):
+        lines.append(f"first bad node: {data['first_bad_node_label']}")
+
+    leaves = list(data.get("leaves") or [])
+    fd_vs = "engine" if mode == "local" else "symbolic"
+    cols = _LEAF_FULL if verbose else _LEAF_SUMMARY
+    if not any(lf.get("bound") is not None for lf in leaves):
+        cols = tuple(c for c in cols if c != "bound")
+    shown = leaves if verbose else [lf for lf in leaves if lf.get("status") != "ok"]
+    if shown:
+        more = 0 if verbose else max(0, len(shown) - _SUMMARY_ROWS)
+        cells = [_leaf_cells(lf) for lf in (shown if verbose else shown[:_SUMMARY_ROWS])]
+        if not verbose:  # a summary leaves out the columns nothing was computed for
+            cols = tuple(c for c in cols if c in ("leaf", "shape", "status")
+                         or any(x[c] != "-" for x in cells))
+        lines.append("")
+        statuses = {lf.get("status") for lf in shown}
+        if verbose:
+            title = "leaves"
+        elif statuses == {"mismatch"}:
+            title = f"leaves that disagree ({len(shown)} of {len(leaves)})"
+        elif statuses == {"not checked"}:
+            title = (f"leaves not checked symbolically, finite differences only "
+                     f"({len(shown)} of {len(leaves)})")
+        else:
+            title = f"leaves that disagree or were not checked ({len(shown)} of {len(leaves)})"
+        lines.append(title + ":")
+        rows = [[LEAF_COLUMNS[c][0] for c in cols]] + [[x[c] for c in cols] for x in cells]
+        lines += ["  " + x for x in _table(rows)]
+        if more:
+            lines.append(f"  ... and {more} more leaves (verbose output lists them all)")
+        if verbose:
+            lines.append("  columns:")
+            named = [c for c in cols if c not in ("leaf", "status")]
+            w = max(len(LEAF_COLUMNS[c][0]) for c in named)
+            for c in named:
+                lines += _wrap(_leaf_column_text(c, fd_vs), width, "    " + " " * (w + 2),
+                               "    " + LEAF_COLUMNS[c][0].ljust(w + 2))
+            lines.append("    " + "-".ljust(w + 2) + "not computed")
+        else:
+            short = {"worst": None, "engine": None, "symbolic": None, "fd": None,
+                     "abs": "max abs err: largest |engine - symbolic|",
+                     "bound": "bound: the error allowed there",
+                     "fd_err": f"finite-diff err: largest |finite-diff - {fd_vs}|"}
+            legend = ["grads: d(output)/d(leaf) at the worst element"]
+            legend += [short[c] for c in cols if short.get(c)]
+            lines += _wrap("; ".join(legend) + "; -: not computed", width, "  ", "  ")
+    elif leaves:
+        lines.append(f"all {len(leaves)} leaves agree with the symbolic gradients")
+    if verbose and data.get("tolerances"):
+        lines += _wrap(_tolerance_text(data), width, "    ", "  ")
+
+    ran_nodes = [n for n in nodes if n.get("status") != "not run"]
+    if verbose and ran_nodes:
+        ncols = ["node", "status", "reference", "abs", "bound", "rel", "formula"]
+        if not any(n.get("bound") is not None for n in nodes):
+            ncols.remove("bound")
+        lines.append("")
+        lines.append("nodes, local check of each backward (from the root):")
+        rows = [[NODE_COLUMNS[c][0] for c in ncols]]
+        for n in sorted(nodes, key=lambda n: n["position"] or 0):
+            mark = " (first bad)" if first is not None and n is first else ""
+            cell = {"node": n["label"], "status": n.get("status", "") + mark,
+                    "reference": n["reference"], "abs": _fmt(n.get("max_abs_err"), 3),
+                    "bound": _fmt(n.get("bound"), 3), "rel": _fmt(n.get("max_rel_err"), 3),
+                    "formula": n.get("formula") or "-"}
+            rows.append([cell[c] for c in ncols])
+        lines += ["  " + x for x in _table(rows)]
+        detailed = [n for n in sorted(nodes, key=lambda n: n["position"] or 0)
+                    if n.get("detail")]
+        if detailed:
+            lines.append("  details:")
+            for n in detailed:
+                sampled = " (sampled)" if n.get("sampled") else ""
+                lines += _wrap(f"{n['label']}: {n['detail']}{sampled}", width, "      ",
+                               "    ")
+    elif ran_nodes:
+        bad = [n for n in nodes if n.get("status") in _BAD_NODE]
+        counts: dict[str, int] = {}
+        for n in ran_nodes:
+            counts[n.get("status", "?")] = counts.get(n.get("status", "?"), 0) + 1
+        lines.append("")
+        lines.append("nodes (local check of each backward): " + ", ".join(
+            f"{v} {k}" for k, v in counts.items()) + f" (of {len(nodes)})")
+        for n in sorted(bad, key=lambda n: n["position"] or 0):
+            head = f"{n['label']}: {n.get('status')}, max abs err " \
+                   f"{_fmt(n.get('max_abs_err'), 3)} (against {n['reference']})"
+            lines += _wrap(head, width, "      ", "  ")
+            if n.get("detail") and n is not first:
+                lines += _wrap(n["detail"], width, "      ", "    ")
+
+    hvp = list(data.get("hvp") or [])
+    if hvp and (verbose or any(h.get("status") != "ok" for h in hvp)):
+        lines.append("")
+        lines.append("Hessian-vector products:")
+        lines += ["  " + x for x in _table([["leaf", "status", "max abs err"]] + [
+            [h.get("name", "?"), h.get("status", ""), _fmt(h.get("max_abs_err"), 3)]
+            for h in hvp])]
+    if verbose and data.get("ran"):
+        lines += _wrap("ran: " + ", ".join(data["ran"]), width, "  ", "")
+    for s in data.get("skipped") or []:
+        lines += _wrap("skipped: " + s, width, "  ", "")
+    for n in data.get("notes") or []:
+        lines += _wrap("note: " + n, width, "  ", "")
+    return "\n".join(lines)
+
+
+def _th(cols: dict, keys) -> str:
+    e = html.escape
+    return "<tr>" + "".join(f'<th title="{e(cols[k][1])}">{e(cols[k][0])}</th>'
+                            for k in keys) + "</tr>"
+
+
+def render_html(data: dict) -> str:
+    """A report dict as an HTML fragment (every user string escaped)."""
+    e = html.escape
+    if "leaves" not in data:
+        return f'<div class="symgrad-report"><p>{e(str(data.get("error", "no report")))}' \
+               "</p></div>"
+    ok = bool(data.get("ok"))
+    mode = data.get("mode", "?")
+    color = "#1a7f37" if ok else "#cf222e"
+    seconds = data.get("seconds")
+    secs = f"{seconds:.2f}" if isinstance(seconds, (int, float)) else str(seconds)
+    parts = [f'<div class="symgrad-report"><p><b style="color:{color}">'
+             f'{"OK" if ok else "MISMATCH"}</b> &mdash; mode {e(str(mode))}, '
+             f"backend {e(str(data.get('backend', '?')))}, order {e(str(data.get('order', 1)))},"
+             f" {e(secs)} s</p>"]
+    nodes = _with_labels(data)
+    first = _first_bad(data, nodes)
+    if first is not None:
+        parts.append(f"<p>first bad node: <code>{e(first['label'])}</code>"
+                     + (f" &mdash; {e(first['detail'])}" if first.get("detail") else "")
+                     + "</p>")
+    leaves = list(data.get("leaves") or [])
+    fd_vs = "engine" if mode == "local" else "symbolic"
+    cols = [c for c in _LEAF_FULL
+            if c != "bound" or any(lf.get("bound") is not None for lf in leaves)]
+    if leaves:
+        parts.append("<table><thead>" + _th(LEAF_COLUMNS, cols) + "</thead><tbody>")
+        for lf in leaves:
+            cells = _leaf_cells(lf)
+            parts.append("<tr>" + "".join(f"<td>{e(str(cells[c]))}</td>" for c in cols)
+                         + "</tr>")
+        parts.append("</tbody></table>")
+        parts.append('<p class="symgrad-legend"><small>' + e("; ".join(
+            f"{LEAF_COLUMNS[c][0]}: {_leaf_column_text(c, fd_vs)}" for c in cols)) + "; -: not "
+            "computed. " + e(_tolerance_text(data)) + "</small></p>")
+    if any(n.get("status") != "not run" for n in nodes):
+        ncols = ["node", "status", "reference", "abs", "bound", "rel", "formula", "detail"]
+        if not any(n.get("bound") is not None for n in nodes):
+            ncols.remove("bound")
+        parts.append("<table><thead>" + _th(NODE_COLUMNS, ncols) + "</thead><tbody>")
+        for n in sorted(nodes, key=lambda n: n["position"] or 0):
+            mark = " (first bad)" if first is not None and n is first else ""
+            cell = {"node": n["label"], "status": n.get("status", "") + mark,
+                    "reference": n["reference"], "abs": _fmt(n.get("max_abs_err"), 3),
+                    "bound": _fmt(n.get("bound"), 3), "rel": _fmt(n.get("max_rel_err"), 3),
+                    "formula": n.get("formula") or "-",
+                    "detail": (n.get("detail") or "") + (" (sampled)" if n.get("sampled")
+                                                         else "")}
+            parts.append("<tr>" + "".join(f"<td>{e(str(cell[c]))}</td>" for c in ncols)
+                         + "</tr>")
+        parts.append("</tbody></table>")
+    hvp = list(data.get("hvp") or [])
+    if hvp:
+        parts.append("<table><thead><tr><th>leaf</th><th>Hessian-vector product check</th>"
+                     "<th>max abs err</th></tr></thead><tbody>")
+        for h in hvp:
+            parts.append("<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in (
+                h.get("name", "?"), h.get("status", ""), _fmt(h.get("max_abs_err"), 3)))
+                + "</tr>")
+        parts.append("</tbody></table>")
+    for n in list(data.get("notes") or []) + [f"skipped: {s}" for s in data.get("skipped")
+                                              or []]:
+        parts.append(f"<p><i>{e(n)}</i></p>")
+    parts.append("</div>")
+    return "".join(parts)
 
 
 def _table(rows: list[list[str]]) -> list[str]:
