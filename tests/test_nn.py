@@ -12,6 +12,8 @@ from collections import OrderedDict
 
 import numpy as np
 import pytest
+from _oracle import program_terms
+from _tolerance import assert_close, magnitude
 
 import symgrad as sg
 import symgrad.nn as nn
@@ -75,11 +77,10 @@ def _saved_names(node):
     return {a for a in dir(node) if a.startswith("_saved_")}
 
 
-def _same_value(mine, ref, torch):
+def _same_value(mine, ref, torch, terms):
     if isinstance(ref, torch.Tensor):
         assert isinstance(mine, sg.Tensor)
-        np.testing.assert_allclose(mine.detach().numpy().astype(np.float64),
-                                   ref.detach().double().numpy(), rtol=1e-12, atol=1e-12)
+        assert_close(mine, ref, terms=terms)
     elif ref is None:
         assert mine is None
     else:
@@ -97,7 +98,10 @@ def test_nn_rows_grad_fn_and_saved_names_match_torch(row, torch):
         if attr == "_saved_ignore_index":  # torch reads -100 back as 2**64 - 100
             assert getattr(g, attr) == -100 and getattr(tg, attr) % 2 ** 64 == 2 ** 64 - 100
             continue
-        _same_value(getattr(g, attr), getattr(tg, attr), torch)
+        # a saved value is an input or the row's one op's result, whose reductions span
+        # at most the row's elements
+        terms = sum(int(np.prod(v.shape)) for v in their_inputs.values())
+        _same_value(getattr(g, attr), getattr(tg, attr), torch, terms)
     # saved inputs are the user's own objects, as in torch
     for attr, name in (("_saved_self", "a"), ("_saved_target", "b"), ("_saved_target", "t"),
                        ("_saved_mat1", "M"), ("_saved_target", "target")):
@@ -133,8 +137,13 @@ def test_cross_entropy_is_nll_over_log_softmax_and_saves_total_weight(torch):
 
 
 # -- loss values and gradients vs torch --------------------------------------------------------
-def _compare(fn, arrays, torch, grad_inputs=None, rtol=1e-10, atol=1e-12):
-    """Run fn(lib, *tensors) in both libraries (float64); compare output and input grads."""
+def _compare(fn, arrays, torch, grad_inputs=None, consts=()):
+    """Run fn(lib, *tensors) in both libraries (float64); compare output and input grads.
+
+    The bound (tests/_tolerance.py): no loss or layer here reduces over more elements than
+    its inputs and output hold (``program_terms``); the summed terms are products of the
+    inputs, the cotangent (<= 1.5) and the constant weights ``consts``, and may cancel (a
+    gradient such as sigmoid(x) - t): their magnitude joins the result's in the scale."""
     grad_inputs = grad_inputs if grad_inputs is not None else range(len(arrays))
     results = []
     for lib in (sg, torch):
@@ -146,11 +155,14 @@ def _compare(fn, arrays, torch, grad_inputs=None, rtol=1e-10, atol=1e-12):
         results.append((out.detach().numpy(), [None if x.grad is None else x.grad.numpy()
                                                for x in xs]))
     (o, gs), (to, tgs) = results
-    np.testing.assert_allclose(o, to, rtol=rtol, atol=atol)
+    terms = program_terms([np.asarray(a) for a in arrays], np.shape(to))
+    floats = [a for a in arrays if np.asarray(a).dtype.kind == "f"]
+    weight = 1.5 * np.prod([max(1.0, magnitude(c)) for c in consts if c is not None])
+    assert_close(o, to, terms=terms, scale=magnitude(to, *floats) * weight)
     for g, tg in zip(gs, tgs, strict=True):
         assert (g is None) == (tg is None)
         if g is not None:
-            np.testing.assert_allclose(g, tg, rtol=rtol, atol=atol)
+            assert_close(g, tg, terms=terms, scale=magnitude(tg, *floats) * weight)
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
@@ -179,7 +191,7 @@ def test_bce_with_logits_matches_torch(reduction, extras, torch, rng):
             x, t, weight=None if w is None else L.tensor(w),
             pos_weight=None if pw is None else L.tensor(pw), reduction=reduction)
 
-    _compare(fn, [x, t], torch)
+    _compare(fn, [x, t], torch, consts=(w, pw))
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
@@ -193,7 +205,7 @@ def test_cross_entropy_matches_torch(reduction, weighted, torch, rng):
         return _lib_F(L).cross_entropy(x, t, weight=None if w is None else L.tensor(w),
                                        reduction=reduction)
 
-    _compare(ce, [x, target], torch, grad_inputs=[0])
+    _compare(ce, [x, target], torch, grad_inputs=[0], consts=(w,))
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
@@ -209,8 +221,8 @@ def test_nll_loss_matches_torch(reduction, weighted, ignore_index, torch, rng):
         return _lib_F(L).nll_loss(x, t, weight=None if w is None else L.tensor(w),
                                   ignore_index=ignore_index, reduction=reduction)
 
-    _compare(nll, [x, target], torch, grad_inputs=[0])
-    _compare(nll, [x[0], target[0]], torch, grad_inputs=[0])  # one sample: (C,) and ()
+    _compare(nll, [x, target], torch, grad_inputs=[0], consts=(w,))
+    _compare(nll, [x[0], target[0]], torch, grad_inputs=[0], consts=(w,))  # (C,) and ()
 
 
 def test_cross_entropy_on_one_sample_and_on_probabilities(torch, rng):
@@ -236,8 +248,11 @@ def test_loss_second_derivatives_match_torch(torch, rng):
         gx, gt = lib.autograd.grad(loss, (xs, ts), create_graph=True)
         hs.append([h.numpy() for h in lib.autograd.grad((gx * gx).sum() + (gt * gx).sum(),
                                                         (xs, ts))])
+    # the three losses over 6 elements, differentiated twice: program_terms over x, t and
+    # the output; the terms are products of x, t and pos_weight (<= 2), and may cancel
+    terms = program_terms([x, t], (), create_graph=True)
     for h, th in zip(*hs, strict=True):
-        np.testing.assert_allclose(h, th, rtol=1e-9, atol=1e-12)
+        assert_close(h, th, terms=terms, scale=magnitude(th, x, t) * 2)
 
 
 @pytest.mark.parametrize("shape,bias", [((2, 3), True), ((2, 3), False), ((3,), True),
@@ -265,16 +280,16 @@ def test_linear_module_float32_matches_torch(torch):
     x = np.arange(12, dtype=np.float32).reshape(4, 3) / 7
     y, ty = lin(sg.tensor(x)), tlin(torch.tensor(x))
     assert y.dtype is sg.float32
-    # float32 tolerance of the oracle suite: BLAS and torch sum in different orders
-    np.testing.assert_allclose(y.detach().numpy(), ty.detach().numpy(), rtol=1e-5, atol=1e-6)
+    # BLAS and torch sum the K = 3 products and the bias in different orders: 4 terms of
+    # |x| @ |W|.T + |b|, elementwise
+    w, b = lin.weight.detach().numpy(), lin.bias.detach().numpy()
+    assert_close(y, ty, terms=4, scale=np.abs(x) @ np.abs(w).T + np.abs(b))
     y.sum().backward()
     ty.sum().backward()
-    np.testing.assert_allclose(lin.weight.grad.numpy(), tlin.weight.grad.numpy(), rtol=1e-5,
-                               atol=1e-6)
+    assert_close(lin.weight.grad, tlin.weight.grad, terms=4)  # sums of 4 positive rows
     # addmm's backward lays the gradient out like W.t(), so W.grad is contiguous (as torch's)
     assert lin.weight.grad.is_contiguous() and tlin.weight.grad.is_contiguous()
-    np.testing.assert_allclose(lin.bias.grad.numpy(), tlin.bias.grad.numpy(), rtol=1e-5,
-                               atol=1e-6)
+    np.testing.assert_array_equal(lin.bias.grad.numpy(), tlin.bias.grad.numpy())  # 4 ones
 
 
 # -- errors: torch's exception types and key words ---------------------------------------------
@@ -444,7 +459,7 @@ def test_module_to_dtype_keeps_parameter_identity_and_cuda_is_explicit():
     before = w.detach().numpy().copy()
     assert lin.double() is lin
     assert lin.weight is w and w.dtype is sg.float64 and w.requires_grad
-    np.testing.assert_allclose(w.detach().numpy(), before)
+    np.testing.assert_array_equal(w.detach().numpy(), before)  # float32 -> float64: exact
     assert lin(sg.ones(1, 3, dtype=sg.float64)).dtype is sg.float64
     lin.float()
     assert w.dtype is sg.float32
@@ -589,5 +604,12 @@ def test_structural_forwards_replayed_on_sympy_are_exact(rng):
                 for s, v in zip(sa.ravel(), a.ravel(), strict=True)}
         values = [float(sympy.sympify(e).xreplace(subs))
                   for e in np.asarray(out_s, dtype=object).ravel()]
-        np.testing.assert_allclose(np.reshape(values, np.shape(out_n)), out_n, rtol=1e-12,
-                                   atol=1e-14, err_msg=f"{name} {params}")
+        # SymPy evaluates the expression at 53 bits, op by op, in its own order: the
+        # forward's roundings (its reductions span at most the case's elements), relative
+        # to the inputs, the weights and the result
+        consts = [v for v in params.values() if isinstance(v, sg.Tensor)]
+        assert_close(np.reshape(values, np.shape(out_n)), out_n,
+                     terms=program_terms(arrays, np.shape(out_n)),
+                     scale=magnitude(out_n, *arrays) * max([1.0] + [magnitude(c) for c in
+                                                                   consts]) * 2,
+                     msg=f"{name} {params}")
