@@ -75,3 +75,64 @@ def test_float32_element_on_a_float32_rounded_bound_is_on_it(mode):
     for y in (x.clamp(0.7, 0.9), x.clamp_min(0.7), x.clamp(min=0.7)):
         rep = sg.verify((y * 2).sum(), mode=mode)
         assert rep.ok, str(rep)
+
+
+# -- 3. nan/inf: never a mismatch from the checker, never hidden --------------------------
+@pytest.mark.parametrize("mode", ["local", "exact"])
+def test_sigmoid_far_from_zero_is_evaluated_not_overflowed(mode):
+    x = _x([-800.0, -50.0, 0.0, 3.0, 800.0])
+    rep = sg.verify((x.sigmoid() * x.tanh()).sum(), mode=mode)
+    assert rep.ok, str(rep)
+    assert rep.status == "ok"
+
+
+@pytest.mark.parametrize("mode", ["local", "exact"])
+def test_symbolic_nan_is_could_not_evaluate_not_a_mismatch(mode):
+    # d(x**y)/dy = x**y * log(x) is 0 * -inf at x = 0: the checker has no number there
+    x = _x([0.0, 2.0])
+    y = _x([2.0, 3.0])
+    rep = sg.verify((x ** y).sum(), mode=mode)
+    assert not rep.ok
+    assert rep.status == "could not evaluate"
+    assert rep.first_bad_node is None
+    assert {r.status for r in rep.nodes} >= {"could not evaluate"}
+    assert "mismatch" not in {r.status for r in rep.nodes} | {r.status for r in rep.leaves}
+    # d/dx is y*x**(y-1) = 0 there, not 0/0
+    assert "d/dself" not in str([r.detail for r in rep.nodes])
+
+
+@pytest.mark.parametrize("mode", ["auto", "local"])
+def test_nan_input_is_reported_not_ok(mode):
+    x = sg.tensor([float("nan"), 1.0], requires_grad=True)
+    rep = sg.verify((x.sin() * x).sum(), mode=mode)
+    assert not rep.ok
+    assert rep.status == "non-finite"
+    rows = [r for r in rep.leaves if r.status == "non-finite"]
+    assert len(rows) == 1 and rows[0].worst_index == (0,)
+    assert np.isnan(rows[0].engine_value)
+    assert "input t0 holds nan at [0]" in rows[0].detail
+    assert any("t0 holds nan" in n for n in rep.notes)
+
+
+@pytest.mark.parametrize("mode", ["exact", "local"])
+def test_inf_gradient_is_a_row_naming_the_forward_that_made_it(mode):
+    x = _x([0.0, 1.0])
+    rep = sg.verify(x.log().sum(), mode=mode)
+    assert not rep.ok and rep.status == "non-finite"
+    (row,) = [r for r in rep.leaves if r.status == "non-finite"]
+    assert row.engine_value == np.inf and row.worst_index == (0,)
+    assert "LogBackward0" in row.detail
+
+
+def test_engine_nan_from_finite_values_is_a_mismatch_named_at_its_node(monkeypatch):
+    from symgrad.ops import OPS
+
+    x, w = _x([0.5, -1.0]), _x([2.0, 3.0])
+    monkeypatch.setitem(OPS["mul"].grads, "self",
+                        lambda grad, other: grad * other / (other - other))
+    for mode in ("local", "exact"):
+        rep = sg.verify((x.sin() * w).sum(), mode=mode)
+        assert not rep.ok and rep.status == "mismatch", str(rep)
+        assert rep.first_bad_node is not None and rep.first_bad_node.name() == "MulBackward0"
+        (row,) = [r for r in rep.leaves if r.status == "non-finite"]
+        assert "MulBackward0" in row.detail, row.detail

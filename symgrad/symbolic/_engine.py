@@ -353,6 +353,10 @@ def _mul_all(args, engine_name):
 
 def diff(e, s, engine_name):
     """``de/ds``; symengine defers to SymPy where it leaves a ``Derivative``."""
+    if type(e).__name__ == "Pow" and e.args[0] == s and s not in free_symbols(e.args[1]) \
+            and free_symbols(e.args[1]):
+        b, x = e.args  # SymPy writes x**y*y/x, which is 0/0 at x = 0
+        return x * b ** (x - 1)
     d = e.diff(s)
     if engine_name == "symengine" and "Derivative" in str(type(d).__name__) or (
             engine_name == "symengine" and _has_derivative(d)):

@@ -31,7 +31,7 @@ DENSE_LIMIT = 512
 
 class NodeCheck:
     __slots__ = ("status", "max_abs_err", "max_rel_err", "sampled", "checked", "formula",
-                 "detail", "worst")
+                 "detail", "worst", "unknown", "engine_nonfinite")
 
     def __init__(self, status="ok", formula="") -> None:
         self.status = status
@@ -42,6 +42,9 @@ class NodeCheck:
         self.formula = formula
         self.detail = ""
         self.worst = None
+        self.unknown = None  # (input, index, engine, symbolic, count) not evaluable
+        #: non-empty when the node's backward gave nan/inf from finite inputs and cotangent
+        self.engine_nonfinite = ""
 
 
 _TEMPLATES: dict = {}
@@ -68,6 +71,8 @@ def _lambdas(spec, params, n_in, positions, fixed=()):
     derivs = []
     for k in positions:
         d = sympy.diff(f, xs[k])
+        if d.has(sympy.Pow):  # x**y*y/x -> y*x**(y - 1): no 0/0 at x = 0
+            d = sympy.powsimp(d)
         fn = lambdify_numpy(xs, d, _NP_EXTRA)
         if d.has(sympy.Heaviside):  # ties: elements where the two one-sided forms differ
             f0 = lambdify_numpy(xs, d, _NP_H0)
@@ -138,6 +143,37 @@ def _decided_derivative(spec, params, in_vals, idx, positions, k):
     eng = E.DecidingEngine(sympy, ev, spec.name in E.SPLIT_TIES)
     f = sympy.sympify(spec.sympy(eng, *args, **params))
     return float(ev(sympy.diff(f, args[k])))
+
+
+#: at most this many elements per input are re-evaluated with mpmath (non-finite in NumPy)
+MPMATH_RETRY_LIMIT = 4096
+
+
+def _fix_nonfinite(g, params, in_vals, k, dv, positions, where=None):
+    """Re-evaluate with mpmath the elements where float64 NumPy gave nan/inf.
+
+    NumPy overflows where the derivative itself is finite (sigmoid's
+    ``exp(-x)/(1 + exp(-x))**2`` at x = -800 is inf/inf = nan); mpmath's exponent range is
+    unbounded, so only a derivative that is really infinite or undefined there stays so.
+    """
+    bad = ~np.isfinite(dv)
+    if where is not None:
+        bad &= np.broadcast_to(where, dv.shape)
+    if not bad.any():
+        return dv
+    flat = np.flatnonzero(bad)
+    if flat.size > MPMATH_RETRY_LIMIT:
+        return dv
+    dv = np.array(dv, dtype=np.float64)
+    for f in flat:
+        idx = np.unravel_index(f, dv.shape)
+        try:
+            with mpmath.workdps(30):
+                dv[idx] = _decided_derivative(g.spec, params, in_vals, (idx, dv.shape),
+                                              positions, k)
+        except (ValueError, TypeError, ZeroDivisionError, OverflowError):
+            pass  # stays non-finite: reported as "could not evaluate"
+    return dv
 
 
 def _fix_ties(g, params, in_vals, args, k, d, dv, positions):
@@ -235,6 +271,7 @@ def _elementwise_jtv(g, in_vals, v):
             with np.errstate(all="ignore"):
                 for k, d in zip(positions, derivs):
                     dv = np.broadcast_to(np.asarray(d(*args), dtype=np.float64), v.shape)
+                    dv = _fix_nonfinite(g, params, in_vals, k, dv, positions, mask)
                     total[k] = np.where(mask, dv, total[k])
         return {k: (_sum_to(v * total[k], np.shape(in_vals[k])), None)
                 for k in positions}, formula
@@ -244,6 +281,7 @@ def _elementwise_jtv(g, in_vals, v):
         for k, d in zip(positions, derivs):
             dv = np.broadcast_to(np.asarray(d(*args), dtype=np.float64), v.shape)
             dv = _fix_ties(g, params, in_vals, args, k, d, dv, positions)
+            dv = _fix_nonfinite(g, params, in_vals, k, dv, positions)
             res[k] = (_sum_to(v * dv, np.shape(in_vals[k])), None)
     return res, formula
 
@@ -317,6 +355,25 @@ def _structural_jtv(g, graph, in_vals, v_list, engine, engine_name, rng, sample,
     return res
 
 
+def _engine_nonfinite(g, in_vals, engine_res) -> str:
+    """Where the node's backward made nan/inf out of finite recorded inputs and a finite
+    cotangent ("" if nowhere): that is where a non-finite gradient arises."""
+    for x in in_vals:
+        a = np.asarray(x)
+        if a.dtype.kind == "f" and not np.isfinite(a).all():
+            return ""
+    for k, e in enumerate(engine_res):
+        if e is None:
+            continue
+        a = np.asarray(e)
+        if a.dtype.kind == "f" and not np.isfinite(a).all():
+            i = np.unravel_index(int(np.argmax(~np.isfinite(a))), a.shape)
+            name = g.input_names[k] if k < len(g.input_names) else str(k)
+            return (f"the backward gives {float(a[i]):g} for '{name}'"
+                    f"{list(int(j) for j in i)} from finite inputs and cotangent")
+    return ""
+
+
 def check_node(g, graph, engine, engine_name, rng, sample, tol_for, deadline=None):
     """Run the local check of one node; returns a :class:`NodeCheck`."""
     from ..ops.spec import STRUCTURAL
@@ -344,6 +401,7 @@ def check_node(g, graph, engine, engine_name, rng, sample, tol_for, deadline=Non
         chk.detail = f"backward raised {type(exc).__name__}: {exc}"
         return chk
     v64 = [np.asarray(v, dtype=np.float64) for v in vs]
+    chk.engine_nonfinite = _engine_nonfinite(g, in_vals, engine_res)
     notes: list[str] = []
     if g.custom is not None:
         from .custom import custom_local
@@ -384,31 +442,48 @@ def check_node(g, graph, engine, engine_name, rng, sample, tol_for, deadline=Non
         rtol, atol = tol_for(np.asarray(in_vals[k]).dtype)
         if g.custom is not None and g.custom.sympy is None:  # finite differences: looser
             rtol, atol = max(rtol, 1e-5), max(atol, 1e-8)
+        # Compared where the symbolic value is finite (an engine nan/inf there is a
+        # mismatch). Where it is not, equal non-finite values agree (log'(0) = inf on both
+        # sides) and any other pair is "could not evaluate": the checker has no number.
+        sfin = np.isfinite(sf)
         with np.errstate(invalid="ignore"):
-            err = np.where(ef == sf, 0.0, np.abs(ef - sf))  # equal infinities agree
-        finite = np.isfinite(sf)
-        scale = np.abs(sf) + (np.mean(np.abs(sf[finite])) if finite.any() else 0.0)
-        both_nan = np.isnan(ef) & np.isnan(sf)
-        err = np.where(both_nan, 0.0, err)
-        ok = (err <= atol + rtol * scale) | both_nan
-        chk.checked += sf.size
-        if sf.size:
-            m = float(np.nanmax(np.where(np.isnan(err), np.inf, err)))
-            chk.max_abs_err = max(chk.max_abs_err, m)
-            rel = err / np.where(np.abs(sf) > 0, np.abs(sf), 1.0)
-            chk.max_rel_err = max(chk.max_rel_err, float(np.nanmax(np.where(np.isnan(rel),
-                                                                              np.inf, rel))))
+            same = (ef == sf) | (np.isnan(ef) & np.isnan(sf))
+            err = np.where(sfin, np.where(ef == sf, 0.0, np.abs(ef - sf)), 0.0)
+        err = np.where(np.isnan(err), np.inf, err)
+        scale = np.abs(np.where(sfin, sf, 0.0)) + (np.mean(np.abs(sf[sfin])) if sfin.any()
+                                                     else 0.0)
+        ok = ~sfin | (err <= atol + rtol * scale)
+        unknown = ~sfin & ~same
+        chk.checked += int(sfin.sum())
+        if sfin.any():
+            chk.max_abs_err = max(chk.max_abs_err, float(np.max(err[sfin])))
+            rel = err[sfin] / np.where(np.abs(sf[sfin]) > 0, np.abs(sf[sfin]), 1.0)
+            chk.max_rel_err = max(chk.max_rel_err, float(np.max(rel)))
         if not ok.all():
             bad = True
-            w = int(np.argmax(np.where(ok, -1.0, np.where(np.isnan(err), np.inf, err))))
+            w = int(np.argmax(np.where(ok, -1.0, err)))
             pos = int(idx[w]) if idx is not None else w
             chk.worst = (g.input_names[k], np.unravel_index(pos, np.shape(in_vals[k])),
                          float(ef[w]), float(sf[w]))
-    chk.status = "mismatch" if bad else "ok"
+        elif unknown.any() and chk.unknown is None:
+            w = int(np.argmax(unknown))
+            pos = int(idx[w]) if idx is not None else w
+            chk.unknown = (g.input_names[k], np.unravel_index(pos, np.shape(in_vals[k])),
+                           float(ef[w]), float(sf[w]), int(unknown.sum()))
+    chk.status = "mismatch" if bad else ("could not evaluate" if chk.unknown else "ok")
     if notes:
         chk.detail = "; ".join(notes)
     if bad and chk.worst is not None:
         name, where, ev_, sv = chk.worst
         chk.detail = (f"d/d{name}{list(int(i) for i in where)}: engine {ev_:.8g}, symbolic "
                       f"{sv:.8g}" + (f"; {chk.detail}" if chk.detail else ""))
+    elif chk.unknown is not None:
+        name, where, ev_, sv, n = chk.unknown
+        chk.detail = (f"the symbolic derivative is {sv:g} at d/d{name}"
+                      f"{list(int(i) for i in where)} (engine {ev_:.8g}; {n} element(s)): "
+                      "it could not be evaluated at the recorded inputs, even with mpmath, "
+                      "so there is nothing to compare" + (f"; {chk.detail}" if chk.detail
+                                                          else ""))
+    if not bad and chk.engine_nonfinite:
+        chk.detail = chk.engine_nonfinite + (f"; {chk.detail}" if chk.detail else "")
     return chk

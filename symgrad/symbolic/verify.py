@@ -171,6 +171,9 @@ def verify(root, gradient=None, *, names=None, mode: str = "auto", order: int = 
             progress.close()
         if rep._sym is not None:
             rep._sym.progress = None
+    if not rep.timed_out:
+        _explain_nonfinite(rep, graph, getattr(rep, "_backward_nonfinite", ""))
+    rep.status = _status(rep)
     rep.notes.extend(graph.notes)
     for g in graph.nodes:
         if g.note and g.note not in rep.notes:
@@ -258,14 +261,25 @@ def _run_exact(rep, graph, engine, engine_name, gradient, engine_grads, tol_for,
         e = engine_grads[lf.index].reshape(-1)
         rtol, atol = tol_for(lf.value.dtype)
         err, rel, ok = _compare(e, s, rtol, atol)
+        # compared where the symbolic value is finite (an engine nan/inf there fails);
+        # every non-finite element, engine or symbolic, goes to a row of its own
+        sfin = np.isfinite(s)
+        ok = ok | ~sfin
+        err = np.where(sfin, np.where(np.isnan(err), np.inf, err), 0.0)
+        rel = np.where(sfin, np.where(np.isnan(rel), np.inf, rel), 0.0)
+        if s.size and not sfin.any():
+            _nonfinite_row(rep, lf, e, s)
+            continue
         if s.size:
             key = np.where(ok, err, np.inf if not ok.all() else err)
-            w = int(np.nanargmax(np.where(np.isnan(key), np.inf, key)))
+            key = np.where(sfin, key, -1.0)
+            w = int(np.argmax(key))
         else:
             w = 0
         fd_idx = _fd_indices(lf.value.size, w, rng, sample)
         fd = fd_gradient(graph, gradient, lf, fd_idx) if fd_idx.size else np.array([])
-        fd_err = float(np.max(np.abs(fd - s[fd_idx]))) if fd_idx.size else None
+        with np.errstate(invalid="ignore"):
+            fd_err = float(np.max(np.abs(fd - s[fd_idx]))) if fd_idx.size else None
         status = "ok" if ok.all() else "mismatch"
         if status != "ok":
             rep.ok = False
@@ -274,9 +288,93 @@ def _run_exact(rep, graph, engine, engine_name, gradient, engine_grads, tol_for,
             float(np.max(err)) if s.size else 0.0, float(np.max(rel)) if s.size else 0.0,
             as_index(w, lf.shape) if s.size else None,
             float(e[w]) if s.size else None, float(s[w]) if s.size else None,
-            float(fd[0]) if fd_idx.size else None, status, fd_err, int(s.size), False,
+            float(fd[0]) if fd_idx.size else None, status, fd_err, int(sfin.sum()), False,
             lf.latex))
+        _nonfinite_row(rep, lf, e, s)
     rep.ran.append("finite differences")
+
+
+def _nonfinite_row(rep, lf, e, s=None) -> None:
+    """A row of its own for the elements of ``lf``'s gradient that are nan/inf in the
+    engine's gradient or in the symbolic one (``s``; None in local mode). Its status is
+    ``non-finite`` (the engine's gradient has nan/inf there) or ``could not evaluate``
+    (only the symbolic value is non-finite); either makes the report not ok. Where the
+    value arose is filled in by :func:`_explain_nonfinite` once every check has run."""
+    bad = ~np.isfinite(e) if s is None else (~np.isfinite(e) | ~np.isfinite(s))
+    if not bad.any():
+        return
+    i = int(np.argmax(bad))
+    eng_bad = bool((~np.isfinite(e)).any())
+    row = LeafRow(lf.name, lf.shape, _dtype_name(lf.value.dtype), None, None,
+                  as_index(i, lf.shape), float(e[i]),
+                  None if s is None else float(s[i]), None,
+                  "non-finite" if eng_bad else "could not evaluate", None, int(bad.sum()),
+                  False, lf.latex)
+    what = "engine gradient" if not np.isfinite(e[i]) else "symbolic gradient"
+    val = float(e[i]) if not np.isfinite(e[i]) else float(s[i])
+    row.detail = (f"{what} is {val:g} at {lf.name}{list(as_index(i, lf.shape) or [])} "
+                  f"({int(bad.sum())} of {bad.size} elements non-finite)")
+    rep.leaves.append(row)
+    rep.ok = False
+
+
+def _explain_nonfinite(rep, graph, backward_origin: str) -> None:
+    """Say where the nan/inf of each non-finite row arose: an input that holds it, the
+    forward of the first node that made it from finite inputs, or the backward of the
+    node (nearest the root) whose rule made it from finite values."""
+    origin = ""
+    for lf in graph.leaves:
+        v = np.asarray(lf.value)
+        if v.dtype.kind == "f" and not np.isfinite(v).all():
+            i = int(np.argmax(~np.isfinite(v.reshape(-1))))
+            where = list(as_index(i, v.shape) or [])
+            origin = f"input {lf.name} holds {float(v.reshape(-1)[i]):g} at {where}"
+            break
+    if not origin:
+        for g in graph.nodes:
+            for nr in range(len(g.out_shapes)):
+                try:
+                    v = np.asarray(graph.value_of(("node", g.index, nr)))
+                except Exception:  # noqa: BLE001  (no recorded value: nothing to say)
+                    continue
+                if v.dtype.kind == "f" and not np.isfinite(v).all():
+                    i = int(np.argmax(~np.isfinite(v.reshape(-1))))
+                    origin = (f"the forward of {g.name} gives {float(v.reshape(-1)[i]):g} "
+                              f"at {list(as_index(i, v.shape) or [])} from finite inputs")
+                    break
+            if origin:
+                break
+    if not origin and backward_origin:
+        origin = backward_origin
+    for row in rep.leaves:
+        if row.status not in ("non-finite", "could not evaluate"):
+            continue
+        why = origin or ("the symbolic derivative is undefined or infinite at the recorded "
+                         "values" if row.status == "could not evaluate"
+                         else "the engine's backward (every forward value is finite)")
+        row.detail = f"{getattr(row, 'detail', '')}; arose in: {why}"
+        rep.notes.append(f"{row.name}: {row.status}: {row.detail}")
+    if origin.startswith("input ") and not any(r.status in ("non-finite",
+                                                            "could not evaluate")
+                                               for r in rep.leaves):
+        rep.ok = False
+        rep.notes.append(f"non-finite input: {origin}; the gradients through it are not "
+                         "meaningful, so the report is not ok")
+
+
+def _status(rep) -> str:
+    if rep.timed_out:
+        return "timed out"
+    statuses = {r.status for r in rep.leaves} | {r.status for r in rep.nodes}
+    if "mismatch" in statuses or "error" in statuses or rep.first_bad_node is not None:
+        return "mismatch"
+    for st in ("non-finite", "could not evaluate", "unsupported"):
+        if st in statuses:
+            return st
+    if not rep.ok:
+        return "non-finite" if any("non-finite input" in n for n in rep.notes) \
+            else "mismatch"
+    return "ok"
 
 
 def _fd_indices(n, worst, rng, sample):
@@ -290,6 +388,7 @@ def _fd_indices(n, worst, rng, sample):
 def _run_local(rep, graph, engine, engine_name, rng, sample, tol_for, deadline, progress=None):
     rep.ran.append("local")
     rows = []
+    origins = []
     first = None
     for g in graph.nodes:
         try:
@@ -303,6 +402,8 @@ def _run_local(rep, graph, engine, engine_name, rng, sample, tol_for, deadline, 
         row = NodeRow(g.index, g.name, chk.status, chk.formula or _meaning(g),
                       chk.max_abs_err, chk.max_rel_err, chk.sampled, chk.detail, node=g.node)
         rows.append(row)
+        if chk.engine_nonfinite:
+            origins.append((g, chk.engine_nonfinite))
         if chk.status in ("mismatch", "error") and first is None:
             first = g.node
         if chk.status == "unsupported":
@@ -311,8 +412,12 @@ def _run_local(rep, graph, engine, engine_name, rng, sample, tol_for, deadline, 
             progress.update(1)
     rep.nodes = rows
     rep.first_bad_node = first
-    if first is not None or any(r.status == "unsupported" for r in rows):
+    if first is not None or any(r.status in ("unsupported", "could not evaluate")
+                                for r in rows):
         rep.ok = False
+    for g, text in reversed(origins):  # nearest the root first, as the backward runs
+        rep._backward_nonfinite = f"the backward of {g.name}: {text}"
+        break
     if any(r.sampled for r in rows):
         rep.notes.append("local mode sampled elements of large tensors (seeded; see details)")
 
@@ -334,6 +439,7 @@ def _leaf_rows_local(rep, graph, gradient, engine_grads, rng, sample):
             float(e[idx[w]]) if idx.size else None, None,
             float(fd[w]) if idx.size else None, "not checked",
             float(np.max(err)) if idx.size else None, int(idx.size), True, lf.latex))
+        _nonfinite_row(rep, lf, e)
     rep.ran.append("finite differences")
 
 
