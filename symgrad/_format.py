@@ -15,7 +15,7 @@ def _float_formatter(values: np.ndarray):
     finite = values[np.isfinite(values)]
     nonzero = np.abs(finite[finite != 0])
     if nonzero.size == 0:
-        return lambda v: _special(v) or "0."
+        return lambda v: _special(v) or ("-0." if math.copysign(1.0, v) < 0 else "0.")
     vmax, vmin = float(nonzero.max()), float(nonzero.min())
     int_mode = bool(np.all(finite == np.ceil(finite)))
     if int_mode:
@@ -45,10 +45,11 @@ def format_data(a: np.ndarray, indent: int) -> str:
         fmt = lambda v: "True" if v else "False"  # noqa: E731
     else:
         fmt = lambda v: str(int(v))  # noqa: E731
-    # torch sizes columns by the finite values only (nan/inf are not padded for)
+    # torch sizes columns by the nonzero finite values only (nan, inf and -0. are not
+    # padded for)
     values = sample.tolist()
     if a.dtype.kind == "f":
-        values = [v for v in values if math.isfinite(v)] or [0.0]
+        values = [v for v in values if math.isfinite(v) and v != 0]
     width = max((len(fmt(v)) for v in values), default=1)
 
     def render(x: np.ndarray, depth: int) -> str:

@@ -12,6 +12,7 @@ nothing that needs the kernel. Symgrad graphs and torch graphs are read the same
 from __future__ import annotations
 
 import json
+import math
 import re
 import weakref
 from collections.abc import Iterable, Mapping
@@ -87,13 +88,21 @@ def _shape(t: Any) -> list[int] | None:
 
 
 def _fmt(v: Any) -> str:
+    """One number as text: ``5.``, ``0.25``, ``1e+300``, ``nan``, ``inf``, ``-inf``."""
     if isinstance(v, (bool, np.bool_)):
         return "True" if v else "False"
     if isinstance(v, (int, np.integer)):
         return str(int(v))
-    v = float(v)
-    if v == int(v) and abs(v) < 1e15:
-        return f"{int(v)}."
+    try:
+        v = float(v)
+    except (TypeError, ValueError, OverflowError):
+        return str(v)
+    if math.isnan(v):
+        return "nan"
+    if math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    if v.is_integer() and abs(v) < 1e15:
+        return f"{v:.0f}."
     return f"{v:.4g}"
 
 
@@ -257,6 +266,35 @@ def _structural_latex(spec: Any, input_names: list[str | None],
         return None, None
 
 
+def _plain_float(v: float) -> bool:
+    """A float SymPy shows well as a rational (finite, not extreme)."""
+    return math.isfinite(v) and (v == 0 or 1e-6 <= abs(v) < 1e15)
+
+
+def latex_number(v: float) -> str:
+    """A number as LaTeX: ``\\mathrm{nan}``, ``\\infty``, ``1 \\cdot 10^{300}``, ``0.25``."""
+    if math.isnan(v):
+        return r"\mathrm{nan}"
+    if math.isinf(v):
+        return r"\infty" if v > 0 else r"-\infty"
+    text = _fmt(v)
+    if "e" in text:
+        mant, exp = text.split("e")
+        return rf"{mant} \cdot 10^{{{int(exp)}}}"
+    return text
+
+
+def _sympy_number(sp: Any, v: Any, placeholder: str, subs: dict[str, str]) -> Any:
+    """A Python scalar operand for a formula: exact for ordinary values; nan, +-inf and
+    extreme magnitudes become a positive placeholder symbol (times -1 when negative) that
+    the LaTeX shows as the number, so ``x * nan`` reads ``\\mathrm{nan} x``, not ``NaN``."""
+    if not isinstance(v, float) or _plain_float(v):
+        return sp.nsimplify(v) if isinstance(v, float) else v
+    sym = sp.Symbol(placeholder, positive=True)
+    subs[placeholder] = latex_number(abs(v) if not math.isnan(v) else v)
+    return -sym if v < 0 else sym
+
+
 def _local_latex(node: Any, spec: Any, input_names: list[str | None],
                  out_name: str) -> tuple[str | None, str | None]:
     """``(formula, derivative)`` LaTeX: from the op's SymPy meaning, or a VJP template."""
@@ -271,11 +309,12 @@ def _local_latex(node: Any, spec: Any, input_names: list[str | None],
     refs = getattr(node, "_input_refs", ())
     args: list[Any] = []
     symbols: list[tuple[str, Any, str]] = []
+    subs: dict[str, str] = {}  # placeholder symbol name -> its LaTeX
     for i, input_name in enumerate(spec.inputs):
         ref = refs[i] if i < len(refs) else None
         if ref is not None and not isinstance(ref, weakref.ReferenceType) and \
                 not _is_tensor(ref):  # a Python scalar operand
-            args.append(sp.nsimplify(ref) if isinstance(ref, float) else ref)
+            args.append(_sympy_number(sp, ref, f"XNUMQ{chr(65 + len(subs))}", subs))
             continue
         placeholder = "XSYMQ" + "".join(chr(65 + int(c)) for c in str(i))
         sym = sp.Symbol(placeholder, real=True)
@@ -293,12 +332,15 @@ def _local_latex(node: Any, spec: Any, input_names: list[str | None],
     for p in params:
         value = saved.get(p)
         if isinstance(value, (int, float, bool)) and not isinstance(value, np.ndarray):
+            if isinstance(value, float) and not _plain_float(value):
+                # nan, inf and extreme magnitudes: a symbol shown as the number (SymPy's
+                # own forms are \text{NaN}, or 300 digits for nsimplify(1e300))
+                value = _sympy_number(sp, value, f"XNUMQ{chr(65 + len(subs))}", subs)
             kwargs[p] = value
     try:
         expr = spec.sympy(sp, *args, **kwargs)
     except Exception:  # noqa: BLE001 - no formula is better than a broken panel
         return None, None
-    subs = {}
     for _input_name, sym, shown in symbols:
         subs[sym.name] = latex_name(shown)
 
@@ -321,10 +363,31 @@ def _local_latex(node: Any, spec: Any, input_names: list[str | None],
 
 # -- the walk --------------------------------------------------------------------------------
 
+def _is_node(x: Any) -> bool:
+    return callable(getattr(x, "name", None)) and hasattr(x, "next_functions")
+
+
+def _type_name(x: Any) -> str:
+    t = type(x)
+    mod = t.__module__ or ""
+    if mod == "builtins" or mod.startswith("symgrad"):
+        return t.__name__
+    return f"{mod.split('.')[0]}.{t.__name__}"
+
+
 def _as_roots(root: Any) -> list[Any]:
-    if isinstance(root, (list, tuple)):
-        return list(root)
-    return [root]
+    roots = list(root) if isinstance(root, (list, tuple)) else [root]
+    for r in roots:
+        if not (_is_tensor(r) or _is_node(r)):
+            raise TypeError("the graph's root must be a symgrad or torch tensor, a grad_fn "
+                            f"node, or a list of them, not {_type_name(r)}")
+    return roots
+
+
+def _check_names(names: Any) -> None:
+    if names is not None and not isinstance(names, (Mapping, Namer)):
+        raise TypeError("names must be a mapping of variable name -> tensor (a dict such as "
+                        f"locals() or {{'w': w}}) or None, not {_type_name(names)}")
 
 
 def _node_output(node: Any, t: Any | None) -> tuple[list[int] | None, str | None]:
@@ -484,8 +547,9 @@ def graph_json(root: Any, names: Mapping[str, Any] | None = None, report: Any = 
     the node checks. The result is plain JSON valid against :func:`load_schema`.
     ``node_map``, when given, receives ``id(node) -> node id`` (valid while the graph lives).
     """
-    namer = names if isinstance(names, Namer) else Namer(names)
+    _check_names(names)
     roots = _as_roots(root)
+    namer = names if isinstance(names, Namer) else Namer(names)
     node_ids: dict[int, str] = {}
     nodes: list[dict] = []
     edges: list[dict] = []

@@ -231,7 +231,14 @@ def badge(status: str) -> str:
 
 
 def _num(v: Any) -> str:
-    return "" if v is None else f"{v:.3g}"
+    """An error or tolerance: ``0.00012``, ``nan``, ``inf``; text from a hand-made payload
+    is shown as it is (escaped)."""
+    if v is None:
+        return ""
+    try:
+        return f"{float(v):.3g}"
+    except (TypeError, ValueError):
+        return esc(v)
 
 
 def agreement_table_html(agreement: dict | None) -> str:
@@ -253,9 +260,9 @@ def agreement_table_html(agreement: dict | None) -> str:
     if agreement.get("mode"):
         meta.append(f"mode {agreement['mode']}")
     if agreement.get("rtol") is not None:
-        meta.append(f"rtol {agreement['rtol']:.3g}")
+        meta.append(f"rtol {_num(agreement['rtol'])}")
     if agreement.get("atol") is not None:
-        meta.append(f"atol {agreement['atol']:.3g}")
+        meta.append(f"atol {_num(agreement['atol'])}")
     msg = agreement.get("message")
     th = "".join(f"<th style='text-align:left;padding:2px 8px'>{h}</th>" for h in (
         "leaf", "engine .grad", "symbolic", "finite diff.", "max abs err", "max rel err", ""))
