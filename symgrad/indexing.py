@@ -99,6 +99,8 @@ def _slice_args(s: slice, length: int, optimize: bool):
 
 
 def _check_int(i: int, size: int, dim: int) -> None:
+    """``dim`` is what torch names: the int's position in the index tuple (``x[None, 1, 3]``
+    says dimension 2 for the 3), not the tensor dimension it selects from."""
     if not -size <= i < size:
         raise IndexError(f"index {i} is out of bounds for dimension {dim} with size {size}")
 
@@ -110,13 +112,21 @@ def _bool_index(value: bool) -> Tensor:
 
 
 def _record_index(adv: list, dim: int, t: Tensor) -> None:
+    """Put index tensor ``t`` at ``dim`` of ``adv`` (one entry per backend index position:
+    a k-dim mask is one entry spanning k dims, so callers pass ``dim`` less the extra
+    dims of the masks before it)."""
     adv.extend([None] * (dim + 1 - len(adv)))
     adv[dim] = t
 
 
 def _check_indices(shape, adv) -> None:
-    """Bounds, mask shapes and broadcastability of index tensors against ``shape``."""
+    """Bounds, mask shapes and broadcastability of index tensors against ``shape``.
+
+    An out-of-range index names its dimension as torch does: the index tensor's place
+    among the index tensors (a k-dim mask counts k, ``True``/``False`` count one), so
+    ``x[[0], :, [9]]`` says dimension 1 (with the size of x's dimension 2)."""
     dim = 0
+    ordinal = 0
     shapes = []
     for t in adv:
         if t is None:
@@ -131,6 +141,7 @@ def _check_indices(shape, adv) -> None:
                         f"shape of the indexed tensor {list(shape)} at index {dim + k}")
             shapes.append((int(a.sum()),))
             dim += a.ndim
+            ordinal += a.ndim
             continue
         size = shape[dim]
         # (a device index is checked by the kernel, reported at the next sync, as in torch)
@@ -138,10 +149,11 @@ def _check_indices(shape, adv) -> None:
             lo, hi = int(a.min()), int(a.max())
             bad = hi if hi >= size else lo if lo < -size else None
             if bad is not None:
-                raise IndexError(f"index {bad} is out of bounds for dimension {dim} with size "
-                                 f"{size}")
+                raise IndexError(f"index {bad} is out of bounds for dimension {ordinal} with "
+                                 f"size {size}")
         shapes.append(a.shape)
         dim += 1
+        ordinal += 1
     try:
         np.broadcast_shapes(*shapes)
     except ValueError:
@@ -150,12 +162,12 @@ def _check_indices(shape, adv) -> None:
 
 
 # -- getting -----------------------------------------------------------------------------------
-def _select(x: Tensor, dim: int, i: int) -> Tensor:
+def _select(x: Tensor, dim: int, i: int, position: int = 0) -> Tensor:
     shape = x._data.shape
     if not shape:
         raise IndexError("invalid index of a 0-dim tensor. Use `tensor.item()` in Python or "
                          "`tensor.item<T>()` in C++ to convert a 0-dim tensor to a number")
-    _check_int(i, shape[dim], dim)
+    _check_int(i, shape[dim], position)
     return _ix._apply("select", (x,), {"dim": dim, "index": i if i >= 0 else u64(i)})
 
 
@@ -188,7 +200,8 @@ def getitem(x: Tensor, index) -> Tensor:
         items = _items(index)
     specified = _check_count(items, x.ndim)
     result, dim, adv = x, 0, []
-    for item in items:
+    extra = 0  # dims spanned by masks beyond their one entry in adv
+    for pos, item in enumerate(items):
         if item is Ellipsis:
             dim += x.ndim - specified
         elif item is None:
@@ -196,22 +209,23 @@ def getitem(x: Tensor, index) -> Tensor:
             dim += 1
         elif isinstance(item, bool):
             result = unsqueeze(result, dim)
-            _record_index(adv, dim, _bool_index(item))
+            _record_index(adv, dim - extra, _bool_index(item))
             dim += 1
         elif isinstance(item, int):
-            result = _select(result, dim, item)
+            result = _select(result, dim, item, pos)
         elif isinstance(item, slice):
             result = _slice(result, dim, item, optimize=True)
             dim += 1
         elif item.ndim == 0 and item.dtype is _dt.int64:
-            result = _select(result, dim, int(item.item()))
+            result = _select(result, dim, int(item.item()), pos)
         elif item.ndim == 0:  # a 0-dim bool tensor acts like a Python bool
             result = unsqueeze(result, dim)
-            _record_index(adv, dim, _bool_index(bool(item.item())))
+            _record_index(adv, dim - extra, _bool_index(bool(item.item())))
             dim += 1
         else:
-            _record_index(adv, dim, item)
+            _record_index(adv, dim - extra, item)
             dim += _consumed(item)
+            extra += _consumed(item) - 1
     if not adv:
         return _ix._apply("alias", (x,), {}) if result is x else result
     _check_indices(tuple(result.shape), adv)
@@ -227,8 +241,9 @@ def _region(x: Tensor, items):
     basic: list = []
     adv: list = []
     src = dim = 0  # position in x's dims / in the basic view's dims
+    extra = 0  # dims spanned by masks beyond their one entry in adv
     whole = True
-    for item in items:
+    for pos, item in enumerate(items):
         if item is Ellipsis:
             basic.append(Ellipsis)
             n = x.ndim - specified
@@ -240,13 +255,13 @@ def _region(x: Tensor, items):
             whole = False
         elif isinstance(item, bool):
             basic.append(None)
-            _record_index(adv, dim, _bool_index(item))
+            _record_index(adv, dim - extra, _bool_index(item))
             dim += 1
             whole = False
         elif isinstance(item, (int, Tensor)) and (not isinstance(item, Tensor) or (
                 item.ndim == 0 and item.dtype is _dt.int64)):
             i = int(item) if not isinstance(item, Tensor) else int(item.item())
-            _check_int(i, x.shape[src], src)
+            _check_int(i, x.shape[src], pos)
             basic.append(i)
             src += 1
             whole = False
@@ -261,15 +276,16 @@ def _region(x: Tensor, items):
             dim += 1
         elif item.ndim == 0:  # 0-dim bool tensor
             basic.append(None)
-            _record_index(adv, dim, _bool_index(bool(item.item())))
+            _record_index(adv, dim - extra, _bool_index(bool(item.item())))
             dim += 1
             whole = False
         else:
             n = _consumed(item)
             basic.extend([slice(None)] * n)
-            _record_index(adv, dim, item)
+            _record_index(adv, dim - extra, item)
             src += n
             dim += n
+            extra += n - 1
     if adv and x._device.type != "cpu":  # index tensors follow x's device, as in torch
         adv = [None if t is None else t.to(x._device) for t in adv]
     return tuple(basic), (tuple(adv) if adv else None), whole

@@ -583,23 +583,247 @@ def _infer_dtype(data: Any) -> _dt.dtype:
         if isinstance(data, np.ndarray):
             return _dt.from_numpy_dtype(a.dtype)
         return _dt.default_float()
-    if a.dtype.kind == "O":
-        raise TypeError("Could not infer dtype of a nested sequence with tensors or objects; "
-                        "use symgrad.stack")
     raise TypeError(f"Could not infer dtype of {type(data).__name__}")
 
 
+# -- argument checks shared with the creation functions -------------------------------------
+
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _type_name(x: Any) -> str:
+    """A value's type as torch's argument errors name it: ``str``, ``numpy.ndarray``."""
+    t = type(x)
+    mod = t.__module__ or ""
+    if mod == "builtins" or mod.startswith("symgrad"):
+        return t.__name__
+    return f"{mod.split('.')[0]}.{t.__name__}"
+
+
+def _check_dtype_arg(fn: str, dtype: Any) -> _dt.dtype | None:
+    """``dtype=``: a symgrad dtype or anything :func:`symgrad.dtypes.as_dtype` reads."""
+    if dtype is None or isinstance(dtype, _dt.dtype):
+        return dtype
+    try:
+        return _dt.as_dtype(dtype)
+    except (TypeError, ValueError):
+        pass
+    hint = ""
+    if isinstance(dtype, (str, np.dtype, type)) or type(dtype).__module__.startswith("torch"):
+        hint = f" ({dtype!r} has no symgrad dtype; use float32, float64, int64 or bool)"
+    raise TypeError(f"{fn}(): argument 'dtype' must be symgrad.dtype, not "
+                    f"{_type_name(dtype)}{hint}")
+
+
+def _check_device_arg(fn: str, device: Any) -> None:
+    if device is None or isinstance(device, (str, int)) and not isinstance(device, bool):
+        return
+    if hasattr(device, "type") and isinstance(getattr(device, "type", None), str):
+        return  # a symgrad or torch device
+    raise TypeError(f"{fn}(): argument 'device' must be symgrad.device, not "
+                    f"{_type_name(device)}")
+
+
+def _check_requires_grad_arg(fn: str, requires_grad: Any) -> None:
+    if not isinstance(requires_grad, (bool, np.bool_)):
+        raise TypeError(f"{fn}(): argument 'requires_grad' must be bool, not "
+                        f"{_type_name(requires_grad)}")
+
+
+def _factory_grad(t: Tensor, requires_grad: bool) -> Tensor:
+    """``requires_grad=True`` of a factory function (tensor, zeros ...), as torch words it."""
+    if requires_grad:
+        if not t.dtype.is_floating_point:
+            raise RuntimeError("Only Tensors of floating point and complex dtype can require "
+                               "gradients")
+        t.requires_grad_(True)
+    return t
+
+
+# -- what torch says about data it cannot make a tensor of ----------------------------------
+
+_NP_KINDS = "biuf"
+
+
+def _ndarray_error(a: np.ndarray) -> TypeError:
+    return TypeError(f"can't convert np.ndarray of type numpy.{a.dtype.type.__name__}. The "
+                     "only supported types are: float64, float32, float16, int64, int32, "
+                     "int16, int8, uint64, uint32, uint16, uint8, and bool.")
+
+
+def _is_sequence(x: Any) -> bool:
+    """What torch's tensor() walks into: Python sequences and arrays (tensors were turned
+    into arrays before: symgrad stacks tensors in a list), never str/bytes at the top."""
+    return isinstance(x, (list, tuple, range, np.ndarray, str, bytes)) and not (
+        isinstance(x, np.ndarray) and x.ndim == 0)
+
+
+def _sizes(data: Any) -> list[int]:
+    """torch's compute_sizes: follow the first element down."""
+    sizes: list[int] = []
+    seq = data
+    while _is_sequence(seq):
+        n = len(seq)
+        sizes.append(n)
+        if len(sizes) > 64:
+            raise ValueError(f"too many dimensions '{type(seq).__name__}'")
+        if n == 0:
+            break
+        seq = seq[0]
+    return sizes
+
+
+def _scalar_dtype(x: Any) -> _dt.dtype:
+    """torch's infer_scalar_type, for symgrad's dtypes."""
+    if isinstance(x, (bool, np.bool_)):
+        return _dt.bool_
+    if isinstance(x, (int, np.integer)):
+        return _dt.int64
+    if isinstance(x, float):
+        return _dt.default_float()
+    if isinstance(x, np.floating):
+        return _dt.from_numpy_dtype(np.dtype(type(x)))
+    if isinstance(x, (complex, np.complexfloating)):
+        raise TypeError(f"symgrad has no complex dtype: could not make a tensor of "
+                        f"{_type_name(x)} {x!r} (supported: float32, float64, int64, bool)")
+    if isinstance(x, (str, bytes)):
+        raise TypeError(f"new(): invalid data type '{type(x).__name__}'")
+    if isinstance(x, np.ndarray):
+        if x.dtype.kind not in _NP_KINDS:
+            raise _ndarray_error(x)
+        return _dt.from_numpy_dtype(x.dtype)
+    if _is_sequence(x):
+        if len(x) == 0:
+            return _dt.default_float()
+        found: list[_dt.dtype] = []
+        for item in x:
+            if item is x:
+                raise TypeError("new(): self-referential lists are incompatible")
+            found.append(_scalar_dtype(item))
+        return _dt.promote([(d, False) for d in found])
+    raise RuntimeError(f"Could not infer dtype of {type(x).__name__}")
+
+
+def _store_check(x: Any, sizes: list[int], dim: int, d: _dt.dtype) -> None:
+    """torch's recursive_store, checking only: lengths, nesting and each scalar for ``d``."""
+    if dim == len(sizes):
+        if isinstance(x, np.ndarray) and x.size == 1:
+            x = x.reshape(()).item()
+        if d.category == 2:
+            if isinstance(x, (bool, int, float, np.bool_, np.integer, np.floating)):
+                return
+            raise TypeError(f"must be real number, not {type(x).__name__}")
+        if isinstance(x, (bool, np.bool_)):
+            return
+        if isinstance(x, (int, np.integer)):
+            if d is _dt.int64 and not _INT64_MIN <= int(x) <= _INT64_MAX:
+                raise ValueError("Overflow when unpacking long long")
+            return
+        if isinstance(x, (float, np.floating)):
+            if d is _dt.int64 and not _INT64_MIN <= x < 2.0**63:  # nan and inf too
+                raise RuntimeError("value cannot be converted to type int64 without overflow")
+            return
+        raise TypeError(f"'{type(x).__name__}' object cannot be interpreted as an integer")
+    if not _is_sequence(x):
+        raise TypeError("not a sequence")
+    n = sizes[dim]
+    if len(x) != n:
+        raise ValueError(f"expected sequence of length {n} at dim {dim} (got {len(x)})")
+    for item in x:
+        _store_check(item, sizes, dim + 1, d)
+
+
+def _explain(data: Any, d: _dt.dtype | None) -> None:
+    """Raise torch's error for ``data`` that NumPy could not read as numbers of ``d``
+    (None: inferred); returns only when torch would accept it."""
+    sizes = _sizes(data)
+    if d is None:
+        d = _scalar_dtype(data)
+    n = 1
+    for s in sizes:
+        n *= s
+    if n:
+        _store_check(data, sizes, 0, d)
+
+
+def _fill(out: np.ndarray, x: Any, at: tuple = ()) -> None:
+    """Store checked data NumPy could not read itself (a one-element array where a number
+    belongs, as torch takes a one-element tensor there)."""
+    if len(at) == out.ndim:
+        out[at] = x.reshape(()).item() if isinstance(x, np.ndarray) else x
+        return
+    for i, item in enumerate(x):
+        _fill(out, item, at + (i,))
+
+
+def _from_data(data: Any, d: _dt.dtype | None) -> np.ndarray:
+    """A new C-contiguous array of Python data (nested sequences and numbers) as dtype ``d``
+    (None: inferred as torch does), with torch's errors for anything else."""
+    if isinstance(data, (str, bytes)):
+        raise TypeError(f"new(): invalid data type '{type(data).__name__}'")
+    try:
+        raw = np.asarray(data)
+    except (ValueError, TypeError):  # ragged, or a sequence NumPy cannot read
+        raw = None
+    if raw is None or raw.dtype.kind not in _NP_KINDS or raw.dtype.kind == "u":
+        # objects (None, big ints, str ...), ragged lists, uint64 from ints >= 2**63
+        _explain(data, d)  # raises torch's error, or returns: torch takes it
+        if d is None:
+            d = _scalar_dtype(data)
+        if raw is None or raw.dtype.kind not in _NP_KINDS:
+            sizes = _sizes(data)
+            out = np.zeros(sizes, dtype=d.np)
+            if out.size:
+                with np.errstate(over="ignore", invalid="ignore"):
+                    _fill(out, data)
+            return out
+    if d is None:  # Python floats become the default dtype (torch), ints int64
+        d = {"b": _dt.bool_, "i": _dt.int64}.get(raw.dtype.kind) or _dt.default_float()
+    elif d is _dt.int64 and raw.dtype.kind == "f" and raw.size:
+        with np.errstate(invalid="ignore"):
+            bad = ~((raw >= _INT64_MIN) & (raw < 2.0**63))
+        if bad.any():
+            raise RuntimeError("value cannot be converted to type int64 without overflow")
+    if raw.dtype == d.np:
+        # np.asarray of Python data is a new array already; of a buffer (a torch tensor,
+        # array.array) it is a view, which must be copied
+        return raw if raw.base is None and raw.flags.c_contiguous else raw.copy(order="C")
+    if d is _dt.float32 and raw.dtype.kind in "iu":
+        raw = raw.astype(np.float64)  # as torch: a Python int becomes a double first
+    with np.errstate(over="ignore", invalid="ignore"):
+        return raw.astype(d.np, order="C")
+
+
 def tensor(data, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
-    """Copy ``data`` (nested lists, numbers, NumPy arrays, tensors) into a new leaf tensor."""
+    """Copy ``data`` (nested lists, numbers, NumPy arrays, tensors) into a new leaf tensor.
+
+    Data torch refuses gets torch's error: ``None`` or another object (``Could not infer
+    dtype of NoneType``), a str (``new(): invalid data type 'str'``), an int beyond int64
+    (``Overflow when unpacking long long``), ragged lists (``expected sequence of length 2
+    at dim 1 (got 1)``), a NumPy array of objects or strings. Tensors inside a list are
+    stacked (symgrad's own convenience; torch takes only one-element tensors there).
+    """
+    d = _check_dtype_arg("tensor", dtype)
+    _check_device_arg("tensor", device)
+    _check_requires_grad_arg("tensor", requires_grad)
     if isinstance(data, Tensor):
         data = data.detach().cpu()._data
-    elif isinstance(data, (list, tuple)) and any(isinstance(x, Tensor) for x in _flat(data)):
+    elif isinstance(data, (list, tuple)) and _has_tensor(data):
         data = [_to_py(x) for x in data]
-    d = _dt.as_dtype(dtype) if dtype is not None else _infer_dtype(data)
-    try:
-        arr = np.array(data, dtype=d.np, copy=True, order="C")
-    except ValueError as exc:
-        raise ValueError(f"expected sequence of equal-length lists: {exc}") from None
+    if isinstance(data, np.ndarray):
+        if data.dtype.kind not in _NP_KINDS:
+            raise _ndarray_error(data)
+        if d is None:
+            d = _infer_dtype(data)
+            if data.dtype == np.uint64 and data.size and data.max() > _INT64_MAX:
+                raise ValueError(f"Overflow when unpacking long long: uint64 value "
+                                 f"{data.max()} does not fit in int64 (symgrad has no "
+                                 "uint64 dtype; pass dtype=symgrad.int64 to wrap it as "
+                                 "torch does)")
+        with np.errstate(over="ignore", invalid="ignore"):
+            arr = np.array(data, dtype=d.np, copy=True, order="C")
+    else:
+        arr = _from_data(data, d)
     dev = as_device(device)
     if dev.type != "cpu":
         from .functional import to_device
@@ -607,17 +831,18 @@ def tensor(data, dtype=None, device=None, requires_grad: bool = False) -> Tensor
         t = to_device(Tensor._wrap(arr), dev)
     else:
         t = Tensor._wrap(arr, dev)
-    if requires_grad:
-        t.requires_grad_(True)
-    return t
+    return _factory_grad(t, requires_grad)
 
 
-def _flat(xs):
-    for x in xs:
-        if isinstance(x, (list, tuple)):
-            yield from _flat(x)
-        else:
-            yield x
+def _has_tensor(xs) -> bool:
+    """Whether nested lists/tuples hold a Tensor (by the set of element types: a list of a
+    million floats is one C-level pass, not a Python generator)."""
+    types = set(map(type, xs))
+    if any(issubclass(t, Tensor) for t in types):
+        return True
+    if any(issubclass(t, (list, tuple)) for t in types):
+        return any(_has_tensor(x) for x in xs if isinstance(x, (list, tuple)))
+    return False
 
 
 def _to_py(x):

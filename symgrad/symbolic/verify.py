@@ -78,6 +78,90 @@ def _to_graph(root, names) -> Graph:
     raise TypeError(f"verify() expects a symgrad or torch tensor, not {type(root).__name__}")
 
 
+def _type_name(x) -> str:
+    t = type(x)
+    mod = t.__module__ or ""
+    if mod == "builtins" or mod.startswith("symgrad"):
+        return t.__name__
+    return f"{mod.split('.')[0]}.{t.__name__}"
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float, np.integer, np.floating)) and \
+        not isinstance(x, (bool, np.bool_))
+
+
+def _check_args(root, gradient, names, mode, order, rtol, atol, sample, seed, timeout,
+                backend, progress) -> None:
+    """TypeError/ValueError naming the argument, before any work (and before a bad value
+    could surface as an AttributeError deep inside the verifier)."""
+    from collections.abc import Mapping
+
+    from ..tensor import Tensor
+
+    def is_tensor(x) -> bool:
+        return isinstance(x, Tensor) or (
+            (type(x).__module__ or "").startswith("torch") and hasattr(x, "grad_fn"))
+
+    if isinstance(root, (list, tuple)):
+        raise TypeError(f"verify() expects one symgrad or torch tensor, not a "
+                        f"{type(root).__name__}: verify each root, or one scalar that "
+                        "combines them (verify(a.sum() + b.sum()))")
+    if not is_tensor(root):
+        raise TypeError(f"verify() expects a symgrad or torch tensor, not {_type_name(root)}")
+    if gradient is not None and not (is_tensor(gradient) or _is_number(gradient)
+                                     or isinstance(gradient, (np.ndarray, list, tuple))):
+        raise TypeError(f"verify(): argument 'gradient' must be a tensor, an array, a number "
+                        f"or None, not {_type_name(gradient)}")
+    if isinstance(gradient, (np.ndarray, list, tuple)):
+        try:
+            np.asarray(gradient, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise TypeError("verify(): argument 'gradient' must hold numbers (same shape as "
+                            "root)") from None
+    if names is not None and not isinstance(names, Mapping):
+        raise TypeError(f"verify(): argument 'names' must be a mapping of name -> tensor "
+                        f"(a dict such as locals() or {{'w': w}}) or None, not "
+                        f"{_type_name(names)}")
+    if not isinstance(mode, str):
+        raise TypeError(f"verify(): argument 'mode' must be str ('auto', 'exact' or "
+                        f"'local'), not {_type_name(mode)}")
+    if mode not in ("auto", "exact", "local"):
+        raise ValueError(f"mode must be 'auto', 'exact' or 'local', not {mode!r}")
+    if isinstance(order, (bool, np.bool_)) or order not in (1, 2):
+        raise ValueError(f"order must be 1 or 2, not {order!r}")
+    for name, v in (("rtol", rtol), ("atol", atol)):
+        if v is None:
+            continue
+        if not _is_number(v):
+            raise TypeError(f"verify(): argument '{name}' must be a number or None, not "
+                            f"{_type_name(v)}")
+        if not v >= 0 or v == float("inf"):  # nan fails >= 0
+            raise ValueError(f"verify(): {name} must be a finite number >= 0, got {v!r}")
+    if sample is not None:
+        if not isinstance(sample, (int, np.integer)) or isinstance(sample, (bool, np.bool_)):
+            raise TypeError(f"verify(): argument 'sample' must be a positive int or None, not "
+                            f"{_type_name(sample)}")
+        if sample < 1:
+            raise ValueError(f"verify(): sample must be a positive int or None, got {sample}")
+    if seed is not None and (not isinstance(seed, (int, np.integer))
+                             or isinstance(seed, (bool, np.bool_))):
+        raise TypeError(f"verify(): argument 'seed' must be an int, not {_type_name(seed)}")
+    if timeout is not None:
+        if not _is_number(timeout):
+            raise TypeError(f"verify(): argument 'timeout' must be a number of seconds or "
+                            f"None, not {_type_name(timeout)}")
+        if not timeout > 0:
+            raise ValueError(f"verify(): timeout must be a positive number of seconds or "
+                             f"None, got {timeout!r}")
+    if not isinstance(backend, str):
+        raise TypeError(f"verify(): argument 'backend' must be str ('auto', 'sympy' or "
+                        f"'symengine'), not {_type_name(backend)}")
+    if progress is not None and not callable(progress):
+        raise TypeError(f"verify(): argument 'progress' must be a callable(done, total) or "
+                        f"None, not {_type_name(progress)}")
+
+
 def verify(root, gradient=None, *, names=None, mode: str = "auto", order: int = 1,
            rtol: float | None = None, atol: float | None = None, sample: int | None = None,
            seed: int = 0, timeout: float | None = None, backend: str = "auto",
@@ -88,10 +172,8 @@ def verify(root, gradient=None, *, names=None, mode: str = "auto", order: int = 
     use it for a progress bar; an exception raised in it stops the verifier). Without
     one, long runs show a tqdm bar.
     """
-    if mode not in ("auto", "exact", "local"):
-        raise ValueError(f"mode must be 'auto', 'exact' or 'local', not {mode!r}")
-    if order not in (1, 2):
-        raise ValueError("order must be 1 or 2")
+    _check_args(root, gradient, names, mode, order, rtol, atol, sample, seed, timeout,
+                backend, progress)
     t0 = time.perf_counter()
     deadline = None if timeout is None else t0 + float(timeout)
     engine, engine_name = E.pick_engine(backend)
