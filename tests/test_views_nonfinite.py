@@ -302,3 +302,12 @@ def test_inspector_panels_show_nonfinite_values():
     panels = "".join(node_panel_html(n, ins.graph) for n in ins.graph["nodes"])
     assert "nan" in panels and "-inf" in panels and "3.403e+38" in panels
     ins.close()
+
+
+@pytest.mark.parametrize("shape", [(0,), (2, 0)])
+def test_report_latex_with_an_empty_leaf(shape):
+    x = sg.zeros(*shape, requires_grad=True)
+    w = sg.tensor([1.0, 2.0], requires_grad=True)
+    rep = sg.verify(x.sum() + (w * w).sum(), names={"x": x, "w": w})
+    tex = rep.latex()
+    assert r"\text{(empty, }" in tex and "w" in tex

@@ -182,7 +182,12 @@ class Report:
                 g = self.symbolic_gradient(lf.tensor)
             except ValueError:
                 continue
-            body = _latex_nonfinite(sympy.latex(g, symbol_names=sym.tex_map))
+            if getattr(g, "shape", None) is not None and 0 in g.shape:
+                # an empty leaf: SymPy's array printer cannot print a size-0 array
+                shape = r" \times ".join(str(n) for n in g.shape)
+                body = rf"\text{{(empty, }}{shape}\text{{)}}"
+            else:
+                body = _latex_nonfinite(sympy.latex(g, symbol_names=sym.tex_map))
             lines.append(rf"\frac{{\partial L}}{{\partial {lf.latex}}} = {body}")
         return " \\\\\n".join(lines)
 
