@@ -205,7 +205,8 @@ def _reshape(b, kind):
 def _gen_index(b):
     i = b.pick(lambda t: t.ndim >= 1, make=lambda: (3, 2))
     n = b.shadow[i].shape[0]
-    idx = b.draw(st.lists(st.integers(-n, n - 1), min_size=0, max_size=4))
+    # an empty dimension takes only an empty index list (no integer is in bounds)
+    idx = b.draw(st.lists(st.integers(-n, n - 1), min_size=0, max_size=4)) if n else []
     mask = b.draw(st.booleans())
     if mask:
         m = np.array(b.draw(st.lists(st.booleans(), min_size=n, max_size=n)))
@@ -215,7 +216,7 @@ def _gen_index(b):
 
 
 def _gen_select(b):
-    i = b.pick(lambda t: t.ndim >= 1, make=lambda: (3,))
+    i = b.pick(lambda t: t.ndim >= 1 and 0 not in t.shape, make=lambda: (3,))
     t = b.shadow[i]
     d = b.dim(t)
     k = b.draw(st.integers(-t.shape[d], t.shape[d] - 1))
