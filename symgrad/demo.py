@@ -89,7 +89,8 @@ def run(notebook: pathlib.Path = SHOWCASE, out_dir: pathlib.Path = ROOT / "demo-
     rows = summarize(nb)
     print("verification of every %%symgrad cell:")
     print_table(rows)
-    print(f"\nwrote {executed}" + (f" and {html_path}" if html_path else ""))
+    print(f"\nwrote {executed} ({executed.stat().st_size / 1000:.0f} KB)"
+          + (f" and {html_path}" if html_path else ""))
     if failed_cell:
         print(f"\nthe notebook raised: {failed_cell}", file=sys.stderr)
         return 1

@@ -1,14 +1,16 @@
-"""The Inspector widget driven in-process: traits, node panel, LaTeX, agreement, badges.
+"""The Inspector widget driven in-process: traits, messages, node panel, LaTeX, agreement,
+badges.
 
-No browser: the widget's state is its traitlets and its children's HTML, which is what
-every front end renders. A wrong backward (a monkeypatched OpSpec formula) must show a
-red badge on exactly the node whose rule was broken.
+No browser: the widget's state is its traitlets, the graph and report it sends the front
+end, and the static view's HTML the kernel renders where the labextension is absent (the
+parts read here). A front end is played by calling the widget's message and state
+handlers, as a comm message would. A wrong backward (a monkeypatched OpSpec formula) must
+show a red badge on exactly the node whose rule was broken.
 """
 
 from __future__ import annotations
 
 import re
-import time
 
 import pytest
 
@@ -17,7 +19,7 @@ from symgrad.ops.registry import OPS
 
 pytest.importorskip("ipywidgets")
 from symgrad.jupyter import Inspector  # noqa: E402
-from symgrad.jupyter.widget import _Progress  # noqa: E402
+from symgrad.jupyter.widget import STATIC_VIEW, _Progress  # noqa: E402
 
 XSS = "<img src=x onerror=alert(1)>"
 
@@ -41,6 +43,28 @@ def mlp():
     return dict(x=x, w1=w1, b1=b1, w2=w2, h=h, loss=loss)
 
 
+def part(w, name: str) -> str:
+    """One part of the Inspector's static view (svg, panel, formula, agreement, ...)."""
+    return w.static_parts()[name]
+
+
+def same_html(a: str, b: str) -> bool:
+    """Equal up to the SVG's per-drawing marker ids."""
+    return re.sub(r"sg\d+-", "sg-", a) == re.sub(r"sg\d+-", "sg-", b)
+
+
+def front_end(w, **content) -> None:
+    """A custom message from the front end, handled as the comm would."""
+    w._handle_custom_msg(content, [])
+
+
+def recorder(monkeypatch, w) -> list[dict]:
+    """Every message the Inspector sends its front end, from now on."""
+    sent: list[dict] = []
+    monkeypatch.setattr(w, "send", lambda content, buffers=None: sent.append(content))
+    return sent
+
+
 def break_rule(monkeypatch, op: str, input_name: str, formula) -> None:
     """Replace one backward formula; a backend's fused kernel for the op is bypassed too."""
     monkeypatch.setitem(OPS[op].grads, input_name, formula)
@@ -62,34 +86,33 @@ def test_select_nodes_through_traits_without_verification():
     w = Inspector(ns["e"], ns, verify=False)
     assert w.status == "not verified" and w.report == {}
     assert w.selected == w.graph["roots"][0] == "n0"  # the root is selected first
-    assert w.node_picker.value == "n0"
-    assert saved_rows(w.node_panel.value) == [
+    assert saved_rows(part(w, "panel")) == [
         ("other", "_saved_other", "tensor", "[]", "float32", "25.", "same object as d"),
         ("self", "_saved_self", "tensor", "[]", "float32", "4.", "same object as c"),
     ]
-    assert "$$e = c d$$" in w.formula_view.value
-    assert r"\frac{\partial e}{\partial c} = d" in w.formula_view.value
-    assert 'data-selected="true"' in w.svg_view.value and 'data-id="n0"' in w.svg_view.value
-    # select d's node via the trait: the panel, the picker and the SVG follow
+    assert "$$e = c d$$" in part(w, "formula")
+    assert r"\frac{\partial e}{\partial c} = d" in part(w, "formula")
+    assert 'data-selected="true"' in part(w, "svg") and 'data-id="n0"' in part(w, "svg")
+    # select d's node via the trait: the panel and the SVG follow
     d_node = next(n["id"] for n in w.graph["nodes"] if n.get("variable") == "d")
     w.selected = d_node
-    assert w.node_picker.value == d_node
-    assert saved_rows(w.node_panel.value) == [
+    assert saved_rows(part(w, "panel")) == [
         ("other", "_saved_other", "scalar", "[]", "int64", "5", ""),
         ("self", "_saved_self", "none", "", "", "None", ""),
     ]
-    assert "$$d = 5 \\mathrm{self}$$" in w.formula_view.value
-    assert re.search(f'data-id="{d_node}"[^>]*data-selected="true"', w.svg_view.value)
-    # and the picker drives the trait
-    w.node_picker.value = w.find("c")
+    assert "$$d = 5 \\mathrm{self}$$" in part(w, "formula")
+    assert re.search(f'data-id="{d_node}"[^>]*data-selected="true"', part(w, "svg"))
+    # a click in a front end sets the trait (a comm update)
+    w.set_state({"selected": w.find("c")})
     assert w.selected == w.find("c") and w.node()["kind"] == "accumulate"
-    assert "for leaf <code>c</code>" in w.node_panel.value
-    assert "value <code>4.</code>" in w.node_panel.value
-    assert w.formula_view.value == ""
+    assert "for leaf <code>c</code>" in part(w, "panel")
+    assert "value <code>4.</code>" in part(w, "panel")
+    assert part(w, "formula") == ""
     none = w.find("None")
     w.selected = none
-    assert "needs no gradient: <code>5</code>" in w.node_panel.value
-    assert "Not verified" in w.agreement_view.value
+    assert "needs no gradient: <code>5</code>" in part(w, "panel")
+    assert "Not verified" in part(w, "agreement")
+    assert part(w, "status") == '<span class="sg-status">not verified</span>'
     w.close()
 
 
@@ -105,19 +128,20 @@ def test_tutorial_verified_agreement_and_badges():
     assert (rows["c"]["engine"], rows["c"]["symbolic"]) == ("25.", "25.")
     assert rows["c"]["max_abs_err"] == 0.0 and rows["c"]["fd_max_abs_err"] < 1e-6
     # the agreement table has one row per leaf, each with a green badge
-    html = w.agreement_view.value
+    html = part(w, "agreement")
     assert html.count('class="sg-agreement-row"') == 3
     assert len(re.findall(r'class="sg-badge sg-badge-pass" data-status="pass"', html)) == 3
     # ∂e/∂c = d = 5(a+b), shown symbolically beside the numbers
-    assert r"\frac{\partial e}{\partial c} = 5 a + 5 b" in w.symbolic_view.value
+    assert r"\frac{\partial e}{\partial c} = 5 a + 5 b" in part(w, "symbolic")
     # every op node's local check passed; leaves and None carry no check
     by_label = {}
     for nid, status in w.badges().items():
         by_label.setdefault(w.node(nid)["label"], []).append(status)
     assert by_label == {"MulBackward0": ["pass", "pass"], "AddBackward0": ["pass"],
                         "a": ["none"], "b": ["none"], "c": ["none"], "None": ["none"]}
-    assert w.svg_view.value.count('data-status="pass"') == 3
-    assert 'sg-badge-pass' in w.node_panel.value  # the selected root's own badge
+    assert part(w, "svg").count('data-status="pass"') == 3
+    assert 'sg-badge-pass' in part(w, "panel")  # the selected root's own badge
+    assert "gradients agree" in part(w, "status")
     assert (w.rtol, w.atol) == (1e-4, 1e-6)  # float32 defaults of the verifier
     assert w.graph["agreement"]["first_bad_node"] is None
     w.close()
@@ -132,16 +156,16 @@ def test_wrong_backward_marks_exactly_that_node(monkeypatch, cpu_backend):
     assert w.graph["agreement"]["first_bad_node"] == add
     assert [k for k, v in w.badges().items() if v == "fail"] == [add]
     assert w.selected == add  # the Inspector opens on the first bad node
-    assert 'sg-badge-fail' in w.node_panel.value
+    assert 'sg-badge-fail' in part(w, "panel")
     rows = {r["leaf"]: r for r in w.agreement_rows()}
     assert (rows["b"]["status"], rows["b"]["engine"], rows["b"]["symbolic"]) == \
         ("fail", "40.", "20.")
     assert rows["a"]["status"] == rows["c"]["status"] == "pass"
-    assert len(re.findall(r'data-status="fail"', w.agreement_view.value)) >= 1
+    assert len(re.findall(r'data-status="fail"', part(w, "agreement"))) >= 1
     svg_fail = re.findall(r'<g class="sg-node[^"]*" data-id="(n\d+)"[^>]*data-status="fail"',
-                          w.svg_view.value)
+                          part(w, "svg"))
     assert svg_fail == [add]
-    assert "FAIL" in w.agreement_view.value and "gradients disagree" in w.status_label.value
+    assert "FAIL" in part(w, "agreement") and "gradients disagree" in part(w, "status")
     w.close()
 
 
@@ -150,14 +174,14 @@ def test_mlp_sigmoid_mutation(monkeypatch, cpu_backend):
     w = Inspector(ns["loss"], ns, verify=False)
     sig = w.find("SigmoidBackward0")
     w.selected = sig
-    rows = saved_rows(w.node_panel.value)
+    rows = saved_rows(part(w, "panel"))
     assert [r[0] for r in rows] == ["result"]
     assert rows[0][2:5] == ("tensor", "[2, 2]", "float32") and rows[0][6] == \
         "this node's output"
-    assert r"h = \frac{1}{1 + e^{- \mathrm{self}}}" in w.formula_view.value
+    assert r"h = \frac{1}{1 + e^{- \mathrm{self}}}" in part(w, "formula")
     mm = [n for n in w.graph["nodes"] if n["label"] == "MmBackward0"]
     w.selected = mm[0]["id"]  # h @ w2: saves h and w2, the user's very objects
-    same = {r[0]: r[-1] for r in saved_rows(w.node_panel.value)}
+    same = {r[0]: r[-1] for r in saved_rows(part(w, "panel"))}
     assert same["self"] == "same object as h" and same["mat2"] == "same object as w2"
     w.close()
     # a wrong sigmoid rule: only SigmoidBackward0 turns red
@@ -179,7 +203,7 @@ def test_tolerance_control_reevaluates_the_table(monkeypatch):
     w = Inspector(ns["e"], ns, local_checks=False)
     status = {r["leaf"]: r["status"] for r in w.agreement_rows()}
     assert status["c"] == "fail"
-    w.rtol_input.value = 1e-2  # loosen: the table is re-evaluated at once
+    w.set_state({"rtol": 1e-2})  # the front end's input loosens it: verified again at once
     assert w.rtol == 1e-2 and w.status == "done"
     assert {r["leaf"]: r["status"] for r in w.agreement_rows()}["c"] == "pass"
     assert w.graph["agreement"]["rtol"] == 1e-2
@@ -190,9 +214,10 @@ def test_background_verification_progress_and_stop():
     ns = tutorial()
     w = Inspector(ns["e"], ns, verify=True, background=True)
     w.wait(60)
-    assert w.status == "done" and w.progress == 1.0, getattr(w, "_error", "")
-    assert w.progress_bar.value == 1.0 and w.progress_bar.layout.visibility == "hidden"
-    assert not w.verify_button.disabled and w.stop_button.disabled
+    assert w.status == "done" and w.progress == 1.0, w.message
+    # the static view's controls follow the status
+    assert '<button data-sg-action="stop" disabled>' in w.static_html()
+    assert '<button data-sg-action="verify">' in w.static_html()
     # Stop: the progress sink raises in the verifier's thread
     w._cancel.set()
     with pytest.raises(Exception, match="stopped by the user"):
@@ -204,13 +229,14 @@ def test_background_verification_progress_and_stop():
         y = (y * 1.01).sin()
     y = y.sum()
     w2 = Inspector(y, {"x": x, "y": y}, verify=False, mode="exact")
-    w2.verify(background=True)
-    time.sleep(0.05)
-    w2.stop_button.click()
+    front_end(w2, type="verify")  # the Verify button
+    w2.wait(0.05)
+    if w2.status == "verifying":
+        assert '<button data-sg-action="verify" disabled>' in w2.static_html()
+    front_end(w2, type="stop")  # the Stop button
     w2.wait(60)
     # done only if it finished first
-    assert w2.status in ("interrupted", "done"), getattr(w2, "_error", "")
-    assert w2.stop_button.disabled and not w2.verify_button.disabled
+    assert w2.status in ("interrupted", "done"), w2.message
     w.close()
     w2.close()
 
@@ -230,7 +256,7 @@ def test_report_reuse_and_torch_tensor(torch):
     assert [n["label"] for n in t.graph["nodes"] if n["kind"] == "op"] == \
         ["SinBackward0", "MulBackward0"]
     t.selected = t.find("MulBackward0")
-    same = {r[0]: r[-1] for r in saved_rows(t.node_panel.value)}
+    same = {r[0]: r[-1] for r in saved_rows(part(t, "panel"))}
     assert same == {"other": "same object as b", "self": "same object as a"}
     assert t.status in ("done", "error")
     if t.status == "done":  # the verifier reads torch graphs when its torch support is in
@@ -247,17 +273,14 @@ def test_xss_name_is_escaped_in_every_html_output():
     w = Inspector(y, {"other": other, "y": y})
     w.selected = w.find(XSS)
     mul = w.find("MulBackward0")
-    htmls = [w.svg_view.value, w.node_panel.value, w.agreement_view.value,
-             w.symbolic_view.value, w.status_label.value]
+    htmls = [*w.static_parts().values(), w.static_html()]
     w.selected = mul
-    htmls += [w.node_panel.value, w.formula_view.value, w.svg_view.value]
+    htmls += [*w.static_parts().values(), w.static_html()]
     for h in htmls:
         assert "<img" not in h
     joined = "".join(htmls)
     assert "&lt;img src=x onerror=alert(1)&gt;" in joined
     assert any(r["leaf"] == XSS for r in w.agreement_rows())
-    # the labels of the node picker are plain text, not HTML
-    assert any(XSS in label for label, _v in w.node_picker.options)
     # the verifier's own report HTML escapes it too
     rep = w.report_object
     assert "<img" not in rep._repr_html_()
@@ -265,55 +288,52 @@ def test_xss_name_is_escaped_in_every_html_output():
     w.close()
 
 
-def test_graph_view_is_the_anywidget_canvas_when_the_bundle_exists():
-    from symgrad.jupyter import widget as widget_mod
-
-    pytest.importorskip("anywidget")
-    # built by `make test` / `pip install -e .` (labextension: jlpm build:widget)
-    assert widget_mod.BUNDLE.is_file(), "run `cd labextension && jlpm build:widget`"
+def test_front_end_gets_the_graph_by_message_and_saved_state_stays_small(monkeypatch):
     ns = tutorial()
     w = Inspector(ns["e"], ns)
-    canvas = w.canvas
-    assert canvas is not None and w.children[0] is canvas
-    assert w.svg_view not in w.children
-    # the canvas runs the labextension's module, which binds these three traits
-    assert "change:" in canvas._esm and '"selected"' in canvas._esm
-    state = canvas.get_state()
-    assert state["graph"] == w.graph and state["report"] == w.report
-    assert state["report"]["schema"] == "symgrad.report/1"
-    assert state["selected"] == w.selected == "n0"
-    # a click in the browser sets the canvas's trait: the panel and the picker follow
+    state = w.get_state()
+    # what a notebook saves: a loader and a few traits, no graph, no report, no layout
+    assert "graph" not in state and "report" not in state and state["layout"] is None
+    assert {state[k] for k in ("status", "selected")} == {"done", "n0"}
+    assert len(state["_esm"]) < 1000 and "symgrad.inspector.v1" in state["_esm"]
+    assert w._repr_mimebundle_()[0]["text/plain"] == \
+        "symgrad Inspector: 3 op nodes, 3 leaves (a live widget: run the cell to use it)"
+    sent = recorder(monkeypatch, w)
+    # the labextension's view asks for the graph
+    front_end(w, type="request")
+    assert sent == [{"type": "graph", "graph": w.graph, "report": w.report}]
+    assert sent[0]["report"]["schema"] == "symgrad.report/1"
+    # a click in the view sets the trait; nothing to send (the view drew it)
     add = w.find("AddBackward0")
-    canvas.selected = add
-    assert w.selected == add and w.node_picker.value == add
-    assert f'data-id="{add}"' in w.node_panel.value
-    assert re.search(f'data-id="{add}"[^>]*data-selected="true"', w.svg_view.value)
-    # and the Python side's selection reaches the canvas
-    w.node_picker.value = w.find("c")
-    assert canvas.selected == w.find("c")
-    # re-verification replaces the graph (badges) and the report on the canvas too
-    w.rtol_input.value = 1e-3
-    assert canvas.graph["agreement"]["rtol"] == 1e-3 and canvas.report == w.report
+    w.set_state({"selected": add})
+    assert w.selected == add and len(sent) == 1
+    # a new tolerance verifies again: the new graph and report go out once
+    w.set_state({"rtol": 1e-3})
+    assert [m["type"] for m in sent[1:]] == ["graph"]
+    assert sent[-1]["graph"]["agreement"]["rtol"] == 1e-3 and sent[-1]["report"] == w.report
+    # without the labextension: the static view's module, then its HTML on every change
+    front_end(w, type="request-static-module")
+    assert sent[-1] == {"type": "static-module", "code": STATIC_VIEW.read_text()}
+    front_end(w, type="request-static")
+    assert sent[-1]["type"] == "static"
+    assert same_html(sent[-1]["html"], w.static_html())
+    assert f'data-id="{add}"' in sent[-1]["html"]  # the selected node's panel
+    w.selected = w.find("c")
+    assert sent[-1]["type"] == "static" and "for leaf <code>c</code>" in sent[-1]["html"]
+    n = len(sent)
+    front_end(w, type="verify")
+    kinds = [m["type"] for m in sent[n:]]
+    assert "graph" in kinds and kinds[-1] == "static" and w.status == "done"
+    assert 'value="0.001"' in w.static_html()  # the rtol input shows the tolerance
+    front_end(w, type="no such message")  # ignored
     w.close()
-    assert canvas.comm is None  # closed with the Inspector
+    assert w.comm is None
 
 
-@pytest.mark.parametrize("missing", ["bundle", "anywidget"])
-def test_graph_view_falls_back_to_static_svg(monkeypatch, tmp_path, missing):
-    import sys
-
-    from symgrad.jupyter import widget as widget_mod
-
-    if missing == "bundle":
-        monkeypatch.setattr(widget_mod, "BUNDLE", tmp_path / "inspector.js")
-    else:
-        monkeypatch.setattr(widget_mod, "_CANVAS_CLASSES", {})
-        monkeypatch.setitem(sys.modules, "anywidget", None)  # import raises ImportError
-    assert widget_mod.canvas_class() is None
+def test_status_of_a_failed_verification():
     ns = tutorial()
-    w = Inspector(ns["e"], ns, verify=False)
-    assert w.canvas is None and w.children[0] is w.svg_view
-    assert '<svg' in w.svg_view.value and 'data-selected="true"' in w.svg_view.value
-    w.selected = w.find("AddBackward0")
-    assert re.search(f'data-id="{w.selected}"[^>]*data-selected="true"', w.svg_view.value)
+    w = Inspector(ns["e"], ns, verify=False, mode="no such mode")
+    w.verify()
+    assert w.status == "error" and w.message
+    assert f"verification failed: {w.message}"[:40] in part(w, "status")
     w.close()

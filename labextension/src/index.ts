@@ -1,9 +1,11 @@
 // JupyterLab MIME renderer for symgrad outputs. Registered as safe: it never runs code
 // from the payload and inserts every string as text, so saved (untrusted) notebooks show
-// their graphs with no kernel running.
+// their graphs with no kernel running. Loading this module also puts the Inspector
+// widget's view on the page (inspector.ts).
 import { IRenderMime } from '@jupyterlab/rendermime-interfaces';
 import { Widget } from '@lumino/widgets';
 import { IGraphView, renderGraphView, renderReportView } from './draw';
+import { registerInspector } from './inspector';
 
 export const GRAPH_MIME = 'application/vnd.symgrad.graph+json';
 export const REPORT_MIME = 'application/vnd.symgrad.report+json';
@@ -52,5 +54,8 @@ const extension: IRenderMime.IExtension = {
   dataType: 'json',
   documentWidgetFactoryOptions: []
 };
+
+// The Inspector widget's view, for the loader every saved Inspector holds (inspector.ts).
+registerInspector();
 
 export default extension;

@@ -1,4 +1,4 @@
-// Provided by scripts/build-widget.mjs: the widget's CSS, fonts inlined.
+// Provided by scripts/build-test-bundle.mjs: the CSS, fonts inlined.
 declare module 'symgrad-inline-css' {
   const css: string;
   export default css;

@@ -1,13 +1,29 @@
-"""The Inspector: an ipywidgets 8 view of a graph, its saved operands and its proof.
+"""The Inspector: an interactive view of a graph, its saved operands and its proof.
 
-All state lives in synced traitlets (``graph``: the frozen graph JSON, ``selected``: a
-node id, ``report``: the verifier's JSON, ``rtol``/``atol``, ``status``, ``progress``).
-The graph is drawn by ``canvas``, the labextension's anywidget front end (pan, zoom,
-click to select) bound to ``graph``/``selected``/``report``, when its bundle was built
-and anywidget imports; otherwise by the static SVG in an HTML widget (``svg_view``,
-always kept current). The other children (a node picker, the node panel, HTMLMath for
-the LaTeX, the agreement table) work in any front end. Every string
-from user code is HTML-escaped before it reaches an HTML widget.
+One anywidget model per Inspector, kept small because notebooks save the state of every
+widget (nbclient does, and JupyterLab when asked): the synced traits are the selection
+(``selected``), the tolerances (``rtol``/``atol``) and the verification state (``status``,
+``progress``, ``message``). The graph and the verifier's report (``graph``, ``report``:
+plain traitlets, not synced) reach the front end as custom comm messages, which saved
+widget state never records; a notebook keeps the graph once, in the ``%%symgrad`` graph
+output beside the Inspector.
+
+The front end (``_esm``) is inspector_stub.js, a loader of about 600 bytes. In
+JupyterLab 4 and Notebook 7 it hands the view to the symgrad labextension, loaded once
+per page, which registers ``globalThis[Symbol.for("symgrad.inspector.v1")]``: the
+interactive graph (pan, zoom, click to select), node panel, agreement table, tolerance
+inputs, Verify and Stop, and a progress bar. Where the extension is absent (VS Code, a
+server without symgrad) the stub asks the kernel for inspector_static.js, which shows
+:meth:`Inspector.static_html` as the kernel renders it: the static SVG (click a node to
+select it), node panel, agreement table and the same controls. Every string from user
+code is HTML-escaped before it reaches that HTML.
+
+Messages, front end to kernel: ``{"type": "request"}`` (answered by ``{"type": "graph",
+"graph", "report"}``, sent again whenever they change), ``{"type":
+"request-static-module"}`` (answered by ``{"type": "static-module", "code"}``),
+``{"type": "request-static"}`` (answered by ``{"type": "static", "html"}``, sent again
+on every change), ``{"type": "verify"}`` and ``{"type": "stop"}``. Selection and
+tolerances are trait changes.
 """
 
 from __future__ import annotations
@@ -18,48 +34,34 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import ipywidgets as widgets
+import ipywidgets as widgets  # first: on a core install the ImportError names it
+
+# isort: split
+import anywidget
 import traitlets
 
 from .graph import apply_report, graph_json
 from .run import VerificationInterrupted, run_verify
 from .svg import agreement_table_html, badge, esc, render_svg
 
-__all__ = ["Inspector", "VerificationInterrupted", "run_verify", "BUNDLE", "canvas_class"]
+__all__ = ["Inspector", "VerificationInterrupted", "run_verify", "STUB", "STATIC_VIEW",
+           "API_KEY"]
 
-#: The labextension's drawing code as an ES module (built by esbuild; not committed).
-BUNDLE = Path(__file__).with_name("static") / "inspector.js"
-_CANVAS_CLASSES: dict[Path, type] = {}
+#: The Inspector's anywidget front end (``_esm``): a loader saved with every Inspector.
+STUB = Path(__file__).with_name("inspector_stub.js")
+#: The view where the labextension is absent, sent by the kernel when the stub asks.
+STATIC_VIEW = Path(__file__).with_name("inspector_static.js")
 
 
-def canvas_class() -> type | None:
-    """The anywidget class drawing the interactive graph, or None where it cannot.
+def _compact_js(source: str) -> str:
+    """``source`` less its comment lines and indentation: every saved Inspector holds a
+    copy. Enough for the stub, which has no multi-line string or template literal."""
+    lines = (ln.strip() for ln in source.splitlines())
+    return "\n".join(ln for ln in lines if ln and not ln.startswith("//"))
 
-    None when the bundle was not built (a source checkout without ``jlpm``) or anywidget
-    is not installed; the Inspector then shows its static SVG instead. The class is made
-    on first use because anywidget reads ``_esm`` when the class is defined.
-    """
-    bundle = BUNDLE
-    if not bundle.is_file():
-        return None
-    cls = _CANVAS_CLASSES.get(bundle)
-    if cls is not None:
-        return cls
-    try:
-        import anywidget
-    except ImportError:
-        return None
 
-    class GraphCanvas(anywidget.AnyWidget):
-        """The labextension's graph view; binds to ``graph``, ``selected`` and ``report``."""
-
-        _esm = bundle
-        graph = traitlets.Dict().tag(sync=True)
-        selected = traitlets.Unicode("").tag(sync=True)
-        report = traitlets.Dict().tag(sync=True)
-
-    _CANVAS_CLASSES[bundle] = GraphCanvas
-    return GraphCanvas
+#: ``Symbol.for(API_KEY)`` on the page's global object is the labextension's view.
+API_KEY = "symgrad.inspector.v1"
 
 
 def _in_kernel() -> bool:
@@ -71,22 +73,44 @@ def _in_kernel() -> bool:
     return ip is not None and getattr(ip, "kernel", None) is not None
 
 
-class Inspector(widgets.VBox):
+def _default_selection(payload: Mapping[str, Any]) -> str:
+    """The first bad node when there is one, else the first root, else the first node."""
+    fb = (payload.get("agreement") or {}).get("first_bad_node")
+    roots = payload.get("roots") or []
+    nodes = payload.get("nodes") or []
+    return fb or (roots[0] if roots else "") or (nodes[0]["id"] if nodes else "")
+
+
+_STATUS_TEXT = {"not verified": "not verified", "verifying": "verifying\u2026",
+                "interrupted": "verification interrupted", "done": "verified",
+                "error": "verification failed"}
+
+
+class Inspector(anywidget.AnyWidget):
     """Graph + node panel + agreement table for ``root`` (a symgrad or torch tensor).
 
     ``names`` maps variable names to objects (pass ``globals()`` or the notebook
     namespace) so leaves read ``c`` instead of ``t0``. With ``verify=True`` the verifier
     runs (in a background thread inside a live kernel, so the progress bar moves and Stop
-    works; synchronously elsewhere). ``report`` reuses a Report already computed.
+    works; synchronously elsewhere). ``report`` reuses a Report already computed. Setting
+    ``rtol`` or ``atol`` (the front end's inputs do) verifies again once it has run.
     """
 
-    graph = traitlets.Dict().tag(sync=True)
+    _esm = _compact_js(STUB.read_text(encoding="utf-8"))
     selected = traitlets.Unicode("").tag(sync=True)
-    report = traitlets.Dict().tag(sync=True)
     rtol = traitlets.Float(None, allow_none=True).tag(sync=True)
     atol = traitlets.Float(None, allow_none=True).tag(sync=True)
     status = traitlets.Unicode("not verified").tag(sync=True)
     progress = traitlets.Float(0.0).tag(sync=True)
+    #: Why the last verification failed (``status == "error"``).
+    message = traitlets.Unicode("").tag(sync=True)
+    # Not synced: sent as messages (see the module docstring), so never in saved state.
+    graph = traitlets.Dict()
+    report = traitlets.Dict()
+    # No Layout model per Inspector (each would add a kilobyte to a saved notebook); the
+    # front end sizes the view itself. Assign a widgets.Layout to style it as usual.
+    layout = traitlets.Instance(widgets.Layout, allow_none=True).tag(
+        sync=True, **widgets.widget_serialization)
 
     def __init__(self, root: Any, names: Mapping[str, Any] | None = None,
                  verify: bool = True, *, report: Any = None, rtol: float | None = None,
@@ -98,67 +122,30 @@ class Inspector(widgets.VBox):
         self._names = dict(names) if names is not None else None
         self._options = {"sample": sample, "mode": mode, "timeout": timeout}
         self._local_checks = local_checks
+        self._background = background
         self._report_obj = None
         self._thread: threading.Thread | None = None
         self._cancel = threading.Event()
         self._updating = False
-
-        self.svg_view = widgets.HTML(layout=widgets.Layout(overflow="auto", max_height="480px"))
-        self.node_picker = widgets.Dropdown(description="node", options=[],
-                                            layout=widgets.Layout(width="auto"))
-        self.node_panel = widgets.HTML()
-        self.formula_view = widgets.HTMLMath()
-        self.agreement_view = widgets.HTML()
-        self.symbolic_view = widgets.HTMLMath()
-        self.rtol_input = widgets.FloatText(description="rtol", step=1e-6,
-                                            layout=widgets.Layout(width="180px"))
-        self.atol_input = widgets.FloatText(description="atol", step=1e-6,
-                                            layout=widgets.Layout(width="180px"))
-        self.verify_button = widgets.Button(description="Verify", icon="check")
-        self.stop_button = widgets.Button(description="Stop", icon="stop", disabled=True)
-        self.progress_bar = widgets.FloatProgress(value=0.0, min=0.0, max=1.0,
-                                                  description="verifying",
-                                                  layout=widgets.Layout(visibility="hidden"))
-        self.status_label = widgets.HTML()
-        controls = widgets.HBox([self.rtol_input, self.atol_input, self.verify_button,
-                                 self.stop_button, self.progress_bar, self.status_label])
-        panel = widgets.VBox([self.node_picker, self.node_panel, self.formula_view])
-        # the interactive canvas replaces the static SVG where the bundle exists; the SVG
-        # is still kept current (it is cheap) so it can stand in for it
-        canvas_cls = canvas_class()
-        self.canvas = canvas_cls() if canvas_cls is not None else None
-        graph_view = self.canvas if self.canvas is not None else self.svg_view
-        super().__init__(children=[graph_view, panel, controls, self.agreement_view,
-                                   self.symbolic_view],
-                         **kwargs)
-        self.add_class("symgrad-inspector")
-        if self.canvas is not None:
-            traitlets.dlink((self, "graph"), (self.canvas, "graph"))
-            traitlets.dlink((self, "report"), (self.canvas, "report"))
-            # a click in the browser sets the canvas's selection, which drives the panel
-            traitlets.link((self, "selected"), (self.canvas, "selected"))
-
-        self.rtol, self.atol = rtol, atol
+        self._static_views = False  # a front end without the labextension asked for HTML
         self._node_map: dict[int, str] = {}
         self._base_graph = graph_json(root, self._names, node_map=self._node_map)
-        self.graph = self._base_graph
-        self.node_picker.options = self._picker_options()
-        self.node_picker.observe(self._on_picker, names="value")
-        traitlets.dlink((self, "progress"), (self.progress_bar, "value"))
-        self.rtol_input.observe(self._on_tolerance, names="value")
-        self.atol_input.observe(self._on_tolerance, names="value")
-        self.verify_button.on_click(lambda _b: self.verify(background=background))
-        self.stop_button.on_click(lambda _b: self.stop())
-        self.observe(self._on_selected, names="selected")
-        self.observe(self._refresh_all, names=["graph", "report", "status"])
-
+        super().__init__(graph=self._base_graph, rtol=rtol, atol=atol,
+                         selected=_default_selection(self._base_graph), **kwargs)
+        self.on_msg(self._on_front_end_msg)
+        self.observe(self._on_data, names=["graph", "report"])
+        self.observe(self._on_tolerance, names=["rtol", "atol"])
+        self.observe(self._on_view_state, names=["selected", "status", "message"])
         if report is not None:
             self._set_report(report)
             self.status = "done"
-        self.selected = self._default_selection()
-        self._refresh_all()
         if verify and report is None:
             self.verify(background=background)
+
+    def __repr__(self) -> str:
+        ops = sum(n["kind"] == "op" for n in self.graph.get("nodes", []))
+        return (f"symgrad Inspector: {ops} op nodes, {len(self.graph.get('leaves', []))} "
+                "leaves (a live widget: run the cell to use it)")
 
     # -- public helpers (also what the tests read) ------------------------------------
     def node(self, node_id: str | None = None) -> dict:
@@ -186,16 +173,49 @@ class Inspector(widgets.VBox):
         """The verifier's Report object behind ``report`` (None before verification)."""
         return self._report_obj
 
+    def static_parts(self) -> dict[str, str]:
+        """The static view's parts as HTML: ``svg`` (the graph, selection marked),
+        ``panel`` (the selected node), ``formula`` (its LaTeX, for MathJax), ``agreement``
+        (one row per leaf), ``symbolic`` (LaTeX gradients) and ``status``."""
+        try:
+            n = self.node()
+        except KeyError:
+            panel = formula = ""
+        else:
+            panel, formula = node_panel_html(n, self.graph), formula_html(n)
+        symbolic = "".join(
+            f"<div class='sg-symbolic' data-leaf='{esc(r['leaf'])}'>"
+            f"$${html.escape(r['symbolic_latex'], quote=False)}$$</div>"
+            for r in self.agreement_rows() if r.get("symbolic_latex"))
+        return {"svg": render_svg(self.graph, self.selected), "panel": panel,
+                "formula": formula, "agreement": agreement_table_html(self.graph.get("agreement")),
+                "symbolic": symbolic, "status": self._status_html()}
+
+    def static_html(self) -> str:
+        """What a front end without the labextension shows: status and controls, the SVG,
+        the node panel and the agreement table. Controls carry ``data-sg-action``
+        (``verify``, ``stop``) or ``data-sg-trait`` (``rtol``, ``atol``) for the stub."""
+        p = self.static_parts()
+        busy = self.status == "verifying"
+
+        def number(name: str) -> str:
+            value = getattr(self, name)
+            return (f'<label style="margin-right:8px">{name} <input data-sg-trait="{name}" '
+                    f'type="number" step="any" min="0" style="width:7em" '
+                    f'value="{"" if value is None else esc(repr(value))}"></label>')
+
+        controls = (f'<div class="sg-controls" style="margin:4px 0">{number("rtol")}'
+                    f'{number("atol")}<button data-sg-action="verify"'
+                    f'{" disabled" if busy else ""}>Verify</button> '
+                    f'<button data-sg-action="stop"{"" if busy else " disabled"}>Stop</button> '
+                    f'{p["status"]}</div>')
+        return ('<div class="symgrad-inspector-static">' + controls
+                + '<div style="overflow:auto;max-height:480px">' + p["svg"] + "</div>"
+                + p["panel"] + p["formula"] + p["agreement"] + p["symbolic"] + "</div>")
+
     def close(self) -> None:
-        """Close the Inspector and every child widget (they hold the frozen graph)."""
+        """Stop a running verification and close the widget's comm."""
         self.stop()
-        if self.canvas is not None:
-            self.canvas.close()
-        for w in (self.svg_view, self.node_picker, self.node_panel, self.formula_view,
-                  self.agreement_view, self.symbolic_view, self.rtol_input, self.atol_input,
-                  self.verify_button, self.stop_button, self.progress_bar, self.status_label,
-                  *self.children):
-            w.close()
         super().close()
 
     # -- verification -------------------------------------------------------------------
@@ -206,11 +226,9 @@ class Inspector(widgets.VBox):
         if background is None:
             background = _in_kernel()
         self._cancel.clear()
-        self.status = "verifying"
+        self.message = ""
         self.progress = 0.0
-        self.progress_bar.layout.visibility = "visible"
-        self.stop_button.disabled = False
-        self.verify_button.disabled = True
+        self.status = "verifying"
         if background:
             self._thread = threading.Thread(target=self._verify_body, daemon=True,
                                             name="symgrad-verify")
@@ -235,7 +253,6 @@ class Inspector(widgets.VBox):
             ctypes.pythonapi.PyThreadState_SetAsyncExc(
                 ctypes.c_ulong(thread.ident), ctypes.py_object(VerificationInterrupted))
 
-
     def _verify_body(self) -> None:
         try:
             progress = _Progress(self)
@@ -257,15 +274,11 @@ class Inspector(widgets.VBox):
         except (KeyboardInterrupt, VerificationInterrupted):
             self.status = "interrupted"
         except Exception as exc:  # noqa: BLE001 - shown in the widget, not lost in a thread
-            self._error = f"{type(exc).__name__}: {exc}"
+            self.message = f"{type(exc).__name__}: {exc}"
             self.status = "error"
         else:
             self.progress = 1.0
             self.status = "done"
-        finally:
-            self.progress_bar.layout.visibility = "hidden"
-            self.stop_button.disabled = True
-            self.verify_button.disabled = False
 
     def _set_report(self, report: Any, local: Any = None) -> None:
         import copy
@@ -284,99 +297,68 @@ class Inspector(widgets.VBox):
                 self.atol = agreement["atol"]
             self.graph = payload
             self.report = data
+            if self.selected not in {n["id"] for n in payload["nodes"]} or (
+                    agreement.get("first_bad_node") and self.selected == self._first_root()):
+                self.selected = _default_selection(payload)
         finally:
             self._updating = False
-        if self.selected not in {n["id"] for n in payload["nodes"]} or (
-                agreement.get("first_bad_node") and self.selected == self._first_root()):
-            self.selected = self._default_selection()
+        self._push_graph()
+        self._push_static()
 
-    def _on_tolerance(self, change: dict) -> None:
+    # -- the front end ------------------------------------------------------------------
+    def _push_graph(self) -> None:
+        self.send({"type": "graph", "graph": self.graph, "report": self.report or None})
+
+    def _push_static(self) -> None:
+        if self._static_views:
+            self.send({"type": "static", "html": self.static_html()})
+
+    def _on_front_end_msg(self, _widget: Any, content: Any, _buffers: Any) -> None:
+        kind = content.get("type") if isinstance(content, dict) else None
+        if kind == "request":
+            self._push_graph()
+        elif kind == "request-static-module":
+            self.send({"type": "static-module",
+                       "code": STATIC_VIEW.read_text(encoding="utf-8")})
+        elif kind == "request-static":
+            self._static_views = True
+            self._push_static()
+        elif kind == "verify":
+            self.verify(background=self._background)
+        elif kind == "stop":
+            self.stop()
+
+    def _on_data(self, _change: dict) -> None:
+        if not self._updating:
+            self._push_graph()
+            self._push_static()
+
+    def _on_view_state(self, _change: dict) -> None:
+        if not self._updating:
+            self._push_static()
+
+    def _on_tolerance(self, _change: dict) -> None:
         if self._updating or self.status == "verifying":
             return
-        new_rtol = self.rtol_input.value
-        new_atol = self.atol_input.value
-        if (new_rtol, new_atol) == (self.rtol, self.atol):
-            return
-        self.rtol, self.atol = new_rtol, new_atol
         if self.status in ("done", "error", "interrupted"):
-            self.verify()
+            self.verify(background=self._background)
+        else:
+            self._push_static()
 
-    # -- rendering ----------------------------------------------------------------------
     def _first_root(self) -> str:
         roots = self.graph.get("roots") or []
         return roots[0] if roots else ""
 
-    def _default_selection(self) -> str:
-        fb = (self.graph.get("agreement") or {}).get("first_bad_node")
-        return fb or self._first_root() or (self.graph["nodes"][0]["id"]
-                                             if self.graph.get("nodes") else "")
-
-    def _picker_options(self) -> list[tuple[str, str]]:
-        opts = []
-        for n in sorted(self.graph.get("nodes", []), key=lambda n: n.get("order", 0)):
-            text = n["label"]
-            if n["kind"] == "accumulate":
-                text = f"AccumulateGrad ({n['label']})"
-            elif n["kind"] == "op" and n.get("variable"):
-                text = f"{n['label']} ({n['variable']})"
-            elif n["kind"] == "none" and n.get("variable"):
-                text = f"None ({n['variable']})"
-            opts.append((f"{n['id']}: {text}", n["id"]))
-        return opts
-
-    def _on_picker(self, change: dict) -> None:
-        if change["new"] and change["new"] != self.selected:
-            self.selected = change["new"]
-
-    def _on_selected(self, change: dict) -> None:
-        if self.node_picker.value != self.selected and \
-                any(v == self.selected for _t, v in self.node_picker.options):
-            self.node_picker.value = self.selected
-        self._refresh_node()
-        self.svg_view.value = render_svg(self.graph, self.selected)
-
-    def _refresh_all(self, change: dict | None = None) -> None:
-        if change is not None and change.get("name") == "graph":
-            self.node_picker.options = self._picker_options()
-            if any(v == self.selected for _t, v in self.node_picker.options):
-                self.node_picker.value = self.selected
-        self.svg_view.value = render_svg(self.graph, self.selected)
-        self._refresh_node()
-        self.agreement_view.value = agreement_table_html(self.graph.get("agreement"))
-        self.symbolic_view.value = "".join(
-            f"<div class='sg-symbolic' data-leaf='{esc(r['leaf'])}'>"
-            f"$${html.escape(r['symbolic_latex'], quote=False)}$$</div>"
-            for r in self.agreement_rows() if r.get("symbolic_latex"))
-        self._updating = True
-        try:
-            if self.rtol is not None:
-                self.rtol_input.value = self.rtol
-            if self.atol is not None:
-                self.atol_input.value = self.atol
-        finally:
-            self._updating = False
-        text = {"not verified": "not verified", "verifying": "verifying…",
-                "interrupted": "verification interrupted", "done": "verified",
-                "error": "verification failed: " + getattr(self, "_error", "")}
-        ok = (self.graph.get("agreement") or {}).get("ok")
-        label = text.get(self.status, self.status)
+    def _status_html(self) -> str:
         if self.status == "done":
-            label = badge("pass" if ok else "fail" if ok is False else "none") + " " + \
-                ("gradients agree" if ok else "gradients disagree" if ok is False
-                 else "no verdict")
-            self.status_label.value = label
-        else:
-            self.status_label.value = esc(label)
-
-    def _refresh_node(self) -> None:
-        try:
-            n = self.node()
-        except KeyError:
-            self.node_panel.value = ""
-            self.formula_view.value = ""
-            return
-        self.node_panel.value = node_panel_html(n, self.graph)
-        self.formula_view.value = formula_html(n)
+            ok = (self.graph.get("agreement") or {}).get("ok")
+            return (badge("pass" if ok else "fail" if ok is False else "none") + " "
+                    + ("gradients agree" if ok else "gradients disagree" if ok is False
+                       else "no verdict"))
+        text = _STATUS_TEXT.get(self.status, self.status)
+        if self.status == "error" and self.message:
+            text += ": " + self.message
+        return f'<span class="sg-status">{esc(text)}</span>'
 
 
 def _cell(v: Any) -> str:

@@ -1,8 +1,9 @@
-"""Fixtures for the labextension's browser tests: headless Debian chromium (Playwright)
-and a JupyterLab server on a free loopback port with a temporary root and settings dir.
+"""Fixtures for the labextension's browser tests: headless Debian chromium (Playwright),
+and a JupyterLab 4 and a Notebook 7 server, each on a free loopback port with a temporary
+root and settings dir.
 
-`make test` installs chromium (apt) and the `lab` extra; the server is stopped through its
-own process group at the end of the session.
+`make test` installs chromium (apt) and the `test` extra (JupyterLab, Notebook 7); a server
+is stopped through its own process group at the end of the session.
 """
 
 from __future__ import annotations
@@ -72,9 +73,10 @@ class LabServer:
         return self.log.read_text(errors="replace")[-n:]
 
 
-@pytest.fixture(scope="session")
-def lab_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
-    base = tmp_path_factory.mktemp("lab")
+def _serve(tmp_path_factory: pytest.TempPathFactory, module: str,
+           extra_args: list[str]) -> Iterator[LabServer]:
+    """``python -m <module>`` (jupyterlab or notebook) on a free port, until the session ends."""
+    base = tmp_path_factory.mktemp(module)
     root = base / "root"
     settings = base / "settings"
     root.mkdir()
@@ -90,10 +92,10 @@ def lab_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
     log = base / "server.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root",
+            [sys.executable, "-m", module, "--no-browser", "--allow-root",
              "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
              "--ServerApp.port_retries=0", "--ServerApp.token=", "--ServerApp.password=",
-             "--ServerApp.disable_check_xsrf=True", "--LabApp.expose_app_in_browser=True",
+             "--ServerApp.disable_check_xsrf=True", *extra_args,
              f"--ServerApp.root_dir={root}"],
             env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     server = LabServer(f"http://127.0.0.1:{port}", root, proc, log)
@@ -101,7 +103,7 @@ def lab_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
         deadline = time.monotonic() + 60
         while True:
             if proc.poll() is not None:
-                pytest.fail(f"JupyterLab exited ({proc.returncode}):\n{server.log_tail()}")
+                pytest.fail(f"{module} exited ({proc.returncode}):\n{server.log_tail()}")
             try:
                 with urllib.request.urlopen(f"{server.url}/api/status", timeout=2) as r:
                     if r.status == 200:
@@ -109,7 +111,7 @@ def lab_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
             except OSError:
                 pass
             if time.monotonic() > deadline:
-                pytest.fail(f"JupyterLab did not start in 60 s:\n{server.log_tail()}")
+                pytest.fail(f"{module} did not start in 60 s:\n{server.log_tail()}")
             time.sleep(0.25)
         yield server
     finally:
@@ -122,4 +124,32 @@ def lab_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(5)
         if ARTIFACTS.exists():
-            shutil.copy(log, ARTIFACTS / "jupyterlab-server.log")
+            shutil.copy(log, ARTIFACTS / f"{module}-server.log")
+
+
+@pytest.fixture(scope="session")
+def lab_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
+    """JupyterLab 4: notebooks at /lab/tree/<path>."""
+    yield from _serve(tmp_path_factory, "jupyterlab", ["--LabApp.expose_app_in_browser=True"])
+
+
+@pytest.fixture(scope="session")
+def notebook_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
+    """Notebook 7: notebooks at /notebooks/<path>."""
+    pytest.importorskip("notebook")
+    yield from _serve(tmp_path_factory, "notebook", [])
+
+
+@pytest.fixture(scope="session")
+def ten_cells(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The saved notebook of tests/test_notebook_size.py: ten ``%%symgrad`` cells run by
+    nbclient (widget state stored, as ``make demo`` does), with no kernel metadata, so
+    that opening it starts no kernel."""
+    sys.path.insert(0, str(REPO / "tests"))
+    try:
+        from test_notebook_size import execute_ten_cells
+    finally:
+        sys.path.remove(str(REPO / "tests"))
+    path = tmp_path_factory.mktemp("ten") / "ten_cells.ipynb"
+    execute_ten_cells(path, kernel_metadata=False)
+    return path

@@ -2,9 +2,11 @@
 
 One test walks the whole story in order (it shares one server, one kernel and one
 notebook): run the cells, count the nodes, click a node and read its saved operands, read
-the agreement badges, check that a hostile tensor name stays text, time a 500-node graph,
-then save, stop the kernel and reopen the saved notebook (untrusted, no kernel) to see the
-graphs drawn again. Screenshots go to test-artifacts/.
+the agreement badges, use the live Inspector (its view is the labextension's: a click
+reaches the kernel, a new tolerance verifies again), check that a hostile tensor name
+stays text, time a 500-node graph, then save, stop the kernel and reopen the saved
+notebook (untrusted, no kernel) to see the graphs drawn again. Screenshots go to
+test-artifacts/.
 """
 
 from __future__ import annotations
@@ -44,19 +46,14 @@ CELLS = [
     "for _ in range(250):\n"
     "    z = z * w + bb\n"
     f"display({{{GRAPH_MIME!r}: graph_json(z, {{'w': w, 'bb': bb, 'h': h}})}}, raw=True)",
-    # The same drawing as an anywidget front end (what the Inspector can switch to): the
-    # bundle binds to the traitlets graph / selected / report.
-    "import pathlib, anywidget, traitlets, symgrad.jupyter\n"
-    "class GraphWidget(anywidget.AnyWidget):\n"
-    "    _esm = pathlib.Path(symgrad.jupyter.__file__).with_name('static') / 'inspector.js'\n"
-    "    graph = traitlets.Dict().tag(sync=True)\n"
-    "    selected = traitlets.Unicode('').tag(sync=True)\n"
-    "    report = traitlets.Dict().tag(sync=True)\n"
+    # The Inspector on its own (what %%symgrad shows below the graph): its view comes from
+    # the labextension, its graph from the kernel.
+    "from symgrad.jupyter import Inspector\n"
     "names = {'a': a, 'b': b, 'c': c, 'd': d, 'e': e}\n"
-    "gw = GraphWidget(graph=graph_json(e, names), report=sg.verify(e, names=names).to_json())\n"
-    "gw",
+    "insp = Inspector(e, names)\n"
+    "insp",
 ]
-SELECTED_CELL = "print('selected:', gw.selected)"
+SELECTED_CELL = "print('selected:', insp.selected)"
 
 
 def _write_notebook(path: Path) -> None:
@@ -157,20 +154,31 @@ def test_symgrad_magic_in_jupyterlab(browser, lab_server, artifacts):
     page.mouse.move(1, 1)  # no tooltip in the pictures
     graph.screenshot(path=str(artifacts / "lab-tutorial-graph.png"))
 
-    # -- the Inspector draws with the anywidget canvas; a click reaches its node panel ---
+    # -- the live Inspector: the labextension's view, driven by the kernel -----------------
     inspector = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".symgrad-inspector")
     canvas = inspector.locator(".sg-view[data-symgrad=graph]")
     canvas.locator(".sg-node").first.wait_for(state="attached", timeout=60_000)
     assert canvas.locator(".sg-node[data-kind=op]").count() == 2
     assert canvas.locator(".sg-node[data-kind=accumulate]").count() == 3
     assert canvas.locator(".sg-node[data-kind=op][data-status=pass]").count() == 2
-    assert inspector.locator("svg.symgrad-graph").count() == 0  # no static SVG beside it
+    status = inspector.locator("[data-symgrad=status]")
+    assert status.get_attribute("data-status") == "done"
+    assert status.locator(".sg-badge").get_attribute("data-status") == "pass"
+    assert inspector.locator("svg.symgrad-graph").count() == 0  # not the static fallback
     add = canvas.locator(".sg-node[data-kind=op]", has_text="AddBackward0")
     add.scroll_into_view_if_needed()
     add.click()
     add_id = add.get_attribute("data-node-id")
-    inspector.locator(f".sg-node-panel[data-id={add_id}]").wait_for(state="attached",
-                                                                     timeout=30_000)
+    assert canvas.locator("[data-symgrad=node-panel]").get_attribute("data-selected") == add_id
+    # a looser tolerance: the kernel verifies again and sends the new table
+    rtol = inspector.locator("input[data-trait=rtol]")
+    assert float(rtol.input_value()) == 1e-4
+    rtol.fill("0.01")
+    rtol.press("Enter")
+    canvas.locator("[data-symgrad=agreement]", has_text="rtol 0.0100").wait_for(
+        state="attached", timeout=60_000)
+    page.wait_for_selector(".symgrad-inspector [data-symgrad=status][data-status=done]",
+                           state="attached", timeout=60_000)
     page.mouse.move(1, 1)
     inspector.screenshot(path=str(artifacts / "lab-inspector.png"))
     if os.environ.get("SYMGRAD_UPDATE_DOCS_SCREENSHOT"):
@@ -199,12 +207,12 @@ def test_symgrad_magic_in_jupyterlab(browser, lab_server, artifacts):
     print(f"\nJupyterLab, 503-node graph: first render {render_ms:.0f} ms (chains collapsed), "
           f"expand all {expand_ms:.0f} ms (click to DOM)")
 
-    # -- the anywidget front end: clicks reach the kernel's traitlets --------------------
-    widget = _graph(page, 4)
+    # -- the Inspector on its own: a click reaches the kernel's trait ---------------------
+    cell = page.locator(".jp-Notebook .jp-Cell").nth(4)
+    widget = cell.locator(".symgrad-inspector .sg-view[data-symgrad=graph]")
     widget.locator(".sg-node").first.wait_for(state="attached", timeout=60_000)
     assert widget.locator(".sg-node[data-kind=op]").count() == 2
-    report = page.locator(".jp-Notebook .jp-Cell").nth(4).locator(
-        ".sg-view[data-symgrad=report]")
+    report = cell.locator(".symgrad-inspector .sg-view[data-symgrad=report]")
     assert report.locator("[data-symgrad=overall]").get_attribute("data-status") == "pass"
     assert report.locator("[data-symgrad=report-leaves] tbody tr").count() == 3
     add = widget.locator(".sg-node[data-kind=op]", has_text="AddBackward0")
@@ -218,8 +226,8 @@ def test_symgrad_magic_in_jupyterlab(browser, lab_server, artifacts):
     out = last.locator(".jp-OutputArea-output")
     out.wait_for(state="attached", timeout=60_000)
     assert out.text_content().strip() == f"selected: {add_id}"
-    page.locator(".jp-Notebook .jp-Cell").nth(4).screenshot(
-        path=str(artifacts / "lab-anywidget.png"))
+    cell.screenshot(path=str(artifacts / "lab-inspector-alone.png"))
+    assert page.errors == []
 
     # -- save, stop the kernel, reopen the saved notebook without one -------------------
     page.keyboard.press("Control+s")

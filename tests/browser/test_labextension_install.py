@@ -1,4 +1,5 @@
-"""The installed package carries the prebuilt JupyterLab extension and the widget bundle."""
+"""The installed package carries the prebuilt JupyterLab extension and the Inspector's
+loader; the Inspector's drawing code is in the extension only."""
 
 from __future__ import annotations
 
@@ -32,8 +33,13 @@ def test_jupyter_lists_symgrad_enabled():
     assert f"v{symgrad.__version__}" in line and "enabled" in line and "OK" in line, line
 
 
-def test_widget_bundle_is_an_es_module():
-    js = (PKG / "jupyter" / "static" / "inspector.js").read_text()
-    assert re.search(r"export\s*\{[^}]*as default\s*\}", js)
-    # KaTeX fonts are inlined: the widget needs no other file and no network.
-    assert "data:font/woff2;base64," in js
+def test_inspector_front_end_is_the_labextension_and_a_small_loader():
+    from symgrad.jupyter.widget import API_KEY, Inspector
+
+    # the saved part: a loader of under a kilobyte, no drawing code
+    assert len(Inspector._esm) < 1000 and "export default" in Inspector._esm
+    assert f"Symbol.for('{API_KEY}')" in Inspector._esm
+    # the drawing code: in the labextension, which registers the view under that key
+    static = PKG / "labextension" / "static"
+    assert any(API_KEY in f.read_text(errors="replace") for f in static.glob("*.js"))
+    assert not (PKG / "jupyter" / "static" / "inspector.js").exists()

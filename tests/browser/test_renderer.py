@@ -1,12 +1,18 @@
-"""The drawing module in headless Chromium, through the Inspector's anywidget front end
-(symgrad/jupyter/static/inspector.js, bundled from labextension/src by esbuild), with a
-fake widget model and hand-built payloads that are checked against the package schema.
-No JupyterLab here: see test_lab.py for the end-to-end run.
+"""The Inspector's view in headless Chromium without JupyterLab: the labextension's
+drawing module and control bar (labextension/src/inspector.ts, bundled with its CSS by
+scripts/build-test-bundle.mjs for this test), driven through a fake anywidget model that
+plays the kernel's part (it answers the view's request with the graph and report), with
+hand-built payloads checked against the package schema. Also the loader that every saved
+Inspector holds (symgrad/jupyter/inspector_stub.js): it uses the labextension's view when
+the page has one, else the kernel's static view (inspector_static.js). See test_lab.py
+and test_saved_notebooks.py for JupyterLab and Notebook 7.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -16,44 +22,97 @@ import sg_payloads as payloads
 
 from symgrad.jupyter.graph import load_schema
 
-STATIC = Path(__file__).resolve().parents[2] / "symgrad" / "jupyter" / "static"
-REPORT_SCHEMA = STATIC.parents[1] / "symbolic" / "report.schema.json"
+REPO = Path(__file__).resolve().parents[2]
+LABEXT = REPO / "labextension"
+JUPYTER = REPO / "symgrad" / "jupyter"
+REPORT_SCHEMA = REPO / "symgrad" / "symbolic" / "report.schema.json"
 ORIGIN = "http://symgrad.test"
 PAGE = """<!doctype html><html><head><meta charset="utf-8"><title>symgrad</title></head>
 <body style="margin:8px"><div id="host" style="width:1100px"></div>
 <script type="module">
-import widget from '/inspector.js';
-// A minimal stand-in for an anywidget model: get/set/on/off/save_changes.
-window.mount = (graph, selected, report) => {
-  const host = document.getElementById('host');
-  if (window.cleanup) { window.cleanup(); }
-  host.textContent = '';
-  const el = document.createElement('div');
-  host.appendChild(el);
-  const data = {graph, selected: selected || '', report: report || {}};
+import view from '/inspector.js';
+window.view = view;
+// A stand-in for an anywidget model and the kernel behind it: get/set/on/off/save_changes
+// and send; the kernel's part answers {type: 'request'} with the graph message (unless
+// there is no graph yet) and records everything sent in window.sent.
+window.fakeModel = (traits, kernel) => {
+  const data = Object.assign({selected: '', status: 'done', progress: 1, message: '',
+                              rtol: 1e-4, atol: 1e-6}, traits);
   const listeners = {};
+  const fire = (e, ...args) => (listeners[e] || []).slice().forEach(f => f(...args));
   window.saves = 0;
-  window.model = {
+  window.sent = [];
+  return {
     get: k => data[k],
-    set: (k, v) => { data[k] = v; (listeners['change:' + k] || []).forEach(f => f()); },
+    set: (k, v) => { data[k] = v; fire('change:' + k); },
     save_changes: () => { window.saves += 1; },
     on: (e, f) => { (listeners[e] = listeners[e] || []).push(f); },
     off: (e, f) => { listeners[e] = (listeners[e] || []).filter(g => g !== f); },
+    send: m => { window.sent.push(m); kernel(m, msg => fire('msg:custom', msg, [])); },
   };
+};
+const newEl = () => {
+  const host = document.getElementById('host');
+  if (typeof window.cleanup === 'function') { window.cleanup(); }
+  window.cleanup = null;
+  host.textContent = '';
+  return host.appendChild(document.createElement('div'));
+};
+window.mount = (graph, selected, report, render) => {
+  const el = newEl();
+  window.kernelData = {graph, report: report || null};
+  window.model = window.fakeModel({selected: selected || ''}, (m, reply) => {
+    if (m.type === 'request' && window.kernelData.graph !== null) {
+      reply({type: 'graph', ...window.kernelData});
+    }
+  });
   const t0 = performance.now();
-  window.cleanup = widget.render({model: window.model, el});
-  return performance.now() - t0;
+  const cleanup = (render || view.render)({model: window.model, el});
+  const ms = performance.now() - t0;
+  Promise.resolve(cleanup).then(c => { window.cleanup = c; });  // the loader's is async
+  return ms;
+};
+// The saved loader on a page without the labextension: the kernel's part sends the static
+// view's module and its HTML (window.staticHtml, sent again by window.pushStatic).
+window.mountStatic = async (stub, code, html) => {
+  const el = newEl();
+  window.staticHtml = html;
+  window.model = window.fakeModel({}, (m, reply) => {
+    window.reply = reply;
+    if (m.type === 'request-static-module') { reply({type: 'static-module', code}); }
+    if (m.type === 'request-static') { reply({type: 'static', html: window.staticHtml}); }
+  });
+  window.cleanup = await stub.render({model: window.model, el});
+};
+window.pushStatic = html => {
+  window.staticHtml = html;
+  window.reply({type: 'static', html});
+};
+// The kernel sends new data (after a verification).
+window.push = (graph, report) => {
+  window.kernelData = {graph, report: report || null};
+  window.model.send({type: 'request'});
 };
 window.ready = true;
 </script></body></html>"""
 
 
-@pytest.fixture(scope="module")
-def page(browser):
-    bundle = STATIC / "inspector.js"
-    if not bundle.exists():
-        pytest.fail(f"{bundle} is missing: build it with `make labext` (or pip install -e .)")
-    body = bundle.read_bytes()
+@pytest.fixture(scope="session")
+def bundle(tmp_path_factory) -> bytes:
+    """The test bundle of the Inspector's view, built now from labextension/src."""
+    node = shutil.which("node")
+    if node is None or not (LABEXT / "node_modules" / "esbuild").is_dir():
+        pytest.fail("node and labextension/node_modules are needed: run `make labext`")
+    out = tmp_path_factory.mktemp("bundle") / "inspector.js"
+    res = subprocess.run([node, "scripts/build-test-bundle.mjs", "--out", str(out)],
+                         cwd=LABEXT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return out.read_bytes()
+
+
+def _page(browser, bundle: bytes, extra: dict[str, tuple[bytes, str]] | None = None):
+    files = {"/inspector.js": (bundle, "text/javascript"),
+             "/index.html": (PAGE.encode(), "text/html"), **(extra or {})}
     pg = browser.new_page(viewport={"width": 1200, "height": 900})
     pg.dialogs = []
     pg.errors = []
@@ -61,10 +120,10 @@ def page(browser):
     pg.on("pageerror", lambda e: pg.errors.append(str(e)))
 
     def route(r):
-        if r.request.url.endswith("/inspector.js"):
-            r.fulfill(body=body, content_type="text/javascript")
-        elif r.request.url.endswith("/index.html"):
-            r.fulfill(body=PAGE, content_type="text/html")
+        path = r.request.url[len(ORIGIN):]
+        if path in files:
+            body, kind = files[path]
+            r.fulfill(body=body, content_type=kind)
         else:  # nothing else may load (an injected <img src=x> would land here)
             pg.errors.append("unexpected request " + r.request.url)
             r.fulfill(status=404, body="")
@@ -72,6 +131,12 @@ def page(browser):
     pg.route(f"{ORIGIN}/**", route)
     pg.goto(f"{ORIGIN}/index.html")
     pg.wait_for_function("window.ready === true")
+    return pg
+
+
+@pytest.fixture(scope="module")
+def page(browser, bundle):
+    pg = _page(browser, bundle)
     yield pg
     assert pg.errors == []
     pg.close()
@@ -144,13 +209,44 @@ def test_model_selection_drives_view_and_next_functions_links(page):
     assert page.evaluate("window.model.get('selected')") == ""
 
 
-def test_widget_before_the_graph_is_set(page):
-    mount(page, {})  # the traitlet's default
-    assert page.locator(".sg-placeholder").text_content() == "No graph yet."
+def test_view_before_the_kernel_answers(page):
+    mount(page, None)  # the kernel has not answered the view's request yet
+    assert page.evaluate("window.sent") == [{"type": "request"}]
+    assert page.locator(".sg-placeholder").text_content() == "Waiting for the kernel…"
     assert page.locator("[data-symgrad=error]").count() == 0
-    page.evaluate("g => window.model.set('graph', g)", valid(payloads.tutorial()))
+    page.evaluate("g => window.push(g)", valid(payloads.tutorial()))
     assert page.locator(".sg-placeholder").count() == 0
     assert page.locator(".sg-node[data-kind=op]").count() == 2
+
+
+def test_control_bar_sets_traits_and_sends_commands(page):
+    mount(page, valid(payloads.tutorial()))
+    bar = page.locator("[data-symgrad=controls]")
+    status = bar.locator("[data-symgrad=status]")
+    assert status.locator(".sg-badge").get_attribute("data-status") == "pass"
+    assert bar.locator("input[data-trait=rtol]").input_value() == "0.0001"
+    assert bar.locator("input[data-trait=atol]").input_value() == "0.000001"
+    assert bar.locator("button[data-action=stop]").is_disabled()
+    assert not bar.locator(".sg-inspector-progress").is_visible()
+    # a new tolerance goes to the model (the kernel verifies again on it)
+    bar.locator("input[data-trait=rtol]").fill("0.01")
+    bar.locator("input[data-trait=rtol]").press("Enter")
+    assert page.evaluate("[window.model.get('rtol'), window.saves]") == [0.01, 1]
+    bar.locator("input[data-trait=atol]").fill("-1")  # refused: back to the model's value
+    bar.locator("input[data-trait=atol]").press("Tab")
+    assert bar.locator("input[data-trait=atol]").input_value() == "0.000001"
+    bar.locator("button[data-action=verify]").click()
+    assert page.evaluate("window.sent.at(-1)") == {"type": "verify"}
+    # the kernel's state shows: verifying (progress, Stop), then a failure with its message
+    page.evaluate("window.model.set('progress', 0.4); window.model.set('status', 'verifying')")
+    assert bar.locator(".sg-inspector-progress").is_visible()
+    assert bar.locator("button[data-action=verify]").is_disabled()
+    bar.locator("button[data-action=stop]").click()
+    assert page.evaluate("window.sent.at(-1)") == {"type": "stop"}
+    page.evaluate("window.model.set('message', 'TimeoutError: over budget');"
+                  "window.model.set('status', 'error')")
+    assert status.text_content() == "verification failed: TimeoutError: over budget"
+    assert not bar.locator(".sg-inspector-progress").is_visible()
 
 
 def test_wrong_backward_is_red_on_exactly_that_node(page, artifacts):
@@ -310,7 +406,7 @@ def test_report_payload(page):
     bad["nodes"][0].update(status="mismatch", detail=payloads.XSS)
     bad["first_bad_node"] = bad["nodes"][0]["id"]
     jsonschema.validate(bad, json.loads(REPORT_SCHEMA.read_text()))
-    page.evaluate("r => window.model.set('report', r)", bad)
+    page.evaluate("r => window.push(window.kernelData.graph, r)", bad)
     assert rep.locator("[data-symgrad=overall]").get_attribute("data-status") == "fail"
     assert leaves.nth(0).get_attribute("data-status") == "fail"
     assert leaves.nth(0).get_attribute("data-key") == payloads.XSS
@@ -321,5 +417,71 @@ def test_report_payload(page):
 
     # A report that does not match its schema is an error box, not a table.
     bad["mode"] = "guess"
-    page.evaluate("r => window.model.set('report', r)", bad)
+    page.evaluate("r => window.push(window.kernelData.graph, r)", bad)
     assert "/mode" in page.locator("[data-symgrad=report] [data-symgrad=error]").text_content()
+
+
+# -- the loader every saved Inspector holds ------------------------------------------------
+
+STATIC_JS = (JUPYTER / "inspector_static.js").read_text()
+
+
+@pytest.fixture
+def stub_page(browser, bundle):
+    from symgrad.jupyter.widget import Inspector
+
+    pg = _page(browser, bundle, {"/stub.js": (Inspector._esm.encode(), "text/javascript")})
+    yield pg
+    assert pg.errors == []
+    pg.close()
+
+
+def test_loader_uses_the_labextension_view(stub_page):
+    # what index.ts does when JupyterLab or Notebook 7 loads the labextension
+    stub_page.evaluate("window[Symbol.for('symgrad.inspector.v1')] = window.view")
+    stub_page.evaluate("""async g => {
+        const stub = (await import('/stub.js')).default;
+        window.mount(g, 'n1', null, stub.render);
+    }""", valid(payloads.tutorial()))
+    panel = stub_page.locator("[data-symgrad=node-panel]")
+    panel.wait_for(state="attached")
+    assert panel.get_attribute("data-selected") == "n1"
+    assert stub_page.locator(".symgrad-inspector .sg-node[data-kind=op]").count() == 2
+    assert stub_page.evaluate("window.sent") == [{"type": "request"}]
+
+
+def test_loader_without_the_labextension_shows_the_kernels_static_view(stub_page):
+    import symgrad as sg
+    from symgrad.jupyter.widget import Inspector
+
+    evil = sg.tensor([1.0, 2.0], requires_grad=True)
+    evil.name = payloads.XSS
+    c = sg.tensor(4.0, requires_grad=True)
+    y = (evil * c).sum()
+    w = Inspector(y, {"c": c, "y": y})
+    stub_page.evaluate("""async ([code, html]) => {
+        const stub = (await import('/stub.js')).default;
+        await window.mountStatic(stub, code, html);
+    }""", [STATIC_JS, w.static_html()])
+    assert stub_page.evaluate("window.sent") == [{"type": "request-static-module"},
+                                                 {"type": "request-static"}]
+    view = stub_page.locator(".symgrad-inspector-static")
+    assert view.locator("svg.symgrad-graph .sg-node").count() == len(w.graph["nodes"])
+    assert view.locator(".sg-agreement-row").count() == 2
+    assert stub_page.locator("img").count() == 0 and stub_page.dialogs == []
+    assert payloads.XSS in view.text_content()
+    # a click on a node selects it (the kernel then sends the view again)
+    mul = w.find("MulBackward0")
+    view.locator(f"svg .sg-node[data-id={mul}]").click()
+    assert stub_page.evaluate("[window.model.get('selected'), window.saves]") == [mul, 1]
+    w.selected = mul
+    stub_page.evaluate("h => window.pushStatic(h)", w.static_html())
+    assert view.locator(f".sg-node-panel[data-id={mul}]").count() == 1
+    # the controls: tolerances are traits, Verify and Stop are messages
+    view.locator("input[data-sg-trait=rtol]").fill("0.01")
+    view.locator("input[data-sg-trait=rtol]").press("Enter")
+    assert stub_page.evaluate("window.model.get('rtol')") == 0.01
+    view.locator("button[data-sg-action=verify]").click()
+    assert stub_page.evaluate("window.sent.at(-1)") == {"type": "verify"}
+    assert view.locator("button[data-sg-action=stop]").is_disabled()
+    w.close()

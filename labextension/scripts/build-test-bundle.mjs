@@ -1,7 +1,9 @@
-// Bundle the drawing module as one ES module for the Inspector's anywidget front end:
-// symgrad/jupyter/static/inspector.js (build output, not committed). The CSS, KaTeX's
-// included, is bundled first (woff2 fonts inlined as data URLs) and embedded as a string,
-// so the widget needs a single file and no network.
+// Bundle the Inspector's view (src/standalone.ts: the drawing module, the control bar and
+// the CSS, KaTeX's included, with woff2 fonts inlined as data URLs) as one ES module, for
+// the browser tests that drive it without JupyterLab (tests/browser/test_renderer.py).
+// Not part of the build: JupyterLab and Notebook 7 get the view from the labextension.
+//   node scripts/build-test-bundle.mjs [--out FILE] [--dev]
+// The default FILE is lib/test-bundle/inspector.js.
 import fs from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -9,15 +11,13 @@ import * as esbuild from 'esbuild';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const root = path.resolve(here, '..');
-const outFile = path.resolve(
-  root,
-  '..',
-  'symgrad',
-  'jupyter',
-  'static',
-  'inspector.js'
-);
-const dev = process.argv.includes('--dev');
+const args = process.argv.slice(2);
+const outArg = args.indexOf('--out');
+const outFile =
+  outArg >= 0
+    ? path.resolve(args[outArg + 1])
+    : path.join(root, 'lib', 'test-bundle', 'inspector.js');
+const dev = args.includes('--dev');
 
 const cssResult = await esbuild.build({
   entryPoints: [path.join(root, 'style', 'widget.css')],
@@ -47,8 +47,8 @@ const inlineCss = {
 };
 
 fs.mkdirSync(path.dirname(outFile), { recursive: true });
-const result = await esbuild.build({
-  entryPoints: [path.join(root, 'src', 'widget.ts')],
+await esbuild.build({
+  entryPoints: [path.join(root, 'src', 'standalone.ts')],
   bundle: true,
   format: 'esm',
   platform: 'browser',
@@ -58,11 +58,7 @@ const result = await esbuild.build({
   legalComments: 'eof',
   outfile: outFile,
   plugins: [inlineCss],
-  metafile: true,
   logLevel: 'warning'
 });
 const bytes = fs.statSync(outFile).size;
-console.log(
-  `${path.relative(path.resolve(root, '..'), outFile)}: ${(bytes / 1024).toFixed(0)} KiB`
-);
-void result;
+console.log(`${outFile}: ${(bytes / 1024).toFixed(0)} KiB`);
