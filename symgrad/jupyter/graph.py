@@ -368,11 +368,9 @@ def _is_node(x: Any) -> bool:
 
 
 def _type_name(x: Any) -> str:
-    t = type(x)
-    mod = t.__module__ or ""
-    if mod == "builtins" or mod.startswith("symgrad"):
-        return t.__name__
-    return f"{mod.split('.')[0]}.{t.__name__}"
+    from ..tensor import _type_name as type_name  # one wording for argument errors
+
+    return type_name(x)
 
 
 def _as_roots(root: Any) -> list[Any]:

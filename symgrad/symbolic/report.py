@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import html
 import json
-import math
 import re
 import textwrap
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from .._format import _special
 
 __all__ = ["Report", "LeafRow", "NodeRow", "MIME_TYPE", "SCHEMA_ID", "node_label",
            "render_text", "render_html"]
@@ -25,36 +26,32 @@ SCHEMA_ID = "symgrad.report/1"
 TEXT_WIDTH = 100
 
 
-def _num(x):
-    """A JSON-safe float (NaN/inf become strings, as JSON has no literal for them)."""
-    if x is None or isinstance(x, str):
-        return x
+def _finite_or_name(x):
+    """``(float, None)`` for a number, or ``(None, text)`` for None/str/nan/inf/non-numbers."""
+    if x is None:
+        return None, "-"
+    if isinstance(x, str):
+        return None, x
     try:
         x = float(x)
     except (TypeError, ValueError):
-        return str(x)
-    if math.isnan(x):
-        return "nan"
-    if math.isinf(x):
-        return "inf" if x > 0 else "-inf"
-    return x
+        return None, str(x)
+    special = _special(x)
+    return (None, special) if special is not None else (x, None)
+
+
+def _num(x):
+    """A JSON-safe float (NaN/inf become strings, as JSON has no literal for them)."""
+    if x is None:
+        return None
+    value, text = _finite_or_name(x)
+    return text if value is None else value
 
 
 def _fmt(x, digits=6) -> str:
     """A number for text and HTML: ``-`` when not computed, ``nan``/``inf``/``-inf``."""
-    if x is None:
-        return "-"
-    if isinstance(x, str):
-        return x
-    try:
-        x = float(x)
-    except (TypeError, ValueError):
-        return str(x)
-    if math.isnan(x):
-        return "nan"
-    if math.isinf(x):
-        return "inf" if x > 0 else "-inf"
-    return f"{x:.{digits}g}"
+    value, text = _finite_or_name(x)
+    return text if value is None else f"{value:.{digits}g}"
 
 
 @dataclass
