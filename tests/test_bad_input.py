@@ -434,3 +434,12 @@ def test_tensor_copies_what_it_reads(torch):
     s = sg.tensor(a, dtype=sg.float64)
     a[0] = 9.0
     assert s.tolist() == [1.0, 2.0]
+
+
+def test_inspector_names_must_be_a_mapping():
+    pytest.importorskip("ipywidgets", reason="the Inspector needs the jupyter extra")
+    from symgrad.jupyter import Inspector
+
+    x = sg.tensor([1.0, 2.0], requires_grad=True)
+    with pytest.raises(TypeError, match="names must be a mapping"):
+        Inspector((x * x).sum(), names=42, verify=False)

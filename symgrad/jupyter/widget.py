@@ -40,7 +40,7 @@ import ipywidgets as widgets  # first: on a core install the ImportError names i
 import anywidget
 import traitlets
 
-from .graph import apply_report, graph_json
+from .graph import _check_names, apply_report, graph_json
 from .run import VerificationInterrupted, run_verify
 from .svg import agreement_table_html, badge, esc, render_svg
 
@@ -119,6 +119,7 @@ class Inspector(anywidget.AnyWidget):
                  local_checks: bool = True, background: bool | None = None,
                  **kwargs: Any) -> None:
         self._root = root
+        _check_names(names)
         self._names = dict(names) if names is not None else None
         self._options = {"sample": sample, "mode": mode, "timeout": timeout}
         self._local_checks = local_checks
