@@ -163,17 +163,18 @@ def render_svg(payload: dict, selected: str | None = None) -> str:
            f'markerWidth="7" markerHeight="7" orient="auto-start-reverse">'
            f'<path d="M 0 0 L 10 5 L 0 10 z" fill="#8c959f"/></marker></defs>']
     by_id = {n["id"]: n for n in nodes}
-    out.append('<g class="sg-edges">')
+    # shared presentation attributes sit on the groups (SVG inherits them): a saved
+    # notebook carries one SVG per graph output, so every repeated byte counts
+    out.append(f'<g class="sg-edges" fill="none" stroke="#8c959f" stroke-width="1.3" '
+               f'marker-end="url(#{uid}-arrow)">')
     inputs = {(e["from"], e["to"]): e["input"] for e in payload["edges"]}
     for a, b, pts in lay.edges:
         d = "M " + " L ".join(f"{px:.1f} {py:.1f}" for px, py in pts)
         dash = ' stroke-dasharray="4 3"' if by_id[b]["kind"] == "none" else ""
         out.append(f'<path class="sg-edge" data-from="{esc(a)}" data-to="{esc(b)}" '
-                   f'data-input="{esc(inputs.get((a, b), ""))}" d="{d}" fill="none" '
-                   f'stroke="#8c959f" stroke-width="1.3"{dash} '
-                   f'marker-end="url(#{uid}-arrow)"/>')
+                   f'data-input="{esc(inputs.get((a, b), ""))}" d="{d}"{dash}/>')
     out.append("</g>")
-    out.append('<g class="sg-nodes">')
+    out.append('<g class="sg-nodes" text-anchor="middle" fill="#1f2328">')
     for n in nodes:
         box = lay.boxes.get(n["id"])
         if box is None:
@@ -208,13 +209,11 @@ def render_svg(payload: dict, selected: str | None = None) -> str:
         sub = _sublabel(n)
         cx = x + bw / 2
         if sub:
-            out.append(f'<text x="{cx:.1f}" y="{y + 14:.1f}" text-anchor="middle" '
-                       f'fill="#1f2328">{esc(n["label"])}</text>'
-                       f'<text x="{cx:.1f}" y="{y + 27:.1f}" text-anchor="middle" '
-                       f'fill="#57606a" font-size="10">{esc(sub)}</text>')
+            out.append(f'<text x="{cx:.1f}" y="{y + 14:.1f}">{esc(n["label"])}</text>'
+                       f'<text x="{cx:.1f}" y="{y + 27:.1f}" fill="#57606a" '
+                       f'font-size="10">{esc(sub)}</text>')
         else:
-            out.append(f'<text x="{cx:.1f}" y="{y + 21:.1f}" text-anchor="middle" '
-                       f'fill="#1f2328">{esc(n["label"])}</text>')
+            out.append(f'<text x="{cx:.1f}" y="{y + 21:.1f}">{esc(n["label"])}</text>')
         out.append("</g>")
     out.append("</g></svg>")
     return "".join(out)
