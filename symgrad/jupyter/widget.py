@@ -118,8 +118,8 @@ class Inspector(anywidget.AnyWidget):
                  mode: str | None = None, timeout: float | None = None,
                  local_checks: bool = True, background: bool | None = None,
                  **kwargs: Any) -> None:
+        _check_names(names)  # before any state: a bad call leaves nothing half-made
         self._root = root
-        _check_names(names)
         self._names = dict(names) if names is not None else None
         self._options = {"sample": sample, "mode": mode, "timeout": timeout}
         self._local_checks = local_checks
@@ -216,7 +216,8 @@ class Inspector(anywidget.AnyWidget):
 
     def close(self) -> None:
         """Stop a running verification and close the widget's comm."""
-        self.stop()
+        if hasattr(self, "_cancel"):  # a constructor that raised made no verification
+            self.stop()
         super().close()
 
     # -- verification -------------------------------------------------------------------
