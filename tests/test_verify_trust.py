@@ -136,3 +136,70 @@ def test_engine_nan_from_finite_values_is_a_mismatch_named_at_its_node(monkeypat
         assert rep.first_bad_node is not None and rep.first_bad_node.name() == "MulBackward0"
         (row,) = [r for r in rep.leaves if r.status == "non-finite"]
         assert "MulBackward0" in row.detail, row.detail
+
+
+# -- 4. bounded: timeout honoured on every graph shape, auto never picks a slow exact run ---
+def _graph(kind):
+    """A wide graph (2,000 scalar leaves), a deep one (depth 2,000), a 2,000-leaf stack
+    and a fused one (softmax over 64x65)."""
+    rng = np.random.default_rng(0)
+    with sg.record():
+        if kind == "wide":
+            ls = [_x(float(v)) for v in rng.uniform(0.1, 0.9, 2000)]
+            y = ls[0]
+            for leaf in ls[1:]:
+                y = y + leaf * leaf
+        elif kind == "deep":
+            y = _x(0.3)
+            for _ in range(2000):
+                y = (y * 1.01).tanh()
+        elif kind == "stack":
+            ls = [_x(float(v)) for v in rng.uniform(0.1, 0.9, 2000)]
+            y = (sg.stack(ls) ** 2).sum()
+        else:
+            x = _x(rng.standard_normal((64, 65)))
+            y = (x.softmax(-1) * x).sum()
+    return y
+
+
+KINDS = ["wide", "deep", "stack", "softmax"]
+
+
+@pytest.mark.parametrize("mode", ["exact", "local"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_timeout_is_honoured_on_every_graph_shape(kind, mode):
+    import time
+
+    y = _graph(kind)
+    timeout = 0.02 if (kind, mode) == ("softmax", "local") else 0.3  # that one is fast
+    t = time.perf_counter()
+    rep = sg.verify(y, mode=mode, timeout=timeout)
+    took = time.perf_counter() - t
+    assert rep.timed_out and not rep.ok and rep.status == "timed out"
+    assert rep.mode == mode
+    assert took < timeout + 10  # a guard only: it returns in about a second
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_auto_picks_exact_only_where_it_is_fast(kind):
+    import time
+
+    y = _graph(kind)
+    t = time.perf_counter()
+    rep = sg.verify(y)
+    took = time.perf_counter() - t
+    assert rep.ok and not rep.timed_out, str(rep)
+    # the fused softmax over 64x65 would take minutes in exact mode: auto runs local
+    assert rep.mode == ("local" if kind == "softmax" else "exact")
+    assert took < 30  # a guard only: about 1-2 s each on a quiet machine
+
+
+def test_exact_cost_counts_fused_ops_by_their_dim():
+    from symgrad.symbolic.graph import walk_symgrad
+    from symgrad.symbolic.verify import EXACT_BUDGETS, exact_cost
+
+    x = _x(np.random.default_rng(0).standard_normal((16, 17)))
+    with sg.record():
+        y = (x.softmax(-1) * x).sum()
+    cost = exact_cost(walk_symgrad(y))
+    assert cost > max(EXACT_BUDGETS.values())  # 5 s in exact mode: auto runs local

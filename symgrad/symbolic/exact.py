@@ -83,8 +83,7 @@ class SymbolicGraph:
         """Push adjoints from the last definition back to the leaves, in place, checking the
         deadline every 256 definitions so a timeout (and Ctrl-C) is honoured."""
         for k in range(len(self.defs) - 1, -1, -1):
-            if k % 256 == 0:
-                self.check_time()
+            self.check_time()  # cheap next to a definition's partials
             a = adj.pop(self.defs[k][0], None)
             if not a:
                 continue
@@ -181,7 +180,9 @@ class SymbolicGraph:
             rec = recorded[nr] if nr < len(recorded) else None
             if rec is not None and rec.shape != o.shape:
                 rec = None
-            for idx, e in np.ndenumerate(o):
+            for n, (idx, e) in enumerate(np.ndenumerate(o)):
+                if n % 16 == 15:  # a fused op's element can cost milliseconds
+                    self.check_time()
                 out[idx] = self._atomize(e, None if rec is None else float(rec[idx]))
             self.node_out[(g.index, nr)] = out
 
@@ -274,7 +275,7 @@ class SymbolicGraph:
         n_forward = len(self.defs)
         with mpmath.workdps(self.dps):
             for k in range(n_forward - 1, -1, -1):
-                self.check_time() if k % 256 == 0 else None
+                self.check_time()
                 s, _ = self.defs[k]
                 terms = contrib.pop(s, None)
                 if not terms:

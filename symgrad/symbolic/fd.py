@@ -6,11 +6,13 @@ moved by ±h; nothing here uses the engine's backward or SymPy.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from ..backends.numpy_backend import NumpyBackend
 
-__all__ = ["replay_float64", "fd_gradient"]
+__all__ = ["replay_float64", "fd_gradient", "fd_cost"]
 
 _BE = NumpyBackend()
 
@@ -21,21 +23,53 @@ def _f64(a):
     return a
 
 
-def _deps(graph) -> list:
-    """For each node, the leaves it depends on (so a replay redoes only what changed)."""
-    deps = getattr(graph, "_fd_deps", None)
-    if deps is None:
-        deps = []
+def _consumers(graph) -> tuple[dict, dict]:
+    """({node index: consumer node indices}, {leaf index: consumer node indices})."""
+    cons = getattr(graph, "_fd_consumers", None)
+    if cons is None:
+        of_node: dict = {}
+        of_leaf: dict = {}
         for g in graph.nodes:
-            d = set()
             for r in g.inputs:
                 if r[0] == "leaf":
-                    d.add(r[1])
+                    of_leaf.setdefault(r[1], []).append(g.index)
                 elif r[0] == "node":
-                    d |= deps[r[1]]
-            deps.append(d)
-        graph._fd_deps = deps
-    return deps
+                    of_node.setdefault(r[1], []).append(g.index)
+        cons = graph._fd_consumers = (of_node, of_leaf)
+    return cons
+
+
+def _affected(graph, leaves) -> list:
+    """The nodes (in order) whose value depends on any of ``leaves``: a replay with those
+    leaves moved recomputes only these (cached per leaf)."""
+    cache = graph.__dict__.setdefault("_fd_affected", {})
+    key = tuple(sorted(leaves))
+    hit = cache.get(key)
+    if hit is None:
+        of_node, of_leaf = _consumers(graph)
+        seen: set = set()
+        stack = [j for k in key for j in of_leaf.get(k, ())]
+        while stack:
+            j = stack.pop()
+            if j not in seen:
+                seen.add(j)
+                stack.extend(of_node.get(j, ()))
+        hit = cache[key] = [graph.nodes[j] for j in sorted(seen)]
+    return hit
+
+
+def fd_cost(graph, leaf) -> int:
+    """The work one central difference at an element of ``leaf`` costs: two replays of
+    the nodes that depend on it, each node counted as 1 + its number of inputs."""
+    return 2 * max(sum(1 + len(g.inputs) for g in _affected(graph, (leaf.index,))), 1)
+
+
+def _leaf64(graph, k):
+    cache = graph.__dict__.setdefault("_fd_leaf64", {})
+    v = cache.get(k)
+    if v is None:
+        v = cache[k] = _f64(graph.leaves[k].value)
+    return v
 
 
 def replay_float64(graph, overrides: dict) -> np.ndarray:
@@ -44,21 +78,17 @@ def replay_float64(graph, overrides: dict) -> np.ndarray:
     if overrides and base is None:
         replay_float64(graph, {})
         base = graph._fd_base
-    deps = _deps(graph)
-    changed = set(overrides)
+    nodes = graph.nodes if base is None else _affected(graph, overrides)
     vals: dict = {}
-    for g in graph.nodes:
-        if base is not None and not (deps[g.index] & changed):
-            for nr in range(len(g.out_shapes) or 1):
-                if (g.index, nr) in base:
-                    vals[(g.index, nr)] = base[(g.index, nr)]
-            continue
+    for g in nodes:
         arrays = []
         for r in g.inputs:
             if r[0] == "leaf":
-                arrays.append(overrides.get(r[1], _f64(graph.leaves[r[1]].value)))
+                v = overrides.get(r[1])
+                arrays.append(_leaf64(graph, r[1]) if v is None else v)
             elif r[0] == "node":
-                arrays.append(vals[(r[1], r[2])])
+                v = vals.get((r[1], r[2]))
+                arrays.append(base[(r[1], r[2])] if v is None else v)
             else:
                 arrays.append(r[1])
         if g.spec is not None and g.spec.name == "to_copy" and \
@@ -75,15 +105,22 @@ def replay_float64(graph, overrides: dict) -> np.ndarray:
     r = graph.root
     if r[0] == "leaf":
         return overrides.get(r[1], _f64(graph.leaves[r[1]].value))
-    return vals[(r[1], r[2])]
+    v = vals.get((r[1], r[2]))
+    return base[(r[1], r[2])] if v is None else v
 
 
-def fd_gradient(graph, gradient: np.ndarray, leaf, flat_indices) -> np.ndarray:
-    """Central differences of sum(gradient * root) at the given elements of ``leaf``."""
+def fd_gradient(graph, gradient: np.ndarray, leaf, flat_indices,
+                deadline: float | None = None) -> np.ndarray:
+    """Central differences of sum(gradient * root) at the given elements of ``leaf``;
+    raises the verifier's TimeoutExpired between elements once ``deadline`` passed."""
+    from .exact import TimeoutExpired
+
     base = _f64(leaf.value)
     g = np.asarray(gradient, dtype=np.float64)
     out = np.empty(len(flat_indices), dtype=np.float64)
     for n, i in enumerate(flat_indices):
+        if deadline is not None and time.perf_counter() > deadline:
+            raise TimeoutExpired
         x0 = float(base.reshape(-1)[i])
         h = 6.0e-6 * max(1.0, abs(x0))
         vals = []
