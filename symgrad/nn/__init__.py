@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import functional, init
+from . import functional, init, utils
 from .modules import (
     BCEWithLogitsLoss,
     CrossEntropyLoss,
@@ -11,8 +11,12 @@ from .modules import (
     Linear,
     LogSoftmax,
     Module,
+    ModuleDict,
+    ModuleList,
     MSELoss,
     NLLLoss,
+    ParameterDict,
+    ParameterList,
     ReLU,
     Sequential,
     Sigmoid,
@@ -21,6 +25,7 @@ from .modules import (
 )
 from .parameter import Parameter
 
-__all__ = ["Module", "Parameter", "Linear", "Sequential", "Identity", "Flatten", "ReLU", "Tanh",
+__all__ = ["Module", "Parameter", "Linear", "Sequential", "ModuleList", "ModuleDict",
+           "ParameterList", "ParameterDict", "Identity", "Flatten", "ReLU", "Tanh",
            "Sigmoid", "Softmax", "LogSoftmax", "MSELoss", "BCEWithLogitsLoss",
-           "CrossEntropyLoss", "NLLLoss", "functional", "init"]
+           "CrossEntropyLoss", "NLLLoss", "functional", "init", "utils"]

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from . import checkpoint
+from . import checkpoint, hooks
 
-__all__ = ["checkpoint"]
+__all__ = ["checkpoint", "hooks"]
