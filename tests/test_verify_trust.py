@@ -203,3 +203,34 @@ def test_exact_cost_counts_fused_ops_by_their_dim():
         y = (x.softmax(-1) * x).sum()
     cost = exact_cost(walk_symgrad(y))
     assert cost > max(EXACT_BUDGETS.values())  # 5 s in exact mode: auto runs local
+
+
+# -- follow-ups: custom Functions, report status, non-finite Python scalars -------------
+class _ClampMinLo(sg.autograd.Function):
+    """clamp_min(x, LO) with a 17-digit bound in its SymPy meaning."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x.clamp_min(LO)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return grad * (x >= LO).to(grad.dtype)
+
+    @staticmethod
+    def sympy(x):
+        import sympy
+
+        return sympy.Piecewise((x, x >= sympy.Float(LO)), (sympy.Float(LO), True))
+
+
+@pytest.mark.parametrize("mode", ["local", "exact"])
+def test_custom_function_meaning_keeps_17_digit_constants(mode):
+    x = _x([LO, 0.0, -0.7])
+    # a SymPy Piecewise meaning replays on the SymPy backend (symengine cannot hold it)
+    rep = sg.verify((_ClampMinLo.apply(x) * sg.tensor([1.0, 2.0, 3.0],
+                                                       dtype=sg.float64)).sum(), mode=mode,
+                    backend="sympy")
+    assert rep.ok, str(rep)

@@ -130,6 +130,8 @@ def custom_local(g, graph, in_vals, v64, engine, engine_name, rng, sample):
     if cls.sympy is not None:
         import sympy
 
+        from .local import lambdify_numpy
+
         xs = sympy.symbols(f"x0:{len(in_vals)}", real=True)
         args = [xs[j] if j in pos else in_vals[j] for j in range(len(in_vals))]
         r = cls.sympy(*args)
@@ -144,8 +146,9 @@ def custom_local(g, graph, in_vals, v64, engine, engine_name, rng, sample):
             for k, f in enumerate(rs):
                 if k >= len(v64) or v64[k] is None:
                     continue
-                d = sympy.lambdify(xs, sympy.diff(sympy.sympify(f), xs[j]),
-                                   modules=[{"DiracDelta": lambda x: 0 * x}, "numpy"])
+                # full-precision numbers in the generated code (not 15 digits)
+                d = lambdify_numpy(xs, sympy.diff(sympy.sympify(f), xs[j]),
+                                   {"DiracDelta": lambda x: 0 * x})
                 with np.errstate(all="ignore"):
                     total = total + v64[k] * np.broadcast_to(
                         np.asarray(d(*numargs), dtype=np.float64), shape)
