@@ -6,9 +6,9 @@ from collections.abc import Iterable
 
 from ..backends import backend_for
 from ..tensor import Tensor
-from .optimizer import Optimizer
+from .optimizer import Optimizer, check_flags
 
-__all__ = ["Adam"]
+__all__ = ["Adam", "AdamW"]
 
 
 class Adam(Optimizer):
@@ -21,8 +21,10 @@ class Adam(Optimizer):
     def __init__(self, params: Iterable, lr: float = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0, amsgrad: bool = False, *,
-                 maximize: bool = False, decoupled_weight_decay: bool = False) -> None:
-        lr = float(lr)
+                 foreach: bool | None = None, maximize: bool = False, capturable: bool = False,
+                 differentiable: bool = False, fused: bool | None = None,
+                 decoupled_weight_decay: bool = False) -> None:
+        check_flags(differentiable)
         if lr < 0.0:
             raise ValueError(f"Invalid learning rate: {lr}")
         if eps < 0.0:
@@ -35,7 +37,9 @@ class Adam(Optimizer):
             raise ValueError(f"Invalid weight_decay value: {weight_decay}")
         super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps,
                                   "weight_decay": weight_decay, "amsgrad": amsgrad,
-                                  "maximize": maximize,
+                                  "maximize": maximize, "foreach": foreach,
+                                  "capturable": capturable, "differentiable": differentiable,
+                                  "fused": fused,
                                   "decoupled_weight_decay": decoupled_weight_decay})
 
     def _init_state(self, p: Tensor, amsgrad: bool) -> dict:
@@ -96,3 +100,25 @@ class Adam(Optimizer):
                 state["exp_avg"]._storage.version += 1
                 state["exp_avg_sq"]._storage.version += 1
         return loss
+
+
+class AdamW(Adam):
+    """Adam with decoupled weight decay (``p *= 1 - lr * wd`` before the moments), as
+    ``torch.optim.AdamW``: the same class as Adam with ``decoupled_weight_decay=True`` and
+    ``weight_decay=1e-2`` by default."""
+
+    def __init__(self, params: Iterable, lr: float = 1e-3,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 1e-2, amsgrad: bool = False, *,
+                 maximize: bool = False, foreach: bool | None = None, capturable: bool = False,
+                 differentiable: bool = False, fused: bool | None = None) -> None:
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, foreach=foreach,
+                         maximize=maximize, capturable=capturable,
+                         differentiable=differentiable, fused=fused,
+                         decoupled_weight_decay=True)
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """As torch: a loaded AdamW stays decoupled whatever the checkpoint says."""
+        super().load_state_dict(state_dict)
+        for group in self.param_groups:
+            group["decoupled_weight_decay"] = True

@@ -7,13 +7,15 @@ saved the old values refuses to backpropagate through them.
 
 from __future__ import annotations
 
+import warnings
+from collections import defaultdict
 from collections.abc import Iterable
 from copy import deepcopy
 from typing import Any
 
 from ..tensor import Tensor
 
-__all__ = ["Optimizer", "required"]
+__all__ = ["Optimizer", "required", "check_flags"]
 
 
 class _Required:
@@ -24,12 +26,21 @@ class _Required:
 required = _Required()
 
 
+def check_flags(differentiable: bool) -> None:
+    """torch's implementation switches: ``foreach``, ``fused`` and ``capturable`` are kept in
+    the param groups (as torch shows them) and change nothing here, since symgrad has one
+    code path with the same arithmetic; a differentiable step is not implemented."""
+    if differentiable:
+        raise NotImplementedError("differentiable=True (a step recorded in the autograd graph) "
+                                  "is not supported by symgrad's optimizers")
+
+
 class Optimizer:
     """Holds ``param_groups`` (dicts with ``params`` and hyperparameters) and ``state``."""
 
     def __init__(self, params: Iterable, defaults: dict[str, Any]) -> None:
         self.defaults = defaults
-        self.state: dict[Tensor, dict[str, Any]] = {}
+        self.state: defaultdict[Tensor, dict[str, Any]] = defaultdict(dict)
         self.param_groups: list[dict[str, Any]] = []
         if isinstance(params, Tensor):
             raise TypeError("params argument given to the optimizer should be an iterable of "
@@ -66,6 +77,11 @@ class Optimizer:
                 raise ValueError(f"parameter group didn't specify a value of required "
                                  f"optimization parameter {name}")
             group.setdefault(name, default)
+        if len({id(p) for p in params}) != len(params):
+            warnings.warn("optimizer contains a parameter group with duplicate parameters; in "
+                          "future, this will cause an error; see "
+                          "github.com/pytorch/pytorch/issues/40967 for more information",
+                          stacklevel=3)
         existing = {id(p) for g in self.param_groups for p in g["params"]}
         if any(id(p) in existing for p in params):
             raise ValueError("some parameters appear in more than one parameter group")
@@ -123,7 +139,7 @@ class Optimizer:
         for saved, own in zip(groups, self.param_groups, strict=True):
             for i, p in zip(saved["params"], own["params"], strict=True):
                 by_index[i] = p
-        self.state = {}
+        self.state = defaultdict(dict)
         for i, st in state_dict["state"].items():
             p = by_index[int(i)]
             self.state[p] = {k: _moved(v, p) for k, v in st.items()}

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 from ..backends import backend_for
 from ..tensor import Tensor
-from .optimizer import Optimizer
+from .optimizer import Optimizer, check_flags
 
 __all__ = ["SGD"]
 
@@ -20,8 +20,9 @@ class SGD(Optimizer):
 
     def __init__(self, params: Iterable, lr: float = 1e-3, momentum: float = 0,
                  dampening: float = 0, weight_decay: float = 0, nesterov: bool = False, *,
-                 maximize: bool = False) -> None:
-        lr = float(lr)
+                 maximize: bool = False, foreach: bool | None = None,
+                 differentiable: bool = False, fused: bool | None = None) -> None:
+        check_flags(differentiable)
         if lr < 0.0:
             raise ValueError(f"Invalid learning rate: {lr}")
         if momentum < 0.0:
@@ -32,7 +33,8 @@ class SGD(Optimizer):
             raise ValueError("Nesterov momentum requires a momentum and zero dampening")
         super().__init__(params, {"lr": lr, "momentum": momentum, "dampening": dampening,
                                   "weight_decay": weight_decay, "nesterov": nesterov,
-                                  "maximize": maximize})
+                                  "maximize": maximize, "foreach": foreach,
+                                  "differentiable": differentiable, "fused": fused})
 
     def step(self, closure=None):
         loss = self._loss_of(closure)
