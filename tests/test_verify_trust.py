@@ -234,3 +234,33 @@ def test_custom_function_meaning_keeps_17_digit_constants(mode):
                                                        dtype=sg.float64)).sum(), mode=mode,
                     backend="sympy")
     assert rep.ok, str(rep)
+
+
+def _schema():
+    import json
+    import pathlib
+
+    import symgrad.symbolic
+
+    return json.loads((pathlib.Path(symgrad.symbolic.__file__).parent
+                       / "report.schema.json").read_text())
+
+
+def test_headline_and_json_carry_status_and_leaf_detail():
+    jsonschema = pytest.importorskip("jsonschema")
+    x = _x([float("nan"), 1.0])
+    rep = sg.verify((x.sin() * x).sum())
+    assert rep.status == "non-finite"
+    data = rep.to_json()
+    jsonschema.validate(data, _schema())
+    assert data["status"] == "non-finite" and data["precise"] is True
+    rows = [lf for lf in data["leaves"] if lf["status"] == "non-finite"]
+    assert rows and "input" in rows[0]["detail"] and "nan" in rows[0]["detail"]
+    text, page = str(rep), rep._repr_html_()
+    assert text.startswith("symgrad.verify: NON-FINITE") and "MISMATCH" not in text
+    assert "NON-FINITE" in page and "MISMATCH" not in page
+    assert rows[0]["detail"] in text.replace("\n", " ").replace("      ", " ") or \
+        "arose in" in text
+    ok = sg.verify((_x([1.0, 2.0]) * 2).sum())
+    assert str(ok).startswith("symgrad.verify: OK")
+    jsonschema.validate(ok.to_json(), _schema())

@@ -113,6 +113,9 @@ class Report:
     hvp: list = field(default_factory=list)  # rows for order=2
     #: ok | mismatch | non-finite | could not evaluate | unsupported | timed out
     status: str = ""
+    #: False when a float32 number lost precision (a row is ``imprecise``): the rules are
+    #: right (a float64 replay of the graph agrees), the float32 values are not exact
+    precise: bool = True
     _sym: Any = field(default=None, repr=False)
     _gradient: Any = field(default=None, repr=False)
     _graph: Any = field(default=None, repr=False)
@@ -273,6 +276,8 @@ class Report:
         return {
             "schema": SCHEMA_ID,
             "ok": bool(self.ok),
+            "status": self.status or ("ok" if self.ok else "mismatch"),
+            "precise": bool(self.precise),
             "mode": self.mode,
             "requested_mode": self.requested_mode,
             "backend": self.backend,
@@ -298,7 +303,7 @@ class Report:
                 "engine_value": _num(r.engine_value), "symbolic_value": _num(r.symbolic_value),
                 "fd_value": _num(r.fd_value), "fd_max_abs_err": _num(r.fd_max_abs_err),
                 "checked": int(r.checked), "sampled": bool(r.sampled),
-                "bound": _num(r.bound)} for r in self.leaves],
+                "bound": _num(r.bound), "detail": str(r.detail or "")} for r in self.leaves],
             "nodes": nodes,
             "hvp": [{"name": h["name"], "status": h["status"],
                      "max_abs_err": _num(h["max_abs_err"])} for h in self.hvp],
@@ -319,6 +324,18 @@ class Report:
 
     def to_json_str(self) -> str:
         return json.dumps(self.to_json(), allow_nan=False)
+
+
+def headline(data: dict) -> str:
+    """The verdict word of a report dict: ``OK``, or its status in capitals (``MISMATCH``,
+    ``NON-FINITE``, ``COULD NOT EVALUATE``, ``TIMED OUT``, ``UNSUPPORTED``); an ok report
+    whose float32 numbers lost precision reads ``OK (IMPRECISE)``. Older dicts without a
+    status read OK or MISMATCH."""
+    ok = bool(data.get("ok"))
+    status = data.get("status") or ("ok" if ok else "mismatch")
+    if ok or status == "ok":
+        return "OK" if data.get("precise", True) else "OK (IMPRECISE)"
+    return str(status).upper()
 
 
 def _node_name(node) -> str:
@@ -478,11 +495,10 @@ def render_text(data: dict, verbose: bool = True, width: int = TEXT_WIDTH) -> st
     ``verbose`` every leaf and node with formulas, tolerances and notes."""
     if "leaves" not in data:  # a check that could not run: its error only
         return "\n".join(_wrap(str(data.get("error", "no report")), width, "  ", ""))
-    ok = bool(data.get("ok"))
     mode = data.get("mode", "?")
     seconds = data.get("seconds")
     secs = f"{seconds:.2f} s" if isinstance(seconds, (int, float)) else f"{seconds} s"
-    lines = [f"symgrad.verify: {'OK' if ok else 'MISMATCH'}  (mode {mode}, backend "
+    lines = [f"symgrad.verify: {headline(data)}  (mode {mode}, backend "
              f"{data.get('backend', '?')}, order {data.get('order', 1)}, {secs})"]
     nodes = _with_labels(data)
     first = _first_bad(data, nodes)
@@ -521,6 +537,12 @@ def render_text(data: dict, verbose: bool = True, width: int = TEXT_WIDTH) -> st
         lines += ["  " + x for x in _table(rows)]
         if more:
             lines.append(f"  ... and {more} more leaves (verbose output lists them all)")
+        leaf_details = [lf for lf in shown if lf.get("detail")]
+        if leaf_details:
+            lines.append("  leaf details:")
+            for lf in leaf_details:
+                lines += _wrap(f"{lf.get('name', '?')} ({lf.get('status', '')}): "
+                               f"{lf['detail']}", width, "      ", "    ")
         if verbose:
             lines.append("  columns:")
             named = [c for c in cols if c not in ("leaf", "status")]
@@ -615,7 +637,7 @@ def render_html(data: dict) -> str:
     seconds = data.get("seconds")
     secs = f"{seconds:.2f}" if isinstance(seconds, (int, float)) else str(seconds)
     parts = [f'<div class="symgrad-report"><p><b style="color:{color}">'
-             f'{"OK" if ok else "MISMATCH"}</b> &mdash; mode {e(str(mode))}, '
+             f'{e(headline(data))}</b> &mdash; mode {e(str(mode))}, '
              f"backend {e(str(data.get('backend', '?')))}, order {e(str(data.get('order', 1)))},"
              f" {e(secs)} s</p>"]
     nodes = _with_labels(data)
@@ -635,6 +657,11 @@ def render_html(data: dict) -> str:
             parts.append("<tr>" + "".join(f"<td>{e(str(cells[c]))}</td>" for c in cols)
                          + "</tr>")
         parts.append("</tbody></table>")
+        for lf in leaves:
+            if lf.get("detail"):
+                parts.append(f"<p><small>{e(str(lf.get('name', '?')))} "
+                             f"({e(str(lf.get('status', '')))}): {e(str(lf['detail']))}"
+                             "</small></p>")
         parts.append('<p class="symgrad-legend"><small>' + e("; ".join(
             f"{LEAF_COLUMNS[c][0]}: {_leaf_column_text(c, fd_vs)}" for c in cols)) + "; -: not "
             "computed. " + e(_tolerance_text(data)) + "</small></p>")
