@@ -264,3 +264,21 @@ def test_headline_and_json_carry_status_and_leaf_detail():
     ok = sg.verify((_x([1.0, 2.0]) * 2).sum())
     assert str(ok).startswith("symgrad.verify: OK")
     jsonschema.validate(ok.to_json(), _schema())
+
+
+@pytest.mark.parametrize("backend", ["sympy", "symengine"])
+@pytest.mark.parametrize("mode", ["exact", "local"])
+@pytest.mark.parametrize("c", [float("nan"), float("inf"), -float("inf")])
+def test_a_non_finite_python_scalar_does_not_make_the_derivative_zero(c, mode, backend):
+    pytest.importorskip(backend)
+    a = _x([0.5, -1.0])
+    rep = sg.verify((a * c).sum(), mode=mode, backend=backend)
+    assert rep.status == "non-finite", str(rep)
+    assert rep.first_bad_node is None and not any(r.status == "mismatch"
+                                                  for r in rep.leaves + rep.nodes), str(rep)
+    if mode == "exact":
+        row = [r for r in rep.leaves if r.status == "non-finite"][0]
+        s, e = row.symbolic_value, row.engine_value
+        assert (np.isnan(s) and np.isnan(e)) or s == e, str(rep)
+        g = rep.symbolic_gradient(a)
+        assert all(str(v) in ("nan", "oo", "-oo") for v in g), g

@@ -50,6 +50,7 @@ class SymbolicGraph:
         self.sym_map: dict = {}  # symbol name -> SymPy real symbol (for display)
         self.tex_map: dict = {}  # SymPy symbol -> LaTeX
         self._partials: dict = {}
+        self.opaque: dict = {}  # non-finite Python scalar -> its opaque symbol
         self._n = 0
         self.ev = E.Evaluator(self.values)
         #: symbol -> mpf of the value the engine recorded for it: branches (clamp, relu,
@@ -148,8 +149,21 @@ class SymbolicGraph:
             elif r[0] == "node":
                 arrays.append(self.node_out[(r[1], r[2])])
             else:
-                arrays.append(r[1])
+                arrays.append(self._scalar(r[1]))
         return arrays
+
+    def _scalar(self, v):
+        """A Python scalar input as the replay uses it: itself, or for nan/inf an opaque
+        symbol holding that value (SymPy folds ``x*nan`` to ``nan``, whose derivative is
+        0; the symbol keeps d(x*c)/dx = c, which evaluates to nan as the engine's)."""
+        if not isinstance(v, (float, np.floating)) or np.isfinite(v):
+            return v
+        s = self.opaque.get(float(v) if v == v else "nan")
+        if s is None:
+            s = E.make_symbol(self.engine_name, f"_c{len(self.opaque)}")
+            self.values[s] = mpmath.mpf(float(v))
+            self.opaque[float(v) if v == v else "nan"] = s
+        return s
 
     def replay_node(self, g) -> None:
         from ..ops.spec import STRUCTURAL

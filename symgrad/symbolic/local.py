@@ -137,6 +137,11 @@ def _decided_derivative(spec, params, in_vals, idx, positions, k):
             s = sympy.Symbol(f"x{i}", real=True)
             values[s] = mpmath.mpf(float(v))
             args.append(s)
+        elif isinstance(v, (float, np.floating)) and not np.isfinite(v):
+            # an opaque symbol: SymPy folds x*nan to nan, whose derivative would be 0
+            s = sympy.Symbol(f"c{i}", real=True)
+            values[s] = mpmath.mpf(float(v))
+            args.append(s)
         else:
             args.append(v)
     ev = E.Evaluator(values)

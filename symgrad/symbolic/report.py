@@ -149,6 +149,10 @@ class Report:
         for s in lf.symbols.reshape(-1):
             e = sym.expand_intermediates(adjs[s])
             e = E.to_sympy(e, sym.sym_map)
+            if sym.opaque and isinstance(e, sympy.Basic):  # non-finite scalars, as numbers
+                vals = {c.name: sympy.Float(v) for v, c in sym.opaque.items()}
+                e = e.xreplace({f: vals[f.name] for f in e.free_symbols
+                                if f.name in vals})
             if isinstance(e, sympy.Basic):
                 e = e.doit()  # products and sums built unevaluated (fast path) evaluate now
             if sympy.count_ops(e) <= 12:  # simplify is only cheap on tiny expressions
