@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import graph, profiler
+from . import functional, graph, profiler
 from .anomaly_mode import (
     detect_anomaly,
     is_anomaly_check_nan_enabled,
@@ -21,13 +21,16 @@ from .grad_mode import (
     no_grad,
     set_grad_enabled,
 )
-from .node import AccumulateGrad, Node
+from .gradcheck import gradcheck, gradgradcheck
+from .node import AccumulateGrad, Node, SavedTensor
+from .variable import Variable
 
 __all__ = ["backward", "grad", "no_grad", "enable_grad", "set_grad_enabled", "inference_mode",
            "is_grad_enabled", "is_inference_mode_enabled", "Node", "AccumulateGrad",
            "Function", "FunctionCtx", "once_differentiable", "graph", "profiler",
            "detect_anomaly", "set_detect_anomaly", "is_anomaly_enabled",
-           "is_anomaly_check_nan_enabled"]
+           "is_anomaly_check_nan_enabled", "gradcheck", "gradgradcheck", "functional",
+           "Variable", "SavedTensor"]
 
 
 _Tensor = None
