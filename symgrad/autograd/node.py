@@ -142,20 +142,25 @@ class SavedTensor:
     storage only (owning the output with its grad_fn would be a cycle); unpacking it gives
     a new tensor whose grad_fn is the node, as PyTorch does, and the fused backward kernels
     read ``data`` directly, so saving an output creates no tensor. Under
-    ``saved_tensors_hooks`` only what ``pack`` returned is kept, ``unpack`` gives the
-    tensor back, and (as in PyTorch) no version check is made.
+    ``saved_tensors_hooks``, or after ``register_hooks`` on ``grad_fn._raw_saved_<name>``,
+    only what ``pack`` returned is kept, ``unpack`` gives the tensor back (reattached to
+    the graph where the saved tensor was: a new tensor object, as in PyTorch), and no
+    version check is made.
     """
 
     __slots__ = ("_tensor", "data", "storage", "device", "version", "output_nr", "_packed",
-                 "_unpack")
+                 "_unpack", "_edge", "_state")
 
     def __init__(self, tensor, is_output: bool, output_nr: int = 0) -> None:
         storage = tensor._storage
         self.version = storage.version
         self.output_nr = output_nr if is_output else -1
+        self._edge = self._state = None
         if _saved_tensors_hooks:
             if is_output:
                 tensor = _tensor_type()._alias(tensor)
+            else:
+                self._edge = _grad_edge(tensor)
             pack, self._unpack = _saved_tensors_hooks[-1]
             self._packed = pack(tensor)
             self._tensor = self.data = self.storage = self.device = None
@@ -168,10 +173,62 @@ class SavedTensor:
             self._unpack = self.data = self.storage = self.device = None
             self._tensor = tensor
 
+    @classmethod
+    def _placeholder(cls, state: str | None) -> SavedTensor:
+        """What ``_raw_saved_<name>`` gives for a freed (``"freed"``) or unsaved
+        (``"none"``) operand: registering hooks on it raises torch's error."""
+        st = cls.__new__(cls)
+        st._tensor = st.data = st.storage = st.device = st._packed = st._unpack = None
+        st._edge = None
+        st.version, st.output_nr, st._state = 0, -1, state
+        return st
+
+    def __repr__(self) -> str:
+        return f"<symgrad.autograd.SavedTensor object at {hex(id(self))}>"
+
+    def register_hooks(self, pack_hook, unpack_hook) -> None:
+        """PyTorch's per-tensor saved-tensor hooks: ``pack_hook`` runs now, on the saved
+        value, and only its result is kept; ``unpack_hook`` runs whenever the value is
+        needed (by backward or by ``grad_fn._saved_<name>``). One pair per tensor."""
+        if not callable(pack_hook) or not callable(unpack_hook):
+            raise TypeError(
+                "register_hooks(): incompatible function arguments. The following argument "
+                "types are supported:\n    1. (self: symgrad.autograd.SavedTensor, arg0: "
+                "collections.abc.Callable, arg1: collections.abc.Callable) -> None\n\n"
+                f"Invoked with: {self!r}, {pack_hook!r}, {unpack_hook!r}")
+        if self._unpack is not None:
+            raise RuntimeError("Calling register_hooks on a saved tensor whose hooks have "
+                               "already been set. Hint: only one pair of hooks is allowed at "
+                               "a time.")
+        if self._state == "freed":
+            raise RuntimeError(
+                "Calling register_hooks on a saved tensor after it has been freed. Saved "
+                "intermediate values of the graph are freed when you call .backward() or "
+                "autograd.grad(). Specify retain_graph=True if you need to backward through "
+                "the graph a second time or if you need to access saved variables after "
+                "calling backward.")
+        if self._state == "none":
+            raise RuntimeError("Calling register_hooks on a saved tensor with value None is "
+                               "forbidden")
+        T = _tensor_type()
+        if self.output_nr >= 0:  # pack sees a plain tensor over the data, as in PyTorch
+            value = T._wrap(self.data, self.device, self.storage)
+        else:
+            value = T._wrap(self._tensor._data, self._tensor._device, self._tensor._storage)
+            self._edge = _grad_edge(self._tensor)
+        self._packed = pack_hook(value)
+        self._unpack = unpack_hook
+        self._tensor = self.data = self.storage = None
+
+    def _free(self) -> None:
+        self._state = "freed"
+        self._tensor = self.data = self.storage = self._packed = self._unpack = None
+        self._edge = None
+
     @property
     def tensor(self):
         """The saved tensor (for an output, a grad_fn-free alias made on first use);
-        None under ``saved_tensors_hooks``."""
+        None under saved-tensor hooks."""
         t = self._tensor
         if t is None and self.data is not None:
             t = self._tensor = _tensor_type()._wrap(self.data, self.device, self.storage)
@@ -186,7 +243,9 @@ class SavedTensor:
                                 f"but got result of type {type(t).__name__}")
             if self.output_nr >= 0:
                 return T._alias(t, grad_fn=node, output_nr=self.output_nr)
-            return t
+            return _reattach(t, self._edge)
+        if self._state is not None:
+            raise RuntimeError(FREED_MESSAGE)
         if self.output_nr >= 0:
             if self.storage.version != self.version:
                 raise RuntimeError(self._version_message(node))
@@ -200,9 +259,9 @@ class SavedTensor:
         """The saved array for a fused kernel when unchanged since saving, else None (the
         caller unpacks, which raises the version error or runs the unpack hook)."""
         if self.output_nr < 0:
-            t = self._tensor  # None under saved_tensors_hooks
+            t = self._tensor  # None under saved-tensor hooks
             return t._data if t is not None and t._storage.version == self.version else None
-        if self.data is not None:  # None under saved_tensors_hooks
+        if self.data is not None:  # None under saved-tensor hooks
             return self.data if self.storage.version == self.version else None
         return None
 
@@ -231,6 +290,41 @@ class SavedTensor:
                 + hint)
 
 
+def _accumulator_of(t) -> AccumulateGrad:
+    """The leaf's AccumulateGrad (made if none lives), as the recording code gets it."""
+    ref = t._accumulator
+    acc = ref() if ref is not None else None
+    if acc is None:
+        acc = AccumulateGrad(t)
+        t._accumulator = weakref.ref(acc)
+    return acc
+
+
+def _grad_edge(t):
+    """Where gradient flowing into ``t`` goes: (grad_fn, output_nr), (AccumulateGrad, 0)
+    for a leaf that requires grad, or None."""
+    if t._grad_fn is not None:
+        return (t._grad_fn, t._output_nr)
+    if t._requires_grad:
+        return (_accumulator_of(t), 0)
+    return None
+
+
+def _reattach(t, edge):
+    """What an unpack hook returned, as a new tensor on the saved input's place in the graph
+    (PyTorch does this so a pack that detaches still gives correct double backward)."""
+    if edge is None:
+        return t.detach() if t.requires_grad else t
+    T = _tensor_type()
+    fn, output_nr = edge
+    if type(fn) is AccumulateGrad:
+        a = T._alias(t)
+        a._requires_grad = True
+        a._accumulator = weakref.ref(fn)
+        return a
+    return T._alias(t, grad_fn=fn, output_nr=output_nr)
+
+
 def _short(name: str) -> str:
     """``ExpBackward0`` -> ``Exp``: how PyTorch names the producing op in this message."""
     import re
@@ -252,10 +346,44 @@ class OpNode(Node):
             name = attr[7:]
             if name in type(self)._spec.saved:
                 return self._unpack_saved(name, for_user=True)
+        elif attr.startswith("_raw_saved_"):
+            name = attr[11:]
+            if name in self._raw_names():
+                return self._raw_saved(name)
         raise AttributeError(f"'{type(self).__name__}' object has no attribute '{attr}'")
 
     def __dir__(self):
-        return list(super().__dir__()) + [f"_saved_{n}" for n in type(self)._spec.saved]
+        spec = type(self)._spec
+        return (list(super().__dir__()) + [f"_saved_{n}" for n in spec.saved]
+                + [f"_raw_saved_{n}" for n in self._raw_names()])
+
+    def _raw_names(self) -> list[str]:
+        """The saved operands that are tensors in PyTorch (inputs and outputs; a Python
+        number where torch saves a wrapped 0-dim tensor counts; sizes and scalars don't)."""
+        spec = type(self)._spec
+        names = []
+        for n in spec.saved:
+            if spec.saved_kind(n)[0] in ("input", "output"):
+                v = self._saved.get(n)
+                if v is None or v is _FREED or type(v) in (SavedTensor, _WrappedScalar):
+                    names.append(n)
+        return names
+
+    def _raw_saved(self, name: str) -> SavedTensor:
+        """``grad_fn._raw_saved_<name>``: the SavedTensor itself, for ``register_hooks``."""
+        value = self._saved.get(name)
+        if type(value) is SavedTensor:
+            return value
+        if value is _FREED:
+            return SavedTensor._placeholder("freed")
+        if type(value) is _WrappedScalar:
+            if value.raw is None:
+                from ..tensor import tensor
+
+                raw = value.raw = SavedTensor._placeholder(None)
+                raw._tensor = tensor(value.value, dtype=value.dtype)
+            return value.raw
+        return SavedTensor._placeholder("none")
 
     def _unpack_saved(self, name: str, for_user: bool = False):
         value = self._saved.get(name)
@@ -263,11 +391,15 @@ class OpNode(Node):
             raise RuntimeError(FREED_MESSAGE)
         if type(value) is SavedTensor:
             return value.unpack(self)
-        if for_user and type(value) is _WrappedScalar:
-            from ..tensor import tensor
-
-            return tensor(value.value, dtype=value.dtype)
         if type(value) is _WrappedScalar:
+            raw = value.raw
+            if raw is not None and raw._unpack is not None:  # hooks via _raw_saved_<name>
+                t = raw.unpack(self)
+                return t if for_user else t.item()
+            if for_user:
+                from ..tensor import tensor
+
+                return tensor(value.value, dtype=value.dtype)
             return value.value
         return value
 
@@ -276,6 +408,7 @@ class OpNode(Node):
         saved = self._saved
         for k, v in saved.items():
             if type(v) is SavedTensor:
+                v._free()  # a SavedTensor the user holds (_raw_saved_*) knows it is freed
                 saved[k] = _FREED
                 self._freed = True
 
@@ -327,7 +460,7 @@ class OpNode(Node):
                 a = value.array()
                 args.append(a if a is not None else self._fused_arg(p))
             elif kind is _WrappedScalar:
-                args.append(value.value)
+                args.append(value.value if value.raw is None else self._unpack_saved(p))
             elif value is _FREED:
                 raise RuntimeError(FREED_MESSAGE)
             else:
@@ -354,7 +487,7 @@ class OpNode(Node):
         if value is _FREED:
             raise RuntimeError(FREED_MESSAGE)
         if type(value) is _WrappedScalar:
-            return value.value
+            return self._unpack_saved(name)
         return value
 
 
@@ -364,11 +497,12 @@ _FREED = object()  # marks a saved tensor released by backward
 class _WrappedScalar:
     """A Python number saved where PyTorch saves a wrapped 0-dim tensor (``a * 2``)."""
 
-    __slots__ = ("value", "dtype")
+    __slots__ = ("value", "dtype", "raw")
 
     def __init__(self, value, dtype) -> None:
         self.value = value
         self.dtype = dtype
+        self.raw = None  # the SavedTensor made by _raw_saved_<name>, for register_hooks
 
 
 _NODE_CLASSES: dict[str, type] = {}
