@@ -282,3 +282,59 @@ def test_a_non_finite_python_scalar_does_not_make_the_derivative_zero(c, mode, b
         assert (np.isnan(s) and np.isnan(e)) or s == e, str(rep)
         g = rep.symbolic_gradient(a)
         assert all(str(v) in ("nan", "oo", "-oo") for v in g), g
+
+
+# -- the decision rule: a bound justified by dtype, magnitudes and the computation -------
+@pytest.mark.parametrize("mode", ["exact", "local"])
+def test_every_row_shows_its_bound_and_error(mode):
+    x = _x([0.3, -1.2, 2.0])
+    w = sg.tensor([[1.0, 2.0], [0.5, -1.0], [3.0, 0.25]], dtype=sg.float64)
+    rep = sg.verify(((x.sigmoid() @ w).softmax(-1) * sg.tensor([1.0, -2.0],
+                                                               dtype=sg.float64)).sum(),
+                    mode=mode)
+    assert rep.ok, str(rep)
+    rows = [r for r in rep.nodes if r.status == "ok"] + \
+        [r for r in rep.leaves if r.status == "ok"]
+    assert rows and all(r.bound is not None and r.max_abs_err <= r.bound for r in rows), rep
+    eps = np.finfo(np.float64).eps
+    assert all(r.bound < 1e4 * eps * 10 for r in rows), [r.bound for r in rows]
+    text = str(rep)
+    assert "bound" in text and all(n["bound"] is not None for n in rep.to_json()["nodes"]
+                                   if n["status"] == "ok")
+
+
+def test_the_bound_flags_a_relative_error_far_below_the_old_rtol(monkeypatch):
+    """A factor 1 + 1e-10 in float64 (the old rtol was 1e-8) is outside the bound."""
+    from symgrad.ops import OPS
+
+    x = _x([0.3, -1.2, 2.0])
+    assert sg.verify((x * 2).exp().sum()).ok
+    monkeypatch.setitem(OPS["exp"].grads, "self",
+                        lambda grad, result: grad * result * (1 + 1e-10))
+    x = _x([0.3, -1.2, 2.0])
+    for mode in ("exact", "local"):
+        rep = sg.verify((x * 2).exp().sum(), mode=mode)
+        assert not rep.ok and rep.first_bad_node is not None, str(rep)
+        assert rep.first_bad_node.name() == "ExpBackward0"
+
+
+@pytest.mark.parametrize("mode", ["exact", "local"])
+def test_rounding_at_fan_in_and_cancellation_is_within_the_bound(mode):
+    rng = np.random.default_rng(3)
+    x = _x(rng.standard_normal(400) * 1e3)
+    y = (x - x.mean()) * (x + 1e3)  # large terms cancelling
+    rep = sg.verify((y.sum() - (x * x).sum()) * 1.0, mode=mode)
+    assert rep.ok, str(rep)
+
+
+def test_rtol_atol_override_the_bound():
+    x = _x([0.3, -1.2, 2.0])
+    rep = sg.verify(x.exp().sum(), rtol=0.5, atol=0.0)
+    assert rep.ok
+    assert rep.leaves[0].bound >= 0.5 * abs(rep.leaves[0].symbolic_value)
+
+
+def test_saturated_sigmoid_in_float64_is_within_the_output_rounding_term():
+    x = _x([40.0])  # y rounds to 1.0 exactly: y(1-y) = 0, exactly 4.2e-18
+    rep = sg.verify(x.sigmoid().sum(), mode="local")
+    assert rep.ok, str(rep)

@@ -309,6 +309,30 @@ _DISPATCH = {
 }
 
 
+def abs_value(ev, e):
+    """The magnitude of the terms of ``e``: ``e`` evaluated with every sum replaced by the
+    sum of its terms' absolute values (products and integer powers of those). A rounding
+    error bound scales with it, so a difference of large terms (softmax's
+    ``y - y**2`` near 1) is not mistaken for a small value."""
+    name = type(e).__name__
+    if name == "Add":
+        return sum((abs_value(ev, a) for a in e.args), _mp.mpf(0))
+    if name == "Mul":
+        out = _mp.mpf(1)
+        for a in e.args:
+            out *= abs_value(ev, a)
+        return out
+    if name == "Pow" and getattr(e.args[1], "is_Integer", False):
+        n = int(e.args[1])
+        b = abs_value(ev, e.args[0])
+        if n < 0:
+            b = abs(ev.ev(e.args[0]))  # 1/x: the value itself sets the scale
+            return _mp.inf if b == 0 else b ** n
+        return b ** n
+    v = ev.ev(e)
+    return abs(v) if v == v else _mp.mpf(0)
+
+
 # -- partial derivatives ----------------------------------------------------------------
 def partials(e, engine_name: str) -> dict:
     """``{symbol: d e / d symbol}`` for every free symbol of ``e``."""

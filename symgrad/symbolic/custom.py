@@ -143,6 +143,7 @@ def custom_local(g, graph, in_vals, v64, engine, engine_name, rng, sample):
         formula = f"{cls.__name__}.sympy: result = {sympy.sstr(rs[0])}"
         for j in diff_pos:
             total = np.zeros(shape)
+            mag = np.zeros(shape)
             for k, f in enumerate(rs):
                 if k >= len(v64) or v64[k] is None:
                     continue
@@ -150,11 +151,15 @@ def custom_local(g, graph, in_vals, v64, engine, engine_name, rng, sample):
                 d = lambdify_numpy(xs, sympy.diff(sympy.sympify(f), xs[j]),
                                    {"DiracDelta": lambda x: 0 * x})
                 with np.errstate(all="ignore"):
-                    total = total + v64[k] * np.broadcast_to(
+                    term = v64[k] * np.broadcast_to(
                         np.asarray(d(*numargs), dtype=np.float64), shape)
+                    total = total + term
+                    mag = mag + np.abs(term)
             from .local import _sum_to
 
-            res[j] = (_sum_to(total, np.shape(in_vals[j])), None)
+            xs_shape = np.shape(in_vals[j])
+            terms = 4 * len(rs) + int(np.prod(shape)) // max(int(np.prod(xs_shape)), 1)
+            res[j] = (_sum_to(total, xs_shape), None, (_sum_to(mag, xs_shape), terms, None))
         return res, formula, None
     # no SymPy meaning: central differences of <v, forward(x)> at sampled elements
     from ..backends.numpy_backend import NumpyBackend

@@ -51,6 +51,9 @@ class SymbolicGraph:
         self.tex_map: dict = {}  # SymPy symbol -> LaTeX
         self._partials: dict = {}
         self.opaque: dict = {}  # non-finite Python scalar -> its opaque symbol
+        self._add_cache: dict = {}
+        self.magnitude: dict = {}
+        self.steps: dict = {}
         self._n = 0
         self.ev = E.Evaluator(self.values)
         #: symbol -> mpf of the value the engine recorded for it: branches (clamp, relu,
@@ -222,16 +225,59 @@ class SymbolicGraph:
 
     # -- the gradient ----------------------------------------------------------------------
     def gradient(self, gradient: np.ndarray) -> dict:
-        """Numeric adjoints (mpmath) of every leaf element: {leaf index: object array}."""
+        """Numeric adjoints (mpmath) of every leaf element: {leaf index: object array}.
+
+        Also fills ``self.magnitude`` and ``self.steps`` ({leaf index: float array}): the
+        sum over paths of |cotangent| x |partials| (the magnitude of the terms that make
+        each adjoint, partials' sums taken term by term, see ``_engine.abs_value``) and
+        the rounding steps on the longest path (two per multiply-add, plus one per
+        contribution summed at every fan-in): what the rounding bound scales with."""
         with mpmath.workdps(self.dps):
             adj: dict = defaultdict(lambda: mpmath.mpf(0))
+            mag: dict = defaultdict(lambda: mpmath.mpf(0))
+            steps: dict = defaultdict(int)
+            count: dict = defaultdict(int)
             root = self.root_array()
             gflat = np.broadcast_to(np.asarray(gradient, dtype=np.float64), root.shape)
             for idx, a in np.ndenumerate(root):
                 if E.is_symbol(a):
                     adj[a] += mpmath.mpf(float(gflat[idx]))
-            self._reverse_sweep(adj)
-            return self._leaf_adjoints(adj, lambda leaf: leaf.requires_grad and leaf.is_float)
+                    mag[a] += abs(mpmath.mpf(float(gflat[idx])))
+                    count[a] += 1
+            for k in range(len(self.defs) - 1, -1, -1):
+                self.check_time()
+                s = self.defs[k][0]
+                a = adj.pop(s, None)
+                m = mag.pop(s, None)
+                n = steps.pop(s, 0) + count.pop(s, 0)
+                if not m:
+                    continue
+                for f, p in self.partials_of(k).items():
+                    pv = self.ev(p)
+                    adj[f] += a * pv
+                    mag[f] += m * (abs(pv) if E.is_atom(p) or not self._has_add(p)
+                                   else E.abs_value(self.ev, p))
+                    steps[f] = max(steps[f], n + 2)
+                    count[f] += 1
+            wanted = lambda leaf: leaf.requires_grad and leaf.is_float  # noqa: E731
+            out = self._leaf_adjoints(adj, wanted)
+            self.magnitude = {i: np.array([float(v) for v in arr.reshape(-1)]).reshape(
+                arr.shape) for i, arr in self._leaf_adjoints(mag, wanted).items()}
+            self.steps = {}
+            for leaf in self.graph.leaves:
+                if wanted(leaf):
+                    st = np.empty(leaf.shape, dtype=np.float64)
+                    for idx, s in np.ndenumerate(leaf.symbols):
+                        st[idx] = steps.get(s, 0) + count.get(s, 0)
+                    self.steps[leaf.index] = st
+            return out
+
+    def _has_add(self, p) -> bool:
+        key = id(p)
+        hit = self._add_cache.get(key)
+        if hit is None:
+            hit = self._add_cache[key] = (p, _has_add(p))
+        return hit[1]
 
     def symbolic_adjoints(self, gradient: np.ndarray, want) -> dict:
         """Adjoint expressions of the symbols in ``want`` (in terms of intermediates)."""
@@ -316,3 +362,10 @@ def _num(sp, x: float):
     if float(x).is_integer():
         return sp.Integer(int(x))
     return sp.Float(x) if hasattr(sp, "Float") else sp.RealDouble(x)
+
+
+def _has_add(e) -> bool:
+    """Whether a sum (a possible cancellation) occurs anywhere in ``e``."""
+    if type(e).__name__ == "Add":
+        return True
+    return any(_has_add(a) for a in getattr(e, "args", ()))

@@ -29,9 +29,35 @@ __all__ = ["check_node", "NodeCheck"]
 DENSE_LIMIT = 512
 
 
+#: The bound's safety factor C (see rounding_bound and docs/verifier.md).
+BOUND_FACTOR = 2.0
+
+
+def rounding_bound(dtype, mag, n, dterm=None, finite=None):
+    """The error a correct computation in ``dtype`` may show, per element:
+
+    ``C * eps(dtype) * (n * (M + mean(M)) + D)`` where ``M`` is the magnitude of the terms
+    (the sum of |contributions| that make the element, so cancellation is allowed for),
+    ``n`` the rounding steps on the path (a few per op, plus one per term summed at the
+    fan-in), ``mean(M)`` over the tensor (elements computed from shared quantities: a
+    value near 0 among large ones), and ``D`` the rounding of recorded outputs that a
+    backward reads (sigmoid, tanh, exp: ``|v| |y| |f''/f'|``). ``C = BOUND_FACTOR``.
+    """
+    eps = float(np.finfo(np.dtype(dtype) if np.dtype(dtype).kind == "f"
+                         else np.float64).eps)
+    mag = np.asarray(mag, dtype=np.float64)
+    fin = np.isfinite(mag) if finite is None else (finite & np.isfinite(mag))
+    mean = float(np.mean(mag[fin])) if fin.any() else 0.0
+    b = np.asarray(n, dtype=np.float64) * (np.where(np.isfinite(mag), mag, 0.0) + mean)
+    if dterm is not None:
+        b = b + np.where(np.isfinite(dterm), dterm, 0.0)
+    b = BOUND_FACTOR * eps * b
+    return np.maximum(b, np.finfo(np.float64).tiny)
+
+
 class NodeCheck:
     __slots__ = ("status", "max_abs_err", "max_rel_err", "sampled", "checked", "formula",
-                 "detail", "worst", "unknown", "engine_nonfinite")
+                 "detail", "worst", "unknown", "engine_nonfinite", "bound")
 
     def __init__(self, status="ok", formula="") -> None:
         self.status = status
@@ -45,6 +71,7 @@ class NodeCheck:
         self.unknown = None  # (input, index, engine, symbolic, count) not evaluable
         #: non-empty when the node's backward gave nan/inf from finite inputs and cotangent
         self.engine_nonfinite = ""
+        self.bound = None  # the error allowed at the worst element
 
 
 _TEMPLATES: dict = {}
@@ -74,6 +101,9 @@ def _lambdas(spec, params, n_in, positions, fixed=()):
         if d.has(sympy.Pow):  # x**y*y/x -> y*x**(y - 1): no 0/0 at x = 0
             d = sympy.powsimp(d)
         fn = lambdify_numpy(xs, d, _NP_EXTRA)
+        # d2: the bound's output-rounding term |y| |f''/f'| (see rounding_bound)
+        d2 = sympy.diff(d, xs[k])
+        fn.second = lambdify_numpy(xs, d2, _NP_EXTRA) if d2 != 0 else None
         if d.has(sympy.Heaviside):  # ties: elements where the two one-sided forms differ
             f0 = lambdify_numpy(xs, d, _NP_H0)
             f1 = lambdify_numpy(xs, d, _NP_H1)
@@ -201,7 +231,7 @@ def _heaviside(at_zero):
                                        np.where(np.asarray(x) < 0, 0.0, at_zero))
 
 
-_NP_EXTRA = {"DiracDelta": lambda x: np.zeros_like(np.asarray(x, dtype=float)),
+_NP_EXTRA = {"DiracDelta": lambda x, *k: np.zeros_like(np.asarray(x, dtype=float)),
              "Heaviside": _heaviside(0.5), "sign": np.sign}
 _NP_H0 = {"DiracDelta": _NP_EXTRA["DiracDelta"], "Heaviside": _heaviside(0.0),
           "sign": np.sign}
@@ -253,7 +283,7 @@ def _in_node_dtype(g, in_vals):
     return params, in_vals
 
 
-def _elementwise_jtv(g, in_vals, v):
+def _elementwise_jtv(g, in_vals, v, graph=None):
     positions = tuple(i for i, r in enumerate(g.inputs)
                       if r[0] != "scalar" and g.needs[i] and np.asarray(in_vals[i]).dtype.kind
                       == "f")
@@ -278,17 +308,42 @@ def _elementwise_jtv(g, in_vals, v):
                     dv = np.broadcast_to(np.asarray(d(*args), dtype=np.float64), v.shape)
                     dv = _fix_nonfinite(g, params, in_vals, k, dv, positions, mask)
                     total[k] = np.where(mask, dv, total[k])
-        return {k: (_sum_to(v * total[k], np.shape(in_vals[k])), None)
+        return {k: (_sum_to(v * total[k], np.shape(in_vals[k])), None,
+                    (_sum_to(np.abs(v * total[k]), np.shape(in_vals[k])),
+                     4 + v.size // max(int(np.prod(np.shape(in_vals[k]))), 1), None))
                 for k in positions}, formula
     derivs, formula = _lambdas(g.spec, params, len(in_vals), positions)
     res = {}
+    y = _recorded_output(g, graph, v.shape)
     with np.errstate(all="ignore"):
         for k, d in zip(positions, derivs):
             dv = np.broadcast_to(np.asarray(d(*args), dtype=np.float64), v.shape)
             dv = _fix_ties(g, params, in_vals, args, k, d, dv, positions)
             dv = _fix_nonfinite(g, params, in_vals, k, dv, positions)
-            res[k] = (_sum_to(v * dv, np.shape(in_vals[k])), None)
+            shape = np.shape(in_vals[k])
+            mag = _sum_to(np.abs(v * dv), shape)
+            terms = v.size // max(int(np.prod(shape)), 1)
+            dterm = np.zeros(shape)
+            if y is not None and getattr(d, "second", None) is not None:
+                try:
+                    d2 = np.broadcast_to(np.asarray(d.second(*args), dtype=np.float64),
+                                         v.shape)
+                except Exception:  # noqa: BLE001  (no second derivative: no output term)
+                    d2 = np.zeros(v.shape)
+                ratio = np.where((dv != 0) & np.isfinite(dv), np.abs(d2 / dv), 0.0)
+                ratio = np.where(np.isfinite(ratio), ratio, 0.0)
+                dterm = _sum_to(np.abs(v) * np.abs(y) * ratio, shape)
+            res[k] = (_sum_to(v * dv, shape), None, (mag, 4 + terms, dterm))
     return res, formula
+
+
+def _recorded_output(g, graph, shape):
+    """The node's recorded output (float64), broadcast to ``shape``; None if unknown."""
+    try:
+        y = np.asarray(graph.value_of(("node", g.index, 0)), dtype=np.float64)
+        return np.broadcast_to(y, shape)
+    except Exception:  # noqa: BLE001  (no value: the bound has no output term)
+        return None
 
 
 def _structural_jtv(g, graph, in_vals, v_list, engine, engine_name, rng, sample, notes,
@@ -338,6 +393,8 @@ def _structural_jtv(g, graph, in_vals, v_list, engine, engine_name, rng, sample,
             out = g.forward_numeric(be, arrays)
         ev = E.Evaluator(values)
         acc = {s: 0.0 for s in syms}
+        mag = {s: 0.0 for s in syms}
+        cnt = {s: 0 for s in syms}
         symset = set(syms)
         for nr, o in enumerate(out[:len(v_list)]):
             o = obj(o)
@@ -354,9 +411,15 @@ def _structural_jtv(g, graph, in_vals, v_list, engine, engine_name, rng, sample,
                     continue
                 for s, p in E.partials(e, engine_name).items():
                     if s in symset:
-                        acc[s] += float(vflat[j]) * (float(p) if E.is_atom(p) else float(ev(p)))
+                        pv = float(p) if E.is_atom(p) else float(ev(p))
+                        acc[s] += float(vflat[j]) * pv
+                        mag[s] += abs(float(vflat[j])) * (abs(pv) if E.is_atom(p)
+                                                          else float(E.abs_value(ev, p)))
+                        cnt[s] += 1
         vals = np.array([float(acc[s]) for s in syms], dtype=np.float64)
-        res[k] = (vals, idx if sampled else None)
+        mags = np.array([float(mag[s]) for s in syms], dtype=np.float64)
+        terms = 4 + np.array([cnt[s] for s in syms], dtype=np.float64)
+        res[k] = (vals, idx if sampled else None, (mags, terms, None))
         if sampled:
             notes.append(f"input '{g.input_names[k]}': {len(idx)} of {n} elements sampled")
     return res
@@ -418,7 +481,7 @@ def check_node(g, graph, engine, engine_name, rng, sample, tol_for, deadline=Non
         if note:
             notes.append(note)
     elif callable(g.spec.sympy):
-        sym, chk.formula = _elementwise_jtv(g, in_vals, v64[0])
+        sym, chk.formula = _elementwise_jtv(g, in_vals, v64[0], graph)
     elif g.spec.sympy == STRUCTURAL:
         sym = _structural_jtv(g, graph, in_vals, v64, engine, engine_name, rng, sample, notes,
                               deadline)
@@ -428,7 +491,10 @@ def check_node(g, graph, engine, engine_name, rng, sample, tol_for, deadline=Non
         chk.detail = f"op {g.spec.name!r} has no SymPy meaning"
         return chk
     bad = False
-    for k, (vals, idx) in sym.items():
+    worst_ratio = -1.0
+    for k, item in sym.items():
+        vals, idx = item[0], item[1]
+        terms = item[2] if len(item) > 2 else None
         e = engine_res[k] if k < len(engine_res) else None
         if e is None:
             e = np.zeros(np.shape(in_vals[k]))
@@ -446,8 +512,10 @@ def check_node(g, graph, engine, engine_name, rng, sample, tol_for, deadline=Non
         if idx is not None:
             ef = ef[idx]
             chk.sampled = True
-        rtol, atol = tol_for(np.asarray(in_vals[k]).dtype)
-        if g.custom is not None and g.custom.sympy is None:  # finite differences: looser
+        dtype = np.asarray(in_vals[k]).dtype
+        rtol, atol = tol_for(dtype)
+        fd_ref = g.custom is not None and g.custom.sympy is None
+        if fd_ref:  # finite differences: looser
             rtol, atol = max(rtol, 1e-5), max(atol, 1e-8)
         # Compared where the symbolic value is finite (an engine nan/inf there is a
         # mismatch). Where it is not, equal non-finite values agree (log'(0) = inf on both
@@ -459,7 +527,26 @@ def check_node(g, graph, engine, engine_name, rng, sample, tol_for, deadline=Non
         err = np.where(np.isnan(err), np.inf, err)
         scale = np.abs(np.where(sfin, sf, 0.0)) + (np.mean(np.abs(sf[sfin])) if sfin.any()
                                                      else 0.0)
-        ok = ~sfin | (err <= atol + rtol * scale)
+        if getattr(tol_for, "user", False) or fd_ref or terms is None:
+            allowed = atol + rtol * scale
+        else:
+            mag, n, dterm = terms
+            mag = np.where(np.isfinite(mag), mag, 0.0).reshape(-1)
+            if idx is not None and mag.size != sf.size:
+                mag = mag[idx]
+            dterm = None if dterm is None else np.asarray(dterm, dtype=np.float64).reshape(-1)
+            if dterm is not None and idx is not None and dterm.size != sf.size:
+                dterm = dterm[idx]
+            n = np.broadcast_to(np.asarray(n, dtype=np.float64).reshape(-1)
+                                if np.ndim(n) else n, sf.shape)
+            allowed = rounding_bound(dtype, mag, n, dterm, sfin)
+        ok = ~sfin | (err <= allowed)
+        if sfin.any():
+            ratio = np.where(sfin, err / np.where(allowed > 0, allowed, np.inf), -1.0)
+            w = int(np.argmax(ratio))
+            if float(ratio[w]) > worst_ratio:
+                worst_ratio = float(ratio[w])
+                chk.bound = float(allowed[w])
         unknown = ~sfin & ~same
         chk.checked += int(sfin.sum())
         if sfin.any():

@@ -11,7 +11,7 @@ from . import _engine as E
 from .exact import SymbolicGraph, TimeoutExpired
 from .fd import fd_cost, fd_gradient
 from .graph import Graph
-from .local import check_node
+from .local import check_node, rounding_bound
 from .report import LeafRow, NodeRow, Report, as_index
 
 __all__ = ["verify", "EXACT_BUDGET", "EXACT_BUDGETS", "DEFAULT_TOLERANCES",
@@ -80,6 +80,8 @@ def _tol_factory(rtol, atol):
         r, a = DEFAULT_TOLERANCES.get(name, DEFAULT_TOLERANCES["float64"])
         return (r if rtol is None else rtol), (a if atol is None else atol)
 
+    #: rtol/atol given: they replace the rounding bound (docs/verifier.md)
+    tol_for.user = rtol is not None or atol is not None
     return tol_for
 
 
@@ -346,14 +348,27 @@ def _meaning(g) -> str:
     return f"{g.spec.name}: structural"
 
 
-def _compare(e, s, rtol, atol):
+def _engine_dtype(graph, lf):
+    """The dtype a leaf's gradient was computed in: the widest float dtype of the graph's
+    nodes (a float32 leaf promoted into float64 ops gets a float64-rounded gradient, and
+    float32 rounding anywhere upstream dominates otherwise)."""
+    widths = [np.dtype(dt) for g in graph.nodes for dt in g.out_dtypes
+              if np.dtype(dt).kind == "f"]
+    if not widths:
+        return lf.value.dtype
+    return min(widths + [lf.value.dtype], key=lambda d: d.itemsize)
+
+
+def _compare(e, s, rtol, atol, allowed=None):
     with np.errstate(invalid="ignore"):
         err = np.where(e == s, 0.0, np.abs(e - s))  # equal infinities agree
     both_nan = np.isnan(e) & np.isnan(s)
     err = np.where(both_nan, 0.0, err)
     finite = np.isfinite(s)
     scale = np.abs(s) + (np.mean(np.abs(s[finite])) if finite.any() else 0.0)
-    ok = (err <= atol + rtol * scale) | both_nan
+    if allowed is None:
+        allowed = atol + rtol * scale
+    ok = (err <= allowed) | both_nan
     rel = err / np.where(np.abs(s) > 0, np.abs(s), 1.0)
     return err, rel, ok
 
@@ -374,7 +389,15 @@ def _run_exact(rep, graph, engine, engine_name, gradient, engine_grads, tol_for,
             s = np.array([float(v) for v in exact[lf.index].reshape(-1)], dtype=np.float64)
         e = engine_grads[lf.index].reshape(-1)
         rtol, atol = tol_for(lf.value.dtype)
-        err, rel, ok = _compare(e, s, rtol, atol)
+        if getattr(tol_for, "user", False):
+            err, rel, ok = _compare(e, s, rtol, atol)
+            allowed = None
+        else:
+            mag = sym.magnitude[lf.index].reshape(-1)
+            steps = sym.steps[lf.index].reshape(-1)
+            allowed = rounding_bound(_engine_dtype(graph, lf), mag, steps + 2,
+                                     finite=np.isfinite(s))
+            err, rel, ok = _compare(e, s, 0.0, 0.0, allowed)
         # compared where the symbolic value is finite (an engine nan/inf there fails);
         # every non-finite element, engine or symbolic, goes to a row of its own
         sfin = np.isfinite(s)
@@ -393,12 +416,18 @@ def _run_exact(rep, graph, engine, engine_name, gradient, engine_grads, tol_for,
         status = "ok" if ok.all() else "mismatch"
         if status != "ok":
             rep.ok = False
+        if allowed is not None and s.size:  # the row shows the element nearest its bound
+            ratio = np.where(sfin, err / np.maximum(allowed, 1e-300), -1.0)
+            w = int(np.argmax(ratio))
         row = LeafRow(
             lf.name, lf.shape, _dtype_name(lf.value.dtype),
             float(np.max(err)) if s.size else 0.0, float(np.max(rel)) if s.size else 0.0,
             as_index(w, lf.shape) if s.size else None,
             float(e[w]) if s.size else None, float(s[w]) if s.size else None,
             None, status, None, int(sfin.sum()), False, lf.latex)
+        if s.size:
+            row.bound = float(allowed[w]) if allowed is not None else float(
+                atol + rtol * (abs(s[w]) + (np.mean(np.abs(s[sfin])) if sfin.any() else 0)))
         rep.leaves.append(row)
         if s.size:
             pending.append((row, lf, w, s))
@@ -555,7 +584,8 @@ def _run_local(rep, graph, engine, engine_name, rng, sample, tol_for, deadline, 
             rep.nodes = rows
             raise
         row = NodeRow(g.index, g.name, chk.status, chk.formula or _meaning(g),
-                      chk.max_abs_err, chk.max_rel_err, chk.sampled, chk.detail, node=g.node)
+                      chk.max_abs_err, chk.max_rel_err, chk.sampled, chk.detail, node=g.node,
+                      bound=chk.bound)
         rows.append(row)
         if chk.engine_nonfinite:
             origins.append((g, chk.engine_nonfinite))
