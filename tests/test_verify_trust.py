@@ -334,7 +334,11 @@ def test_rtol_atol_override_the_bound():
     assert rep.leaves[0].bound >= 0.5 * abs(rep.leaves[0].symbolic_value)
 
 
-def test_saturated_sigmoid_in_float64_is_within_the_output_rounding_term():
+@pytest.mark.parametrize("mode", ["exact", "local"])
+def test_saturated_sigmoid_in_float64_is_within_the_output_rounding_term(mode):
     x = _x([40.0])  # y rounds to 1.0 exactly: y(1-y) = 0, exactly 4.2e-18
-    rep = sg.verify(x.sigmoid().sum(), mode="local")
+    rep = sg.verify(x.sigmoid().sum(), mode=mode)
+    assert rep.ok, str(rep)
+    x = _x([40.0, 20.0])
+    rep = sg.verify((x.sigmoid() * 3).tanh().sum(), mode=mode)
     assert rep.ok, str(rep)
