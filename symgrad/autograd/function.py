@@ -16,7 +16,8 @@ from ..backends import _BACKENDS, _DEVICE_DEFAULT, backend_for
 from ..dtypes import bool_, default_float, float64, int64, promote
 from .anomaly_mode import _anomaly
 from .grad_mode import _state
-from .node import AccumulateGrad, SavedTensor, _WrappedScalar, node_class_for
+from .node import SavedTensor, _WrappedScalar, node_class_for
+from .node import _accumulator_of as accumulator_of
 from .record import _recording
 
 __all__ = ["apply", "edge_of"]
@@ -47,16 +48,6 @@ def edge_of(t) -> tuple:
     if t._requires_grad:
         return (accumulator_of(t), 0)
     return (None, 0)
-
-
-def accumulator_of(t) -> AccumulateGrad:
-    """The leaf's AccumulateGrad, shared by every node that uses it while any lives."""
-    ref = t._accumulator
-    acc = ref() if ref is not None else None
-    if acc is None:
-        acc = AccumulateGrad(t)
-        t._accumulator = weakref.ref(acc)
-    return acc
 
 
 def _result_dtype(rule, tensors, scalars, params):
