@@ -15,7 +15,7 @@ import pytest
 import symgrad as sg
 from symgrad.jupyter import GRAPH_MIME, graph_json, load_schema
 from symgrad.jupyter.graph import Namer, latex_name, preview, text_outline
-from symgrad.jupyter.layout import layout
+from symgrad.jupyter.layout import layout, layout_bends, layout_boxes
 from symgrad.jupyter.svg import render_html, render_svg
 
 jsonschema = pytest.importorskip("jsonschema")
@@ -216,7 +216,7 @@ def test_svg_is_well_formed_and_marks_nodes():
     svg = render_svg(p, selected="n0")
     root = ET.fromstring(svg)
     groups = [g for g in root.iter("{http://www.w3.org/2000/svg}g")
-              if g.get("class", "").startswith("sg-node ")]
+              if g.get("class") == "sg-node"]
     assert len(groups) == len(p["nodes"])
     kinds = sorted(g.get("data-kind") for g in groups)
     assert kinds == ["accumulate"] * 3 + ["none"] + ["op"] * 3
@@ -260,7 +260,8 @@ def test_mime_bundles_and_plain_tensor_repr():
     assert repr(ns["e"]) == "tensor(100., grad_fn=<MulBackward0>)"
     view = sg.graph(ns["e"], ns)
     b = view._repr_mimebundle_()
-    assert b[GRAPH_MIME] == view.to_json()
+    assert {k: v for k, v in b[GRAPH_MIME].items() if k != "layout"} == view.to_json()
+    assert set(b[GRAPH_MIME]["layout"]["nodes"]) == {n["id"] for n in view.to_json()["nodes"]}
     assert text_outline(b[GRAPH_MIME]).splitlines() == [
         "symgrad graph: 3 op nodes, 3 leaves",
         "MulBackward0 []",
@@ -306,7 +307,7 @@ def test_static_svg_of_a_500_op_loop_is_small_and_collapsed():
     assert len(html) < 300_000
     root = ET.fromstring(render_svg(p))
     groups = [g for g in root.iter("{http://www.w3.org/2000/svg}g")
-              if g.get("class", "").startswith("sg-node ")]
+              if g.get("class") == "sg-node"]
     kinds = sorted(g.get("data-kind") for g in groups)
     # the root, one box for the other 499 ops, and each leaf drawn once
     assert kinds == ["accumulate"] * 3 + ["chain", "op"]
@@ -343,9 +344,9 @@ def test_layout_bounds_bend_points_for_shared_leaves():
 def test_uncollapsed_500_op_svg_stays_linear(monkeypatch):
     import time
 
-    import symgrad.jupyter.svg as svg_mod
+    import symgrad.jupyter.layout as layout_mod
 
-    monkeypatch.setattr(svg_mod, "AUTO_COLLAPSE_NODES", 10**9)
+    monkeypatch.setattr(layout_mod, "AUTO_COLLAPSE_NODES", 10**9)
     p = _loop_graph()
     t0 = time.perf_counter()
     svg = render_svg(p)
@@ -353,5 +354,72 @@ def test_uncollapsed_500_op_svg_stays_linear(monkeypatch):
     print(f"\nuncollapsed SVG of a 500-op loop: {len(svg) / 1e3:.1f} KB in {dt * 1e3:.0f} ms")
     root = ET.fromstring(svg)
     assert sum(1 for g in root.iter("{http://www.w3.org/2000/svg}g")
-               if g.get("class", "").startswith("sg-node ")) == 503
+               if g.get("class") == "sg-node") == 503
     assert len(svg) < 1_000_000  # ~1 KB per node; it was 4.7 MB with n^2 bend points
+
+
+def _svg_boxes(svg: str) -> dict[str, list[float]]:
+    root = ET.fromstring(svg)
+    out = {}
+    for g in root.iter("{http://www.w3.org/2000/svg}g"):
+        if g.get("class") == "sg-node":
+            r = g.find("{http://www.w3.org/2000/svg}rect")
+            out[g.get("data-id")] = [float(r.get(k)) for k in ("x", "y", "width", "height")]
+    return out
+
+
+def test_payload_layout_is_what_the_static_svg_draws():
+    # the one layout: the bundle's JSON ships it, its SVG draws exactly those boxes and
+    # routes (the labextension draws the same numbers: tests/browser/test_renderer.py)
+    ns = mlp(sg)
+    a = ns["w1"]
+    ns["y"] = ((a * 2.0).exp().sin() + a).sum() + ns["loss"]  # a's edge from + spans layers
+    b = sg.graph(ns["y"], ns)._repr_mimebundle_()
+    p = b[GRAPH_MIME]
+    validate(p)
+    lay = p["layout"]
+    boxes = layout_boxes(lay)
+    assert set(boxes) == {n["id"] for n in p["nodes"]}
+    assert all(v == int(v) for box in boxes.values() for v in box)  # whole pixels
+    assert _svg_boxes(b["text/html"]) == boxes
+    bends = layout_bends(lay)
+    assert bends
+    root = ET.fromstring(render_svg(p))
+    for path in root.iter("{http://www.w3.org/2000/svg}path"):
+        if path.get("class") != "sg-edge":
+            continue
+        a, bb = path.get("data-from"), path.get("data-to")
+        nums = [float(v) for v in path.get("d").replace("M", "").replace("L", "").split()]
+        ax, ay, aw, ah = boxes[a]
+        bx, by, bw, _ = boxes[bb]
+        assert nums == [ax + aw / 2, ay + ah, *bends.get((a, bb), []), bx + bw / 2, by]
+    # boxes of a layer never overlap, consumers sit above their inputs
+    for e in p["edges"]:
+        assert boxes[e["from"]][1] < boxes[e["to"]][1]
+    rows: dict[float, list] = {}
+    for x, y, w, h in boxes.values():
+        rows.setdefault(y + h / 2, []).append((x, x + w))
+    for spans in rows.values():
+        spans.sort()
+        assert all(l1 >= r0 for (_, r0), (l1, _) in zip(spans, spans[1:]))
+    assert all(x + w <= lay["width"] and y + h <= lay["height"]
+               for x, y, w, h in boxes.values())
+
+
+def test_payload_layout_of_a_collapsed_loop_is_small():
+    p = _loop_graph()
+    from symgrad.jupyter.graph import mimebundle
+
+    out = mimebundle(p)[GRAPH_MIME]
+    validate(out)
+    lay = out["layout"]
+    # the chain box and the nodes around it: what the labextension draws first
+    assert sorted(k.startswith("chain:") for k in lay["nodes"]) == [False] * 4 + [True]
+    assert len(json.dumps(lay, separators=(",", ":"))) < 600
+    # a selection inside the run splits it: the SVG lays that view out again
+    inner = next(n["id"] for n in p["nodes"] if n["label"] == "MulBackward0"
+                 and n["id"] not in p["roots"] and n["order"] > 200)
+    svg = render_svg(out, selected=inner)
+    assert svg.count('data-kind="chain"') == 2 and inner in _svg_boxes(svg)
+    # a stale or foreign layout is not used
+    assert _svg_boxes(render_svg(dict(out, layout={"width": 1, "height": 1, "nodes": {}})))

@@ -918,9 +918,19 @@ def graph(root: Any, names: Mapping[str, Any] | None = None, report: Any = None)
     return GraphView(root, names, report)
 
 
+def with_layout(payload: dict, selected: str | None = None) -> dict:
+    """A shallow copy of ``payload`` with its ``layout`` (computed now, for what is first
+    drawn with ``selected`` kept out of collapsed chains): the positions the static SVG and
+    the labextension both draw (layout.py)."""
+    from .layout import payload_layout
+
+    return dict(payload, layout=payload_layout(payload, selected))
+
+
 def mimebundle(payload: dict) -> dict:
     from .svg import render_html
 
+    payload = with_layout(payload)
     return {GRAPH_MIME: payload, "text/html": render_html(payload),
             "text/plain": text_outline(payload)}
 

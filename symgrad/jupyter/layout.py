@@ -1,4 +1,12 @@
-"""A layered DAG layout in pure Python (Sugiyama-style; no graphviz binary needed).
+"""The one layout of a graph payload, in pure Python (Sugiyama-style; no graphviz binary).
+
+Both views draw from it: the static SVG (svg.py) and the JupyterLab extension, which reads
+the boxes and edge routes that :func:`payload_layout` ships in the graph JSON (``layout``,
+see graph.schema.json) and runs its own layout only for a payload without one or for a view
+the shipped layout does not cover (a chain the user expanded). So the layout covers what
+both views show first: :func:`visible_graph` (runs of ops collapsed into chain boxes in big
+graphs, as the extension does) with boxes sized by :func:`box_size` to fit the labels of
+both views.
 
 Roots go on top and gradients flow down to the leaves, as in torchviz drawings.
 Steps: longest-path layering from the roots; dummy nodes split edges that span several
@@ -14,14 +22,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["Layout", "layout"]
+__all__ = ["Layout", "layout", "box_size", "find_chains", "visible_graph", "payload_layout",
+           "layout_matches", "layout_boxes", "layout_bends", "edge_points",
+           "AUTO_COLLAPSE_NODES", "MIN_RUN"]
 
-CHAR_W = 7.0  # px per character of a 12px monospace-ish label
-BOX_H = 34.0
-PAD_X = 14.0
+# Box metrics, shared with the labextension's text (labextension/src/format.ts): 12px
+# monospace is 7.2px a character; labels are clipped as the extension clips them.
+CHAR_W = 7.2
+PAD_X = 13.0
+BOX_H = 40.0  # an op, leaf or chain box; also the height of a layer
+NONE_H = 26.0
+MIN_W = 72.0
+MIN_W_NONE = 48.0
+MAX_W = 300.0
+MAX_LABEL = 32
+MAX_CHAIN_LABEL = 40
 GAP_X = 22.0
-GAP_Y = 58.0
-MIN_W = 56.0
+GAP_Y = 40.0
+MARGIN = 10.0
 SWEEPS = 6
 
 
@@ -36,18 +54,228 @@ class Layout:
     height: float = 0.0
 
 
+def clip(text: str, n: int = MAX_LABEL) -> str:
+    """``text`` cut to ``n`` characters with an ellipsis (the extension's ``clip``)."""
+    return text if len(text) <= n else text[: n - 1] + "\u2026"
+
+
 def box_width(label: str, sublabel: str = "") -> float:
-    return max(MIN_W, CHAR_W * max(len(label), len(sublabel)) + 2 * PAD_X)
+    return min(max(MIN_W, CHAR_W * max(len(label), len(sublabel)) + 2 * PAD_X), MAX_W)
+
+
+def _shape(shape, empty: str) -> str:
+    if shape is None:
+        return ""
+    return empty if shape == [] else "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def static_texts(n: dict) -> tuple[str, str]:
+    """Label and sublabel of a box in the static SVG."""
+    label = clip(n["label"], MAX_CHAIN_LABEL if n["kind"] == "chain" else MAX_LABEL)
+    shape_txt = _shape(n.get("shape"), "()")
+    if n["kind"] == "accumulate":
+        sub = ("AccumulateGrad " + shape_txt).strip()
+    elif n["kind"] == "chain":
+        sub = f"{len(n['members'])} ops"
+    elif n["kind"] == "none":
+        sub = n.get("variable") or ""
+    elif n["kind"] == "op" and n.get("variable"):
+        sub = f"{n['variable']} {shape_txt}".strip()
+    else:
+        sub = shape_txt
+    return label, clip(sub, int((MAX_W - 2 * PAD_X) / CHAR_W))
+
+
+def _lab_sub(n: dict) -> str:
+    """The sublabel the labextension draws (format.ts ``nodeSub``, the chain's ``sub``)."""
+    if n["kind"] == "chain":
+        return f"{len(n['members'])} nodes \u00b7 click to expand"
+    if n["kind"] == "none":
+        return ""
+    shape = "?" if n.get("shape") is None else _shape(n["shape"], "[]")
+    return "AccumulateGrad " + shape if n["kind"] == "accumulate" else shape
+
+
+def box_size(n: dict) -> tuple[float, float]:
+    """Width and height of a node's box: wide enough for the static SVG's texts and the
+    labextension's (clipped labels, 7.2px a character), within ``MAX_W``."""
+    label, sub = static_texts(n)
+    chars = max(len(label), len(sub), len(_lab_sub(n)))
+    if n["kind"] == "none":  # as tall as the others when the SVG names the constant
+        return min(max(MIN_W_NONE, CHAR_W * chars + 2 * PAD_X), MAX_W), BOX_H if sub else NONE_H
+    return min(max(MIN_W, CHAR_W * chars + 2 * PAD_X), MAX_W), BOX_H
+
+
+# -- what is drawn: runs of ops collapsed in big graphs ------------------------------------
+
+#: Above this many nodes, runs of ops are drawn as one box (as the labextension does).
+AUTO_COLLAPSE_NODES = 150
+#: Shortest run of ops that is collapsed.
+MIN_RUN = 6
+_STATUS_RANK = {"fail": 4, "error": 3, "pass": 2, "skipped": 1, "none": 0}
+
+
+def _summarize_run(labels: list[str]) -> str:
+    for p in range(1, min(4, len(labels) // 2) + 1):
+        if all(lb == labels[i % p] for i, lb in enumerate(labels)):
+            reps, rest = divmod(len(labels), p)
+            unit = labels[0] if p == 1 else "(" + " \u2192 ".join(labels[:p]) + ")"
+            return f"{unit} \u00d7 {reps}" + (f" + {rest}" if rest else "")
+    return f"{labels[0]} \u2192 \u2026 \u2192 {labels[-1]}"
+
+
+def find_chains(payload: dict, keep: set[str] | frozenset[str] = frozenset()) -> list[dict]:
+    """Maximal runs of op nodes ``a -> b -> c`` where each consumes only the next op and
+    is consumed only by the previous one (leaves and None may hang off any member).
+
+    Loops (``x = x * w + b``) build them; they are what makes a 500-op graph unreadable
+    and slow to draw. Roots, ``keep`` (the selection) and failing nodes break runs, like
+    the labextension's ``findChains``. Each group: ``id``, ``members`` (ids), ``label``,
+    ``status`` (the worst member check).
+    """
+    by_id = {n["id"]: n for n in payload["nodes"]}
+    op_children: dict[str, set[str]] = {}
+    parents: dict[str, set[str]] = {}
+    for e in payload["edges"]:
+        parents.setdefault(e["to"], set()).add(e["from"])
+        if by_id.get(e["to"], {}).get("kind") == "op":
+            op_children.setdefault(e["from"], set()).add(e["to"])
+    roots = set(payload.get("roots") or [])
+
+    def breaker(n: dict) -> bool:
+        return (n["kind"] != "op" or n["id"] in keep or n["id"] in roots
+                or n.get("first_bad") is True or n["check"]["status"] in ("fail", "error"))
+
+    nxt: dict[str, str] = {}
+    has_prev: set[str] = set()
+    for n in payload["nodes"]:
+        kids = op_children.get(n["id"])
+        if breaker(n) or not kids or len(kids) != 1:
+            continue
+        b = next(iter(kids))
+        if not breaker(by_id[b]) and len(parents.get(b, ())) == 1:
+            nxt[n["id"]] = b
+            has_prev.add(b)
+    groups = []
+    for n in payload["nodes"]:
+        if n["id"] not in nxt or n["id"] in has_prev:
+            continue
+        members = [n["id"]]
+        seen = {n["id"]}
+        cur = n["id"]
+        while cur in nxt and nxt[cur] not in seen:
+            cur = nxt[cur]
+            seen.add(cur)
+            members.append(cur)
+        if len(members) >= MIN_RUN:
+            status = max((by_id[m]["check"]["status"] for m in members),
+                         key=lambda st: _STATUS_RANK.get(st, 0))
+            groups.append({"id": "chain:" + n["id"], "members": members, "status": status,
+                           "label": _summarize_run([by_id[m]["label"] for m in members])})
+    return groups
+
+
+def visible_graph(payload: dict, selected: str | None = None) -> tuple[list[dict], list[dict]]:
+    """Nodes and edges to draw: runs collapsed into chain boxes in big graphs, with the
+    edges of their members merged (so a leaf shared by a whole loop gets one edge)."""
+    nodes, edges = payload["nodes"], payload["edges"]
+    if len(nodes) <= AUTO_COLLAPSE_NODES:
+        return nodes, edges
+    groups = find_chains(payload, {selected} if selected else set())
+    if not groups:
+        return nodes, edges
+    owner = {m: g["id"] for g in groups for m in g["members"]}
+    first = {g["members"][0]: g for g in groups}
+    vis_nodes = []
+    for n in nodes:
+        g = first.get(n["id"])
+        if g is not None:
+            vis_nodes.append({"id": g["id"], "kind": "chain", "label": g["label"],
+                              "name": g["label"], "members": g["members"],
+                              "check": {"status": g["status"]}})
+        elif n["id"] not in owner:
+            vis_nodes.append(n)
+    vis_edges: dict[tuple[str, str], dict] = {}
+    for e in edges:
+        a, b = owner.get(e["from"], e["from"]), owner.get(e["to"], e["to"])
+        if a != b and (a, b) not in vis_edges:
+            vis_edges[(a, b)] = {"from": a, "to": b,
+                                 "input": e["input"] if a == e["from"] else ""}
+    return vis_nodes, list(vis_edges.values())
+
+
+def payload_layout(payload: dict, selected: str | None = None) -> dict:
+    """The layout of what is first drawn of ``payload`` (``selected`` kept out of chains),
+    as compact JSON for the payload's ``layout``: ``nodes`` maps each drawn node id (a
+    chain box: ``chain:<first member>``) to ``"x y w h"`` (its box, top-left, whole
+    pixels); ``edges`` lists ``[from, to, "x1 y1 x2 y2 ..."]``, the bend points of the
+    edges that have some (an edge runs from the bottom centre of ``from`` to the top
+    centre of ``to`` through them); ``width`` and ``height`` bound the drawing. Numbers
+    go in strings because a saved notebook writes a JSON list one item a line."""
+    nodes, edges = visible_graph(payload, selected)
+    sizes = {n["id"]: box_size(n) for n in nodes}
+    lay = layout([n["id"] for n in nodes], [(e["from"], e["to"]) for e in edges],
+                 {k: v[0] for k, v in sizes.items()}, heights={k: v[1] for k, v in sizes.items()})
+    out: dict = {"width": round(lay.width), "height": round(lay.height),
+                 "nodes": {k: " ".join(str(round(v)) for v in box)
+                           for k, box in lay.boxes.items()}}
+    bent: list[list] = []
+    seen: set[tuple[str, str]] = set()
+    for a, b, pts in lay.edges:
+        if len(pts) > 2 and (a, b) not in seen:
+            seen.add((a, b))
+            bent.append([a, b, " ".join(str(round(v)) for p in pts[1:-1] for v in p)])
+    if bent:
+        out["edges"] = bent
+    return out
+
+
+def _numbers(text: object) -> list[float]:
+    return [float(v) for v in text.split()] if isinstance(text, str) else []
+
+
+def layout_boxes(lay: dict) -> dict[str, list[float]]:
+    """A payload layout's boxes as ``id -> [x, y, w, h]``."""
+    return {k: _numbers(v) for k, v in lay["nodes"].items()}
+
+
+def layout_matches(lay: object, nodes: list[dict]) -> bool:
+    """Whether a payload's ``layout`` covers exactly the nodes to draw."""
+    return (isinstance(lay, dict) and isinstance(lay.get("nodes"), dict)
+            and len(lay["nodes"]) == len(nodes)
+            and all(len(_numbers(lay["nodes"].get(n["id"]))) == 4 for n in nodes))
+
+
+def layout_bends(lay: dict) -> dict[tuple[str, str], list[float]]:
+    """A payload layout's bend points as ``(from, to) -> [x1, y1, x2, y2, ...]``."""
+    return {(e[0], e[1]): _numbers(e[2]) for e in lay.get("edges", []) if len(e) == 3}
+
+
+def edge_points(boxes: dict, a: str, b: str,
+                bends: dict | None = None) -> list[tuple[float, float]]:
+    """The polyline of edge ``a -> b``: from the bottom centre of ``a`` through its bend
+    points to the top centre of ``b``."""
+    ax, ay, aw, ah = boxes[a]
+    bx, by, bw, _bh = boxes[b]
+    mid = (bends or {}).get((a, b), [])
+    pts = [(ax + aw / 2, ay + ah)]
+    pts.extend((mid[i], mid[i + 1]) for i in range(0, len(mid) - 1, 2))
+    pts.append((bx + bw / 2, by))
+    return pts
 
 
 def layout(node_ids: list[str], edges: list[tuple[str, str]],
-           widths: dict[str, float] | None = None, max_dummies: int | None = None) -> Layout:
+           widths: dict[str, float] | None = None, max_dummies: int | None = None,
+           heights: dict[str, float] | None = None) -> Layout:
     """Lay out the DAG ``edges`` (``(from, to)``, from = consumer, drawn above ``to``).
 
-    ``max_dummies`` bounds the bend points of long edges (default ``4 n + 64``); edges
+    Boxes are ``widths`` wide (default ``MIN_W``) and ``heights`` high (at most ``BOX_H``,
+    the default; a lower box is centred in its layer). ``max_dummies`` bounds the bend
+    points of long edges (default ``4 n + 64``); edges
     past it are drawn straight, so time and output stay linear in the graph size.
     """
     widths = widths or {}
+    heights = heights or {}
     ids = list(dict.fromkeys(node_ids))
     index = {n: i for i, n in enumerate(ids)}
     edge_list = [(a, b) for a, b in edges if a in index and b in index and a != b]
@@ -198,28 +426,33 @@ def layout(node_ids: list[str], edges: list[tuple[str, str]],
             pack(layers[li])
 
     min_x = min((x[n] - w_of(n) / 2 for n in x), default=0.0)
-    margin = 10.0
+    margin = MARGIN
     out = Layout(layers=[[n for n in layer if not n.startswith("\x00")] for layer in layers])
+
+    def top(n: str) -> float:  # of the box (a lower box sits centred in its layer)
+        return margin + rank_all[n] * (BOX_H + GAP_Y) + (BOX_H - h_of(n)) / 2
+
+    def h_of(n: str) -> float:
+        return BOX_H if n.startswith("\x00") else min(heights.get(n, BOX_H), BOX_H)
+
     max_x = 0.0
-    for li, layer in enumerate(layers):
-        y = margin + li * (BOX_H + GAP_Y)
+    for layer in layers:
         for n in layer:
             x[n] = x[n] - min_x + margin
             if not n.startswith("\x00"):
                 w = w_of(n)
-                out.boxes[n] = (x[n] - w / 2, y, w, BOX_H)
+                out.boxes[n] = (x[n] - w / 2, top(n), w, h_of(n))
                 max_x = max(max_x, x[n] + w / 2)
     for a, b, path in chains:
         pts = []
         for k, n in enumerate(path):
-            y = margin + rank_all[n] * (BOX_H + GAP_Y)
             if k == 0:
-                pts.append((x[n], y + BOX_H))
+                pts.append((x[n], top(n) + h_of(n)))
             elif k == len(path) - 1:
-                pts.append((x[n], y))
+                pts.append((x[n], top(n)))
             else:
-                pts.append((x[n], y))
-                pts.append((x[n], y + BOX_H))
+                pts.append((x[n], top(n)))
+                pts.append((x[n], top(n) + BOX_H))
         out.edges.append((a, b, pts))
     out.width = max_x + margin
     out.height = margin * 2 + max(n_layers, 1) * (BOX_H + GAP_Y) - GAP_Y

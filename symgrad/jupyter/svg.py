@@ -15,9 +15,22 @@ import html
 import itertools
 from typing import Any
 
-from .layout import BOX_H, box_width, layout
+from .layout import (
+    AUTO_COLLAPSE_NODES,
+    BOX_H,
+    MIN_RUN,
+    edge_points,
+    find_chains,
+    layout_bends,
+    layout_boxes,
+    layout_matches,
+    payload_layout,
+    static_texts,
+    visible_graph,
+)
 
-__all__ = ["esc", "render_svg", "render_html", "agreement_table_html", "STATUS_COLORS"]
+__all__ = ["esc", "render_svg", "render_html", "agreement_table_html", "STATUS_COLORS",
+           "find_chains", "AUTO_COLLAPSE_NODES", "MIN_RUN"]
 
 _ids = itertools.count()
 
@@ -32,114 +45,9 @@ def esc(value: Any) -> str:
     return html.escape("" if value is None else str(value), quote=True)
 
 
-def _sublabel(n: dict) -> str:
-    shape = n.get("shape")
-    shape_txt = "" if shape is None else ("()" if shape == [] else str(shape))
-    if n["kind"] == "accumulate":
-        return ("AccumulateGrad " + shape_txt).strip()
-    if n["kind"] == "chain":
-        return f"{len(n['members'])} ops"
-    if n["kind"] == "none":
-        return n.get("variable") or ""
-    if n["kind"] == "op" and n.get("variable"):
-        return f"{n['variable']} {shape_txt}".strip()
-    return shape_txt
-
-
-#: Above this many nodes, runs of ops are drawn as one box (as the labextension does).
-AUTO_COLLAPSE_NODES = 150
-#: Shortest run of ops that is collapsed.
-MIN_RUN = 6
-_STATUS_RANK = {"fail": 4, "error": 3, "pass": 2, "skipped": 1, "none": 0}
-
-
-def _summarize_run(labels: list[str]) -> str:
-    for p in range(1, min(4, len(labels) // 2) + 1):
-        if all(lb == labels[i % p] for i, lb in enumerate(labels)):
-            reps, rest = divmod(len(labels), p)
-            unit = labels[0] if p == 1 else "(" + " \u2192 ".join(labels[:p]) + ")"
-            return f"{unit} \u00d7 {reps}" + (f" + {rest}" if rest else "")
-    return f"{labels[0]} \u2192 \u2026 \u2192 {labels[-1]}"
-
-
-def find_chains(payload: dict, keep: set[str] | frozenset[str] = frozenset()) -> list[dict]:
-    """Maximal runs of op nodes ``a -> b -> c`` where each consumes only the next op and
-    is consumed only by the previous one (leaves and None may hang off any member).
-
-    Loops (``x = x * w + b``) build them; they are what makes a 500-op graph unreadable
-    and slow to draw. Roots, ``keep`` (the selection) and failing nodes break runs, like
-    the labextension's ``findChains``. Each group: ``id``, ``members`` (ids), ``label``,
-    ``status`` (the worst member check).
-    """
-    by_id = {n["id"]: n for n in payload["nodes"]}
-    op_children: dict[str, set[str]] = {}
-    parents: dict[str, set[str]] = {}
-    for e in payload["edges"]:
-        parents.setdefault(e["to"], set()).add(e["from"])
-        if by_id.get(e["to"], {}).get("kind") == "op":
-            op_children.setdefault(e["from"], set()).add(e["to"])
-    roots = set(payload.get("roots") or [])
-
-    def breaker(n: dict) -> bool:
-        return (n["kind"] != "op" or n["id"] in keep or n["id"] in roots
-                or n.get("first_bad") is True or n["check"]["status"] in ("fail", "error"))
-
-    nxt: dict[str, str] = {}
-    has_prev: set[str] = set()
-    for n in payload["nodes"]:
-        kids = op_children.get(n["id"])
-        if breaker(n) or not kids or len(kids) != 1:
-            continue
-        b = next(iter(kids))
-        if not breaker(by_id[b]) and len(parents.get(b, ())) == 1:
-            nxt[n["id"]] = b
-            has_prev.add(b)
-    groups = []
-    for n in payload["nodes"]:
-        if n["id"] not in nxt or n["id"] in has_prev:
-            continue
-        members = [n["id"]]
-        seen = {n["id"]}
-        cur = n["id"]
-        while cur in nxt and nxt[cur] not in seen:
-            cur = nxt[cur]
-            seen.add(cur)
-            members.append(cur)
-        if len(members) >= MIN_RUN:
-            status = max((by_id[m]["check"]["status"] for m in members),
-                         key=lambda st: _STATUS_RANK.get(st, 0))
-            groups.append({"id": "chain:" + n["id"], "members": members, "status": status,
-                           "label": _summarize_run([by_id[m]["label"] for m in members])})
-    return groups
-
-
-def _visible(payload: dict, selected: str | None) -> tuple[list[dict], list[dict]]:
-    """Nodes and edges to draw: runs collapsed into chain boxes in big graphs, with the
-    edges of their members merged (so a leaf shared by a whole loop gets one edge)."""
-    nodes, edges = payload["nodes"], payload["edges"]
-    if len(nodes) <= AUTO_COLLAPSE_NODES:
-        return nodes, edges
-    groups = find_chains(payload, {selected} if selected else set())
-    if not groups:
-        return nodes, edges
-    owner = {m: g["id"] for g in groups for m in g["members"]}
-    first = {g["members"][0]: g for g in groups}
-    vis_nodes = []
-    for n in nodes:
-        g = first.get(n["id"])
-        if g is not None:
-            vis_nodes.append({"id": g["id"], "kind": "chain", "label": g["label"],
-                              "name": g["label"], "members": g["members"],
-                              "check": {"status": g["status"]}})
-        elif n["id"] not in owner:
-            vis_nodes.append(n)
-    vis_edges: dict[tuple[str, str], dict] = {}
-    for e in edges:
-        a, b = owner.get(e["from"], e["from"]), owner.get(e["to"], e["to"])
-        if a != b and (a, b) not in vis_edges:
-            vis_edges[(a, b)] = {"from": a, "to": b,
-                                 "input": e["input"] if a == e["from"] else ""}
-    return vis_nodes, list(vis_edges.values())
+def _n(v: float) -> str:
+    """A coordinate: whole pixels as ``12``, halves as ``12.5``."""
+    return f"{v:.1f}".removesuffix(".0")
 
 
 def render_svg(payload: dict, selected: str | None = None) -> str:
@@ -147,14 +55,16 @@ def render_svg(payload: dict, selected: str | None = None) -> str:
 
     Graphs above ``AUTO_COLLAPSE_NODES`` nodes draw runs of ops as one chain box
     (``data-kind="chain"``, ``data-members``), keeping the selected node out of them.
+    Boxes and edges come from the payload's ``layout`` when it covers what is drawn (the
+    one the labextension draws too), else from :func:`layout.payload_layout` now.
     """
-    nodes, vis_edges = _visible(payload, selected)
-    payload = dict(payload, nodes=nodes, edges=vis_edges)
-    widths = {n["id"]: box_width(n["label"], _sublabel(n)) for n in nodes}
-    lay = layout([n["id"] for n in nodes], [(e["from"], e["to"]) for e in payload["edges"]],
-                 widths)
+    nodes, vis_edges = visible_graph(payload, selected)
+    lay = payload.get("layout")
+    if not layout_matches(lay, nodes):
+        lay = payload_layout(payload, selected)
+    boxes, bends = layout_boxes(lay), layout_bends(lay)
     uid = f"sg{next(_ids)}"
-    w, h = max(lay.width, 60.0), max(lay.height, BOX_H + 20)
+    w, h = max(lay["width"], 60), max(lay["height"], BOX_H + 20)
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="symgrad-graph" '
            f'data-symgrad="graph" width="{w:.0f}" height="{h:.0f}" '
            f'viewBox="0 0 {w:.0f} {h:.0f}" font-family="ui-monospace, Menlo, Consolas, '
@@ -167,16 +77,19 @@ def render_svg(payload: dict, selected: str | None = None) -> str:
     # notebook carries one SVG per graph output, so every repeated byte counts
     out.append(f'<g class="sg-edges" fill="none" stroke="#8c959f" stroke-width="1.3" '
                f'marker-end="url(#{uid}-arrow)">')
-    inputs = {(e["from"], e["to"]): e["input"] for e in payload["edges"]}
-    for a, b, pts in lay.edges:
-        d = "M " + " L ".join(f"{px:.1f} {py:.1f}" for px, py in pts)
+    for e in vis_edges:
+        a, b = e["from"], e["to"]
+        if a == b or a not in boxes or b not in boxes:
+            continue
+        pts = edge_points(boxes, a, b, bends)
+        d = "M " + " L ".join(f"{_n(px)} {_n(py)}" for px, py in pts)
         dash = ' stroke-dasharray="4 3"' if by_id[b]["kind"] == "none" else ""
         out.append(f'<path class="sg-edge" data-from="{esc(a)}" data-to="{esc(b)}" '
-                   f'data-input="{esc(inputs.get((a, b), ""))}" d="{d}"{dash}/>')
+                   f'data-input="{esc(e["input"])}" d="{d}"{dash}/>')
     out.append("</g>")
     out.append('<g class="sg-nodes" text-anchor="middle" fill="#1f2328">')
     for n in nodes:
-        box = lay.boxes.get(n["id"])
+        box = boxes.get(n["id"])
         if box is None:
             continue
         x, y, bw, bh = box
@@ -200,20 +113,20 @@ def render_svg(payload: dict, selected: str | None = None) -> str:
         if status != "none":
             tip.append(f"local check: {status}")
         out.append(
-            f'<g class="sg-node sg-kind-{esc(n["kind"])} sg-status-{esc(status)}" '
+            f'<g class="sg-node" '
             f'data-id="{esc(n["id"])}" data-kind="{esc(n["kind"])}" '
             f'data-status="{esc(status)}"{sel}>'
             f'<title>{esc(chr(10).join(tip))}</title>'
-            f'<rect x="{x:.1f}" y="{y:.1f}" width="{bw:.1f}" height="{bh:.1f}" rx="6" '
+            f'<rect x="{_n(x)}" y="{_n(y)}" width="{_n(bw)}" height="{_n(bh)}" rx="6" '
             f'fill="{fill}" stroke="{stroke}" stroke-width="{sw}"{dash}/>')
-        sub = _sublabel(n)
-        cx = x + bw / 2
+        label, sub = static_texts(n)
+        cx = _n(x + bw / 2)
         if sub:
-            out.append(f'<text x="{cx:.1f}" y="{y + 14:.1f}">{esc(n["label"])}</text>'
-                       f'<text x="{cx:.1f}" y="{y + 27:.1f}" fill="#57606a" '
+            out.append(f'<text x="{cx}" y="{_n(y + bh / 2 - 3)}">{esc(label)}</text>'
+                       f'<text x="{cx}" y="{_n(y + bh / 2 + 11)}" fill="#57606a" '
                        f'font-size="10">{esc(sub)}</text>')
         else:
-            out.append(f'<text x="{cx:.1f}" y="{y + 21:.1f}">{esc(n["label"])}</text>')
+            out.append(f'<text x="{cx}" y="{_n(y + bh / 2 + 4)}">{esc(label)}</text>')
         out.append("</g>")
     out.append("</g></svg>")
     return "".join(out)
