@@ -342,3 +342,29 @@ def test_saturated_sigmoid_in_float64_is_within_the_output_rounding_term(mode):
     x = _x([40.0, 20.0])
     rep = sg.verify((x.sigmoid() * 3).tanh().sum(), mode=mode)
     assert rep.ok, str(rep)
+
+
+# -- precision loss is its own status -----------------------------------------------------
+def test_float32_cancellation_is_imprecise_not_a_mismatch():
+    x = _x([0.001, 0.5], dtype=sg.float32)
+    rep = sg.verify(((x + 1e4) - 1e4).log().sum(), mode="exact")
+    assert rep.ok and not rep.precise and rep.first_bad_node is None, str(rep)
+    assert rep.status == "ok" and "float64 replay" in rep.ran
+    row = [r for r in rep.leaves if r.status == "imprecise"][0]
+    assert "SubBackward0" in row.detail and rep.imprecise_node.name() == "SubBackward0"
+    assert str(rep).startswith("symgrad.verify: OK (IMPRECISE)")
+    data = rep.to_json()
+    assert data["precise"] is False and data["leaves"][0]["status"] == "imprecise"
+    pytest.importorskip("jsonschema").validate(data, _schema())
+
+
+@pytest.mark.parametrize("mode", ["exact", "local"])
+def test_a_wrong_rule_in_float32_stays_a_mismatch_after_the_float64_replay(mode, monkeypatch):
+    from symgrad.ops import OPS
+
+    monkeypatch.setitem(OPS["exp"].grads, "self",
+                        lambda grad, result: grad * result * 1.001)
+    x = _x([0.3, -1.2, 2.0], dtype=sg.float32)
+    rep = sg.verify((x * 2).exp().sum(), mode=mode)
+    assert not rep.ok and rep.status == "mismatch", str(rep)
+    assert rep.first_bad_node is not None and rep.first_bad_node.name() == "ExpBackward0"

@@ -116,6 +116,8 @@ class Report:
     #: False when a float32 number lost precision (a row is ``imprecise``): the rules are
     #: right (a float64 replay of the graph agrees), the float32 values are not exact
     precise: bool = True
+    #: where float32 precision was lost (a grad_fn), when a row is imprecise
+    imprecise_node: Any = None
     _sym: Any = field(default=None, repr=False)
     _gradient: Any = field(default=None, repr=False)
     _graph: Any = field(default=None, repr=False)

@@ -287,6 +287,8 @@ def verify(root, gradient=None, *, names=None, mode: str = "auto", order: int = 
             rep._sym.progress = None
     if not rep.timed_out:
         _explain_nonfinite(rep, graph, getattr(rep, "_backward_nonfinite", ""))
+        if _has_mismatch(rep) and _is_float32(graph) and graph.kind == "symgrad":
+            _precision_replay(rep, graph, gradient, mode, sample, seed, deadline, backend)
     rep.status = _status(rep)
     rep.notes.extend(graph.notes)
     for g in graph.nodes:
@@ -294,6 +296,129 @@ def verify(root, gradient=None, *, names=None, mode: str = "auto", order: int = 
             rep.notes.append(f"{g.name}: {g.note}")
     rep.seconds = time.perf_counter() - t0
     return rep
+
+
+def _has_mismatch(rep) -> bool:
+    return any(r.status == "mismatch" for r in rep.leaves + rep.nodes)
+
+
+def _is_float32(graph) -> bool:
+    dts = [np.dtype(lf.value.dtype) for lf in graph.leaves if lf.is_float]
+    dts += [np.dtype(d) for g in graph.nodes for d in g.out_dtypes if np.dtype(d).kind == "f"]
+    return any(d.itemsize <= 4 for d in dts)
+
+
+def _replay_float64(graph):
+    """The graph's ops re-run by the engine on float64 copies of its inputs: (root, leaves
+    by index, outputs by (node, nr)); None where a node cannot be re-run."""
+    from .. import tensor as _tensor
+    from ..autograd.function import apply
+    from ..autograd.grad_mode import enable_grad
+
+    leaves = {}
+    for lf in graph.leaves:
+        v = np.asarray(lf.value)
+        t = _tensor(v.astype(np.float64) if v.dtype.kind == "f" else v.copy())
+        if lf.requires_grad and lf.is_float:
+            t.requires_grad_(True)
+        t.name = lf.name
+        leaves[lf.index] = t
+    outs = {}
+
+    def val(r):
+        if r[0] == "leaf":
+            return leaves[r[1]]
+        if r[0] == "node":
+            return outs[(r[1], r[2])]
+        return r[1]
+
+    with enable_grad():
+        for g in graph.nodes:
+            ins = [val(r) for r in g.inputs]
+            params = {k: (np.float64 if getattr(v, "np", None) is np.float32 else v)
+                      for k, v in g.params.items()}
+            if g.custom is not None:
+                out = g.custom.apply(*ins)
+            elif g.spec is not None:
+                out = apply(g.spec, ins, params)
+            else:
+                return None
+            out = out if isinstance(out, tuple) else (out,)
+            for nr, o in enumerate(out):
+                outs[(g.index, nr)] = o
+    return val(graph.root), leaves, outs
+
+
+def _precision_replay(rep, graph, gradient, mode, sample, seed, deadline, backend) -> None:
+    """A float32 graph disagrees: verify the same graph re-run in float64 on the engine.
+    If that agrees, the float32 disagreement is rounding (rows ``imprecise``, ``ok``
+    stays true, ``precise`` false); if not, the rule is wrong (rows stay ``mismatch``)."""
+    try:
+        replay = _replay_float64(graph)
+    except Exception as exc:  # noqa: BLE001  (a node that cannot be re-run in float64)
+        rep.notes.append(f"float64 replay not possible ({type(exc).__name__}: {exc}); "
+                         "float32 disagreements are reported as mismatches")
+        return
+    if replay is None:
+        return
+    root64, _, outs = replay
+    timeout = None if deadline is None else max(deadline - time.perf_counter(), 0.5)
+    rep64 = verify(root64, gradient, mode=mode, sample=sample, seed=seed, timeout=timeout,
+                   backend=backend)
+    rep.ran.append("float64 replay")
+    if not rep64.ok:
+        rep.notes.append(f"the same graph re-run in float64 disagrees too ({rep64.status}): "
+                         "a wrong rule, not float32 rounding")
+        return
+    # where the precision is lost: the first node whose float32 output is farther from
+    # the float64 replay's than its own rounding, else the first node whose float32
+    # backward was outside its bound
+    where = None
+    eps = float(np.finfo(np.float32).eps)
+    for g in graph.nodes:
+        for nr in range(len(g.out_shapes)):
+            o = outs.get((g.index, nr))
+            try:
+                v32 = np.asarray(graph.value_of(("node", g.index, nr)), dtype=np.float64)
+            except Exception:  # noqa: BLE001
+                continue
+            if o is None or v32.dtype.kind != "f":
+                continue
+            v64 = np.asarray(o.detach().numpy(), dtype=np.float64)
+            if v64.shape != v32.shape:
+                continue
+            fin = np.isfinite(v64)
+            scale = np.abs(v64) + (np.mean(np.abs(v64[fin])) if fin.any() else 0.0)
+            with np.errstate(invalid="ignore"):
+                off = np.abs(v32 - v64) > 4 * eps * scale
+            if (off & fin).any():
+                i = int(np.argmax(off & fin))
+                where = (g, f"the forward of {g.name}: float32 {float(v32.reshape(-1)[i]):.8g}"
+                            f", float64 {float(v64.reshape(-1)[i]):.8g} at "
+                            f"{list(as_index(i, v64.shape) or [])}")
+                break
+        if where is not None:
+            break
+    if where is None:
+        for r in rep.nodes:
+            if r.status == "mismatch":
+                g = graph.nodes[r.id]
+                where = (g, f"the backward of {g.name} in float32 ({r.detail})")
+                break
+    text = where[1] if where is not None else "float32 rounding"
+    for r in rep.leaves + rep.nodes:
+        if r.status == "mismatch":
+            r.status = "imprecise"
+            r.detail = (f"float32 rounding: the float64 replay of the graph agrees; "
+                        f"precision lost in {text}" + (f"; {r.detail}" if r.detail else ""))
+    rep.precise = False
+    rep.imprecise_node = where[0].node if where is not None else None
+    rep.first_bad_node = None
+    rep.notes.append(f"float32 disagreement is rounding, not a wrong rule: the same graph "
+                     f"re-run in float64 agrees; precision lost in {text}")
+    if not any(r.status in ("non-finite", "could not evaluate", "unsupported", "error")
+               for r in rep.leaves + rep.nodes):
+        rep.ok = True
 
 
 def _not_replayable(graph) -> list[str]:
