@@ -90,4 +90,15 @@ export interface IGraphPayload {
   leaves: ILeaf[];
   agreement?: IAgreement | null;
   truncated?: number;
+  layout?: IGraphLayout;
+}
+
+/** Where the first drawing's boxes go (symgrad/jupyter/layout.py payload_layout). */
+export interface IGraphLayout {
+  width: number;
+  height: number;
+  /** Drawn node id (a chain: 'chain:' + first member) -> 'x y width height'. */
+  nodes: Record<string, string>;
+  /** [from, to, 'x1 y1 x2 y2 ...']: bend points of the edges that have some. */
+  edges?: string[][];
 }

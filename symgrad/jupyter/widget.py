@@ -40,7 +40,7 @@ import ipywidgets as widgets  # first: on a core install the ImportError names i
 import anywidget
 import traitlets
 
-from .graph import _check_names, apply_report, graph_json
+from .graph import _check_names, apply_report, graph_json, with_layout
 from .run import VerificationInterrupted, run_verify
 from .svg import agreement_table_html, badge, esc, render_svg
 
@@ -309,7 +309,9 @@ class Inspector(anywidget.AnyWidget):
 
     # -- the front end ------------------------------------------------------------------
     def _push_graph(self) -> None:
-        self.send({"type": "graph", "graph": self.graph, "report": self.report or None})
+        # with the layout the static SVG uses (the view keeps the selection out of chains)
+        self.send({"type": "graph", "graph": with_layout(self.graph, self.selected or None),
+                   "report": self.report or None})
 
     def _push_static(self) -> None:
         if self._static_views:

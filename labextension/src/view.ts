@@ -1,0 +1,446 @@
+// The interactive graph view: header and toolbar, the drawing (scene.ts lays it out,
+// nodes.ts draws it, panzoom.ts moves it), selection, chain collapsing, the node panel
+// and the agreement table (panel.ts). Plain DOM only: no framework, and every string from
+// the payload is inserted with textContent or as an attribute value, never parsed as HTML.
+import { AUTO_COLLAPSE_NODES, findChains, IGroup } from './chains';
+import { badge, errorBox, h, s } from './format';
+import { IBounds, IVisibleNode } from './layout';
+import { drawEdges, drawNode, INodeActions, tooltipLines } from './nodes';
+import { agreementTable, IPanelContext, renderNodePanel } from './panel';
+import { Listen, PanZoom } from './panzoom';
+import { buildScene } from './scene';
+import {
+  CheckStatus,
+  IAgreementRow,
+  IGraphNode,
+  IGraphPayload,
+  ILeaf
+} from './types';
+import { validateGraph } from './validate';
+
+export interface IViewOptions {
+  /** Node id to select initially. */
+  selected?: string | null;
+  /** Called when the user selects a node (null: selection cleared). */
+  onSelect?: (id: string | null) => void;
+  /** 'auto' collapses long chains in graphs above AUTO_COLLAPSE_NODES nodes. */
+  collapse?: 'auto' | 'on' | 'off';
+  /** Tallest the drawing area grows, in px. */
+  maxHeight?: number;
+}
+
+export interface IGraphView {
+  readonly element: HTMLElement;
+  /** Select a node by id (null clears); does not call onSelect. */
+  select(id: string | null): void;
+  /** Replace the payload (re-validates and re-draws). */
+  update(data: unknown): void;
+  dispose(): void;
+}
+
+let uid = 0;
+
+class GraphView implements IGraphView {
+  readonly element: HTMLElement;
+  private opts: IViewOptions;
+  private graph: IGraphPayload | null = null;
+  private byId = new Map<string, IGraphNode>();
+  private leafById = new Map<string, ILeaf>();
+  private rowByNode = new Map<string, IAgreementRow>();
+  private groups: IGroup[] = [];
+  private groupOf = new Map<string, IGroup>();
+  private expanded = new Set<string>();
+  private collapsed = false;
+  private selected: string | null = null;
+  private visible = new Map<string, IVisibleNode>();
+  private nodeEls = new Map<string, SVGGElement>();
+  private bounds: IBounds = { width: 1, height: 1 };
+  private panZoom: PanZoom | null = null;
+  private cleanup: (() => void)[] = [];
+  private markerId = `sg-arrow-${++uid}`;
+
+  // DOM parts
+  private header!: HTMLElement;
+  private toolbar!: HTMLElement;
+  private canvas!: HTMLElement;
+  private svg!: SVGSVGElement;
+  private viewport!: SVGGElement;
+  private tooltip!: HTMLElement;
+  private panel!: HTMLElement;
+  private agreementBox!: HTMLElement;
+  private collapseButton!: HTMLButtonElement;
+
+  constructor(host: HTMLElement, data: unknown, opts: IViewOptions) {
+    this.opts = opts;
+    this.element = h('div', 'sg-view');
+    this.element.dataset.symgrad = 'graph';
+    host.appendChild(this.element);
+    this.selected = opts.selected ?? null;
+    this.update(data);
+  }
+
+  update(data: unknown): void {
+    const t0 = performance.now();
+    this.teardown();
+    this.element.textContent = '';
+    const result = validateGraph(data);
+    if (!result.ok) {
+      this.graph = null;
+      this.element.dataset.state = 'error';
+      this.element.appendChild(
+        errorBox('symgrad: this graph output cannot be drawn', [
+          'The payload does not match the symgrad.graph/1 schema:',
+          ...result.errors
+        ])
+      );
+      return;
+    }
+    const g = result.value;
+    this.graph = g;
+    this.byId = new Map(g.nodes.map(n => [n.id, n] as const));
+    this.leafById = new Map(g.leaves.map(l => [l.id, l] as const));
+    this.rowByNode = new Map();
+    for (const row of g.agreement?.rows ?? []) {
+      if (row.node) {
+        this.rowByNode.set(row.node, row);
+      }
+    }
+    if (this.selected && !this.byId.has(this.selected)) {
+      this.selected = null;
+    }
+    const mode = this.opts.collapse ?? 'auto';
+    this.collapsed =
+      mode === 'on' ||
+      (mode === 'auto' && g.nodes.length > AUTO_COLLAPSE_NODES);
+    this.expanded = new Set();
+    this.buildChrome(g);
+    this.computeGroups();
+    const t1 = performance.now();
+    this.draw();
+    this.renderPanel();
+    this.element.dataset.state = 'ready';
+    this.element.dataset.nodeCount = String(g.nodes.length);
+    this.element.dataset.renderMs = (performance.now() - t0).toFixed(1);
+    this.element.dataset.validateMs = (t1 - t0).toFixed(1);
+  }
+
+  select(id: string | null): void {
+    if (id !== null && !this.byId.has(id)) {
+      id = null;
+    }
+    this.selected = id;
+    if (
+      id &&
+      this.groupOf.has(id) &&
+      !this.expanded.has(this.groupOf.get(id)!.id)
+    ) {
+      this.expanded.add(this.groupOf.get(id)!.id);
+      this.draw();
+    }
+    this.markSelection();
+    this.renderPanel();
+  }
+
+  dispose(): void {
+    this.teardown();
+    this.element.remove();
+  }
+
+  private teardown(): void {
+    for (const f of this.cleanup) {
+      f();
+    }
+    this.cleanup = [];
+    this.panZoom?.dispose();
+    this.panZoom = null;
+  }
+
+  private listen: Listen = (target, type, fn, options) => {
+    const f = fn as EventListener;
+    target.addEventListener(type, f, options);
+    this.cleanup.push(() => target.removeEventListener(type, f, options));
+  };
+
+  private userSelect(id: string | null): void {
+    this.select(id);
+    this.opts.onSelect?.(this.selected);
+  }
+
+  private buildChrome(g: IGraphPayload): void {
+    const ops = g.nodes.filter(n => n.kind === 'op').length;
+    const leaves = g.nodes.filter(
+      n => n.kind === 'accumulate' || n.kind === 'leaf'
+    ).length;
+    this.header = h('div', 'sg-header');
+    const title = h('span', 'sg-title');
+    const rootNames = (g.root_names ?? []).filter(n => n);
+    title.textContent =
+      (rootNames.length
+        ? `Graph of ${rootNames.join(', ')}`
+        : 'Autograd graph') + (g.source === 'torch' ? ' (PyTorch)' : '');
+    this.header.appendChild(title);
+    const counts = h('span', 'sg-counts');
+    counts.dataset.symgrad = 'counts';
+    counts.textContent = `${ops} op${ops === 1 ? '' : 's'} · ${leaves} lea${
+      leaves === 1 ? 'f' : 'ves'
+    }`;
+    this.header.appendChild(counts);
+    const ag = g.agreement;
+    if (ag) {
+      const status: CheckStatus =
+        ag.ok === true ? 'pass' : ag.ok === false ? 'fail' : 'none';
+      const text =
+        ag.ok === true
+          ? 'gradients agree'
+          : ag.ok === false
+            ? 'gradients disagree'
+            : 'unverified';
+      const b = badge(status, text);
+      b.dataset.symgrad = 'overall';
+      this.header.appendChild(b);
+    }
+    this.element.appendChild(this.header);
+
+    this.toolbar = h('div', 'sg-toolbar');
+    const button = (
+      label: string,
+      title: string,
+      fn: () => void
+    ): HTMLButtonElement => {
+      const b = h('button', 'sg-button', label);
+      b.type = 'button';
+      b.title = title;
+      this.listen(b, 'click', e => {
+        e.stopPropagation();
+        fn();
+      });
+      this.toolbar.appendChild(b);
+      return b;
+    };
+    button('Fit', 'Fit the whole graph', () => {
+      this.panZoom!.userMoved = false;
+      this.panZoom!.fit(true);
+    });
+    button('+', 'Zoom in', () => this.panZoom!.zoomBy(1.25));
+    button('−', 'Zoom out', () => this.panZoom!.zoomBy(0.8));
+    this.collapseButton = button('', '', () => {
+      this.collapsed = !this.collapsed;
+      this.expanded.clear();
+      this.draw();
+    });
+    this.collapseButton.dataset.symgrad = 'collapse';
+    const hint = h(
+      'span',
+      'sg-hint',
+      'drag to pan · Ctrl+wheel to zoom · click a node'
+    );
+    this.toolbar.appendChild(hint);
+    this.element.appendChild(this.toolbar);
+
+    if (g.truncated) {
+      this.element.appendChild(
+        h(
+          'div',
+          'sg-notice',
+          `${g.truncated} more node${g.truncated === 1 ? '' : 's'} not shown (graph too large).`
+        )
+      );
+    }
+
+    const body = h('div', 'sg-body');
+    this.canvas = h('div', 'sg-canvas');
+    this.canvas.tabIndex = 0;
+    this.svg = s('svg', {
+      class: 'sg-svg',
+      role: 'img',
+      'aria-label': 'autograd graph'
+    });
+    this.svg.dataset.symgrad = 'graph-svg';
+    const defs = s('defs');
+    const marker = s('marker', {
+      id: this.markerId,
+      viewBox: '0 0 10 10',
+      refX: 9,
+      refY: 5,
+      markerWidth: 7,
+      markerHeight: 7,
+      orient: 'auto-start-reverse'
+    });
+    marker.appendChild(
+      s('path', { d: 'M0,0 L10,5 L0,10 z', class: 'sg-arrowhead' })
+    );
+    defs.appendChild(marker);
+    this.svg.appendChild(defs);
+    this.viewport = s('g', { class: 'sg-viewport' });
+    this.svg.appendChild(this.viewport);
+    this.canvas.appendChild(this.svg);
+    this.tooltip = h('div', 'sg-tooltip');
+    this.tooltip.dataset.symgrad = 'tooltip';
+    this.tooltip.hidden = true;
+    this.canvas.appendChild(this.tooltip);
+    body.appendChild(this.canvas);
+    this.panel = h('div', 'sg-panel');
+    this.panel.dataset.symgrad = 'node-panel';
+    body.appendChild(this.panel);
+    this.element.appendChild(body);
+
+    this.agreementBox = h('div', 'sg-agreement-box');
+    if (g.agreement) {
+      this.agreementBox.appendChild(
+        agreementTable(this.panelContext(), g.agreement)
+      );
+    }
+    this.element.appendChild(this.agreementBox);
+    this.panZoom = new PanZoom({
+      element: this.element,
+      canvas: this.canvas,
+      viewport: this.viewport,
+      maxHeight: this.opts.maxHeight ?? 520,
+      listen: this.listen,
+      bounds: () => this.bounds,
+      anchorX: () => {
+        const root = this.graph?.roots[0];
+        return root === undefined
+          ? null
+          : (this.visible.get(this.visibleId(root))?.x ?? null);
+      },
+      onEscape: () => this.userSelect(null)
+    });
+  }
+
+  private computeGroups(): void {
+    const g = this.graph!;
+    const keep = new Set<string>(this.selected ? [this.selected] : []);
+    this.groups = findChains(g, keep);
+    this.groupOf = new Map();
+    for (const grp of this.groups) {
+      for (const m of grp.members) {
+        this.groupOf.set(m.id, grp);
+      }
+    }
+  }
+
+  // ------------------------------------------------------------------- layout + drawing
+
+  private visibleId(id: string): string {
+    if (!this.collapsed) {
+      return id;
+    }
+    const grp = this.groupOf.get(id);
+    return grp && !this.expanded.has(grp.id) ? grp.id : id;
+  }
+
+  private draw(): void {
+    const g = this.graph!;
+    const hidden = this.groups
+      .filter(grp => this.collapsed && !this.expanded.has(grp.id))
+      .reduce((a, grp) => a + grp.members.length - 1, 0);
+    if (this.groups.length === 0) {
+      this.collapseButton.hidden = true;
+    } else {
+      this.collapseButton.hidden = false;
+      this.collapseButton.textContent = this.collapsed
+        ? `Expand chains (${hidden} hidden)`
+        : 'Collapse chains';
+      this.collapseButton.title = this.collapsed
+        ? 'Show every node'
+        : `Collapse ${this.groups.length} repeated chain${this.groups.length === 1 ? '' : 's'}`;
+    }
+
+    // Visible nodes and edges, placed by the payload's layout when it covers them.
+    const tl = performance.now();
+    const scene = buildScene(g, id => this.visibleId(id), this.groupOf);
+    this.bounds = scene.bounds;
+    this.visible = scene.visible;
+    this.element.dataset.layout = scene.layout;
+    this.element.dataset.layoutMs = (performance.now() - tl).toFixed(1);
+
+    // SVG.
+    this.viewport.textContent = '';
+    const edgeLayer = drawEdges(scene.edges, scene.visible, this.markerId);
+    const nodeLayer = s('g', { class: 'sg-nodes' });
+    this.nodeEls = new Map();
+    const actions: INodeActions = {
+      select: id => this.userSelect(id),
+      expand: id => {
+        this.expanded.add(id);
+        this.draw();
+      },
+      hover: v => {
+        if (v) {
+          this.showTooltip(v);
+        } else {
+          this.tooltip.hidden = true;
+        }
+      },
+      move: e => this.moveTooltip(e)
+    };
+    for (const v of scene.visible.values()) {
+      const el = drawNode(v, actions);
+      this.nodeEls.set(v.id, el);
+      nodeLayer.appendChild(el);
+    }
+    this.viewport.appendChild(edgeLayer);
+    this.viewport.appendChild(nodeLayer);
+    this.element.dataset.visibleNodes = String(scene.visible.size);
+    this.markSelection();
+    this.panZoom!.fit(false);
+  }
+
+  private showTooltip(v: IVisibleNode): void {
+    this.tooltip.textContent = '';
+    tooltipLines(v).forEach((line, i) => {
+      this.tooltip.appendChild(
+        h('div', i === 0 ? 'sg-tooltip-title' : undefined, line)
+      );
+    });
+    this.tooltip.hidden = false;
+  }
+
+  private moveTooltip(e: MouseEvent): void {
+    const r = this.canvas.getBoundingClientRect();
+    const x = Math.min(e.clientX - r.left + 14, Math.max(r.width - 200, 0));
+    this.tooltip.style.left = `${x}px`;
+    this.tooltip.style.top = `${e.clientY - r.top + 14}px`;
+  }
+
+  private markSelection(): void {
+    for (const el of this.nodeEls.values()) {
+      el.classList.remove('sg-selected');
+    }
+    if (this.selected) {
+      const target = this.visibleId(this.selected);
+      for (const el of this.nodeEls.values()) {
+        if (el.dataset.nodeId === target || el.dataset.ref === target) {
+          el.classList.add('sg-selected');
+        }
+      }
+    }
+  }
+
+  // ----------------------------------------------------------------------- pan and zoom
+
+  private panelContext(): IPanelContext {
+    return {
+      graph: this.graph!,
+      byId: this.byId,
+      leafById: this.leafById,
+      rowByNode: this.rowByNode,
+      listen: this.listen,
+      select: id => this.userSelect(id)
+    };
+  }
+
+  private renderPanel(): void {
+    renderNodePanel(this.panel, this.panelContext(), this.selected);
+  }
+}
+
+/** Draw a graph payload into `host`; a bad payload shows a readable error instead. */
+export function renderGraphView(
+  host: HTMLElement,
+  data: unknown,
+  opts: IViewOptions = {}
+): IGraphView {
+  return new GraphView(host, data, opts);
+}
