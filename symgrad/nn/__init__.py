@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from . import functional, init, utils
 from .modules import (
+    BCELoss,
     BCEWithLogitsLoss,
     CrossEntropyLoss,
     Flatten,
+    HuberLoss,
     Identity,
+    KLDivLoss,
+    L1Loss,
     Linear,
     LogSoftmax,
     Module,
@@ -20,6 +24,7 @@ from .modules import (
     ReLU,
     Sequential,
     Sigmoid,
+    SmoothL1Loss,
     Softmax,
     Tanh,
 )
@@ -28,4 +33,5 @@ from .parameter import Parameter
 __all__ = ["Module", "Parameter", "Linear", "Sequential", "ModuleList", "ModuleDict",
            "ParameterList", "ParameterDict", "Identity", "Flatten", "ReLU", "Tanh",
            "Sigmoid", "Softmax", "LogSoftmax", "MSELoss", "BCEWithLogitsLoss",
-           "CrossEntropyLoss", "NLLLoss", "functional", "init", "utils"]
+           "CrossEntropyLoss", "NLLLoss", "L1Loss", "SmoothL1Loss", "HuberLoss", "BCELoss",
+           "KLDivLoss", "functional", "init", "utils"]

@@ -16,7 +16,8 @@ from ..ops import OPS
 from ..tensor import Tensor
 
 __all__ = ["linear", "relu", "tanh", "sigmoid", "softmax", "log_softmax", "mse_loss",
-           "binary_cross_entropy_with_logits", "nll_loss", "cross_entropy"]
+           "binary_cross_entropy_with_logits", "nll_loss", "cross_entropy", "l1_loss",
+           "smooth_l1_loss", "huber_loss", "binary_cross_entropy", "kl_div"]
 
 _REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
 
@@ -147,13 +148,15 @@ def mse_loss(input: Tensor, target: Tensor, size_average=None, reduce=None,
 
 
 def _legacy_reduction(size_average, reduce, reduction: str) -> str:
+    """``reduction`` from torch's deprecated ``size_average``/``reduce``, with its warning."""
     if size_average is None and reduce is None:
         return reduction
     size_average = True if size_average is None else size_average
     reduce = True if reduce is None else reduce
-    if not reduce:
-        return "none"
-    return "mean" if size_average else "sum"
+    ret = "none" if not reduce else ("mean" if size_average else "sum")
+    warnings.warn(f"size_average and reduce args will be deprecated, please use reduction='{ret}' "
+                  "instead.", UserWarning, stacklevel=3)
+    return ret
 
 
 def _broadcast_shape(a, b) -> tuple[int, ...]:
@@ -195,9 +198,6 @@ def nll_loss(input: Tensor, target: Tensor, weight: Tensor | None = None, size_a
     red = _reduction_enum(_legacy_reduction(size_average, reduce, reduction))
     _check_tensor(input, "nll_loss", "input")
     _check_tensor(target, "nll_loss", "target")
-    if target.dtype.name != "int64":
-        raise RuntimeError(f"expected target dtype to be Long or Byte, but got "
-                           f"{_torch_name(target.dtype)}")
     if input.ndim not in (1, 2):
         if input.ndim == 0:
             raise ValueError("Expected 1 or more dimensions (got 0)")
@@ -206,6 +206,9 @@ def nll_loss(input: Tensor, target: Tensor, weight: Tensor | None = None, size_a
     if input.ndim == 2 and (target.ndim != 1 or target.shape[0] != input.shape[0]):
         raise ValueError(f"Expected input batch_size ({input.shape[0]}) to match target "
                          f"batch_size ({target.shape[0] if target.ndim else 1}).")
+    if target.dtype.name != "int64":
+        raise RuntimeError(f"expected target dtype to be Long or Byte, but got "
+                           f"{_torch_name(target.dtype)}")
     if input.ndim == 1 and target.ndim != 0:
         raise RuntimeError("1D target tensor expects 1D input tensors, but found inputs with "
                            f"sizes {list(input.shape)} and {list(target.shape)}.")
@@ -240,21 +243,262 @@ def _check_targets(target: Tensor, n_classes: int, ignore_index: int) -> None:
 def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None,
                   size_average=None, ignore_index: int = -100, reduce=None,
                   reduction: str = "mean", label_smoothing: float = 0.0) -> Tensor:
-    """``nll_loss(log_softmax(input, 1), target)``; also class-probability targets."""
+    """torch's cross_entropy: class indices (``nll_loss(log_softmax(input, 1))``) or, when
+    target has input's shape, class probabilities; ``label_smoothing`` composed as torch's
+    C++ does (so the graph shows AddBackward0 over two MulBackward1)."""
     reduction = _legacy_reduction(size_average, reduce, reduction)
     red = _reduction_enum(reduction)
     _check_tensor(input, "cross_entropy", "input")
-    if label_smoothing != 0.0:
-        raise NotImplementedError("cross_entropy(label_smoothing=...) is not supported yet")
+    _check_tensor(target, "cross_entropy", "target")
     class_dim = 0 if input.ndim == 1 else 1
+    if tuple(input.shape) == tuple(target.shape):  # class probabilities
+        if not target.dtype.is_floating_point:
+            raise RuntimeError("Expected floating point type for target with class "
+                               f"probabilities, got {_torch_name(target.dtype)}")
+        if ignore_index >= 0:
+            raise RuntimeError("ignore_index is not supported for floating point target")
+        return _cross_entropy_probs(input, target, weight, red, label_smoothing, class_dim)
+    if label_smoothing > 0.0:
+        _check_label_smoothing(label_smoothing)
+        return _cross_entropy_smoothed(input, target, weight, reduction, ignore_index,
+                                       label_smoothing, class_dim)
+    return nll_loss(log_softmax(input, class_dim), target, weight, ignore_index=ignore_index,
+                    reduction=reduction)
+
+
+def _check_label_smoothing(label_smoothing: float) -> None:
+    if label_smoothing > 1.0:
+        raise RuntimeError(f"label_smoothing must be between 0.0 and 1.0. Got: "
+                           f"{label_smoothing:g}")
+
+
+def _weight_view(weight: Tensor, ndim: int, class_dim: int) -> Tensor:
+    shape = [1] * ndim
+    shape[class_dim] = weight.shape[0]
+    return _F.reshape(weight, tuple(shape))
+
+
+def _cross_entropy_probs(input, target, weight, red, label_smoothing, class_dim):
+    """``-(log_softmax(x) * t [* w]).sum()`` reduced as torch's cross_entropy_loss_prob_target."""
     logp = log_softmax(input, class_dim)
-    if target.dtype.is_floating_point:  # class probabilities
-        if tuple(target.shape) != tuple(input.shape):
-            raise RuntimeError(f"Expected target size {list(input.shape)}, got "
-                               f"{list(target.shape)}")
-        prod = logp * target if weight is None else logp * target * weight
-        losses = -_F.sum(prod, class_dim)
-        if red == 1:
-            return _F.sum(losses) / (input.shape[0] if input.ndim > 1 else 1)
-        return _F.sum(losses) if red == 2 else losses
-    return nll_loss(logp, target, weight, ignore_index=ignore_index, reduction=reduction)
+    n_classes = input.shape[class_dim]
+    if label_smoothing > 0.0:
+        _check_label_smoothing(label_smoothing)
+        target = _F.add(apply(OPS["mul_scalar"], (target,), {"other": 1 - label_smoothing}),
+                        label_smoothing / n_classes)
+    prod = logp * target
+    if weight is not None:
+        prod = prod * _weight_view(weight, logp.ndim, class_dim)
+    if red == 0:
+        return -_F.sum(prod, class_dim)
+    total = -_F.sum(prod)
+    if red == 2:
+        return total
+    if input.numel() == 0:
+        return total * float("nan")
+    return apply(OPS["div_scalar"], (total,), {"other": input.numel() // n_classes})
+
+
+def _cross_entropy_smoothed(input, target, weight, reduction, ignore_index, label_smoothing,
+                            class_dim):
+    """torch's cross_entropy_loss_label_smoothing: ``(1 - ls) nll + ls / C * smooth``."""
+    logp = log_softmax(input, class_dim)
+    nll = nll_loss(logp, target, weight, ignore_index=ignore_index, reduction=reduction)
+    n_classes = logp.shape[class_dim]
+    if weight is not None:
+        smooth = -_F.sum(logp * _weight_view(weight, logp.ndim, class_dim), class_dim)
+    else:
+        smooth = -_F.sum(logp, class_dim)
+    ignore_mask = _F.eq(target, ignore_index)
+    smooth = apply(OPS["masked_fill"], (smooth,), {"mask": ignore_mask, "value": 0.0})
+    if reduction == "mean":
+        keep = _F.logical_not(ignore_mask)
+        if weight is not None:
+            from ..autograd.grad_mode import no_grad
+
+            with no_grad():
+                denom = _F.sum(weight[target[keep]])
+            ret = _F.sum(smooth) / denom
+        else:
+            ret = _F.sum(smooth) / _F.sum(keep)
+    elif reduction == "sum":
+        ret = _F.sum(smooth)
+    else:
+        ret = smooth
+    mul = OPS["mul_scalar"]
+    return apply(mul, (nll,), {"other": 1 - label_smoothing}) + \
+        apply(mul, (ret,), {"other": label_smoothing / n_classes})
+
+
+# -- regression losses -----------------------------------------------------------------------
+def _check_floating(input: Tensor, kernel: str) -> None:
+    if not input.dtype.is_floating_point:
+        raise NotImplementedError(f'"{kernel}" not implemented for '
+                                  f"'{_torch_name(input.dtype)}'")
+
+
+def _broadcast_pair(input: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
+    """torch's size warning, then ``broadcast_tensors(input, target)``."""
+    if tuple(target.shape) != tuple(input.shape):
+        warnings.warn(
+            f"Using a target size ({target.shape!r}) that is different to the input size "
+            f"({input.shape!r}). This will likely lead to incorrect results due to "
+            "broadcasting. Please ensure they have the same size.", UserWarning, stacklevel=3)
+        shape = _broadcast_shape(input.shape, target.shape)
+        if tuple(input.shape) != shape:
+            input = _F.expand(input, shape)
+        if tuple(target.shape) != shape:
+            target = _F.expand(target, shape)
+    return input, target
+
+
+def _reduce_tensor(x: Tensor, red: int) -> Tensor:
+    """torch's apply_loss_reduction: ``mean()`` / ``sum()`` / as is."""
+    if red == 1:
+        return _F.mean(x)
+    return _F.sum(x) if red == 2 else x
+
+
+def _weighted_reduction(loss: Tensor, weight: Tensor, reduction: str, mean_by_weight: bool):
+    if reduction == "none":
+        return loss
+    if reduction == "sum":
+        return _F.sum(loss)
+    if reduction == "mean":
+        return _F.sum(loss) / _F.sum(weight) if mean_by_weight else _F.mean(loss)
+    raise ValueError(f"Invalid reduction mode: {reduction}. Expected one of 'none', 'mean', "
+                     "'sum'.")
+
+
+def l1_loss(input: Tensor, target: Tensor, size_average=None, reduce=None,
+            reduction: str = "mean", weight: Tensor | None = None) -> Tensor:
+    """Mean absolute error, composed as torch's is: ``|input - target|`` then mean/sum
+    (MeanBackward0 over AbsBackward0 over SubBackward0; no node of its own)."""
+    _check_tensor(input, "l1_loss", "input")
+    _check_tensor(target, "l1_loss", "target")
+    reduction = _legacy_reduction(size_average, reduce, reduction)
+    input, target = _broadcast_pair(input, target)
+    if weight is not None:
+        if tuple(weight.shape) != tuple(input.shape):
+            raise ValueError("Weights and input must have the same size.")
+        return _weighted_reduction(_F.abs(_F.sub(input, target)) * weight, weight, reduction,
+                                   True)
+    red = _reduction_enum(reduction)
+    return _reduce_tensor(_F.abs(_F.sub(input, target)), red)
+
+
+def smooth_l1_loss(input: Tensor, target: Tensor, size_average=None, reduce=None,
+                   reduction: str = "mean", beta: float = 1.0) -> Tensor:
+    """Huber-like loss scaled by ``1/beta`` (``SmoothL1LossBackward0``); ``beta=0`` is
+    ``l1_loss``, as in torch."""
+    _check_tensor(input, "smooth_l1_loss", "input")
+    _check_tensor(target, "smooth_l1_loss", "target")
+    reduction = _legacy_reduction(size_average, reduce, reduction)
+    input, target = _broadcast_pair(input, target)
+    red = _reduction_enum(reduction)
+    if beta == 0.0:
+        return _reduce_tensor(_F.abs(_F.sub(input, target)), red)
+    if beta < 0:
+        raise RuntimeError("smooth_l1_loss does not support negative values for beta.")
+    _check_floating(input, "smooth_l1_cpu")
+    return apply(OPS["smooth_l1_loss"], (input, target), {"reduction": red, "beta": beta})
+
+
+def huber_loss(input: Tensor, target: Tensor, reduction: str = "mean", delta: float = 1.0,
+               weight: Tensor | None = None) -> Tensor:
+    """Quadratic below ``delta``, linear above (``HuberLossBackward0``)."""
+    _check_tensor(input, "huber_loss", "input")
+    _check_tensor(target, "huber_loss", "target")
+    input, target = _broadcast_pair(input, target)
+    red = _reduction_enum(reduction) if weight is None else 0
+    if delta <= 0:
+        raise RuntimeError("huber_loss does not support non-positive values for delta.")
+    _check_floating(input, "huber_cpu")
+    if weight is not None and tuple(weight.shape) != tuple(input.shape):
+        raise ValueError("Weights and input must have the same size.")
+    loss = apply(OPS["huber_loss"], (input, target), {"reduction": red, "delta": delta})
+    if weight is None:
+        return loss
+    return _weighted_reduction(loss * weight, weight, reduction, False)
+
+
+def binary_cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None,
+                         size_average=None, reduce=None, reduction: str = "mean") -> Tensor:
+    """``-w (t log x + (1 - t) log(1 - x))`` on probabilities, logs clamped at -100
+    (``BinaryCrossEntropyBackward0``)."""
+    red = _reduction_enum(_legacy_reduction(size_average, reduce, reduction))
+    _check_tensor(input, "binary_cross_entropy", "input")
+    _check_tensor(target, "binary_cross_entropy", "target")
+    if tuple(target.shape) != tuple(input.shape):
+        raise ValueError(f"Using a target size ({target.shape!r}) that is different to the "
+                         f"input size ({input.shape!r}) is deprecated. Please ensure they have "
+                         "the same size.")
+    if weight is not None:
+        _check_tensor(weight, "binary_cross_entropy", "weight")
+        weight = _F.expand(weight, _broadcast_to_target(target.shape, weight.shape))
+    for t in (target, weight):
+        if t is not None and t.dtype is not input.dtype:
+            raise RuntimeError(f"Found dtype {_torch_name(t.dtype)} but expected "
+                               f"{_torch_name(input.dtype)}")
+    _check_floating(input, "binary_cross_entropy")
+    _check_unit_interval(input, "input")
+    _check_unit_interval(target, "target")
+    return apply(OPS["binary_cross_entropy"], (input, target),
+                 {"weight": weight, "reduction": red})
+
+
+def _broadcast_to_target(target_shape, weight_shape) -> tuple[int, ...]:
+    """``broadcast_shapes(target, weight)`` with torch's message for a mismatch."""
+    n = max(len(target_shape), len(weight_shape))
+    out = []
+    for i in range(-1, -n - 1, -1):
+        t = target_shape[i] if -i <= len(target_shape) else 1
+        w = weight_shape[i] if -i <= len(weight_shape) else 1
+        if t != w and 1 not in (t, w):
+            raise RuntimeError(f"Attempting to broadcast a dimension of length {w} at {i}! "
+                               f"Mismatching argument at index 1 had {weight_shape!r}; but "
+                               f"expected shape should be broadcastable to {list(target_shape)}")
+        out.append(t if w == 1 else w)
+    return tuple(reversed(out))
+
+
+def _check_unit_interval(t: Tensor, name: str) -> None:
+    """binary_cross_entropy's domain, checked before any kernel (NaN fails, as in torch)."""
+    import numpy as np
+
+    from ..backends import backend_for
+
+    a = np.asarray(backend_for(t.device.type).to_host(t._data))
+    if not bool(np.all((a >= 0) & (a <= 1))):
+        raise RuntimeError(f"all elements of {name} should be between 0 and 1")
+
+
+def kl_div(input: Tensor, target: Tensor, size_average=None, reduce=None,
+           reduction: str = "mean", log_target: bool = False) -> Tensor:
+    """``target * (log target - input)`` (input holds log-probabilities), composed as
+    torch's: ``xlogy(t, t) - t * input`` (or ``exp(t) * (t - input)``), then reduced;
+    ``batchmean`` divides the sum by the batch size."""
+    _check_tensor(input, "kl_div", "input")
+    _check_tensor(target, "kl_div", "target")
+    if size_average is not None or reduce is not None:
+        red = _reduction_enum(_legacy_reduction(size_average, reduce, reduction))
+    else:
+        if reduction == "mean":
+            warnings.warn("reduction: 'mean' divides the total loss by both the batch size and "
+                          "the support size.'batchmean' divides only by the batch size, and "
+                          "aligns with the KL div math definition.'mean' will be changed to "
+                          "behave the same as 'batchmean' in the next major release.",
+                          UserWarning, stacklevel=2)
+        red = _reduction_enum("sum" if reduction == "batchmean" else reduction)
+    if log_target:
+        out = _F.exp(target) * (target - input)
+    else:
+        from ..autograd.record import record
+
+        plogp = apply(OPS["xlogy"], (target, target))
+        with record():  # SubBackward0 keeps plogp (a temporary it never saves) for the verifier
+            out = plogp - target * input
+    out = _reduce_tensor(out, red)
+    if reduction == "batchmean" and input.ndim != 0:
+        out = out / input.shape[0]
+    return out

@@ -6,6 +6,7 @@ from . import (  # noqa: F401
                indexing,
                inplace,  # noqa: F401  (zero_, fill_, copy_)
                linalg,
+               loss,  # smooth_l1 / huber / bce, xlogy, aten Scalar overloads
                minmax,
                movement,
                nn,

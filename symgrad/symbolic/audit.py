@@ -132,6 +132,13 @@ EXAMPLES = {
     "binary_cross_entropy_with_logits":
         lambda x, y: _nnf().binary_cross_entropy_with_logits(x, y - 0.5),
     "nll_loss": lambda x, y: _nnf().nll_loss(x, _sg().tensor([0, 2])),
+    "smooth_l1_loss": lambda x, y: _nnf().smooth_l1_loss(x, y * 1.2, beta=0.3),
+    "huber_loss": lambda x, y: _nnf().huber_loss(x, y * 1.2, delta=0.3),
+    "binary_cross_entropy": lambda x, y: _nnf().binary_cross_entropy(x * 0.5, y * 0.5),
+    "xlogy": lambda x, y: _sg_ops("xlogy", (x, y), {}),
+    "mul_scalar": lambda x, y: _sg_ops("mul_scalar", (x,), {"other": 0.75}),
+    "div_scalar": lambda x, y: _sg_ops("div_scalar", (x,), {"other": 3}),
+    "masked_fill": lambda x, y: _sg_ops("masked_fill", (x,), {"mask": x > 1.0, "value": 0.0}),
     "unsafe_view": lambda x, y: (x.t() * 1.0).reshape(6),
     "reshape_alias": lambda x, y: x[:, 0:2].reshape(2, 2, 1),
     "alias": lambda x, y: x[...],
@@ -154,6 +161,14 @@ EXAMPLES = {
                                        {"indices": (_sg().tensor([0, 2, 0]),),
                                         "input_sizes": (4,)}),
 }
+
+
+def _sg_ops(name, inputs, params):
+    """Apply a registered op that has no public function of its own (aten overloads)."""
+    from ..autograd.function import apply
+    from ..ops import OPS
+
+    return apply(OPS[name], inputs, params)
 
 
 def _ix(name, t, params):
