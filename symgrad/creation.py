@@ -11,8 +11,9 @@ import operator
 
 import numpy as np
 
+from . import device as _device_mod
 from . import dtypes as _dt
-from .device import as_device
+from .device import as_device, resolve
 from .tensor import (
     _INT64_MAX,
     _INT64_MIN,
@@ -27,7 +28,7 @@ from .tensor import (
 
 __all__ = ["zeros", "ones", "full", "empty", "zeros_like", "ones_like", "full_like",
            "empty_like", "eye", "arange", "linspace", "rand", "randn", "randint",
-           "from_numpy", "manual_seed", "tensor"]
+           "from_numpy", "manual_seed", "tensor", "set_default_device", "get_default_device"]
 
 _rng = np.random.default_rng(0)
 
@@ -41,6 +42,47 @@ def manual_seed(seed: int):
 
 def default_generator() -> np.random.Generator:
     return _rng
+
+
+def _generator(generator) -> np.random.Generator:
+    """``generator=``: None (symgrad's generator, seeded by manual_seed), a NumPy
+    ``Generator``, or an object carrying one as ``_rng``."""
+    if generator is None:
+        return _rng
+    if isinstance(generator, np.random.Generator):
+        return generator
+    g = getattr(generator, "_rng", None)
+    if isinstance(g, np.random.Generator):
+        return g
+    raise TypeError(f"argument 'generator' must be a symgrad generator (a numpy.random."
+                    f"Generator), not {_type_name(generator)}")
+
+
+def set_default_device(device) -> None:
+    """Where creation functions (zeros, rand, tensor, Tensor(...) ...) put tensors given no
+    ``device=``, as ``torch.set_default_device``; None resets to cpu.
+
+    "cuda" is refused at once where no GPU (or simulator) is available, with the same error
+    as ``zeros(2, device="cuda")``; torch accepts it and fails at the first creation.
+    """
+    if device is None:
+        _device_mod._DEFAULT = _device_mod.CPU
+        return
+    if not isinstance(device, (str, int, _device_mod.device)) or isinstance(device, bool):
+        raise TypeError(f"device() received an invalid combination of arguments - got "
+                        f"({_type_name(device)}), but expected one of:\n"
+                        " * (symgrad.device device)\n * (str type, int index = -1)\n")
+    dev = as_device(device)
+    if dev.type == "cuda":
+        from .cuda import _require_cuda
+
+        dev = _require_cuda(dev)
+    _device_mod._DEFAULT = dev
+
+
+def get_default_device():
+    """The device set by :func:`set_default_device` (``device(type='cpu')`` by default)."""
+    return _device_mod.default_device()
 
 
 def _int_arg(v) -> int | None:
@@ -115,7 +157,7 @@ def _fits(fn: str, v, d: _dt.dtype) -> None:
 
 
 def _finish(arr: np.ndarray, device, requires_grad: bool) -> Tensor:
-    dev = as_device(device)
+    dev = resolve(device)
     t = Tensor._wrap(arr if arr.flags.c_contiguous else arr.copy(), as_device("cpu"))
     if dev.type != "cpu":
         t = t.to(dev)
@@ -123,7 +165,7 @@ def _finish(arr: np.ndarray, device, requires_grad: bool) -> Tensor:
 
 
 def _on_device(device) -> bool:
-    return device is not None and as_device(device).type != "cpu"
+    return resolve(device).type != "cpu"
 
 
 def _device_made(kernel: str, shape, d: _dt.dtype, device, requires_grad: bool, *args):
@@ -131,7 +173,7 @@ def _device_made(kernel: str, shape, d: _dt.dtype, device, requires_grad: bool, 
     from .backends import backend_for
     from .cuda import _require_cuda
 
-    dev = _require_cuda(as_device(device))
+    dev = _require_cuda(resolve(device))
     t = Tensor._wrap(getattr(backend_for(dev.type), kernel)(shape, *args), dev)
     return _factory_grad(t, requires_grad)
 
@@ -266,7 +308,7 @@ def arange(start, end=None, step=1, *, dtype=None, device=None, requires_grad=Fa
         from .backends import backend_for
         from .cuda import _require_cuda
 
-        dev = _require_cuda(as_device(device))
+        dev = _require_cuda(resolve(device))
         t = Tensor._wrap(backend_for(dev.type).arange(start, end, step, d.np), dev)
         return _factory_grad(t, requires_grad)
     return _finish(np.arange(start, end, step).astype(d.np), device, requires_grad)

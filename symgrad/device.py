@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["device", "as_device"]
+__all__ = ["device", "as_device", "default_device", "resolve"]
 
 
 class device:
@@ -21,7 +21,10 @@ class device:
         self.index = index
 
     def __eq__(self, other) -> bool:
-        other = as_device(other)
+        try:
+            other = as_device(other)
+        except (RuntimeError, TypeError, ValueError):  # not a device: unequal, never an error
+            return False
         return self.type == other.type and (self.index or 0) == (other.index or 0)
 
     def __hash__(self) -> int:
@@ -48,3 +51,20 @@ def as_device(d) -> device:
     if isinstance(d, int):
         return device("cuda", d)
     return device(str(d))
+
+
+#: The device creation functions use when given none (``symgrad.set_default_device``,
+#: which lives in creation.py: checking "cuda" needs symgrad.cuda, which imports this module).
+_DEFAULT: device = CPU
+
+
+def default_device() -> device:
+    """What ``symgrad.get_default_device()`` returns: cpu unless set."""
+    return _DEFAULT
+
+
+def resolve(d) -> device:
+    """A creation function's ``device=`` argument: None means the default device; a cpu
+    tensor's device is plain ``cpu`` whatever index was asked for, as in torch."""
+    d = _DEFAULT if d is None else as_device(d)
+    return CPU if d.type == "cpu" else d

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["dtype", "float32", "float64", "int64", "bool_", "promote", "as_dtype"]
+__all__ = ["dtype", "float32", "float64", "int64", "bool_", "promote", "as_dtype",
+           "set_default_dtype", "get_default_dtype"]
 
 
 class dtype:
@@ -108,3 +109,34 @@ def promote(tensor_dtypes: list[tuple[dtype, bool]], scalars: list = ()) -> dtyp
 
 def default_float() -> dtype:
     return _DEFAULT_FLOAT
+
+
+def get_default_dtype() -> dtype:
+    """The dtype Python floats and the float creation functions get (``float32`` at start)."""
+    return _DEFAULT_FLOAT
+
+
+def set_default_dtype(d, /) -> None:
+    """Make ``d`` (float32 or float64) the default float dtype, as ``torch.set_default_dtype``.
+
+    It decides what ``tensor(1.5)``, ``zeros(2)``, ``rand(2)``, ``Tensor([1])`` and an int
+    tensor times a Python float give. Only floating dtypes are accepted, with torch's error;
+    torch's float16/bfloat16 have no symgrad dtype and are refused by name.
+    """
+    global _DEFAULT_FLOAT
+    if not isinstance(d, dtype):
+        if type(d).__module__.startswith("torch") and str(d).startswith("torch."):
+            name = str(d)[len("torch."):]
+            if name in ("float32", "float64"):
+                d = _BY_NAME[name]
+            elif name in ("float16", "half", "bfloat16"):
+                raise TypeError(f"symgrad has no {name} dtype: only float32 and float64 can be "
+                                "the default type")
+            else:
+                raise TypeError("only floating-point types are supported as the default type")
+        else:
+            raise TypeError("invalid dtype object: only floating-point types are supported as "
+                            "the default type")
+    if not d.is_floating_point:
+        raise TypeError("only floating-point types are supported as the default type")
+    _DEFAULT_FLOAT = d

@@ -11,7 +11,7 @@ from .autograd.function import apply
 from .backends.base import view_strides
 from .ops import OPS
 from .ops._ints import u64, u64s
-from .tensor import Tensor, _wrap_dim
+from .tensor import _CPP_NAMES, _TORCH_NAMES, Tensor, _type_name, _wrap_dim
 
 _O = OPS  # short alias for the hot path
 
@@ -74,7 +74,8 @@ def pow(input, exponent):  # noqa: A001
     if isinstance(input, Tensor):
         if isinstance(exponent, Tensor):
             return apply(_O["pow_tensor"], (input, exponent))
-        return apply(_O["pow"], (input,), {"exponent": _check_number(exponent, "pow")})
+        exponent = _check_number(exponent, "pow")
+        return apply(_O["pow"], (_promote_for_scalars(input, exponent),), {"exponent": exponent})
     return apply(_O["pow_scalar_base"], (exponent,), {"self": _check_number(input, "pow")})
 
 
@@ -89,7 +90,23 @@ def _unary(name):
     return fn
 
 
-neg = _unary("neg")
+def _refusing_bool(name, error):
+    """``_unary(name)`` with torch's error for a bool tensor (NumPy's would differ)."""
+    spec = _O[name]
+
+    def fn(input):
+        if input.dtype is _dt.bool_:
+            raise error
+        return apply(spec, (input,))
+
+    fn.__name__ = name
+    fn.__doc__ = f"Elementwise {name} (grad_fn {spec.grad_fn})."
+    return fn
+
+
+neg = _refusing_bool("neg", RuntimeError(
+    "Negation, the `-` operator, on a bool tensor is not supported. If you are trying to "
+    "invert a mask, use the `~` or `logical_not()` operator instead."))
 reciprocal = _unary("reciprocal")
 exp = _unary("exp")
 log = _unary("log")
@@ -97,11 +114,26 @@ sin = _unary("sin")
 cos = _unary("cos")
 tanh = _unary("tanh")
 sigmoid = _unary("sigmoid")
-relu = _unary("relu")
+relu = _refusing_bool("relu", RuntimeError("Boolean inputs not supported for relu"))
 sqrt = _unary("sqrt")
-abs = _unary("abs")  # noqa: A001
-sign = _unary("sign")
+abs = _refusing_bool("abs", NotImplementedError(  # noqa: A001
+    "\"abs_cpu\" not implemented for 'Bool'"))
 logical_not = _unary("logical_not")
+
+
+def sign(input):
+    """Elementwise sign (grad_fn SignBackward0); a bool tensor is its own sign, as in torch."""
+    if input.dtype is _dt.bool_:
+        return apply(_O["clone"], (input,))
+    return apply(_O["sign"], (input,))
+
+
+def _promote_for_scalars(input, *scalars):
+    """``input`` cast to the dtype torch computes ``op(input, *scalars)`` in, for ops whose
+    numbers are parameters rather than inputs (pow's exponent, clamp's bounds)."""
+    numbers = [v for v in scalars if v is not None]
+    d = _dt.promote([(input.dtype, input.ndim == 0)], numbers)
+    return input if d is input.dtype else to_dtype(input, d)
 
 
 def _compare(name):
@@ -134,8 +166,13 @@ def where(condition, input, other):
     if not isinstance(condition, Tensor) or condition.dtype is not _dt.bool_:
         raise RuntimeError("where expected condition to be a boolean tensor")
     if not isinstance(input, Tensor):
-        if not isinstance(other, Tensor):
-            raise TypeError("where(): expected at least one Tensor argument")
+        if not isinstance(other, Tensor):  # two numbers: their promoted dtype, as torch
+            from .tensor import tensor
+
+            d = _dt.promote([], [_check_number(input, "where"), _check_number(other, "where")])
+            input = tensor(input, dtype=d, device=condition.device)
+            other = tensor(other, dtype=d, device=condition.device)
+            return apply(_O["where"], (condition, input, other))
         input = _full_like_scalar(input, other)
     elif not isinstance(other, Tensor):
         other = _full_like_scalar(other, input)
@@ -602,21 +639,21 @@ def clamp(input, min=None, max=None):  # noqa: A002
         return apply(_O["clamp_tensor"], (input, lo, hi))
     min = None if min is None else _check_number(min, "clamp")
     max = None if max is None else _check_number(max, "clamp")
-    if not input.dtype.is_floating_point and any(isinstance(v, float) for v in (min, max)):
-        input = to_dtype(input, _dt.default_float())
-    return apply(_O["clamp"], (input,), {"min": min, "max": max})
+    return apply(_O["clamp"], (_promote_for_scalars(input, min, max),), {"min": min, "max": max})
 
 
 def clamp_min(input, min):  # noqa: A002
     if isinstance(min, Tensor):
-        return clamp(input, min=min)
-    return apply(_O["clamp_min"], (input,), {"min": _check_number(min, "clamp_min")})
+        return apply(_O["clamp_min_tensor"], (input, min))
+    min = _check_number(min, "clamp_min")
+    return apply(_O["clamp_min"], (_promote_for_scalars(input, min),), {"min": min})
 
 
 def clamp_max(input, max):  # noqa: A002
     if isinstance(max, Tensor):
-        return clamp(input, max=max)
-    return apply(_O["clamp_max"], (input,), {"max": _check_number(max, "clamp_max")})
+        return apply(_O["clamp_max_tensor"], (input, max))
+    max = _check_number(max, "clamp_max")
+    return apply(_O["clamp_max"], (_promote_for_scalars(input, max),), {"max": max})
 
 
 # -- softmax family --------------------------------------------------------------------------
@@ -841,3 +878,468 @@ def _install_tensor_methods() -> None:
 
 
 _install_tensor_methods()
+
+
+# -- whole-tensor comparisons: equal, isclose, allclose --------------------------------------
+def _tensor_args(fn: str, input, other) -> None:
+    for name, pos, x in (("input", 1, input), ("other", 2, other)):
+        if not isinstance(x, Tensor):
+            raise TypeError(f"{fn}(): argument '{name}' (position {pos}) must be Tensor, not "
+                            f"{_type_name(x)}")
+    if input._device != other._device:
+        raise RuntimeError("Expected all tensors to be on the same device, but found at least "
+                           f"two devices, {other._device} and {input._device}!")
+
+
+def _host(t: Tensor):
+    return t.detach().cpu()._data
+
+
+def _num(v) -> str:
+    """A double as torch's C++ messages print it: ``-1``, ``0.5``, ``1e-05``, ``nan``."""
+    return f"{float(v):g}"
+
+
+def equal(input, other) -> bool:
+    """True when both have the same size and the same elements, compared in their promoted
+    dtype as torch does (``equal(tensor([1.]), tensor([1]))`` is True); NaN is never equal."""
+    import numpy as np
+
+    _tensor_args("equal", input, other)
+    if input.shape != other.shape:
+        return False
+    d = _dt.promote([(input.dtype, False), (other.dtype, False)]).np
+    return bool(np.array_equal(_host(input).astype(d, copy=False),
+                               _host(other).astype(d, copy=False)))
+
+
+def _isclose(fn: str, input, other, rtol, atol, equal_nan):
+    """isclose as a host bool array, computed as torch's isclose does (same dtypes only;
+    tolerances applied in the input's float dtype, or the default one for ints and bools)."""
+    import numpy as np
+
+    _tensor_args(fn, input, other)
+    for name, v in (("rtol", rtol), ("atol", atol)):  # torch's keyword-form wording
+        if isinstance(v, Tensor) or not isinstance(v, (int, float, np.integer, np.floating)):
+            raise TypeError(f"{fn}(): argument '{name}' must be float, not {_type_name(v)}")
+    if not isinstance(equal_nan, (bool, np.bool_)):
+        raise TypeError(f"{fn}(): argument 'equal_nan' must be bool, not "
+                        f"{_type_name(equal_nan)}")
+    if input.dtype is not other.dtype:
+        raise RuntimeError(f"{_TORCH_NAMES[input.dtype.name]} did not match "
+                           f"{_TORCH_NAMES[other.dtype.name]}")
+    for name, v in (("rtol", rtol), ("atol", atol)):
+        if not v >= 0:
+            raise RuntimeError(f"{name} must be greater than or equal to zero, but got {_num(v)}")
+    a, b = _host(input), _host(other)
+    try:
+        np.broadcast_shapes(a.shape, b.shape)
+    except ValueError:
+        raise _broadcast_error(a.shape, b.shape) from None
+    with np.errstate(all="ignore"):
+        close = a == b
+        floating = input.dtype.is_floating_point
+        if equal_nan and floating:
+            close = close | (np.isnan(a) & np.isnan(b))
+        if rtol == 0 and atol == 0:
+            return close
+        ct = a.dtype if floating else _dt.default_float().np
+        if input.dtype is _dt.bool_:
+            a, b = a.astype(ct), b.astype(ct)
+        allowed = ct.type(atol) + np.abs(ct.type(rtol) * b.astype(ct, copy=False))
+        actual = np.abs(a - b).astype(ct, copy=False)
+        return close | (np.isfinite(actual) & (actual <= allowed))
+
+
+def _broadcast_error(a: tuple, b: tuple) -> RuntimeError:
+    import builtins
+
+    max = builtins.max  # noqa: A001  (this module's max is the tensor op)
+    for i in range(1, max(len(a), len(b)) + 1):
+        da = a[-i] if i <= len(a) else 1
+        db = b[-i] if i <= len(b) else 1
+        if da != db and da != 1 and db != 1:
+            return RuntimeError(f"The size of tensor a ({da}) must match the size of tensor b "
+                                f"({db}) at non-singleton dimension {max(len(a), len(b)) - i}")
+    return RuntimeError(f"shapes {list(a)} and {list(b)} cannot be broadcast")
+
+
+def isclose(input, other, rtol: float = 1e-05, atol: float = 1e-08,
+            equal_nan: bool = False) -> Tensor:
+    """``|input - other| <= atol + rtol * |other|`` elementwise (a bool tensor), or equal;
+    NaNs are close to each other only with ``equal_nan``; infinities only to themselves."""
+    from .backends import backend_for
+
+    close = _isclose("isclose", input, other, rtol, atol, equal_nan)
+    if input._device.type == "cpu":
+        return Tensor._wrap(close)
+    return Tensor._wrap(backend_for(input._device.type).from_host(close), input._device)
+
+
+def allclose(input, other, rtol: float = 1e-05, atol: float = 1e-08,
+             equal_nan: bool = False) -> bool:
+    """Whether every element of ``input`` is close to ``other`` (see :func:`isclose`)."""
+    return bool(_isclose("allclose", input, other, rtol, atol, equal_nan).all())
+
+
+# -- in-place forms of the elementwise ops, generated from the registry ----------------------
+#: Elementwise ops torch has no in-place form of.
+_NO_INPLACE = frozenset({"where", "maximum", "minimum", "rsub"})
+#: In-place forms written by hand in tensor.py (a backend kernel does them truly in place).
+_HAND_WRITTEN = frozenset({"add", "sub", "mul", "div"})
+
+
+def _elementwise_functions() -> list[str]:
+    """The public elementwise functions, read off the registry: every op with a scalar SymPy
+    meaning (elementwise by construction) or an elementwise comparison or logical rule, that
+    this module exposes under the op's name. A new elementwise op gets its ``name_`` here."""
+    names = []
+    for name, spec in OPS.items():
+        if not (callable(spec.sympy) or spec.dtype_rule in ("bool_compare", "bool")):
+            continue
+        if name in _NO_INPLACE or name.endswith("_") or not callable(globals().get(name)):
+            continue
+        names.append(name)
+    return names
+
+
+def _inplace_form(name: str):
+    """``Tensor.<name>_``: the op written into the tensor (see ``Tensor._inplace_run``)."""
+    fn = globals()[name]
+    spec = OPS[name]
+    method = name + "_"
+    if spec.dtype_rule == "bool_compare":  # 0/1 in self's dtype; GtBackward0/GtBackward1
+        def inplace(self, other):
+            if isinstance(other, Tensor):
+                return self._inplace(method, f"{name}_tensor_", (other,))
+            return self._inplace(method, f"{name}_", (), {"other": _check_number(other, name)})
+    else:
+        differentiable = spec.grad_fn is not None  # logical_*_: no leaf check, no rebase
+
+        def inplace(self, *args, **kwargs):
+            others = tuple(a for a in args + tuple(kwargs.values()) if isinstance(a, Tensor))
+            return self._inplace_run(method, others, lambda s: fn(s, *args, **kwargs),
+                                     differentiable=differentiable)
+
+    inplace.__name__ = inplace.__qualname__ = method
+    inplace.__doc__ = (f"In-place :func:`{name}`: the result is written into this tensor, whose "
+                       "version is bumped; with autograd the tensor's grad_fn becomes the op's "
+                       "node, as in PyTorch.")
+    return inplace
+
+
+def _inplace_function(method: str):
+    def fn(input, *args, **kwargs):
+        return getattr(input, method)(*args, **kwargs)
+
+    fn.__name__ = fn.__qualname__ = method
+    fn.__doc__ = f"``symgrad.{method}(t, ...)`` is ``t.{method}(...)``."
+    return fn
+
+
+# -- in-place random initialisers ------------------------------------------------------------
+_REQUIRED = object()
+
+
+def _bind(fn: str, args: tuple, kwargs: dict, params: tuple) -> list:
+    """Arguments by torch's parameter names (``from`` is a Python keyword, so these methods
+    take ``*args, **kwargs``), with Python's errors for a wrong call."""
+    if len(args) > len(params):
+        raise TypeError(f"{fn}() takes from 0 to {len(params)} positional arguments but "
+                        f"{len(args)} were given")
+    values = dict(zip((p for p, _ in params), args))
+    names = dict(params)
+    for k, v in kwargs.items():
+        if k not in names:
+            raise TypeError(f"{fn}() got an unexpected keyword argument '{k}'")
+        if k in values:
+            raise TypeError(f"{fn}() got multiple values for argument '{k}'")
+        values[k] = v
+    for name, default in params:
+        if name not in values:
+            if default is _REQUIRED:
+                raise TypeError(f"{fn}() missing 1 required positional arguments: \"{name}\"")
+            values[name] = default
+    return [values[p] for p, _ in params]
+
+
+def _float_arg(fn: str, name: str, pos: int, v) -> float:
+    import numpy as np
+
+    if isinstance(v, Tensor) and v.numel() == 1:
+        v = v.item()
+    if not isinstance(v, (bool, int, float, np.integer, np.floating)):
+        raise TypeError(f"{fn}(): argument '{name}' (position {pos}) must be float, not "
+                        f"{_type_name(v)}")
+    return float(v)
+
+
+def _floating_only(t: Tensor, kernel: str) -> None:
+    if not t.dtype.is_floating_point:
+        raise NotImplementedError(f"\"{kernel}\" not implemented for "
+                                  f"'{_TORCH_NAMES[t.dtype.name]}'")
+
+
+def _continuous_only(t: Tensor, what: str, names: dict) -> None:
+    if not t.dtype.is_floating_point:
+        raise RuntimeError(f"{what} distribution is a continuous probability distribution. "
+                           f"dtype must be a floating point but you specified "
+                           f"{names[t.dtype.name]}")
+
+
+def _write_random(self: Tensor, method: str, op: str, host, others: tuple = ()) -> Tensor:
+    """Write drawn numbers (a host array) into ``self`` through the op ``op``, whose forward
+    copies them: truly in place without a graph, UniformBackward0 ... with one."""
+    import numpy as np
+
+    from .backends import backend_for
+
+    with np.errstate(all="ignore"):
+        host = np.ascontiguousarray(host, dtype=self.dtype.np)
+    values = host if self._device.type == "cpu" else \
+        backend_for(self._device.type).from_host(host)
+    return self._inplace(method, op, others, {"values": values}, "copy_", values)
+
+
+def uniform_(self, *args, generator=None, **kwargs) -> Tensor:
+    """``uniform_(from=0, to=1, *, generator=None)``: numbers uniform on [from, to)."""
+    import numpy as np
+
+    from .creation import _generator
+
+    lo, hi = _bind("uniform_", args, kwargs, (("from", 0.0), ("to", 1.0)))
+    lo = _float_arg("uniform_", "from", 1, lo)
+    hi = _float_arg("uniform_", "to", 2, hi)
+    _floating_only(self, "check_uniform_bounds")
+    big = float(np.finfo(self.dtype.np).max)
+    cname = _CPP_NAMES[self.dtype.name]
+    for name, v in (("from", lo), ("to", hi)):
+        if not -big <= v <= big:
+            raise RuntimeError(f"{name} is out of bounds for {cname}")
+    if lo > hi:
+        raise RuntimeError(f"uniform_ expects to return a [from, to) range, but found "
+                           f"from={_num(lo)} > to={_num(hi)}")
+    if hi - lo > big:
+        raise RuntimeError(f"uniform_ expects to-from <= std::numeric_limits"
+                           f"<{_TORCH_NAMES[self.dtype.name]}>::max(), "
+                           f"but found to={_num(hi)} and from={_num(lo)} which result in to-from "
+                           "to exceed the limit")
+    u = _generator(generator).random(tuple(self.shape))
+    with np.errstate(all="ignore"):
+        v = (lo + u * (hi - lo)).astype(self.dtype.np)
+    if lo < hi:  # rounding to the dtype must not reach ``to``
+        v = np.minimum(v, np.nextafter(self.dtype.np.type(hi), self.dtype.np.type(lo)))
+    return _write_random(self, "uniform_", "uniform_", v)
+
+
+def normal_(self, *args, generator=None, **kwargs) -> Tensor:
+    """``normal_(mean=0, std=1, *, generator=None)``: normally distributed numbers."""
+    from .creation import _generator
+
+    mean, std = _bind("normal_", args, kwargs, (("mean", 0.0), ("std", 1.0)))
+    mean = _float_arg("normal_", "mean", 1, mean)
+    std = _float_arg("normal_", "std", 2, std)
+    _floating_only(self, "normal_kernel_cpu")
+    if not std >= 0:
+        raise RuntimeError(f"normal expects std >= 0.0, but found std {_num(std)}")
+    z = _generator(generator).standard_normal(tuple(self.shape))
+    return _write_random(self, "normal_", "normal_", mean + std * z)
+
+
+def _random_overloads_error(args: tuple, kwargs: dict) -> TypeError:
+    got = ", ".join([_type_name(a) for a in args]
+                    + [f"{k}={_type_name(v)}" for k, v in kwargs.items()])
+    return TypeError(f"random_() received an invalid combination of arguments - got ({got}), "
+                     "but expected one of:\n * (*, Generator generator = None)\n * (int from, "
+                     "int to, *, Generator generator = None)\n * (int to, *, Generator "
+                     "generator = None)\n")
+
+
+def random_(self, *args, generator=None, **kwargs) -> Tensor:
+    """``random_()``, ``random_(to)``, ``random_(from, to)``: integers on [from, to - 1]; with
+    no ``to``, up to the largest integer the dtype holds exactly (2**24 for float32, 2**53
+    for float64, 2**63 - 1 for int64, 1 for bool)."""
+    import warnings
+
+    import numpy as np
+
+    from .creation import _generator
+
+    if len(args) > 2:
+        raise TypeError(f"random_() takes 2 positional arguments but {len(args)} were given")
+    if set(kwargs) - {"from", "to"}:
+        raise _random_overloads_error(args, kwargs)
+    if len(args) == 1 and not kwargs:
+        lo, hi, op = 0, args[0], "random_to_"
+    else:
+        lo, hi = _bind("random_", args, kwargs, (("from", 0), ("to", None)))
+        op = "random_" if not args and not kwargs else "random_from_to_"
+    for v in (lo, hi):
+        if v is not None and not (isinstance(v, (int, np.integer))
+                                  and not isinstance(v, (bool, np.bool_))):
+            raise _random_overloads_error(args, kwargs)
+        if v is not None and not -(2**63) <= int(v) < 2**63:
+            raise ValueError("Overflow when unpacking long long")
+    d = self.dtype
+    digits = {"float32": 24, "float64": 53}.get(d.name)
+    top = 2**digits if digits else {"int64": 2**63 - 1, "bool": 1}[d.name]
+    lo = int(lo)
+    if hi is None:
+        hi_incl = top
+        if lo > top:
+            raise RuntimeError(f"random_ expects 'from' casted to dtype to be less than or "
+                               f"equal to 'to_inc' casted to dtype, but got from={lo} > "
+                               f"to_inc={top}")
+    else:
+        hi = int(hi)
+        if lo >= hi:
+            raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got "
+                               f"from={lo} >= to={hi}")
+        hi_incl = hi - 1
+        if d is _dt.bool_:
+            if lo < 0:
+                raise RuntimeError("from is out of bounds for bool")
+            if hi_incl > 1:
+                raise RuntimeError("to - 1 is out of bounds for bool")
+        elif digits:
+            for what, v in (("from", lo), ("to - 1", hi_incl)):
+                if not -(2**digits) <= v <= 2**digits:
+                    warnings.warn(
+                        f"{what} is out of bounds [-(2^{digits}), 2^{digits}]. Due to "
+                        f"precision limitations {_CPP_NAMES[d.name]} can support discrete "
+                        "uniform distribution only within this range. This warning will "
+                        "become an error in version 1.7 release, please fix the code in "
+                        "advance", UserWarning, stacklevel=2)
+    v = _generator(generator).integers(lo, hi_incl, size=tuple(self.shape), dtype=np.int64,
+                                       endpoint=True)
+    return _write_random(self, "random_", op, v)
+
+
+def bernoulli_(self, *args, generator=None, **kwargs) -> Tensor:
+    """``bernoulli_(p=0.5, *, generator=None)``: 1 with probability p (a number, or a tensor
+    broadcast to this one's shape), else 0; any dtype."""
+
+    from .creation import _generator
+
+    (p,) = _bind("bernoulli_", args, kwargs, (("p", 0.5),))
+    g = _generator(generator)
+    if isinstance(p, Tensor):
+        if not p.dtype.is_floating_point:
+            raise NotImplementedError(f"\"bernoulli_tensor_cpu_p_\" not implemented for "
+                                      f"'{_TORCH_NAMES[p.dtype.name]}'")
+        probs = _host(expand(p.detach(), tuple(self.shape)))
+        if probs.size and not ((probs >= 0) & (probs <= 1)).all():
+            raise RuntimeError("Expected p_in >= 0 && p_in <= 1 to be true, but got false.  "
+                               "(Could this error message be improved?  If so, please report "
+                               "an enhancement request to PyTorch.)")
+        return _write_random(self, "bernoulli_", "bernoulli_tensor_",
+                             g.random(tuple(self.shape)) < probs, (p,))
+    p = _float_arg("bernoulli_", "p", 1, p)
+    if not 0 <= p <= 1:
+        raise RuntimeError(f"bernoulli_ expects p to be in [0, 1], but got p={_num(p)}")
+    return _write_random(self, "bernoulli_", "bernoulli_", g.random(tuple(self.shape)) < p)
+
+
+def exponential_(self, *args, generator=None, **kwargs) -> Tensor:
+    """``exponential_(lambd=1, *, generator=None)``: exponentially distributed numbers."""
+    from .creation import _generator
+
+    (lambd,) = _bind("exponential_", args, kwargs, (("lambd", 1.0),))
+    lambd = _float_arg("exponential_", "lambd", 1, lambd)
+    _continuous_only(self, "Exponential", _TORCH_NAMES)
+    if not lambd > 0:
+        raise RuntimeError(f"exponential_ expects lambda > 0.0, but found lambda={_num(lambd)}")
+    v = _generator(generator).exponential(1.0 / lambd, tuple(self.shape))
+    return _write_random(self, "exponential_", "exponential_", v)
+
+
+def log_normal_(self, *args, generator=None, **kwargs) -> Tensor:
+    """``log_normal_(mean=1, std=2, *, generator=None)``: exp of normal numbers."""
+    import numpy as np
+
+    from .creation import _generator
+
+    mean, std = _bind("log_normal_", args, kwargs, (("mean", 1.0), ("std", 2.0)))
+    mean = _float_arg("log_normal_", "mean", 1, mean)
+    std = _float_arg("log_normal_", "std", 2, std)
+    _floating_only(self, "log_normal_cpu")
+    if not std > 0:
+        raise RuntimeError(f"log_normal_ expects std > 0.0, but found std={_num(std)}")
+    with np.errstate(all="ignore"):
+        v = np.exp(mean + std * _generator(generator).standard_normal(tuple(self.shape)))
+    return _write_random(self, "log_normal_", "log_normal_", v)
+
+
+def cauchy_(self, *args, generator=None, **kwargs) -> Tensor:
+    """``cauchy_(median=0, sigma=1, *, generator=None)``: Cauchy-distributed numbers."""
+    import numpy as np
+
+    from .creation import _generator
+
+    median, sigma = _bind("cauchy_", args, kwargs, (("median", 0.0), ("sigma", 1.0)))
+    median = _float_arg("cauchy_", "median", 1, median)
+    sigma = _float_arg("cauchy_", "sigma", 2, sigma)
+    _continuous_only(self, "Cauchy", _CPP_NAMES)
+    if not sigma > 0:
+        raise RuntimeError(f"cauchy_ expects sigma > 0.0, but found sigma={_num(sigma)}")
+    u = _generator(generator).random(tuple(self.shape))
+    return _write_random(self, "cauchy_", "cauchy_", median + sigma * np.tan(np.pi * (u - 0.5)))
+
+
+def geometric_(self, *args, generator=None, **kwargs) -> Tensor:
+    """``geometric_(p, *, generator=None)``: the number of trials to the first success."""
+    from .creation import _generator
+
+    (p,) = _bind("geometric_", args, kwargs, (("p", _REQUIRED),))
+    p = _float_arg("geometric_", "p", 1, p)
+    if self.dtype is _dt.bool_:
+        raise NotImplementedError("\"geometric_cpu\" not implemented for 'Bool'")
+    if not 0 < p < 1:
+        raise RuntimeError(f"geometric_ expects p to be in (0, 1), but got p={_num(p)}")
+    v = _generator(generator).geometric(p, tuple(self.shape))
+    return _write_random(self, "geometric_", "geometric_", v)
+
+
+_INITIALISERS = (uniform_, normal_, random_, bernoulli_, exponential_, log_normal_, cauchy_,
+                 geometric_)
+
+#: torch's in-place aliases (``Tensor.multiply_`` is ``mul_`` ...); below, the in-place ops
+#: torch also offers as functions (``torch.relu_(t)``).
+_INPLACE_ALIASES = {"true_divide_": "div_", "divide_": "div_", "multiply_": "mul_",
+                    "subtract_": "sub_", "negative_": "neg_", "greater_": "gt_",
+                    "greater_equal_": "ge_", "less_": "lt_", "less_equal_": "le_",
+                    "not_equal_": "ne_", "clip_": "clamp_"}
+neg_ = _inplace_function("neg_")
+negative_ = _inplace_function("negative_")
+reciprocal_ = _inplace_function("reciprocal_")
+exp_ = _inplace_function("exp_")
+log_ = _inplace_function("log_")
+sin_ = _inplace_function("sin_")
+cos_ = _inplace_function("cos_")
+tanh_ = _inplace_function("tanh_")
+sigmoid_ = _inplace_function("sigmoid_")
+sqrt_ = _inplace_function("sqrt_")
+relu_ = _inplace_function("relu_")
+abs_ = _inplace_function("abs_")
+clamp_ = _inplace_function("clamp_")
+clip_ = _inplace_function("clip_")
+clamp_min_ = _inplace_function("clamp_min_")
+clamp_max_ = _inplace_function("clamp_max_")
+
+
+def _install_inplace_methods() -> None:
+    T = Tensor
+    for name in _elementwise_functions():
+        if name not in _HAND_WRITTEN:
+            setattr(T, name + "_", _inplace_form(name))
+    for fn in _INITIALISERS:
+        setattr(T, fn.__name__, fn)
+    for alias, target in _INPLACE_ALIASES.items():
+        setattr(T, alias, getattr(T, target))
+    T.greater_equal, T.less_equal, T.not_equal = T.ge, T.le, T.ne
+    T.equal = equal
+    T.isclose = isclose
+    T.allclose = allclose
+
+
+_install_inplace_methods()

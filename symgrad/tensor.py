@@ -19,16 +19,18 @@ from ._format import format_data
 from .autograd import function as _fn
 from .autograd.grad_mode import _state
 from .backends import backend_for as _backend_for
-from .device import CPU, as_device
+from .device import CPU, as_device, resolve
 from .memory import Storage, new_storage
 
-__all__ = ["Tensor", "Size", "tensor"]
+__all__ = ["Tensor", "Size", "tensor", "FloatTensor", "DoubleTensor", "LongTensor", "BoolTensor"]
 
 #: In-place ops whose result dtype must be castable to the tensor's (PyTorch's rule).
 _ARITH = frozenset(("add", "sub", "mul", "div"))
 
 #: PyTorch's scalar type names, for its error messages.
 _TORCH_NAMES = {"float32": "Float", "float64": "Double", "int64": "Long", "bool": "Bool"}
+#: The C++ names some of its messages use instead (clamp_'s cast error).
+_CPP_NAMES = {"float32": "float", "float64": "double", "int64": "long int", "bool": "bool"}
 
 _DT_OF = {np.dtype(np.float32): _dt.float32, np.dtype(np.float64): _dt.float64,
           np.dtype(np.int64): _dt.int64, np.dtype(np.bool_): _dt.bool_}
@@ -96,8 +98,18 @@ class Tensor:
         a._requires_grad = True
         return a
 
+    def __new__(cls, *args, **kwargs) -> Tensor:
+        """``Tensor(data)``, ``Tensor(2, 3)``, ``Tensor()``: torch's legacy constructor.
+
+        Data becomes the default float dtype (``Tensor([1, 2])`` is float32), ints give
+        sizes (values zero, where torch leaves memory uninitialized), a tensor is aliased
+        (AliasBackward0 when it requires grad), and only ``device=`` is a keyword, as in
+        torch. ``symgrad.tensor`` stays the way to pick a dtype or ``requires_grad``.
+        """
+        return _legacy_new(None, args, kwargs)
+
     def __init__(self, *args, **kwargs) -> None:
-        raise TypeError("use symgrad.tensor(data) or a creation function to make a Tensor")
+        pass  # __new__ did the work (as torch.Tensor's __init__, it takes anything)
 
     # -- metadata ----------------------------------------------------------------------
     @property
@@ -337,8 +349,18 @@ class Tensor:
         return out
 
     def type(self, dtype=None):
+        """``t.type()`` is ``'symgrad.FloatTensor'`` (torch: ``'torch.FloatTensor'``);
+        ``t.type(LongTensor)``, ``t.type('torch.LongTensor')`` or ``t.type(int64)`` casts."""
         if dtype is None:
-            return f"symgrad.{self.dtype.name}"
+            return f"symgrad.{_LEGACY_NAMES[self.dtype.name]}"
+        if isinstance(dtype, _LegacyTensorType):
+            return self.to(dtype.dtype)
+        if isinstance(dtype, str):
+            prefix, _, name = dtype.rpartition(".")
+            by_name = {v: k for k, v in _LEGACY_NAMES.items()}
+            if prefix not in ("torch", "symgrad") or name not in by_name:
+                raise ValueError(f"invalid type: {dtype!r}")
+            return self.to(_dt.as_dtype(by_name[name]))
         return self.to(dtype)
 
     def float(self) -> Tensor:
@@ -371,7 +393,8 @@ class Tensor:
         if self._device.type != "cpu":
             extra.append(f"device='{self._device}'")
         d = self.dtype
-        if d not in (_dt.float32, _dt.int64, _dt.bool_) or (a.size == 0 and d is not _dt.float32):
+        default = _dt.default_float()  # torch leaves out the default dtype, whichever it is
+        if d not in (default, _dt.int64, _dt.bool_) or (a.size == 0 and d is not default):
             extra.append(f"dtype={d!r}")
         if self._grad_fn is not None:
             extra.append(f"grad_fn=<{self._grad_fn.name()}>")
@@ -397,23 +420,47 @@ class Tensor:
 
     def _inplace(self, method: str, op: str, others: tuple = (), params: dict | None = None,
                  kernel: str | None = None, src=None) -> Tensor:
-        """Write ``op(self, *others)`` into ``self`` and bump the storage's version.
+        """Write the registered op ``op(self, *others, **params)`` into ``self``.
 
-        Without a graph to record, ``kernel(self, src)`` runs truly in place. With one,
-        the op runs out of place through ``apply`` on a stand-in for ``self`` that carries
-        its grad_fn (a copy of the old values when the backward needs them, as PyTorch's
-        ``original_self``), the result is written into ``self``, and ``self`` is rebased
-        onto the new node: the same object, a new grad_fn whose edge is the old one.
+        ``kernel(self, src)`` is a backend kernel doing it truly in place when no graph is
+        recorded (add_, mul_, fill_ ...); see :meth:`_inplace_run` for the rest.
+        """
+        from .autograd.function import apply
+        from .ops import OPS
+
+        spec = OPS[op]
+        params = params or {}
+
+        def compute(s: Tensor) -> Tensor:
+            return apply(spec, (s,) + others, params)
+
+        return self._inplace_run(method, others, compute, kernel, src,
+                                 op if op in _ARITH else None, spec.grad_fn is not None)
+
+    def _inplace_run(self, method: str, others: tuple, compute, kernel: str | None = None,
+                     src=None, arith: str | None = None, differentiable: bool = True) -> Tensor:
+        """Write ``compute(self)`` (an out-of-place op on a tensor standing for ``self``) into
+        ``self`` and bump the storage's version: every in-place method comes here.
+
+        Without a graph to record, the op runs on ``self`` (or ``kernel`` runs in place) and
+        the result is cast into it. With one, the op runs on a stand-in for ``self`` that
+        carries its grad_fn, the result is written into ``self``, and ``self`` is rebased
+        onto the new node: the same object, a new grad_fn whose first edge is the old one.
+        As in PyTorch, a node that saved ``self`` keeps a clone of the old values (its
+        ``_saved_self`` has grad_fn CloneBackward0) and a saved result is ``self`` at its
+        new version, so a later in-place change of it fails the backward's version check.
+        ``differentiable=False`` (logical_not_ ...): no leaf check and no rebase, as torch.
         """
         if _fn._profiler is not None:
-            return _fn._profiler._record_call("symgrad::" + method, "op", (self,) + others,
-                                              self._inplace_impl, op, others, params or {},
-                                              kernel, src, quiet=True)
-        return self._inplace_impl(op, others, params or {}, kernel, src)
+            return _fn._profiler._record_call(
+                "symgrad::" + method, "op", (self,) + tuple(others), self._inplace_impl,
+                method, others, compute, kernel, src, arith, differentiable, quiet=True)
+        return self._inplace_impl(method, others, compute, kernel, src, arith, differentiable)
 
-    def _inplace_impl(self, op, others, params, kernel, src) -> Tensor:
+    def _inplace_impl(self, method, others, compute, kernel, src, arith,
+                      differentiable) -> Tensor:
         grad_on = _state.enabled
-        if grad_on and self._requires_grad and self._grad_fn is None:
+        if differentiable and grad_on and self._requires_grad and self._grad_fn is None:
             raise RuntimeError("a leaf Variable that requires grad is being used in an "
                                "in-place operation.")
         if not self._data.flags.writeable:
@@ -431,31 +478,45 @@ class Tensor:
             if shape != self._data.shape:
                 raise RuntimeError(f"output with shape {list(self.shape)} doesn't match the "
                                    f"broadcast shape {list(shape)}")
-        if op in _ARITH and (op == "div" or not self.dtype.is_floating_point
-                             or any(o._data.dtype != self._data.dtype for o in tensors)):
+        if arith is not None and (arith == "div" or not self.dtype.is_floating_point
+                                  or any(o._data.dtype != self._data.dtype for o in tensors)):
             res = _dt.promote([(self.dtype, self._data.ndim == 0)]
                               + [(o.dtype, o._data.ndim == 0) for o in tensors],
                               [o for o in others if not isinstance(o, Tensor)])
-            if op == "div" and not res.is_floating_point:
+            if arith == "div" and not res.is_floating_point:
                 res = _dt.default_float()
             if res.category > self.dtype.category:
                 raise RuntimeError(f"result type {_TORCH_NAMES[res.name]} can't be cast to the "
                                    f"desired output type {_TORCH_NAMES[self.dtype.name]}")
         be = _backend_for(self._device.type)
-        if not (grad_on and (self._requires_grad or any(o._requires_grad for o in tensors))):
+        graph = grad_on and (self._requires_grad or any(o._requires_grad for o in tensors))
+        if not (differentiable and graph):
             if kernel is not None:
                 getattr(be, kernel)(self._data, src)
             else:
-                from .autograd.function import apply
-                from .ops import OPS
-
-                be.copy_(self._data, apply(OPS[op], (self,) + others, params)._data)
+                if graph:  # a non-differentiable op on graph tensors records nothing
+                    with _autograd.no_grad():
+                        out = compute(self)
+                else:
+                    out = compute(self)
+                self._check_result(method, out)
+                be.copy_(self._data, out._data)
             return self._bump()
-        return self._inplace_graph(be, op, others, params)
+        return self._inplace_graph(be, method, compute)
 
-    def _inplace_graph(self, be, op, others, params) -> Tensor:
-        from .autograd.function import apply
-        from .ops import OPS
+    def _check_result(self, method: str, out: Tensor) -> None:
+        """torch's errors for a result that cannot be written into ``self``."""
+        if out._data.shape != self._data.shape:
+            raise RuntimeError(f"output with shape {list(self.shape)} doesn't match the "
+                               f"broadcast shape {list(out.shape)}")
+        if out.dtype.category > self.dtype.category:
+            names = _CPP_NAMES if method.startswith(("clamp", "clip")) else _TORCH_NAMES
+            raise RuntimeError(f"result type {_TORCH_NAMES[out.dtype.name]} can't be cast to "
+                               f"the desired output type {names[self.dtype.name]}")
+
+    def _inplace_graph(self, be, method, compute) -> Tensor:
+        from .autograd.node import SavedTensor, _saved_tensors_hooks
+        from .autograd.record import _recording
 
         node = self._grad_fn
         spec = getattr(type(node), "_spec", None)
@@ -464,29 +525,47 @@ class Tensor:
             base = base() if isinstance(base, weakref.ref) else base  # strong under record()
             if base is not None and base._storage is self._storage:
                 raise RuntimeError(
-                    f"symgrad does not support in-place {op} on a view ({node.name()}) of a "
-                    "tensor that requires grad yet: its base's gradient would be wrong. "
-                    "Apply the op out of place, or clone() the view first.")
-        spec = OPS[op]
-        inputs = (self,) + others
-        # copy the old values when the backward needs them, or when symgrad.record() keeps
-        # every input for the verifier; otherwise the stand-in is a free alias
-        from .autograd.record import _recording
-
-        keep = bool(_recording) or any(
-            "self" in spec.formula_params.get(name, ())
-            for name, x in zip(spec.inputs, inputs)
-            if isinstance(x, Tensor) and x._requires_grad)
-        stand_in = Tensor._wrap(be.copy(self._data) if keep else self._data,
-                                self._device, None if keep else self._storage)
+                    f"symgrad does not support in-place {method.rstrip('_')} on a view "
+                    f"({node.name()}) of a tensor that requires grad yet: its base's gradient "
+                    "would be wrong. Apply the op out of place, or clone() the view first.")
+        # Under symgrad.record() (the verifier keeps every input) or saved_tensors_hooks
+        # (pack sees the tensor at once) the stand-in is a copy of the old values; otherwise
+        # a free alias, and only what the node saved is cloned below.
+        eager = bool(_recording) or bool(_saved_tensors_hooks)
+        stand_in = Tensor._wrap(be.copy(self._data) if eager else self._data,
+                                self._device, None if eager else self._storage)
         stand_in._grad_fn = self._grad_fn
         stand_in._output_nr = self._output_nr
         stand_in._requires_grad = self._requires_grad
         stand_in.name = self.name
-        out = apply(spec, (stand_in,) + others, params)
+        out = compute(stand_in)
+        self._check_result(method, out)
+        new = out._grad_fn
+        saved = getattr(new, "_saved", None) or {}
+        outputs = []
+        original = None
+        for s in saved.values():
+            if type(s) is not SavedTensor:
+                continue
+            if s.output_nr >= 0 and s.data is not None:
+                s.data, s.storage, s._tensor = self._data, self._storage, None
+                outputs.append(s)
+            elif not eager and s._tensor is stand_in:
+                if original is None:
+                    from .autograd.function import apply
+                    from .ops import OPS
+
+                    original = apply(OPS["clone"], (stand_in,))  # torch's original_self
+                    refs = list(new._input_refs)
+                    refs[0] = weakref.ref(original)  # the verifier reads the old values there
+                    new._input_refs = tuple(refs)
+                s._tensor, s.version = original, original._storage.version
         be.copy_(self._data, out._data)
         self._bump()
-        new = out._grad_fn
+        for s in outputs:
+            s.version = self._storage.version
+        if new is None:
+            return self
         new._out_meta = ((self._data.shape, self.dtype),)
         if self._retains_grad and node is not None and node._retained:
             node._retained.pop(self._output_nr, None)
@@ -532,15 +611,6 @@ class Tensor:
         if not isinstance(src, Tensor):
             raise TypeError(f"copy_(): argument 'src' must be Tensor, not {type(src).__name__}")
         return self._inplace("copy_", "copy_", (src,), None, "copy_", src._data)
-
-    def clamp_(self, min=None, max=None) -> Tensor:  # noqa: A002
-        """In place ``clamp`` with number bounds (grad_fn ClampBackward1, as in PyTorch)."""
-        if min is None and max is None:
-            raise RuntimeError("torch.clamp: At least one of 'min' or 'max' must not be None")
-        for bound in (min, max):
-            if isinstance(bound, Tensor):
-                raise TypeError("symgrad's clamp_ takes number bounds, not tensors")
-        return self._inplace("clamp_", "clamp", (), {"min": min, "max": max})
 
     def __iadd__(self, other):
         return self.add_(other)
@@ -778,7 +848,10 @@ def _from_data(data: Any, d: _dt.dtype | None) -> np.ndarray:
                     _fill(out, data)
             return out
     if d is None:  # Python floats become the default dtype (torch), ints int64
-        d = {"b": _dt.bool_, "i": _dt.int64}.get(raw.dtype.kind) or _dt.default_float()
+        if raw.dtype.kind == "f" and (isinstance(data, np.generic) or raw.dtype == np.float32):
+            d = _dt.from_numpy_dtype(raw.dtype)  # NumPy float scalars keep their dtype
+        else:
+            d = {"b": _dt.bool_, "i": _dt.int64}.get(raw.dtype.kind) or _dt.default_float()
     elif d is _dt.int64 and raw.dtype.kind == "f" and raw.size:
         with np.errstate(invalid="ignore"):
             bad = ~((raw >= _INT64_MIN) & (raw < 2.0**63))
@@ -824,7 +897,7 @@ def tensor(data, dtype=None, device=None, requires_grad: bool = False) -> Tensor
             arr = np.array(data, dtype=d.np, copy=True, order="C")
     else:
         arr = _from_data(data, d)
-    dev = as_device(device)
+    dev = resolve(device)
     if dev.type != "cpu":
         from .functional import to_device
 
@@ -851,3 +924,116 @@ def _to_py(x):
     if isinstance(x, (list, tuple)):
         return [_to_py(v) for v in x]
     return x
+
+
+# -- torch's legacy constructors: Tensor(...), FloatTensor(...) ... -------------------------
+
+_LEGACY_NAMES = {"float32": "FloatTensor", "float64": "DoubleTensor", "int64": "LongTensor",
+                 "bool": "BoolTensor"}
+
+
+def _arg_type(v: Any) -> str:
+    """A value's type as torch's overload errors print it (``list``, ``symgrad.dtype``)."""
+    mod = type(v).__module__ or ""
+    if mod.startswith("symgrad"):
+        return "symgrad." + type(v).__name__
+    return _type_name(v)
+
+
+def _new_args_error(args: tuple, kwargs: dict) -> TypeError:
+    got = ", ".join([_arg_type(a) for a in args]
+                    + [f"{k}={_arg_type(v)}" for k, v in kwargs.items()])
+    return TypeError(
+        f"new() received an invalid combination of arguments - got ({got}), but expected one "
+        "of:\n * (*, symgrad.device device = None)\n * (Tensor other)\n * (tuple of ints "
+        "size, *, symgrad.device device = None)\n * (object data, *, symgrad.device device = "
+        "None)\n")
+
+
+def _options(d: _dt.dtype, dev) -> str:
+    return (f"TensorOptions(dtype={_CPP_NAMES[d.name]}, device={dev}, layout=Strided, "
+            "requires_grad=false (default), pinned_memory=false (default), "
+            "memory_format=(nullopt))")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def _legacy_new(dtype: _dt.dtype | None, args: tuple, kwargs: dict) -> Tensor:
+    """torch's legacy_tensor_ctor for ``Tensor`` (dtype None: the default float dtype, read
+    at call time) and ``FloatTensor``/``DoubleTensor``/``LongTensor``/``BoolTensor``."""
+    if kwargs and set(kwargs) != {"device"}:
+        raise _new_args_error(args, kwargs)
+    device = kwargs.get("device")
+    _check_device_arg("new", device)
+    d = dtype or _dt.default_float()
+    if len(args) == 1 and not _is_int(args[0]):
+        data = args[0]
+        if isinstance(data, Tensor):
+            want = resolve(device) if device is not None else data.device
+            if dtype is not None and data.dtype is not dtype or want != data.device:
+                raise TypeError(f"expected {_options(d, want)} (got "
+                                f"{_options(data.dtype, data.device)})")
+            from .autograd.function import apply
+            from .ops import OPS
+
+            return apply(OPS["alias"], (data,))
+        if isinstance(data, Size):
+            return _legacy_sized(tuple(data), d, device)
+        if isinstance(data, (str, bytes)):
+            raise TypeError(f"new(): invalid data type '{type(data).__name__}'")
+        if not (isinstance(data, (list, tuple, range, np.ndarray))):
+            raise TypeError(f"new(): data must be a sequence (got {_type_name(data)})")
+        return tensor(data, dtype=d, device=device)
+    sizes = []
+    for pos, v in enumerate(args, 1):
+        if not _is_int(v):
+            if pos == 1:
+                raise _new_args_error(args, kwargs)
+            raise TypeError(f"new(): argument 'size' failed to unpack the object at pos {pos} "
+                            f"with error \"type must be tuple of ints,but got "
+                            f"{_type_name(v)}\"")
+        sizes.append(int(v))
+    return _legacy_sized(tuple(sizes) if args else (0,), d, device)
+
+
+def _legacy_sized(sizes: tuple, d: _dt.dtype, device) -> Tensor:
+    for v in sizes:
+        if v < 0:
+            raise RuntimeError(f"Trying to create tensor with negative dimension {v}: "
+                               f"{list(sizes)}")
+    t = Tensor._wrap(np.zeros(sizes, dtype=d.np))
+    dev = resolve(device)
+    if dev.type != "cpu":
+        from .functional import to_device
+
+        t = to_device(t, dev)
+    return t
+
+
+class _LegacyTensorType(type):
+    """The type of ``FloatTensor`` and its siblings, as ``torch.tensortype``: calling one
+    makes a plain Tensor of its dtype, and ``isinstance(t, FloatTensor)`` holds for a cpu
+    float32 tensor (torch's answer); they are not subclasses of Tensor (nor in torch)."""
+
+    dtype: _dt.dtype
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        return isinstance(obj, Tensor) and obj.dtype is cls.dtype and obj.device.type == "cpu"
+
+    def __call__(cls, *args, **kwargs) -> Tensor:
+        return _legacy_new(cls.dtype, args, kwargs)
+
+
+def _legacy_type(name: str, d: _dt.dtype) -> _LegacyTensorType:
+    return _LegacyTensorType(name, (), {"dtype": d, "__module__": "symgrad", "__slots__": (),
+                                        "__doc__": f"``{name}(data)`` / ``{name}(*sizes)``: "
+                                                   f"a {d.name} tensor (torch's legacy "
+                                                   "constructor)."})
+
+
+FloatTensor = _legacy_type("FloatTensor", _dt.float32)
+DoubleTensor = _legacy_type("DoubleTensor", _dt.float64)
+LongTensor = _legacy_type("LongTensor", _dt.int64)
+BoolTensor = _legacy_type("BoolTensor", _dt.bool_)

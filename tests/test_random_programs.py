@@ -26,6 +26,11 @@ torch = pytest.importorskip("torch")
 #: addmm (nn issue), the in-place ops (autograd-semantics issue), device copies (GPU issue).
 NOT_DRAWN_HERE = {"addmm", "mse_loss", "binary_cross_entropy_with_logits", "nll_loss",
                   "copy_", "fill_", "fill_tensor_", "zero_", "to_cpu", "to_cuda"}
+# The in-place random initialisers draw from symgrad's generator, not torch's, so their
+# values cannot match; tests/test_tensor_api.py checks their grad_fn, zero gradient, version.
+NOT_DRAWN_HERE |= {"uniform_", "normal_", "random_", "random_to_", "random_from_to_",
+                   "bernoulli_", "bernoulli_tensor_", "exponential_", "log_normal_", "cauchy_",
+                   "geometric_"}
 
 
 class Builder:
@@ -336,6 +341,28 @@ def _gen_clamp_tensor(name):
     return gen
 
 
+def _gen_clamp_one_tensor(name):
+    def gen(b):
+        i = b.pick()
+        bound = b.leaf(b.bshape(tuple(b.shadow[i].shape)))
+        fn = "clamp_min" if name == "clamp_min_tensor" else "clamp_max"
+        b.op(name, lambda L, P: getattr(L, fn)(P[i], P[bound]))
+    return gen
+
+
+def _gen_inplace_compare(name):
+    """``(x * 1).gt_(...)``: 0/1 written into a tensor that requires grad (GtBackward0/1)."""
+    def gen(b):
+        i = b.pick()
+        method = name.split("_")[0] + "_"
+        if name.endswith("_tensor_"):
+            j = b.leaf(b.bshape(tuple(b.shadow[i].shape)))
+            b.op(name, lambda L, P: getattr(P[i] * 1, method)(P[j]))
+        else:
+            b.op(name, lambda L, P: getattr(P[i] * 1, method)(0.25))
+    return gen
+
+
 def _gen_addcmul(b):
     i = b.pick()
     s = tuple(b.shadow[i].shape)
@@ -369,6 +396,10 @@ GENERATORS = {
     "clamp_tensor_min": _gen_clamp_tensor("clamp_tensor_min"),
     "clamp_tensor_max": _gen_clamp_tensor("clamp_tensor_max"),
     "where": _gen_where, "addcmul": _gen_addcmul,
+    "clamp_min_tensor": _gen_clamp_one_tensor("clamp_min_tensor"),
+    "clamp_max_tensor": _gen_clamp_one_tensor("clamp_max_tensor"),
+    **{f"{c}{k}": _gen_inplace_compare(f"{c}{k}") for c in ("gt", "ge", "lt", "le", "eq", "ne")
+       for k in ("_", "_tensor_")},
     "sum": _simple("sum", lambda b, t: lambda L, x: x.sum()),
     "sum_dim": _simple("sum_dim", lambda b, t: (lambda d, k: lambda L, x: x.sum(d, keepdim=k))(
         _reduce_dims(b, t), b.draw(st.booleans()))),

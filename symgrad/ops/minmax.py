@@ -165,3 +165,15 @@ register(OpSpec(
     lambda be, self, _min, max, min=None: be.minimum(self, max),  # noqa: A006
     _one_bound_grads("max"), lambda sp, x, _lo, hi, min=None: sp.Min(x, hi),
     dtype_rule="same", nondifferentiable=("_min",), doc="clamp(max=tensor)."))
+register(OpSpec(
+    "clamp_min_tensor", "ClampMinBackward1", ("self", "min"),
+    lambda be, self, min: be.maximum(self, min),  # noqa: A006
+    {"self": lambda grad, self, min: grad * (self >= min),  # noqa: A006
+     "min": lambda grad, self, min: grad * (self < min)},  # noqa: A006
+    lambda sp, x, lo: sp.Max(x, lo), doc="``clamp_min(tensor)`` (torch's clamp_min.Tensor)."))
+register(OpSpec(
+    "clamp_max_tensor", "ClampMaxBackward1", ("self", "max"),
+    lambda be, self, max: be.minimum(self, max),  # noqa: A006
+    {"self": lambda grad, self, max: grad * (self <= max),  # noqa: A006
+     "max": lambda grad, self, max: grad * (self > max)},  # noqa: A006
+    lambda sp, x, hi: sp.Min(x, hi), doc="``clamp_max(tensor)`` (torch's clamp_max.Tensor)."))
