@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from . import checkpoint, hooks
+from . import checkpoint, data, hooks
 
-__all__ = ["checkpoint", "hooks"]
+__all__ = ["checkpoint", "data", "hooks"]
