@@ -158,8 +158,11 @@ def addcmul(input, tensor1, tensor2, *, value=1):
         if not isinstance(x, Tensor):
             raise TypeError(f"addcmul(): argument '{name}' must be Tensor, not "
                             f"{type(x).__name__}")
-    return apply(_O["addcmul"], (input, tensor1, tensor2), {"value": _check_number(value,
-                                                                                   "addcmul")})
+    value = _check_number(value, "addcmul")
+    if isinstance(value, float) and not _dt.promote(
+            [(t.dtype, t.ndim == 0) for t in (input, tensor1, tensor2)]).is_floating_point:
+        value = int(value)  # torch converts value to the integer dtype it computes in
+    return apply(_O["addcmul"], (input, tensor1, tensor2), {"value": value})
 
 
 def where(condition, input, other):
@@ -1087,6 +1090,15 @@ def _continuous_only(t: Tensor, what: str, names: dict) -> None:
                            f"{names[t.dtype.name]}")
 
 
+def _refuse_leaf(self: Tensor) -> None:
+    """torch's leaf error, before any number is drawn (the generator must not advance)."""
+    from .autograd.grad_mode import _state
+
+    if _state.enabled and self._requires_grad and self._grad_fn is None:
+        raise RuntimeError("a leaf Variable that requires grad is being used in an in-place "
+                           "operation.")
+
+
 def _write_random(self: Tensor, method: str, op: str, host, others: tuple = ()) -> Tensor:
     """Write drawn numbers (a host array) into ``self`` through the op ``op``, whose forward
     copies them: truly in place without a graph, UniformBackward0 ... with one."""
@@ -1110,6 +1122,7 @@ def uniform_(self, *args, generator=None, **kwargs) -> Tensor:
     lo, hi = _bind("uniform_", args, kwargs, (("from", 0.0), ("to", 1.0)))
     lo = _float_arg("uniform_", "from", 1, lo)
     hi = _float_arg("uniform_", "to", 2, hi)
+    _refuse_leaf(self)
     _floating_only(self, "check_uniform_bounds")
     big = float(np.finfo(self.dtype.np).max)
     cname = _CPP_NAMES[self.dtype.name]
@@ -1139,6 +1152,7 @@ def normal_(self, *args, generator=None, **kwargs) -> Tensor:
     mean, std = _bind("normal_", args, kwargs, (("mean", 0.0), ("std", 1.0)))
     mean = _float_arg("normal_", "mean", 1, mean)
     std = _float_arg("normal_", "std", 2, std)
+    _refuse_leaf(self)
     _floating_only(self, "normal_kernel_cpu")
     if not std >= 0:
         raise RuntimeError(f"normal expects std >= 0.0, but found std {_num(std)}")
@@ -1180,6 +1194,7 @@ def random_(self, *args, generator=None, **kwargs) -> Tensor:
             raise _random_overloads_error(args, kwargs)
         if v is not None and not -(2**63) <= int(v) < 2**63:
             raise ValueError("Overflow when unpacking long long")
+    _refuse_leaf(self)
     d = self.dtype
     digits = {"float32": 24, "float64": 53}.get(d.name)
     top = 2**digits if digits else {"int64": 2**63 - 1, "bool": 1}[d.name]
@@ -1222,6 +1237,9 @@ def bernoulli_(self, *args, generator=None, **kwargs) -> Tensor:
     from .creation import _generator
 
     (p,) = _bind("bernoulli_", args, kwargs, (("p", 0.5),))
+    if not isinstance(p, Tensor):
+        p = _float_arg("bernoulli_", "p", 1, p)
+    _refuse_leaf(self)
     g = _generator(generator)
     if isinstance(p, Tensor):
         if not p.dtype.is_floating_point:
@@ -1234,7 +1252,6 @@ def bernoulli_(self, *args, generator=None, **kwargs) -> Tensor:
                                "an enhancement request to PyTorch.)")
         return _write_random(self, "bernoulli_", "bernoulli_tensor_",
                              g.random(tuple(self.shape)) < probs, (p,))
-    p = _float_arg("bernoulli_", "p", 1, p)
     if not 0 <= p <= 1:
         raise RuntimeError(f"bernoulli_ expects p to be in [0, 1], but got p={_num(p)}")
     return _write_random(self, "bernoulli_", "bernoulli_", g.random(tuple(self.shape)) < p)
@@ -1246,6 +1263,7 @@ def exponential_(self, *args, generator=None, **kwargs) -> Tensor:
 
     (lambd,) = _bind("exponential_", args, kwargs, (("lambd", 1.0),))
     lambd = _float_arg("exponential_", "lambd", 1, lambd)
+    _refuse_leaf(self)
     _continuous_only(self, "Exponential", _TORCH_NAMES)
     if not lambd > 0:
         raise RuntimeError(f"exponential_ expects lambda > 0.0, but found lambda={_num(lambd)}")
@@ -1262,11 +1280,12 @@ def log_normal_(self, *args, generator=None, **kwargs) -> Tensor:
     mean, std = _bind("log_normal_", args, kwargs, (("mean", 1.0), ("std", 2.0)))
     mean = _float_arg("log_normal_", "mean", 1, mean)
     std = _float_arg("log_normal_", "std", 2, std)
+    _refuse_leaf(self)
     _floating_only(self, "log_normal_cpu")
     if not std > 0:
         raise RuntimeError(f"log_normal_ expects std > 0.0, but found std={_num(std)}")
     with np.errstate(all="ignore"):
-        v = np.exp(mean + std * _generator(generator).standard_normal(tuple(self.shape)))
+            v = np.exp(mean + std * _generator(generator).standard_normal(tuple(self.shape)))
     return _write_random(self, "log_normal_", "log_normal_", v)
 
 
@@ -1279,6 +1298,7 @@ def cauchy_(self, *args, generator=None, **kwargs) -> Tensor:
     median, sigma = _bind("cauchy_", args, kwargs, (("median", 0.0), ("sigma", 1.0)))
     median = _float_arg("cauchy_", "median", 1, median)
     sigma = _float_arg("cauchy_", "sigma", 2, sigma)
+    _refuse_leaf(self)
     _continuous_only(self, "Cauchy", _CPP_NAMES)
     if not sigma > 0:
         raise RuntimeError(f"cauchy_ expects sigma > 0.0, but found sigma={_num(sigma)}")
@@ -1292,6 +1312,7 @@ def geometric_(self, *args, generator=None, **kwargs) -> Tensor:
 
     (p,) = _bind("geometric_", args, kwargs, (("p", _REQUIRED),))
     p = _float_arg("geometric_", "p", 1, p)
+    _refuse_leaf(self)
     if self.dtype is _dt.bool_:
         raise NotImplementedError("\"geometric_cpu\" not implemented for 'Bool'")
     if not 0 < p < 1:

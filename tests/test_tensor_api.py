@@ -345,6 +345,19 @@ def test_initialiser_on_a_leaf_that_requires_grad_raises_and_no_grad_allows_it(t
         assert x._version == 1 and x.is_leaf and x.requires_grad and x.grad_fn is None
 
 
+@pytest.mark.parametrize("call", ["uniform_(2, 1)", "normal_(0, -1)", "bernoulli_(2)",
+                                  "random_(3, 2)", "exponential_(0)", "geometric_(0)",
+                                  "uniform_('a')", "random_(1.5)"])
+def test_leaf_error_comes_before_value_checks_and_draws_nothing(torch, call):
+    _same(f"lib.zeros(2, requires_grad=True).{call}", torch)
+    sg.manual_seed(3)
+    with pytest.raises((RuntimeError, TypeError)):
+        eval("sg.zeros(2, requires_grad=True)." + call)
+    after = sg.rand(3).numpy()
+    sg.manual_seed(3)
+    np.testing.assert_array_equal(after, sg.rand(3).numpy())
+
+
 def test_initialisers_are_seeded_by_manual_seed_and_follow_their_law():
     def draw():
         t = sg.empty(20000)
@@ -645,6 +658,8 @@ DTYPE_ERRORS = [
     "lib.tensor([True, False]).sign()", "lib.tensor([True, False]).pow(2)",
     "lib.tensor([1, 2, 3]).pow(0.5)", "lib.tensor([1, 2, 3]).clamp_min(1.5)",
     "lib.tensor([True, False]).clamp(0, 1)",
+    "lib.tensor([1, 2, 3]).addcmul_(lib.tensor([1, 2, 3]), lib.tensor([1, 2, 3]), value=0.5)",
+    "lib.tensor([1, 2, 3]).addcmul(lib.tensor([1, 2, 3]), lib.tensor([1, 2, 3]), value=2.7)",
 ]
 
 
