@@ -7,7 +7,7 @@ first use.
 
 from __future__ import annotations
 
-from . import autograd, cuda, nn, ops, optim, utils
+from . import autograd, cuda, func, nn, ops, optim, utils
 from .autograd import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled
 from .creation import (
     arange,
@@ -32,6 +32,7 @@ from .creation import (
 from .device import device
 from .dtypes import bool_ as bool  # noqa: A001
 from .dtypes import dtype, float32, float64, get_default_dtype, int64, set_default_dtype
+from .func import vmap
 from .functional import (
     abs,
     abs_,
@@ -184,4 +185,5 @@ __all__ = [
     "set_default_dtype", "get_default_dtype", "set_default_device", "get_default_device",
     "neg_", "negative_", "reciprocal_", "exp_", "log_", "sin_", "cos_", "tanh_", "sigmoid_",
     "sqrt_", "relu_", "abs_", "clamp_", "clip_", "clamp_min_", "clamp_max_",
+    "func", "vmap",
 ]

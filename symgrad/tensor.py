@@ -139,6 +139,8 @@ class Tensor:
     def numel(self) -> int:
         return int(self._data.size)
 
+    nelement = numel  # torch's older name, still common in user code
+
     def element_size(self) -> int:
         return self._data.itemsize
 

@@ -599,3 +599,14 @@ def test_raw_saved_hooks_on_a_wrapped_scalar(torch):
         z.sum().backward()
         out.append((saved.item(), x.grad.tolist()))
     assert out[0] == out[1] == (20, [20.0] * 5)
+
+
+def test_func_and_vmap_are_reachable_from_the_top_level_as_in_torch(torch):
+    import symgrad
+
+    assert symgrad.func.grad is not None and symgrad.vmap is symgrad.func.vmap
+    x = symgrad.tensor([[1.0, 2.0], [3.0, 4.0]])
+    got = symgrad.vmap(lambda r: (r * r).sum())(x)
+    want = torch.vmap(lambda r: (r * r).sum())(torch.tensor([[1.0, 2.0], [3.0, 4.0]]))
+    assert got.tolist() == want.tolist()
+    assert symgrad.zeros(2, 3).nelement() == torch.zeros(2, 3).nelement() == 6
