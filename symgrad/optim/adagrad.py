@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from ..backends import backend_for
-from .optimizer import Optimizer, check_flags
+from .optimizer import Optimizer, bump_step, check_flags
 
 __all__ = ["Adagrad"]
 
@@ -63,9 +63,7 @@ class Adagrad(Optimizer):
                     continue
                 be = backend_for(p._device.type)
                 state = self.state.get(p) or self._init_state(p)
-                step_t = state["step"]
-                be.add_(step_t._data, 1)
-                step = float(be.to_host(step_t._data))
+                step = bump_step(state["step"])
                 g = p._grad._data
                 if group["maximize"]:
                     g = be.neg(g)
@@ -77,6 +75,5 @@ class Adagrad(Optimizer):
                 std = be.add(be.sqrt(s), eps)
                 be.add_(p._data, be.div(be.mul(g, -clr), std))  # addcdiv_(value=-clr)
                 p._storage.version += 1
-                step_t._storage.version += 1
                 state["sum"]._storage.version += 1
         return loss

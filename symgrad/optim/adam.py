@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 from ..backends import backend_for
 from ..tensor import Tensor
-from .optimizer import Optimizer, check_flags
+from .optimizer import Optimizer, bump_step, check_flags
 
 __all__ = ["Adam", "AdamW"]
 
@@ -68,9 +68,7 @@ class Adam(Optimizer):
                     continue
                 be = backend_for(p._device.type)
                 state = self.state.get(p) or self._init_state(p, amsgrad)
-                step_t = state["step"]
-                be.add_(step_t._data, 1)
-                step_t._storage.version += 1
+                step = bump_step(state["step"])
                 g = grad._data
                 if group["maximize"]:
                     g = be.neg(g)
@@ -84,7 +82,6 @@ class Adam(Optimizer):
                 be.add_(m, be.mul(be.sub(g, m), 1 - beta1))  # lerp_(g, 1 - beta1), weight < 0.5
                 be.mul_(v, beta2)
                 be.add_(v, be.mul(be.mul(g, 1 - beta2), g))  # addcmul_(g, g, value=1 - beta2)
-                step = float(be.to_host(step_t._data))
                 bias_correction1 = 1 - beta1 ** step
                 bias_correction2 = 1 - beta2 ** step
                 step_size = lr / bias_correction1

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..tensor import Tensor
 
-__all__ = ["Optimizer", "required", "check_flags"]
+__all__ = ["Optimizer", "required", "check_flags", "bump_step"]
 
 
 class _Required:
@@ -142,7 +142,7 @@ class Optimizer:
         self.state = defaultdict(dict)
         for i, st in state_dict["state"].items():
             p = by_index[int(i)]
-            self.state[p] = {k: _moved(v, p) for k, v in st.items()}
+            self.state[p] = {k: _moved(k, v, p) for k, v in st.items()}
         for saved, own in zip(groups, self.param_groups, strict=True):
             for k, v in saved.items():
                 if k != "params":
@@ -161,12 +161,25 @@ class Optimizer:
         return out + "\n)"
 
 
+def bump_step(step_t: Tensor) -> float:
+    """``state["step"] += 1`` on the step tensor's own device (the CPU, as torch keeps it
+    when not capturable, whatever the parameter's device); returns the new count."""
+    from ..backends import backend_for
+
+    be = backend_for(step_t._device.type)
+    be.add_(step_t._data, 1)
+    step_t._storage.version += 1
+    return float(be.to_host(step_t._data))
+
+
 def _detached(v):
     return v.detach() if isinstance(v, Tensor) else v
 
 
-def _moved(v, p: Tensor):
-    if not isinstance(v, Tensor):
+def _moved(key: str, v, p: Tensor):
+    """A loaded state value placed as torch does: ``step`` stays where it is (the CPU),
+    buffers follow the parameter's device and floating dtype."""
+    if not isinstance(v, Tensor) or key == "step":
         return v
     if v.dtype.is_floating_point and v.ndim > 0:  # buffers follow the parameter
         v = v.to(p.dtype)

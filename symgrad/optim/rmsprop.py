@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 from ..backends import backend_for
 from ..tensor import Tensor
-from .optimizer import Optimizer, check_flags
+from .optimizer import Optimizer, bump_step, check_flags
 
 __all__ = ["RMSprop"]
 
@@ -67,7 +67,7 @@ class RMSprop(Optimizer):
                 g = p._grad._data
                 if group["maximize"]:
                     g = be.neg(g)
-                be.add_(state["step"]._data, 1)
+                bump_step(state["step"])
                 if wd != 0:
                     g = be.add(g, be.mul(p._data, wd))
                 sq = state["square_avg"]._data
@@ -88,6 +88,7 @@ class RMSprop(Optimizer):
                 else:
                     be.add_(p._data, be.div(be.mul(g, -lr), avg))  # addcdiv_(value=-lr)
                 p._storage.version += 1
-                for t in state.values():
-                    t._storage.version += 1
+                for k, t in state.items():
+                    if k != "step":
+                        t._storage.version += 1
         return loss
