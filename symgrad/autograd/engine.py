@@ -358,21 +358,7 @@ def _apply_node(node, grads, needed, shared):
     else:
         mask = tuple([nxt is not None and nxt in needed for nxt, _ in node.next_functions])
     outs = node.apply(grads, mask)
-    meta = node._input_meta
-    if meta is not None:
-        for i, g in enumerate(outs):
-            if g is None or meta[i] is None:
-                continue
-            shape, dtype = meta[i]
-            if g._data.shape != shape:
-                g = outs[i] = _sum_to(g, shape)
-            if g._data.dtype is not dtype.np and g._data.dtype != dtype.np:
-                outs[i] = g.to(dtype)
-    else:  # every input is shaped like output 0 (see _record): only a dtype to check
-        dtype = node._out_meta[0][1]
-        for i, g in enumerate(outs):
-            if g is not None and g._data.dtype is not dtype.np and g._data.dtype != dtype.np:
-                outs[i] = g.to(dtype)
+    _fit_to_inputs(node, outs)
     if len(outs) > 1 and len(grads) == 1:  # the common case of the rule below
         if grads[0] is not None:
             storage, handed = grads[0]._storage, 0
@@ -401,6 +387,27 @@ def _apply_node(node, grads, needed, shared):
             if new is not None:
                 outs = list(new)
     return outs
+
+
+def _fit_to_inputs(node, outs) -> None:
+    """Glue after a node's backward, in place on ``outs``: each gradient summed over the
+    broadcast dims to its input's shape, then cast to its input's dtype. One function so
+    the verifier checks the step the engine runs (symgrad/symbolic/glue.py)."""
+    meta = node._input_meta
+    if meta is not None:
+        for i, g in enumerate(outs):
+            if g is None or meta[i] is None:
+                continue
+            shape, dtype = meta[i]
+            if g._data.shape != shape:
+                g = outs[i] = _sum_to(g, shape)
+            if g._data.dtype is not dtype.np and g._data.dtype != dtype.np:
+                outs[i] = g.to(dtype)
+    else:  # every input is shaped like output 0 (see _record): only a dtype to check
+        dtype = node._out_meta[0][1]
+        for i, g in enumerate(outs):
+            if g is not None and g._data.dtype is not dtype.np and g._data.dtype != dtype.np:
+                outs[i] = g.to(dtype)
 
 
 def _sum_to(g, shape):

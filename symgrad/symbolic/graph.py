@@ -71,6 +71,9 @@ class GNode:
     in_values: list = field(default_factory=list)  # recorded values, filled lazily
     note: str = ""
     backward: Any = None  # callable(graph, gnode, np grads) -> list of np arrays | None
+    #: set by node_backward: (raw gradients from node.apply, what the engine's
+    #: _fit_to_inputs made of them), for the broadcast-reduction check (glue.py)
+    glue: Any = None
     forward_numeric: Any = None  # callable(be, arrays) -> outputs (replay)
 
 
@@ -352,9 +355,17 @@ def node_backward(graph: Graph, g: GNode, grads: list) -> list:
     node = g.node
     if getattr(node, "_freed", False):
         node = _rebuild(graph, g)
+    from ..autograd import engine
+
     gts = [None if v is None else _tensor(np.asarray(v)) for v in grads]
     with no_grad():
         outs = node.apply(gts, g.needs)
+        fitted = list(outs)
+        try:  # the engine's own reduction/cast step, checked by glue.check_fit
+            engine._fit_to_inputs(node, fitted)
+        except Exception as exc:  # noqa: BLE001  (a broken glue step is a finding)
+            fitted = exc
+    g.glue = (list(outs), fitted)
     return _finish(graph, g, outs)
 
 

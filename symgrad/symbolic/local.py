@@ -57,7 +57,7 @@ def rounding_bound(dtype, mag, n, dterm=None, finite=None):
 
 class NodeCheck:
     __slots__ = ("status", "max_abs_err", "max_rel_err", "sampled", "checked", "formula",
-                 "detail", "worst", "unknown", "engine_nonfinite", "bound")
+                 "detail", "worst", "unknown", "engine_nonfinite", "bound", "glue")
 
     def __init__(self, status="ok", formula="") -> None:
         self.status = status
@@ -72,6 +72,7 @@ class NodeCheck:
         #: non-empty when the node's backward gave nan/inf from finite inputs and cotangent
         self.engine_nonfinite = ""
         self.bound = None  # the error allowed at the worst element
+        self.glue = None  # a GlueFault: the engine's reduction after this node is wrong
 
 
 _TEMPLATES: dict = {}
@@ -464,6 +465,7 @@ def check_node(g, graph, engine, engine_name, rng, sample, tol_for, deadline=Non
     for shape, dt in zip(g.out_shapes, g.out_dtypes):
         vs.append(rng.standard_normal(shape).astype(dt if np.dtype(dt).kind == "f"
                                                    else np.float64))
+    g.glue = None
     try:
         engine_res = g.backward(graph, g, vs)
     except Exception as exc:  # a broken backward is a finding, not a crash
@@ -580,4 +582,37 @@ def check_node(g, graph, engine, engine_name, rng, sample, tol_for, deadline=Non
                                                           else ""))
     if not bad and chk.engine_nonfinite:
         chk.detail = chk.engine_nonfinite + (f"; {chk.detail}" if chk.detail else "")
+    fault = _glue_fit(g, in_vals)
+    if fault is not None:  # the engine's step after this node's rule (glue.py)
+        chk.glue = fault
+        chk.status = "mismatch"
+        if not bad:
+            chk.bound = fault.bound
+            chk.max_abs_err = max(chk.max_abs_err, fault.err or 0.0)
+        chk.detail = f"{fault.what}: {fault.detail}" + (f"; {chk.detail}" if chk.detail
+                                                         else "")
     return chk
+
+
+def _glue_fit(g, in_vals):
+    """The engine's broadcast reduction / cast of this node's raw gradients (recorded by
+    graph.node_backward) against the exact float64 sum; a GlueFault or None."""
+    from .glue import GlueFault, check_fit
+
+    glue, g.glue = g.glue, None
+    if glue is None:
+        return None
+    raw, fitted = glue
+    if isinstance(fitted, Exception):
+        return GlueFault(f"broadcast reduction after {g.name}",
+                         f"raised {type(fitted).__name__}: {fitted}", g.node)
+    shapes, dtypes = [], []
+    for i, r in enumerate(g.inputs):
+        if r[0] == "scalar" or i >= len(g.needs) or not g.needs[i] or i >= len(in_vals):
+            shapes.append(None)
+            dtypes.append(None)
+            continue
+        a = np.asarray(in_vals[i])
+        shapes.append(a.shape)
+        dtypes.append(a.dtype if a.dtype.kind == "f" else None)
+    return check_fit(g, raw, fitted, shapes, dtypes)

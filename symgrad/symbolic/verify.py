@@ -276,6 +276,7 @@ def verify(root, gradient=None, *, names=None, mode: str = "auto", order: int = 
             if order == 2:
                 rep.skipped.append("order=2: Hessian-vector products need exact mode "
                                    "(graph over budget)")
+        _run_glue(rep, graph, seed)
     except TimeoutExpired:
         rep.timed_out = True
         rep.ok = False
@@ -513,7 +514,16 @@ def _run_exact(rep, graph, engine, engine_name, gradient, engine_grads, tol_for,
         sym.check_time()
         with mpmath.workdps(E.DPS):
             s = np.array([float(v) for v in exact[lf.index].reshape(-1)], dtype=np.float64)
-        e = engine_grads[lf.index].reshape(-1)
+        e = engine_grads[lf.index]
+        if np.shape(e) != lf.shape:  # a wrong reduction in the engine: no element to match
+            row = LeafRow(lf.name, lf.shape, _dtype_name(lf.value.dtype), None, None, None,
+                          None, None, None, "mismatch", None, 0, False, lf.latex)
+            row.detail = (f"the engine's gradient has shape {list(np.shape(e))}, expected "
+                          f"{list(lf.shape)}")
+            rep.leaves.append(row)
+            rep.ok = False
+            continue
+        e = e.reshape(-1)
         rtol, atol = tol_for(lf.value.dtype)
         if getattr(tol_for, "user", False):
             err, rel, ok = _compare(e, s, rtol, atol)
@@ -737,6 +747,44 @@ def _run_local(rep, graph, engine, engine_name, rng, sample, tol_for, deadline, 
         break
     if any(r.sampled for r in rows):
         rep.notes.append("local mode sampled elements of large tensors (seeded; see details)")
+
+
+def _run_glue(rep, graph, seed) -> None:
+    """The engine's glue between rules (glue.py): accumulation of the gradients flowing
+    into a tensor that feeds several nodes, and AccumulateGrad into ``.grad``. (The
+    broadcast reduction after each node is checked with the node, in local mode.) A fault
+    makes the row of the receiving node or leaf a mismatch naming the step."""
+    if graph.kind != "symgrad":
+        return
+    from ..autograd.node import _accumulator_of
+    from .glue import check_accumulate_grad, check_accumulation
+
+    rng = np.random.default_rng([int(seed), 18])  # its own stream: other draws unchanged
+    faults = check_accumulation(graph, rng) + check_accumulate_grad(graph, rng)
+    rep.ran.append("engine glue (accumulation, AccumulateGrad)")
+    first = None
+    for f in faults:
+        text = f"{f.what}: {f.detail}"
+        if f.leaf is not None:
+            row = next((r for r in rep.leaves if r.name == f.leaf.name), None)
+            node = _accumulator_of(f.leaf.tensor)
+            if row is not None:
+                row.status = "mismatch"
+                row.detail = text + (f"; {row.detail}" if row.detail else "")
+        else:
+            node = f.node
+            row = next((r for r in rep.nodes if r.id == f.index), None)
+            if row is not None:
+                row.status = "mismatch"
+                row.detail = text + (f"; {row.detail}" if row.detail else "")
+                if f.bound is not None:
+                    row.bound = f.bound
+        rep.notes.append(f"engine glue: {text}")
+        rep.ok = False
+        if first is None:
+            first = node
+    if first is not None and rep.first_bad_node is None:
+        rep.first_bad_node = first
 
 
 def _leaf_rows_local(rep, graph, gradient, engine_grads, rng, sample, deadline=None):

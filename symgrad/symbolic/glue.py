@@ -1,0 +1,273 @@
+"""Checks of the engine's glue between backward rules (issue 18).
+
+The rules of the ops are checked node by node (local.py); what the engine does *between*
+them is checked here, by running the engine's own functions on seeded random gradients
+and comparing with their exact meaning in float64:
+
+* broadcast reduction (``engine._fit_to_inputs``): a node's raw gradient for an input is
+  summed over the broadcast dims to the input's shape and cast to its dtype; exact meaning
+  the float64 sum over those dims of the raw gradient;
+* accumulation at fan-out (``engine._add_to_buffer``, i.e. ``_sum_grads``): the gradients
+  flowing into a tensor that feeds several nodes (or one node twice) are added; exact
+  meaning their float64 sum;
+* AccumulateGrad (``engine._accumulate_into``) into ``.grad``: the first gradient is
+  stored, later ones (another backward call) are added; checked on a stand-in leaf of the
+  same shape and dtype (the user's ``.grad`` is never touched), with and without
+  ``create_graph``.
+
+Each is compared within the rounding bound of local.py (``rounding_bound``: M the sum of
+|terms|, n the number of terms plus a few), so a float32 sum is never a false alarm while
+a wrong reduction (a mean, a dropped term, a factor) is far outside it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .local import _sum_to, rounding_bound
+
+__all__ = ["GlueFault", "check_fit", "check_accumulation", "check_accumulate_grad"]
+
+
+class GlueFault:
+    """A glue step outside its bound: ``what`` names it, ``detail`` says by how much."""
+
+    __slots__ = ("what", "detail", "node", "leaf", "bound", "err", "index")
+
+    def __init__(self, what, detail, node=None, leaf=None, bound=None, err=None,
+                 index=None) -> None:
+        self.what = what
+        self.detail = detail
+        self.node = node  # the grad_fn that receives the faulty gradient (or AccumulateGrad)
+        self.leaf = leaf  # the Leaf, for faults on a leaf's gradient
+        self.bound = bound
+        self.err = err
+        self.index = index  # the receiving node's index in the Graph, when a node
+
+    def __repr__(self) -> str:
+        return f"GlueFault({self.what!r})"
+
+
+def _compare(got, want, mag, n, dtype):
+    """(ok, worst flat index, error, bound) of ``got`` against the exact ``want``."""
+    got = np.asarray(got, dtype=np.float64).reshape(-1)
+    want = np.asarray(want, dtype=np.float64).reshape(-1)
+    if got.shape != want.shape:
+        return False, 0, np.inf, 0.0
+    allowed = rounding_bound(dtype, np.asarray(mag, dtype=np.float64).reshape(-1), n,
+                             finite=np.isfinite(want))
+    with np.errstate(invalid="ignore"):
+        err = np.where(got == want, 0.0, np.abs(got - want))
+    err = np.where(np.isnan(err), np.inf, err)
+    # a non-finite exact value (nan/inf among the terms) has no error to bound: the
+    # non-finite rows say where it arose; a float32 sum beyond float32's range is inf
+    big = np.abs(want) > float(np.finfo(np.dtype(dtype)).max)
+    err = np.where(~np.isfinite(want) | (big & np.isinf(got)), 0.0, err)
+    ok = err <= allowed
+    if ok.all():
+        return True, 0, float(err.max()) if err.size else 0.0, 0.0
+    w = int(np.argmax(np.where(ok, -1.0, err / allowed)))
+    return False, w, float(err[w]), float(allowed[w])
+
+
+def _eps_dtype(*dts):
+    """The least precise float dtype of ``dts`` (its eps bounds the rounding)."""
+    fl = [np.dtype(d) for d in dts if d is not None and np.dtype(d).kind == "f"]
+    return min(fl, key=lambda d: d.itemsize) if fl else np.dtype(np.float64)
+
+
+def _where(index, shape) -> str:
+    return str([int(i) for i in np.unravel_index(index, shape)]) if shape else "[]"
+
+
+def check_fit(g, raw, fitted, shapes, dtypes):
+    """The engine's reduction/cast of node ``g``'s raw gradients (``raw``: tensors from
+    ``node.apply``) against the exact float64 sum; ``fitted``: what the engine's
+    ``_fit_to_inputs`` made of them. Returns a :class:`GlueFault` or None."""
+    for i, (r, f) in enumerate(zip(raw, fitted)):
+        if r is None or i >= len(shapes) or shapes[i] is None:
+            continue
+        name = g.input_names[i] if i < len(g.input_names) else str(i)
+        rv = np.asarray(r.detach().numpy())
+        if rv.dtype.kind != "f":
+            continue
+        shape = tuple(shapes[i])
+        want_dt = np.dtype(dtypes[i]) if dtypes[i] is not None else rv.dtype
+        broadcast = rv.shape != shape
+        what = (f"broadcast reduction into {g.name}'s '{name}'" if broadcast
+                else f"the engine's cast of {g.name}'s gradient for '{name}'")
+        if f is None:
+            return GlueFault(what, "the engine dropped the gradient", g.node)
+        fv = np.asarray(f.detach().numpy())
+        if fv.shape != shape:
+            return GlueFault(what, f"the engine made shape {list(fv.shape)}, expected "
+                                   f"{list(shape)} (the input's shape)", g.node)
+        if fv.dtype != want_dt:
+            return GlueFault(what, f"the engine made dtype {fv.dtype}, expected {want_dt}",
+                             g.node)
+        r64 = rv.astype(np.float64)
+        try:
+            want = _sum_to(r64, shape)
+            mag = _sum_to(np.abs(r64), shape)
+        except ValueError:
+            return GlueFault(what, f"gradient of shape {list(rv.shape)} cannot be summed to "
+                                   f"{list(shape)}", g.node)
+        terms = max(r64.size // max(int(np.prod(shape)), 1), 1)
+        ok, w, err, bound = _compare(fv, want, mag, terms + 2, _eps_dtype(rv.dtype, want_dt))
+        if not ok:
+            kind = (f"the sum over the broadcast dims of the {list(rv.shape)} gradient"
+                    if broadcast else "the gradient")
+            return GlueFault(what, f"at {name}{_where(w, shape)}: engine "
+                                   f"{float(fv.reshape(-1)[w]):.8g}, exact "
+                                   f"{float(want.reshape(-1)[w]):.8g} ({kind}); error "
+                                   f"{err:.3g} > bound {bound:.3g}", g.node, bound=bound,
+                             err=err)
+    return None
+
+
+class _Slot:
+    """A stand-in for the node whose gradient buffer is filled (only its arity counts)."""
+
+    __slots__ = ("n",)
+
+    def __init__(self, n) -> None:
+        self.n = n
+
+    def _num_outputs(self) -> int:
+        return self.n
+
+
+def _fan_in(graph):
+    """{input reference: number of gradient edges into it} for references fed > once."""
+    count: dict = {}
+    for g in graph.nodes:
+        for i, r in enumerate(g.inputs):
+            if r[0] not in ("node", "leaf") or i >= len(g.needs) or not g.needs[i]:
+                continue
+            if r[0] == "leaf" and not graph.leaves[r[1]].requires_grad:
+                continue
+            key = tuple(r)
+            count[key] = count.get(key, 0) + 1
+    return {k: c for k, c in count.items() if c > 1}
+
+
+def _ref_info(graph, ref):
+    """(display name, shape, dtype, grad_fn receiving it or None, Leaf or None)."""
+    if ref[0] == "leaf":
+        lf = graph.leaves[ref[1]]
+        return f"'{lf.name}'", lf.shape, lf.value.dtype, None, lf
+    g = graph.nodes[ref[1]]
+    out = f" (output {ref[2]})" if len(g.out_shapes) > 1 else ""
+    return (f"the output of {g.name}{out}", tuple(g.out_shapes[ref[2]]), g.out_dtypes[ref[2]],
+            g, None)
+
+
+def check_accumulation(graph, rng):
+    """The engine's sum of the gradients flowing into each tensor that feeds several
+    nodes (or one node more than once). Returns a list of :class:`GlueFault`."""
+    faults = []
+    for ref, k in _fan_in(graph).items():
+        f = _check_one_sum(graph, rng, ref, k)
+        if f is not None:
+            f.index = ref[1] if ref[0] == "node" else None
+            faults.append(f)
+    return faults
+
+
+def _check_one_sum(graph, rng, ref, k):
+    """``k`` random gradients of the tensor ``ref`` added by the engine's buffer code
+    (grad mode off, as in a plain backward, and on, as under create_graph)."""
+    from .. import tensor as _tensor
+    from ..autograd import engine
+    from ..autograd.grad_mode import enable_grad, no_grad
+
+    name, shape, dtype, g, lf = _ref_info(graph, ref)
+    if np.dtype(dtype).kind != "f":
+        return None
+    node = g.node if g is not None else None
+    gs = [np.asarray(rng.standard_normal(shape)).astype(dtype) for _ in range(k)]
+    want = np.sum([x.astype(np.float64) for x in gs], axis=0)
+    mag = np.sum([np.abs(x.astype(np.float64)) for x in gs], axis=0)
+    what = f"accumulation of the {k} gradients flowing into {name}"
+    nr = ref[2] if ref[0] == "node" else 0
+    for mode, ctx in (("", no_grad), (" (create_graph)", enable_grad)):
+        slot = _Slot(len(g.out_shapes) if g is not None else 1)
+        buffers: dict = {}
+        try:
+            with ctx():
+                for x in gs:
+                    engine._add_to_buffer(buffers, slot, nr, _tensor(x.copy()))
+            got = buffers[slot][nr]
+            gv = None if got is None else np.asarray(got.detach().numpy())
+        except Exception as exc:  # noqa: BLE001  (a broken glue step is a finding)
+            return GlueFault(what + mode, f"raised {type(exc).__name__}: {exc}", node, lf)
+        if gv is None or gv.shape != tuple(shape):
+            return GlueFault(what + mode, "the engine's sum has shape "
+                             f"{None if gv is None else list(gv.shape)}, expected "
+                             f"{list(shape)}", node, lf)
+        ok, w, err, bound = _compare(gv, want, mag, k + 2, dtype)
+        if not ok:
+            return GlueFault(what + mode, f"at {_where(w, shape)}: engine "
+                             f"{float(gv.reshape(-1)[w]):.8g}, exact sum "
+                             f"{float(want.reshape(-1)[w]):.8g}; error {err:.3g} > bound "
+                             f"{bound:.3g}", node, lf, bound, err)
+    return None
+
+
+def check_accumulate_grad(graph, rng):
+    """AccumulateGrad into ``.grad`` for each leaf requiring grad, on a stand-in tensor of
+    the leaf's shape and dtype: ``.grad`` is the first gradient, then ``.grad += g`` on a
+    second backward (with and without create_graph). Returns a list of GlueFault."""
+    from .. import tensor as _tensor
+    from ..autograd import engine
+    from ..autograd.grad_mode import no_grad
+
+    faults = []
+    for lf in graph.leaves:
+        if not (lf.requires_grad and lf.is_float):
+            continue
+        what = f"AccumulateGrad into {lf.name}.grad"
+        dtype = lf.value.dtype
+        g1 = np.asarray(rng.standard_normal(lf.shape)).astype(dtype)
+        g2 = np.asarray(rng.standard_normal(lf.shape)).astype(dtype)
+        want1 = g1.astype(np.float64)
+        want2 = want1 + g2.astype(np.float64)
+        mag2 = np.abs(want1) + np.abs(g2.astype(np.float64))
+        for create_graph in (False, True):
+            mode = " (create_graph)" if create_graph else ""
+            stand = _tensor(np.zeros(lf.shape, dtype=dtype))
+            stand.requires_grad_(True)
+            fault = None
+            try:
+                with no_grad():
+                    for step, (x, want, mag) in enumerate(((g1, want1, np.abs(want1)),
+                                                           (g2, want2, mag2))):
+                        engine._accumulate_into(stand, _tensor(x.copy()), create_graph, set())
+                        got = stand.grad
+                        if got is None:
+                            fault = GlueFault(what + mode, ".grad is None after a backward",
+                                              None, lf)
+                            break
+                        gv = np.asarray(got.detach().numpy())
+                        if gv.shape != lf.shape or gv.dtype != dtype:
+                            fault = GlueFault(what + mode, f".grad has shape "
+                                              f"{list(gv.shape)} and dtype {gv.dtype}, "
+                                              f"expected {list(lf.shape)} and {dtype}", None, lf)
+                            break
+                        ok, w, err, bound = _compare(gv, want, mag, 3, dtype)
+                        if not ok:
+                            which = ("the first backward's gradient" if step == 0 else
+                                     ".grad + the second backward's gradient")
+                            fault = GlueFault(
+                                what + mode, f"after backward #{step + 1} at "
+                                f"{lf.name}{_where(w, lf.shape)}: .grad "
+                                f"{float(gv.reshape(-1)[w]):.8g}, exact "
+                                f"{float(want.reshape(-1)[w]):.8g} ({which}); error "
+                                f"{err:.3g} > bound {bound:.3g}", None, lf, bound, err)
+                            break
+            except Exception as exc:  # noqa: BLE001  (a broken glue step is a finding)
+                fault = GlueFault(what + mode, f"raised {type(exc).__name__}: {exc}", None, lf)
+            if fault is not None:
+                faults.append(fault)
+                break
+    return faults
