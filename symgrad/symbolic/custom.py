@@ -2,18 +2,36 @@
 
 A Function with a ``sympy`` staticmethod is checked through that meaning, elementwise
 (one expression per tensor argument, non-tensor arguments unchanged, as
-``symgrad.autograd.custom_function`` documents). Without one, exact mode cannot replay
-it, and its local check uses central finite differences of its own forward instead
-(noted in the report).
+``symgrad.autograd.custom_function`` documents). Without one, its own ``forward`` is
+traced on symbolic tensors (``symgrad.symbolic.trace``): that is its exact meaning, used
+by exact mode's replay and by the local check (the symbolic Jacobian at the recorded
+inputs, sampled on large inputs). A forward that cannot be traced (a value taken out of a
+tensor into Python control flow, an unsupported call) is checked by central finite
+differences of its forward, with a note naming the line that stopped the trace. A Function
+that declares ``surrogate_gradient = True`` (a straight-through estimator: its backward is
+not the forward's derivative on purpose) is not compared with the forward's derivative.
 """
 
 from __future__ import annotations
+
+from collections import defaultdict
 
 import numpy as np
 
 from ..backends.sympy_backend import obj
 
-__all__ = ["fill_custom", "custom_meaning", "custom_local", "is_custom"]
+__all__ = ["fill_custom", "custom_meaning", "custom_local", "is_custom", "replayable",
+           "trace_state", "TRACE_LIMIT"]
+
+#: Largest number of tensor-input elements of a custom Function whose forward the local
+#: check traces on symbols (above it: finite differences, noted).
+TRACE_LIMIT = 20_000
+#: Local check of a traced Function: every element up to this many per input, else a
+#: seeded sample of ``sample`` (default ``TRACE_SAMPLE``) elements.
+TRACE_ALL = 256
+TRACE_SAMPLE = 64
+#: Rounding steps assumed for a traced forward's backward (plus the terms summed).
+TRACE_STEPS = 16
 
 
 def is_custom(node) -> bool:
@@ -32,9 +50,9 @@ def fill_custom(g, node) -> None:
     cls = type(node)._forward_cls
     positions = tuple(node._tensor_positions)
     g.custom = cls
-    if cls.sympy is None:
-        g.note = ("custom Function without a sympy staticmethod: checked by local finite "
-                  "differences")
+    from .trace import forward_arg_names
+
+    g.input_names = forward_arg_names(cls, len(g.inputs))
 
     def forward_numeric(be, arrays):
         from ..autograd.grad_mode import no_grad
@@ -97,11 +115,94 @@ def _positions(g):
     return tuple(j for j, r in enumerate(g.inputs) if r[0] != "scalar")
 
 
-def custom_meaning(g, engine, arrays):
-    """The outputs of a custom Function on object arrays, through its ``sympy``."""
+def trace_state(g, graph) -> dict:
+    """Trace ``g``'s forward once at its recorded inputs (cached on ``g.trace``).
+
+    ``{"status": "ok" | "failed" | "surrogate", "note": str, ...}``; when ok also the
+    symbols per differentiable argument, their values, the evaluator and the outputs."""
+    st = getattr(g, "trace", None)
+    if st is not None:
+        return st
+    import mpmath
+
+    from ..backends.sympy_backend import SympyBackend
+    from . import _engine as E
+    from .trace import TraceError, surrogate_of, trace_forward
+
+    cls = g.custom
+    sur = surrogate_of(cls)
+    st = {"status": "failed", "note": ""}
+    pos = _positions(g)
+    if sur:
+        st = {"status": "surrogate",
+              "note": f"{cls.__name__} declares a {sur} (surrogate_gradient): its backward "
+                      "is not compared with the forward's derivative"}
+    else:
+        in_vals = graph.node_inputs(g)
+        size = sum(int(np.size(in_vals[j])) for j in pos)
+        if size > TRACE_LIMIT:
+            st["note"] = (f"{cls.__name__}.forward was not traced ({size} input elements > "
+                          f"TRACE_LIMIT {TRACE_LIMIT}); checked by central finite "
+                          "differences")
+        else:
+            engine, name = E.pick_engine("auto")
+            values, args, syms = {}, [], {}
+            for j, v in enumerate(in_vals):
+                a = np.asarray(v) if j in pos else None
+                if a is not None and a.dtype.kind == "f":
+                    arr = np.empty(a.shape, dtype=object)
+                    for i, idx in enumerate(np.ndindex(*a.shape)):
+                        s = E.make_symbol(name, f"_x{j}_{i}")
+                        arr[idx] = s
+                        values[s] = mpmath.mpf(float(a[idx]))
+                    args.append(arr)
+                    syms[j] = arr
+                else:
+                    args.append(a if a is not None else v)
+            ev = E.Evaluator(values)
+            try:
+                outs = trace_forward(cls, args, SympyBackend(engine, valuation=ev), pos)
+            except TraceError as exc:
+                st["note"] = exc.note() + "; checked by central finite differences"
+            else:
+                touts = [o for o in outs if o is not None]
+                want = [tuple(s) for s, d in zip(g.out_shapes, g.out_dtypes)]
+                if [tuple(o.shape) for o in touts] != want[:len(touts)]:
+                    st["note"] = (f"{cls.__name__}.forward traced on symbols gives shapes "
+                                  f"{[tuple(o.shape) for o in touts]}, recorded {want}; "
+                                  "checked by central finite differences")
+                else:
+                    st = {"status": "ok", "note": "", "syms": syms, "ev": ev,
+                          "outs": touts, "engine_name": name}
+    g.trace = st
+    if st["note"]:
+        g.note = st["note"]
+    return st
+
+
+def replayable(g, graph) -> bool:
+    """Whether exact mode can replay custom node ``g`` (a ``sympy`` meaning or a trace)."""
+    if g.custom.sympy is not None:
+        return True
+    return trace_state(g, graph)["status"] == "ok"
+
+
+def custom_meaning(g, engine, arrays, be=None):
+    """The outputs of a custom Function on object arrays: through its ``sympy``, else its
+    forward traced on symbolic tensors (on ``be``, whose valuation decides branches)."""
     cls = g.custom
     if cls.sympy is None:
-        raise NotImplementedError(f"{g.name}: custom Function without a sympy staticmethod")
+        from ..backends.sympy_backend import SympyBackend
+        from .trace import TraceError, surrogate_of, trace_forward
+
+        if surrogate_of(cls):
+            raise NotImplementedError(f"{g.name}: declares a surrogate gradient")
+        try:
+            outs = trace_forward(cls, arrays, be if be is not None else SympyBackend(engine),
+                                 _positions(g))
+        except TraceError as exc:
+            raise NotImplementedError(f"{g.name}: {exc.note()}") from exc
+        return tuple(o for o in outs if o is not None)
     pos = set(_positions(g))
     tensors = [obj(a) for j, a in enumerate(arrays) if j in pos]
     shape = np.broadcast_shapes(*[t.shape for t in tensors]) if tensors else ()
@@ -161,6 +262,11 @@ def custom_local(g, graph, in_vals, v64, engine, engine_name, rng, sample):
             terms = 4 * len(rs) + int(np.prod(shape)) // max(int(np.prod(xs_shape)), 1)
             res[j] = (_sum_to(total, xs_shape), None, (_sum_to(mag, xs_shape), terms, None))
         return res, formula, None
+    st = trace_state(g, graph)
+    if st["status"] == "surrogate":
+        return None, f"{cls.__name__}: declared surrogate gradient", st["note"]
+    if st["status"] == "ok":
+        return _traced_local(g, st, in_vals, v64, diff_pos, rng, sample)
     # no SymPy meaning: central differences of <v, forward(x)> at sampled elements
     from ..backends.numpy_backend import NumpyBackend
 
@@ -186,5 +292,65 @@ def custom_local(g, graph, in_vals, v64, engine, engine_name, rng, sample):
                               for o, v in zip(outs, v64) if v is not None))
             vals[m] = (fs[0] - fs[1]) / (2 * h)
         res[j] = (vals, None if k == n else idx)
-    note = f"{cls.__name__}: no sympy staticmethod, checked by central finite differences"
+    note = st["note"] or (f"{cls.__name__}: no sympy staticmethod, checked by central finite "
+                          "differences")
     return res, f"{cls.__name__}: finite differences (no SymPy meaning)", note
+
+
+def _traced_local(g, st, in_vals, v64, diff_pos, rng, sample):
+    """J^T v of a traced forward at the recorded inputs: SymPy's derivatives evaluated in
+    high precision (every element of a small input, a seeded sample of a large one)."""
+    from . import _engine as E
+
+    name, ev, outs = st["engine_name"], st["ev"], st["outs"]
+    where: dict = defaultdict(list)  # symbol -> output elements holding it
+    for k, o in enumerate(outs):
+        if k >= len(v64) or v64[k] is None:
+            continue
+        for idx, e in np.ndenumerate(o):
+            for s in E.free_symbols(e):
+                where[s].append((k, idx))
+    res = {}
+    zero = []
+    for j in diff_pos:
+        X = st["syms"].get(j)
+        if X is None:
+            continue
+        flat = X.reshape(-1)
+        n = flat.size
+        m_ = n if n <= TRACE_ALL else min(n, sample or TRACE_SAMPLE)
+        idx = None if m_ == n else np.sort(rng.choice(n, size=m_, replace=False))
+        items = range(n) if idx is None else idx
+        vals, mag, steps = np.empty(m_), np.empty(m_), np.empty(m_)
+        any_term = False
+        for m, i in enumerate(items):
+            s = flat[int(i)]
+            tot = mag_ = 0.0
+            terms = where.get(s, ())
+            for k, oi in terms:
+                d = E.diff(outs[k][oi], s, name)
+                try:
+                    dv = float(ev(d))
+                except Exception:  # noqa: BLE001 - no number: compared as non-finite
+                    dv = float("nan")
+                if dv != 0.0:
+                    any_term = True
+                t = float(np.broadcast_to(v64[k], outs[k].shape)[oi]) * dv
+                tot += t
+                mag_ += abs(t)
+            vals[m], mag[m], steps[m] = tot, mag_, TRACE_STEPS + len(terms)
+        if not any_term:
+            zero.append(g.input_names[j] if j < len(g.input_names) else f"arg{j}")
+        res[j] = (vals, idx, (mag, steps, None))
+    cls = g.custom
+    first = next((o.reshape(-1)[0] for o in outs if o.size), None)
+    formula = f"{cls.__name__}.forward traced on symbols"
+    if first is not None:
+        text = str(first)
+        formula += f": result[0] = {text if len(text) <= 160 else text[:157] + '...'}"
+    note = None
+    if zero:
+        note = (f"the forward's derivative w.r.t. {', '.join(repr(z) for z in zero)} is 0 at "
+                "these inputs (piecewise constant): if the backward is a straight-through "
+                "estimator on purpose, declare `surrogate_gradient = True` on the Function")
+    return res, formula, note

@@ -177,7 +177,7 @@ class SymbolicGraph:
         if g.custom is not None:
             from .custom import custom_meaning
 
-            outs = custom_meaning(g, self.sp, arrays)
+            outs = custom_meaning(g, self.sp, arrays, be=self.be)
         elif g.spec is None:
             raise NotImplementedError(f"{g.name}: no SymPy meaning known for this node")
         elif callable(g.spec.sympy):
@@ -280,6 +280,7 @@ class SymbolicGraph:
         absolute partials. Taken for definitions of one symbol (elementwise ops); run only
         when a leaf is outside the bound without it."""
         with mpmath.workdps(self.dps):
+            fwd = self._forward_error()
             adj: dict = defaultdict(lambda: mpmath.mpf(0))
             dm: dict = defaultdict(lambda: mpmath.mpf(0))
             root = self.root_array()
@@ -303,7 +304,9 @@ class SymbolicGraph:
                         try:
                             p2 = self.ev(E.diff(p, f, self.engine_name))
                             y = self.values.get(s, mpmath.mpf(0))
-                            extra = abs(a) * abs(y) * abs(p2 / pv)
+                            # y rounded by eps |y|, and the input f computed with the
+                            # forward error fwd[f]: the partial moves by |p2| per unit
+                            extra = abs(a) * abs(p2) * (abs(y / pv) + fwd.get(f, 0))
                             if mpmath.isfinite(extra):
                                 dm[f] += extra
                         except (ValueError, TypeError, ZeroDivisionError):
@@ -311,6 +314,34 @@ class SymbolicGraph:
             wanted = lambda leaf: leaf.requires_grad and leaf.is_float  # noqa: E731
             return {i: np.array([float(v) for v in arr.reshape(-1)]).reshape(arr.shape)
                     for i, arr in self._leaf_adjoints(dm, wanted).items()}
+
+    def _forward_error(self) -> dict:
+        """First-order forward error of each intermediate, in units of eps: its own
+        rounding |y| plus its inputs' errors carried by |partial| (and, for a definition
+        of several symbols, the rounding of each term |p| |x|). Leaves are exact (the
+        replay is evaluated at the recorded leaf values). A backward evaluates its partial
+        at a recorded input that is off by this much (issue 18: exp(40 exp(u) - 40) in
+        float64 is off by ~3600 eps, so its partial is too)."""
+        fwd: dict = {}
+        for k, (s, _) in enumerate(self.defs):
+            self.check_time()
+            parts = self.partials_of(k)
+            tot = abs(self.values.get(s, mpmath.mpf(0)))
+            multi = len(parts) > 1
+            for f, p in parts.items():
+                ff = fwd.get(f)
+                if not ff and not multi:
+                    continue
+                try:
+                    pv = abs(self.ev(p))
+                except (ValueError, TypeError, ZeroDivisionError):
+                    continue
+                if ff:
+                    tot += pv * ff
+                if multi:
+                    tot += pv * abs(self.values.get(f, mpmath.mpf(0)))
+            fwd[s] = tot if mpmath.isfinite(tot) else mpmath.mpf(0)
+        return fwd
 
     def _has_add(self, p) -> bool:
         key = id(p)

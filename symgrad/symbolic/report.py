@@ -369,8 +369,8 @@ def _reference(row) -> str:
     (a custom Function without a ``sympy`` staticmethod)."""
     node = row.node
     cls = getattr(type(node), "_forward_cls", None) if node is not None else None
-    if cls is not None:
-        return "finite differences" if getattr(cls, "sympy", None) is None else "symbolic"
+    if cls is not None and getattr(cls, "sympy", None) is not None:
+        return "symbolic"
     return "finite differences" if _FD_FORMULA in (row.formula or "") else "symbolic"
 
 

@@ -428,7 +428,9 @@ def _not_replayable(graph) -> list[str]:
     out = []
     for g in graph.nodes:
         if g.custom is not None:
-            ok = g.custom.sympy is not None
+            from .custom import replayable
+
+            ok = replayable(g, graph)
         else:
             ok = g.spec is not None and (callable(g.spec.sympy) or g.spec.sympy == STRUCTURAL)
         if not ok and g.name not in out:

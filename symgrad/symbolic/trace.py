@@ -1,0 +1,420 @@
+"""Symbolic tracing of custom Function forwards: the exact meaning of what the user wrote.
+
+A custom ``autograd.Function`` without a ``sympy`` staticmethod is given its meaning by
+running its own ``forward`` once on *symbolic tensors*: symgrad tensors on a ``sympy``
+device whose data are object arrays of SymPy/symengine expressions, so every symgrad op
+in the forward runs on the SymPy backend (the same kernels the verifier's replay uses).
+``ctx`` is a stand-in (:class:`TraceCtx`) with the Function ctx's methods.
+
+NumPy inside a forward is followed too: on a symbolic tensor ``.numpy()`` returns a
+:class:`SymArray`, an object-array subclass whose ``__array_ufunc__`` maps NumPy's ufuncs
+(exp, log, sin, cos, tanh, sqrt, abs, where, maximum, minimum, comparisons, sums,
+matmul/dot, ...) onto the SymPy backend's kernels, and ``symgrad.tensor`` /
+``from_numpy`` / ``as_tensor`` turn such arrays back into symbolic tensors.
+
+Comparisons (``x > 0``, ``maximum``, ``clamp``, ``where`` conditions) are decided at the
+values of the point being checked, as every branch in the verifier is. A value taken out
+of a tensor (``.item()``, ``float(x)``, an element of ``.numpy()``) and used in Python
+control flow cannot be decided on symbols: such a forward raises :class:`TraceError`,
+which names the line of the user's code that stopped the trace, and the verifier falls
+back to finite differences with that note.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import linecache
+import os
+import traceback
+
+import numpy as np
+
+from ..backends.sympy_backend import obj
+
+__all__ = ["TraceError", "TraceCtx", "SymArray", "symbolic_device", "trace_forward",
+           "surrogate_of", "forward_arg_names"]
+
+
+class TraceError(Exception):
+    """A forward that cannot run on symbolic tensors, with where it stopped."""
+
+    def __init__(self, cls_name: str, exc: BaseException) -> None:
+        self.cls_name = cls_name
+        self.reason = f"{type(exc).__name__}: {exc}".strip()
+        self.where, self.source = _user_frame(exc)
+        super().__init__(self.note())
+
+    def note(self) -> str:
+        at = f" at {self.where}" if self.where else ""
+        src = f": `{self.source}`" if self.source else ""
+        return (f"{self.cls_name}.forward could not be traced on symbols{at}{src} "
+                f"({self.reason})")
+
+
+def _skip_dirs() -> tuple[str, ...]:
+    import sys
+
+    dirs = [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]  # symgrad/
+    for name in ("numpy", "sympy", "symengine", "mpmath", "torch"):
+        m = sys.modules.get(name)
+        f = getattr(m, "__file__", None)
+        if f:
+            dirs.append(os.path.dirname(os.path.abspath(f)))
+    dirs.append(os.path.dirname(os.path.abspath(contextlib.__file__)))  # the stdlib
+    return tuple(d + os.sep for d in dirs)
+
+
+def _user_frame(exc: BaseException) -> tuple[str, str]:
+    """``file:line`` and the source text of the last frame of the user's own code."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    skip = _skip_dirs()
+    user = [f for f in frames if os.path.isfile(f.filename)
+            and not os.path.abspath(f.filename).startswith(skip)]
+    f = user[-1] if user else (frames[-1] if frames else None)
+    if f is None:
+        return "", ""
+    src = (f.line or linecache.getline(f.filename, f.lineno) or "").strip()
+    try:
+        name = os.path.relpath(f.filename)
+        if name.startswith(".."):
+            name = f.filename
+    except ValueError:  # another drive
+        name = f.filename
+    return f"{name}:{f.lineno}", src
+
+
+def surrogate_of(cls) -> str | None:
+    """The Function's declared surrogate gradient (``surrogate_gradient = True`` or a
+    string saying what it is, e.g. ``"straight-through estimator"``), else None."""
+    v = getattr(cls, "surrogate_gradient", None)
+    if not v:
+        return None
+    return v if isinstance(v, str) else "surrogate gradient"
+
+
+def forward_arg_names(cls, n_args: int) -> tuple[str, ...]:
+    """The forward's parameter names (after ``ctx``), ``argN`` where it takes ``*args``."""
+    import inspect
+
+    names = [f"arg{j}" for j in range(n_args)]
+    try:
+        sig = inspect.signature(cls.forward)
+    except (TypeError, ValueError):
+        return tuple(names)
+    params = list(sig.parameters.values())
+    if not _setup_context_style(cls) and params:
+        params = params[1:]  # ctx
+    for j, p in enumerate(params[:n_args]):
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            names[j] = p.name
+        else:
+            break
+    return tuple(names)
+
+
+def _setup_context_style(cls) -> bool:
+    """True when the Function defines ``setup_context`` (forward then takes no ctx)."""
+    own = getattr(cls, "setup_context", None)
+    for b in cls.__mro__[1:]:
+        if b.__name__ in ("Function", "_SingleLevelFunction") and \
+                "setup_context" in b.__dict__ and b.__module__.startswith(("symgrad", "torch")):
+            return own is not b.setup_context
+    return False
+
+
+class TraceCtx:
+    """The ``ctx`` a forward gets while traced: the Function ctx's methods, no graph."""
+
+    def __init__(self, needs_input_grad: tuple) -> None:
+        self.needs_input_grad = needs_input_grad
+        self.to_save = ()
+        self.dirty_tensors = ()
+        self.non_differentiable = ()
+        self.materialize_grads = True
+        self.metadata: dict = {}
+
+    def save_for_backward(self, *tensors) -> None:
+        self.to_save = tensors
+
+    def save_for_forward(self, *tensors) -> None:
+        self.saved_for_forward = tensors
+
+    def mark_dirty(self, *tensors) -> None:
+        self.dirty_tensors = tensors
+
+    def mark_non_differentiable(self, *tensors) -> None:
+        self.non_differentiable = tensors
+
+    def set_materialize_grads(self, value: bool) -> None:
+        self.materialize_grads = bool(value)
+
+    @property
+    def saved_tensors(self) -> tuple:
+        return tuple(self.to_save)
+
+    saved_variables = saved_tensors
+
+
+# -- NumPy on symbolic values ---------------------------------------------------------------
+#: NumPy ufunc -> SympyBackend kernel
+_KERNELS = {"exp": "exp", "log": "log", "sin": "sin", "cos": "cos", "tanh": "tanh",
+            "sqrt": "sqrt", "absolute": "abs", "fabs": "abs", "negative": "neg", "add": "add",
+            "subtract": "sub", "multiply": "mul", "true_divide": "div", "divide": "div",
+            "power": "pow", "float_power": "pow", "maximum": "maximum", "minimum": "minimum",
+            "fmax": "maximum", "fmin": "minimum", "greater": "gt", "greater_equal": "ge",
+            "less": "lt", "less_equal": "le", "equal": "eq", "not_equal": "ne",
+            "matmul": "matmul", "sign": "sign", "reciprocal": "reciprocal"}
+#: NumPy ufunc -> f(engine, *xs) elementwise
+_ELEMENTWISE = {
+    "tan": lambda sp, x: sp.tan(x), "arctan": lambda sp, x: sp.atan(x),
+    "arcsin": lambda sp, x: sp.asin(x), "arccos": lambda sp, x: sp.acos(x),
+    "sinh": lambda sp, x: sp.sinh(x), "cosh": lambda sp, x: sp.cosh(x),
+    "arctanh": lambda sp, x: sp.atanh(x), "arcsinh": lambda sp, x: sp.asinh(x),
+    "log1p": lambda sp, x: sp.log(1 + x), "expm1": lambda sp, x: sp.exp(x) - 1,
+    "log2": lambda sp, x: sp.log(x) / sp.log(2), "log10": lambda sp, x: sp.log(x) / sp.log(10),
+    "exp2": lambda sp, x: 2 ** x, "square": lambda sp, x: x * x,
+    "cbrt": lambda sp, x: x ** sp.Rational(1, 3), "positive": lambda sp, x: x,
+    "conjugate": lambda sp, x: x,
+}
+_REDUCE = {"add": "sum", "maximum": "amax", "minimum": "amin", "fmax": "amax", "fmin": "amin"}
+
+_ACTIVE: list = []  # the backend of the innermost trace
+
+
+def _plain(a):
+    return a.view(np.ndarray) if isinstance(a, SymArray) else a
+
+
+def _wrap_out(r):
+    if isinstance(r, np.ndarray):
+        return r.view(SymArray) if r.dtype == object else r
+    if isinstance(r, (bool, np.bool_)):
+        return r
+    return np.asarray(r, dtype=object).view(SymArray)
+
+
+class SymArray(np.ndarray):
+    """An object array of expressions whose NumPy ufuncs build SymPy expressions.
+
+    ``.numpy()`` of a symbolic tensor returns one while a forward is traced; ufuncs with a
+    SymPy meaning run on the SymPy backend (comparisons decided at the point's values)."""
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        be = _ACTIVE[-1] if _ACTIVE else None
+        name = ufunc.__name__
+        args = [_plain(a) for a in inputs]
+        out = kwargs.pop("out", None)
+        if out is not None:
+            raise TypeError(f"np.{name}(..., out=) is not supported on symbolic values")
+        if be is None:
+            return _wrap_out(getattr(ufunc, method)(*args, **kwargs))
+        if method == "__call__":
+            kwargs.pop("dtype", None)
+            kwargs.pop("casting", None)
+            if kwargs:
+                raise TypeError(f"np.{name} with {sorted(kwargs)} is not supported on "
+                                "symbolic values")
+            if name in _KERNELS:
+                return _wrap_out(getattr(be, _KERNELS[name])(*args))
+            if name in _ELEMENTWISE:
+                f, sp = _ELEMENTWISE[name], be.sp
+                fn = np.frompyfunc(lambda *xs: f(sp, *xs), len(args), 1)
+                return _wrap_out(obj(fn(*[obj(a) for a in args])))
+            raise TypeError(f"np.{name} has no SymPy meaning here (symbolic values)")
+        if method == "reduce" and name in _REDUCE:
+            axis = kwargs.pop("axis", 0)
+            keepdims = kwargs.pop("keepdims", False)
+            kwargs.pop("dtype", None)
+            if kwargs.get("where", True) is True:
+                kwargs.pop("where", None)
+            if kwargs:
+                raise TypeError(f"np.{name}.reduce with {sorted(kwargs)} is not supported on "
+                                "symbolic values")
+            axis = tuple(axis) if isinstance(axis, list) else axis
+            return _wrap_out(getattr(be, _REDUCE[name])(args[0], axis=axis, keepdims=keepdims))
+        raise TypeError(f"np.{name}.{method} is not supported on symbolic values")
+
+    def __array_function__(self, func, types, args, kwargs):
+        be = _ACTIVE[-1] if _ACTIVE else None
+        if be is not None and func in (np.dot, np.matmul) and len(args) == 2 and not kwargs:
+            a, b = (_plain(a) for a in args)
+            if np.ndim(a) == 0 or np.ndim(b) == 0:
+                return _wrap_out(be.mul(a, b))
+            return _wrap_out(be.matmul(a, b))
+        if be is not None and func is np.clip:
+            a, lo, hi = (list(args) + [kwargs.get("a_min"), kwargs.get("a_max")])[:3]
+            r = _plain(a)
+            if lo is not None:
+                r = be.maximum(r, _plain(lo))
+            if hi is not None:
+                r = be.minimum(r, _plain(hi))
+            return _wrap_out(r)
+        r = super().__array_function__(func, types, args, kwargs)
+        if isinstance(r, tuple):
+            return tuple(_wrap_out(x) if isinstance(x, np.ndarray) else x for x in r)
+        return _wrap_out(r) if isinstance(r, np.ndarray) else r
+
+
+# -- the symbolic device --------------------------------------------------------------------
+def _is_symbolic_data(data) -> bool:
+    if isinstance(data, SymArray):
+        return True
+    if isinstance(data, np.ndarray):
+        return data.dtype == object
+    if isinstance(data, (list, tuple)):
+        return any(_is_symbolic_data(d) for d in data)
+    return hasattr(data, "free_symbols") and not getattr(data, "is_Number", False)
+
+
+def _as_object(data) -> np.ndarray:
+    if isinstance(data, (list, tuple)):
+        parts = [_plain(d) if isinstance(d, np.ndarray) else d for d in data]
+        return obj(np.array(parts, dtype=object))
+    return obj(np.asarray(_plain(data) if isinstance(data, np.ndarray) else data,
+                          dtype=object))
+
+
+@contextlib.contextmanager
+def symbolic_device(be):
+    """Tensors on a ``sympy`` device run ``be``'s kernels inside this block; creation from
+    symbolic data (SymArray, object arrays, expressions) makes such tensors, and
+    ``Tensor.numpy()`` / ``item()`` / ``tolist()`` hand out their expressions."""
+    import importlib
+
+    from .. import backends, dtypes
+    from ..device import device
+
+    tensor_mod = importlib.import_module("symgrad.tensor")
+    creation = importlib.import_module("symgrad.creation")
+    memory = importlib.import_module("symgrad.memory")
+    cuda = importlib.import_module("symgrad.cuda")
+    sg = importlib.import_module("symgrad")
+    Tensor = tensor_mod.Tensor
+    memory._live.setdefault("sympy", 0)
+    memory._peak.setdefault("sympy", 0)
+    dev = object.__new__(device)
+    dev.type, dev.index = "sympy", None
+    saved_be = backends._BACKENDS.get("sympy")
+    saved_default = backends._DEVICE_DEFAULT.get("sympy")
+    backends._BACKENDS["sympy"] = be
+    backends._DEVICE_DEFAULT["sympy"] = "sympy"
+    key = np.dtype(object)
+    saved_dt = tensor_mod._DT_OF.get(key)
+    tensor_mod._DT_OF[key] = dtypes.float64
+    require = cuda._require_cuda
+
+    def _require(d):
+        return d if getattr(d, "type", None) == "sympy" else require(d)
+
+    def _wrap(data):
+        return Tensor._wrap(_as_object(data), dev)
+
+    patched: list = []
+
+    def patch(owner, name, new):
+        if hasattr(owner, name):
+            patched.append((owner, name, getattr(owner, name)))
+            setattr(owner, name, new)
+
+    orig_numpy, orig_item, orig_tolist = Tensor.numpy, Tensor.item, Tensor.tolist
+
+    def numpy(self, *a, **k):
+        if self._device.type == "sympy":
+            return obj(self._data).view(SymArray) if self._data.dtype == object else self._data
+        return orig_numpy(self, *a, **k)
+
+    def item(self):
+        if self._device.type == "sympy":
+            if self._data.size != 1:
+                raise RuntimeError(f"a Tensor with {self._data.size} elements cannot be "
+                                   "converted to Scalar")
+            return self._data.reshape(-1)[0]
+        return orig_item(self)
+
+    def tolist(self):
+        if self._device.type == "sympy":
+            return self._data.tolist()
+        return orig_tolist(self)
+
+    def make_creator(orig):
+        def create(data, *a, **k):
+            if _is_symbolic_data(data):
+                return _wrap(data)
+            return orig(data, *a, **k)
+
+        create.__wrapped__ = orig
+        return create
+
+    cuda._require_cuda = _require
+    patch(Tensor, "numpy", numpy)
+    patch(Tensor, "item", item)
+    patch(Tensor, "tolist", tolist)
+    for name in ("tensor", "from_numpy", "as_tensor", "asarray"):
+        for mod in (sg, creation):
+            if hasattr(mod, name):
+                patch(mod, name, make_creator(getattr(mod, name)))
+    _ACTIVE.append(be)
+    try:
+        yield dev
+    finally:
+        _ACTIVE.pop()
+        for owner, name, old in reversed(patched):
+            setattr(owner, name, old)
+        cuda._require_cuda = require
+        if saved_dt is None:
+            tensor_mod._DT_OF.pop(key, None)
+        else:
+            tensor_mod._DT_OF[key] = saved_dt
+        if saved_be is None:
+            backends._BACKENDS.pop("sympy", None)
+        else:
+            backends._BACKENDS["sympy"] = saved_be
+        if saved_default is None:
+            backends._DEVICE_DEFAULT.pop("sympy", None)
+        else:
+            backends._DEVICE_DEFAULT["sympy"] = saved_default
+
+
+def _arg_array(a):
+    """A replay input as a trace argument: integer/boolean contents as a numeric array."""
+    a = np.asarray(a) if not isinstance(a, np.ndarray) else a
+    if a.dtype != object:
+        return a.copy() if a.dtype.kind in "biu" else obj(a).copy()
+    flat = list(a.flat)
+    if flat and all(isinstance(v, (bool, np.bool_)) for v in flat):
+        return a.astype(bool)
+    if flat and all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+                    for v in flat):
+        return a.astype(np.int64)
+    return a.copy()
+
+
+def trace_forward(cls, args, be, tensor_positions) -> tuple:
+    """Run ``cls.forward`` once on symbolic tensors; the outputs' object arrays (None for a
+    non-tensor output). ``args``: per forward argument, an array (tensor arguments, at
+    ``tensor_positions``) or the value itself. Raises :class:`TraceError`."""
+    from ..autograd.grad_mode import no_grad
+    from ..tensor import Tensor
+
+    pos = set(tensor_positions)
+    with symbolic_device(be) as dev:
+        targs = [Tensor._wrap(_arg_array(a), dev) if j in pos else a
+                 for j, a in enumerate(args)]
+        ctx = TraceCtx(tuple(j in pos for j in range(len(args))))
+        try:
+            with no_grad():
+                if _setup_context_style(cls):
+                    out = cls.forward(*targs)
+                    cls.setup_context(ctx, tuple(targs), out)
+                else:
+                    out = cls.forward(ctx, *targs)
+        except Exception as exc:  # noqa: BLE001 - any failure stops the trace
+            raise TraceError(cls.__name__, exc) from exc
+    outs = out if isinstance(out, tuple) else (out,)
+    result = []
+    for o in outs:
+        if isinstance(o, Tensor):
+            result.append(obj(np.asarray(_plain(o._data))).copy())
+        else:
+            result.append(None)
+    return tuple(result)
