@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["assert_gradients_match", "check_function", "gradient_check", "resolve_inputs",
-           "leaf_names", "RECORDED"]
+__all__ = ["assert_gradients_match", "assert_function_correct", "check_function",
+           "gradient_check", "resolve_inputs", "leaf_names", "RECORDED"]
 
 #: (check name, report JSON) for every check run in this process, in order.
 RECORDED: list[tuple[str, dict]] = []
@@ -243,3 +243,127 @@ def run_marked(fn, name: str | None = None):
     inputs = resolve_inputs(opts["inputs"], opts["seed"])
     return verify_call(fn, *inputs, mode=opts["mode"], rtol=opts["rtol"], atol=opts["atol"],
                        order=opts["order"], check_name=name or fn.__qualname__)
+
+
+# -- custom Functions: one line proves the backward ------------------------------------------
+def _function_leaves(function_cls, inputs):
+    """Copies of the float tensor inputs as leaves that require grad, named after forward's
+    parameters; other arguments pass through."""
+    from ..symbolic.trace import forward_arg_names
+    from ..tensor import Tensor
+
+    arg_names = forward_arg_names(function_cls, len(inputs))
+    args, names, leaves = [], {}, []
+    for j, x in enumerate(inputs):
+        if isinstance(x, Tensor) and x.dtype.is_floating_point:
+            t = x.detach().clone().requires_grad_(True)
+            names[arg_names[j]] = t
+            leaves.append((j, arg_names[j], t))
+            args.append(t)
+        else:
+            args.append(x)
+    return args, names, leaves
+
+
+def _claims_double_backward(outs, cotangents, leaves) -> bool:
+    """True when the Function's backward is differentiable: under create_graph=True the
+    gradients it returns carry a grad_fn (not a once_differentiable backward)."""
+    from ..autograd import grad
+
+    try:
+        gs = grad([o for o in outs], [t for _, _, t in leaves], cotangents,
+                  retain_graph=True, create_graph=True, allow_unused=True)
+    except Exception:  # noqa: BLE001 - not differentiable twice
+        return False
+    return any(g is not None and g.grad_fn is not None for g in gs)
+
+
+def _function_failure(cls_name, report, leaves) -> str:
+    """A readable reason naming the input whose gradient is wrong and the element."""
+    pos = {name: j for j, name, _ in leaves}
+    lines = []
+    for row in report.leaves:
+        if row.status in ("ok", "not checked"):
+            continue
+        where = "" if row.worst_index is None else \
+            f"{row.name}{list(int(i) for i in row.worst_index)}"
+        arg = f"input '{row.name}'" + (f" (argument {pos[row.name] + 1} of forward)"
+                                        if row.name in pos else "")
+        if row.status == "mismatch":
+            bound = f", bound {row.bound:.3g}" if row.bound is not None else ""
+            lines.append(f"{cls_name}.backward gives a wrong gradient for {arg}: at {where} "
+                         f"engine {row.engine_value:.10g}, exact {row.symbolic_value:.10g} "
+                         f"(max abs err {row.max_abs_err:.3g}{bound})")
+        else:
+            lines.append(f"{arg}: {row.status}" + (f" ({row.detail})" if row.detail else ""))
+    for row in report.nodes:
+        if row.status in ("mismatch", "error", "could not evaluate") and row.detail:
+            lines.append(f"{row.name} (its own backward against the derivative of its "
+                         f"forward): {row.detail}")
+    for h in report.hvp:
+        if h.get("status") not in ("ok", None):
+            lines.append(f"double backward of {cls_name}: the Hessian-vector product for "
+                         f"input '{h.get('name')}' is {h.get('status')} (max abs err "
+                         f"{h.get('max_abs_err', float('nan')):.3g}); its backward is "
+                         "differentiable under create_graph=True, so it claims a double "
+                         "backward (values saved from forward are constants there: decorate "
+                         "the backward with @once_differentiable, or pass order=1)")
+    if not lines:
+        lines.append(f"{cls_name}: verification status {report.status!r}")
+    return "\n".join(lines)
+
+
+def assert_function_correct(function_cls, *inputs, order: int | None = None,
+                            require_exact: bool = False, mode: str = "auto",
+                            rtol: float | None = None, atol: float | None = None,
+                            seed: int = 0, check_name: str | None = None):
+    """Prove a custom ``autograd.Function``'s backward against the exact derivative of the
+    forward it actually runs (traced on symbols; no ``sympy`` method needed), at
+    ``inputs``; with ``order=2`` also its double backward (``None``, the default: when the
+    backward is differentiable, i.e. its gradients carry a grad_fn under
+    ``create_graph=True``).
+
+    Float tensor inputs are copied as leaves that require grad and named after forward's
+    parameters; other arguments pass through. Outputs are checked along a seeded cotangent.
+    Raises AssertionError naming the input whose gradient is wrong and the element (engine
+    against exact value), followed by the verifier's table. A forward that cannot be
+    traced is checked by finite differences (the report's notes say which line stopped
+    the trace); ``require_exact=True`` makes that a failure. A Function that declares
+    ``surrogate_gradient = True`` (straight-through estimator) is not compared with its
+    forward's derivative. Returns the Report."""
+    from ..symbolic import verify
+    from ..tensor import Tensor, tensor
+
+    args, names, leaves = _function_leaves(function_cls, inputs)
+    if not leaves:
+        raise TypeError(f"{function_cls.__name__}: no floating-point tensor among the inputs")
+    out = function_cls.apply(*args)
+    outs = [o for o in (out if isinstance(out, tuple) else (out,))
+            if isinstance(o, Tensor) and o.requires_grad]
+    if not outs:
+        raise TypeError(f"{function_cls.__name__}.apply returned no tensor that requires grad")
+    rng = np.random.default_rng(seed)
+    cots = [tensor(rng.uniform(0.5, 1.5, size=tuple(o.shape)), dtype=o.dtype) for o in outs]
+    if order is None:
+        order = 2 if _claims_double_backward(outs, cots, leaves) else 1
+    if len(outs) == 1:
+        root, gradient = outs[0], cots[0]
+    else:  # several outputs: one scalar along the cotangents
+        root = sum((o * c).sum() for o, c in zip(outs, cots))
+        gradient = None
+    kwargs: dict[str, Any] = {"mode": mode, "order": order, "names": names}
+    if rtol is not None:
+        kwargs["rtol"] = rtol
+    if atol is not None:
+        kwargs["atol"] = atol
+    report = verify(root, gradient, **kwargs)
+    _record(report, check_name or function_cls.__qualname__)
+    fell_back = [n for n in report.notes if "could not be traced" in n or
+                 "was not traced" in n]
+    if not report.ok:
+        raise AssertionError(_function_failure(function_cls.__name__, report, leaves)
+                             + "\n\n" + str(report))
+    if require_exact and fell_back:
+        raise AssertionError(f"{function_cls.__name__}: not proved exactly: "
+                             + "; ".join(fell_back))
+    return report

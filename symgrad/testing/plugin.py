@@ -2,6 +2,9 @@
 
 - fixture ``symgrad_check(fn, *inputs, **options)`` runs the verifier on ``fn(*inputs)``;
   a mismatch fails the test with the verifier's table;
+- fixture ``symgrad_function(MyFunction, *inputs, **options)`` proves a custom
+  ``autograd.Function``'s backward (and double backward) against its traced forward
+  (``symgrad.testing.assert_function_correct``);
 - marker ``@pytest.mark.symgrad(mode=..., rtol=..., atol=...)`` sets that test's defaults;
 - ``--symgrad-mode`` sets the session default; ``--symgrad-report=PATH`` writes every
   check of the session as JSON (PATH) and HTML (PATH with ``.html``), gathered from all
@@ -54,6 +57,32 @@ def symgrad_check(request):
             return checks.assert_gradients_match(
                 fn, *inputs, check_name=f"{request.node.nodeid}::{getattr(fn, '__name__', fn)}",
                 **opts)
+        finally:
+            request.config.stash[_RECORDS].extend(checks.RECORDED[start:])
+
+    return run
+
+
+@pytest.fixture
+def symgrad_function(request):
+    """Call as ``symgrad_function(MyFunction, *inputs, **options)``: proves the Function's
+    backward (``assert_function_correct``); returns the verifier's Report."""
+    from . import checks
+
+    marker = request.node.get_closest_marker("symgrad")
+    defaults = {"mode": request.config.getoption("--symgrad-mode")}
+    if marker is not None:
+        defaults.update({k: v for k, v in marker.kwargs.items() if v is not None})
+
+    def run(function_cls, *inputs, **options):
+        opts = {**defaults, **options}
+        if opts.get("mode") == "finite_differences":
+            opts["mode"] = "local"
+        start = len(checks.RECORDED)
+        try:
+            return checks.assert_function_correct(
+                function_cls, *inputs,
+                check_name=f"{request.node.nodeid}::{function_cls.__name__}", **opts)
         finally:
             request.config.stash[_RECORDS].extend(checks.RECORDED[start:])
 
