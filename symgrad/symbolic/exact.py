@@ -272,15 +272,19 @@ class SymbolicGraph:
                     self.steps[leaf.index] = st
             return out
 
-    def output_rounding(self, gradient: np.ndarray) -> dict:
+    def output_rounding(self, gradient: np.ndarray, forward: bool = True) -> dict:
         """The bound's ``D`` term per leaf ({leaf index: float array}): a backward that
         reads its op's recorded output ``y`` (sigmoid, tanh, exp) computes the partial
         ``p`` from a ``y`` rounded by ``eps |y|``, which moves it by ``|y| |dp/dy|`` =
         ``|y| |p'/p|`` (``p'`` = d p / d x) per unit of eps; carried to the leaves by the
         absolute partials. Taken for definitions of one symbol (elementwise ops); run only
-        when a leaf is outside the bound without it."""
+        when a leaf is outside the bound without it. ``forward``: the partial's input also
+        carries its forward error (``_forward_error``); verify takes it for float64 graphs
+        only, as a float32 graph that needs it is re-run in float64 and reported
+        ``imprecise`` (the user is told precision was lost rather than given a wide bound).
+        """
         with mpmath.workdps(self.dps):
-            fwd = self._forward_error()
+            fwd = self._forward_error() if forward else {}
             adj: dict = defaultdict(lambda: mpmath.mpf(0))
             dm: dict = defaultdict(lambda: mpmath.mpf(0))
             root = self.root_array()

@@ -227,6 +227,26 @@ def _fix_ties(g, params, in_vals, args, k, d, dv, positions):
     return dv
 
 
+def _fix_on_params(g, params, in_vals, args, k, dv, positions):
+    """Recompute, with the branches decided as PyTorch decides them, the derivative at
+    elements that equal a number parameter (a clamp bound): SymPy folds
+    ``Min(Max(x, c), c)`` (bounds equal once rounded to float32) to the constant ``c``,
+    whose derivative 0 is not PyTorch's clamp'(c) = 1."""
+    pv = [float(v) for v in params.values() if isinstance(v, (float, int, np.floating))
+          and not isinstance(v, bool) and np.isfinite(float(v))]
+    if not pv or len(set(pv)) == len(pv):  # only a degenerate pair of equal bounds folds
+        return dv
+    x = np.broadcast_to(np.asarray(args[k], dtype=np.float64), dv.shape)
+    mask = np.isin(x, pv)
+    if not mask.any() or int(mask.sum()) > MPMATH_RETRY_LIMIT:
+        return dv
+    dv = np.array(dv, dtype=np.float64)
+    for flat in np.flatnonzero(mask):
+        idx = np.unravel_index(flat, dv.shape)
+        dv[idx] = _decided_derivative(g.spec, params, in_vals, (idx, dv.shape), positions, k)
+    return dv
+
+
 def _heaviside(at_zero):
     return lambda x, h0=None: np.where(np.asarray(x) > 0, 1.0,
                                        np.where(np.asarray(x) < 0, 0.0, at_zero))
@@ -320,6 +340,7 @@ def _elementwise_jtv(g, in_vals, v, graph=None):
         for k, d in zip(positions, derivs):
             dv = np.broadcast_to(np.asarray(d(*args), dtype=np.float64), v.shape)
             dv = _fix_ties(g, params, in_vals, args, k, d, dv, positions)
+            dv = _fix_on_params(g, params, in_vals, args, k, dv, positions)
             dv = _fix_nonfinite(g, params, in_vals, k, dv, positions)
             shape = np.shape(in_vals[k])
             mag = _sum_to(np.abs(v * dv), shape)

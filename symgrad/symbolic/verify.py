@@ -538,7 +538,7 @@ def _run_exact(rep, graph, engine, engine_name, gradient, engine_grads, tol_for,
             err, rel, ok = _compare(e, s, 0.0, 0.0, allowed)
             if not ok[np.isfinite(s)].all():  # the output-rounding term, only when needed
                 if dterms is None:
-                    dterms = sym.output_rounding(gradient)
+                    dterms = sym.output_rounding(gradient, forward=not _is_float32(graph))
                 allowed = rounding_bound(dt, mag, steps + 2, dterms[lf.index].reshape(-1),
                                          finite=np.isfinite(s))
                 err, rel, ok = _compare(e, s, 0.0, 0.0, allowed)
