@@ -393,3 +393,18 @@ def test_kl_div_target_gradient_at_zero_is_nan_as_torchs(torch):
         res[lib] = tin.grad
     assert np.isnan(res[sg].numpy()[0, 1])
     assert_close(res[sg], res[torch], terms=4, scale=magnitude(res[torch]) + 1)
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_cross_entropy_with_every_target_ignored_has_zero_gradient_as_torch(torch, smoothing):
+    x = np.random.default_rng(0).standard_normal((3, 4))
+    out = {}
+    for lib in (torch, sg):
+        t = lib.tensor(x, requires_grad=True)
+        loss = lib.nn.functional.cross_entropy(t, lib.tensor([0, 0, 0]), ignore_index=0,
+                                               label_smoothing=smoothing)
+        (g,) = lib.autograd.grad(loss * 2.0, t)
+        out[lib.__name__] = (loss.item(), g.numpy())
+    assert np.isnan(out["symgrad"][0]) and np.isnan(out["torch"][0])
+    np.testing.assert_array_equal(out["symgrad"][1], out["torch"][1])  # exact zeros, +0.
+    assert not np.signbit(out["symgrad"][1]).any()

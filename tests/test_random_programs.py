@@ -31,6 +31,9 @@ NOT_DRAWN_HERE = {"addmm", "mse_loss", "binary_cross_entropy_with_logits", "nll_
 NOT_DRAWN_HERE |= {"uniform_", "normal_", "random_", "random_to_", "random_from_to_",
                    "bernoulli_", "bernoulli_tensor_", "exponential_", "log_normal_", "cauchy_",
                    "geometric_"}
+# binary_cross_entropy raises unless its input is within [0, 1], which a pool holding nan
+# cannot promise; tests/test_losses_api.py compares it with torch (graph, values, grads).
+NOT_DRAWN_HERE |= {"binary_cross_entropy"}
 
 
 class Builder:
@@ -127,6 +130,25 @@ def _simple(name, make):
         f = make(b, b.shadow[i])
         b.op(name, lambda L, P: f(L, P[i]))
     return gen
+
+
+def _gen_cross_entropy(name):
+    """cross_entropy with label smoothing and an ignored class: the losses' own small ops
+    (mul_scalar, div_scalar, masked_fill) as torch's C++ composes them."""
+    def gen(b):
+        i = b.pick(lambda t: t.ndim == 2 and 0 not in t.shape, make=lambda: (3, 4))
+        n, c = b.shadow[i].shape
+        labels = [b.draw(st.integers(0, c - 1)) for _ in range(n)]
+        ignore = b.draw(st.sampled_from([-100, labels[0]]))
+        smoothing = b.draw(st.sampled_from([0.0, 0.1, 0.3]))
+        b.op(name, lambda L, P: L.nn.functional.cross_entropy(
+            P[i], L.tensor(labels), ignore_index=ignore, label_smoothing=smoothing))
+    return gen
+
+
+def _loss(name, make):
+    """A loss of a pool tensor against a target built from it (so both get gradients)."""
+    return _simple(name, lambda b, t: make(b))
 
 
 def _nonempty_dim(b, t):
@@ -396,6 +418,15 @@ GENERATORS = {
     "clamp_tensor_min": _gen_clamp_tensor("clamp_tensor_min"),
     "clamp_tensor_max": _gen_clamp_tensor("clamp_tensor_max"),
     "where": _gen_where, "addcmul": _gen_addcmul,
+    "smooth_l1_loss": _loss("smooth_l1_loss", lambda b: (lambda beta: lambda L, x: (
+        L.nn.functional.smooth_l1_loss(x, x.tanh(), beta=beta)))(
+        b.draw(st.sampled_from([0.5, 1.0])))),
+    "huber_loss": _loss("huber_loss", lambda b: (lambda delta: lambda L, x: (
+        L.nn.functional.huber_loss(x, x.tanh(), delta=delta)))(
+        b.draw(st.sampled_from([0.3, 1.0])))),
+    "xlogy": _loss("xlogy", lambda b: lambda L, x: L.nn.functional.kl_div(
+        x.log_softmax(-1), x.softmax(-1), reduction="sum") if x.ndim else x * 1),
+    **{k: _gen_cross_entropy(k) for k in ("masked_fill", "mul_scalar", "div_scalar")},
     "clamp_min_tensor": _gen_clamp_one_tensor("clamp_min_tensor"),
     "clamp_max_tensor": _gen_clamp_one_tensor("clamp_max_tensor"),
     **{f"{c}{k}": _gen_inplace_compare(f"{c}{k}") for c in ("gt", "ge", "lt", "le", "eq", "ne")

@@ -176,6 +176,10 @@ def _nll_grad(grad, self, target, weight, reduction, ignore_index, total_weight)
     if reduction == NONE:
         return coef * (grad.unsqueeze(-1) if self.ndim == 2 else grad)
     if reduction == MEAN:
+        if float(hit.to(self.dtype).sum()) == 0:
+            # every target ignored: total_weight is 0 and torch's kernel writes zeros, so
+            # grad / 0 must not turn the zero coefficients into nan
+            return coef * (grad * 0) + 0.0  # + 0.0 turns -0. into torch's 0.
         grad = grad / total_weight
     return coef * grad
 
