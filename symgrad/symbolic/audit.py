@@ -65,6 +65,11 @@ def _setitem(kind):
     return ex
 
 
+def _ex_compare_(name: str, tensor_other: bool):
+    """``x.gt_(y)`` / ``x.gt_(1.0)`` on a non-leaf copy of ``x``."""
+    return lambda x, y: getattr(x * 1.0, f"{name}_")(y if tensor_other else 1.0)
+
+
 #: One small example per op: ``fn(x, y) -> output`` on two 2x3 float64 leaves (values in
 #: [0.5, 1.5], matching the positive symbols), or a custom builder.
 EXAMPLES = {
@@ -151,6 +156,22 @@ EXAMPLES = {
     "zero_": lambda x, y: (x * 1.0).zero_(),
     "fill_": lambda x, y: (x * 1.0).fill_(2.0),
     "fill_tensor_": lambda x, y: (x * 1.0).fill_(y[0, 0]),
+    "clamp_min_tensor": lambda x, y: x.clamp_min(y),
+    "clamp_max_tensor": lambda x, y: x.clamp_max(y),
+    # in-place comparisons and random initialisers: a zero gradient into `self` (torch)
+    **{f"{c}{k}": _ex_compare_(c, k == "_tensor_")
+       for c in ("eq", "ne", "gt", "ge", "lt", "le") for k in ("_", "_tensor_")},
+    "uniform_": lambda x, y: (x * 1.0).uniform_(),
+    "normal_": lambda x, y: (x * 1.0).normal_(),
+    "random_": lambda x, y: (x * 1.0).random_(),
+    "random_to_": lambda x, y: (x * 1.0).random_(5),
+    "random_from_to_": lambda x, y: (x * 1.0).random_(1, 5),
+    "bernoulli_": lambda x, y: (x * 1.0).bernoulli_(0.5),
+    "bernoulli_tensor_": lambda x, y: (x * 1.0).bernoulli_(y * 0 + 0.5),
+    "exponential_": lambda x, y: (x * 1.0).exponential_(),
+    "log_normal_": lambda x, y: (x * 1.0).log_normal_(),
+    "cauchy_": lambda x, y: (x * 1.0).cauchy_(),
+    "geometric_": lambda x, y: (x * 1.0).geometric_(0.5),
     "copy_": lambda x, y: (x * 1.0).copy_(y),
     "select_backward": lambda x, y: _ix("select_backward", x[0],
                                         {"input_sizes": (2, 3), "dim": 0, "index": 1}),
