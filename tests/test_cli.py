@@ -264,11 +264,12 @@ def test_default_is_a_summary_and_verbose_has_everything(model_run):
     header = next(line for line in full.splitlines() if "engine grad" in line).split("  ")
     header = [h.strip() for h in header if h.strip()]
     assert header == ["leaf", "shape", "status", "worst element", "engine grad",
-                      "symbolic grad", "finite-diff grad", "max abs err", "max rel err",
-                      "finite-diff err", "elements checked"]
+                      "symbolic grad", "finite-diff grad", "max abs err", "bound",
+                      "max rel err", "finite-diff err", "elements checked"]
     node_header = next(line for line in full.splitlines() if "checked against" in line)
     assert [h.strip() for h in node_header.split("  ") if h.strip()] == [
-        "node", "local check", "checked against", "max abs err", "max rel err", "formula"]
+        "node", "local check", "checked against", "max abs err", "bound", "max rel err",
+        "formula"]
     assert "tolerance:" in full and "rtol 1e-08" in full
     assert "tolerance:" not in short
 
