@@ -19,6 +19,7 @@ import numpy as np
 
 from ..backends.sympy_backend import SympyBackend, obj
 from . import _engine as E
+from .fused import CLOSED_FORMS, closed_form
 
 __all__ = ["SymbolicGraph", "TimeoutExpired"]
 
@@ -62,6 +63,8 @@ class SymbolicGraph:
         self.dv = E.DecisionEvaluator(self.recorded, self.values)
         self.be = SympyBackend(engine, valuation=self.dv, lazy=True)  # no cycle via self
         self.dps = E.DPS
+        #: softmax / log_softmax / logsumexp with closed-form partials (fused.py)
+        self.closed_forms = True
 
     # -- construction --------------------------------------------------------------------
     def _valuation(self, e):
@@ -184,6 +187,11 @@ class SymbolicGraph:
             deciding = E.DecidingEngine(self.sp, self.dv,
                                         g.spec.name in E.SPLIT_TIES)
             outs = (elementwise(g.spec.sympy, deciding, arrays, g.params),)
+        elif g.spec.name in CLOSED_FORMS and self.closed_forms and \
+                (fused := closed_form(self, g, arrays)) is not None:
+            self.dv.round = None
+            self.node_out[(g.index, 0)] = fused
+            return
         elif g.spec.sympy == STRUCTURAL:
             self.be.ties_first = "indices" in g.spec.outputs  # value-selecting reductions
             outs = g.forward_numeric(self.be, arrays)
