@@ -111,6 +111,11 @@ def _rebuild_custom(graph, g, cls, positions):
     return out.grad_fn
 
 
+def _sympy_of(cls):
+    """The Function's ``sympy`` meaning, if it has one (a torch Function usually has none)."""
+    return getattr(cls, "sympy", None)
+
+
 def _positions(g):
     return tuple(j for j, r in enumerate(g.inputs) if r[0] != "scalar")
 
@@ -182,7 +187,7 @@ def trace_state(g, graph) -> dict:
 
 def replayable(g, graph) -> bool:
     """Whether exact mode can replay custom node ``g`` (a ``sympy`` meaning or a trace)."""
-    if g.custom.sympy is not None:
+    if _sympy_of(g.custom) is not None:
         return True
     return trace_state(g, graph)["status"] == "ok"
 
@@ -191,7 +196,7 @@ def custom_meaning(g, engine, arrays, be=None):
     """The outputs of a custom Function on object arrays: through its ``sympy``, else its
     forward traced on symbolic tensors (on ``be``, whose valuation decides branches)."""
     cls = g.custom
-    if cls.sympy is None:
+    if _sympy_of(cls) is None:
         from ..backends.sympy_backend import SympyBackend
         from .trace import TraceError, surrogate_of, trace_forward
 
@@ -213,7 +218,7 @@ def custom_meaning(g, engine, arrays, be=None):
     for idx in np.ndindex(*shape):
         it = iter(t[idx] for t in tensors)
         args = [next(it) if j in pos else a for j, a in enumerate(arrays)]
-        r = cls.sympy(*args)
+        r = _sympy_of(cls)(*args)
         rs = r if isinstance(r, tuple) else (r,)
         for k in range(n_out):
             outs[k][idx] = to_engine(rs[k]) if to_engine is not None else rs[k]
@@ -228,14 +233,14 @@ def custom_local(g, graph, in_vals, v64, engine, engine_name, rng, sample):
     cls = g.custom
     pos = _positions(g)
     diff_pos = [j for j in pos if g.needs[j] and np.asarray(in_vals[j]).dtype.kind == "f"]
-    if cls.sympy is not None:
+    if _sympy_of(cls) is not None:
         import sympy
 
         from .local import lambdify_numpy
 
         xs = sympy.symbols(f"x0:{len(in_vals)}", real=True)
         args = [xs[j] if j in pos else in_vals[j] for j in range(len(in_vals))]
-        r = cls.sympy(*args)
+        r = _sympy_of(cls)(*args)
         rs = list(r) if isinstance(r, tuple) else [r]
         res = {}
         numargs = [np.asarray(in_vals[j], dtype=np.float64) if j in pos else 0.0

@@ -107,13 +107,71 @@ def capture_torch():
             cap.mode = _Mode()
             cap.mode.__enter__()
             _CAPTURES.append(cap)
+            _wrap_function_apply(cap)
             self_.capture = cap
             return self_
 
         def __exit__(self_, *exc):
+            _unwrap_function_apply(cap)
             cap.mode.__exit__(*exc)
 
     return _Ctx()
+
+
+_APPLY_STACK: list = []  # (capture, the apply it replaced)
+
+
+def _wrap_function_apply(cap) -> None:
+    """``torch.autograd.Function.apply`` records its arguments while ``cap`` is active
+    (a TorchFunctionMode does not see ``apply`` itself, only the calls inside forward)."""
+    from torch.autograd import Function
+
+    old = Function.__dict__["apply"]
+    inner = old.__func__ if isinstance(old, classmethod) else old
+
+    def apply(cls, *args, **kwargs):
+        import torch
+
+        out = inner(cls, *args, **kwargs)
+        if torch.is_grad_enabled():
+            if kwargs:  # bind keyword arguments to forward's positions
+                try:
+                    args = _bind_forward(cls, args, kwargs)
+                    kwargs = {}
+                except TypeError:
+                    pass
+            cap.record(out, args, kwargs)
+        return out
+
+    _APPLY_STACK.append((cap, old))
+    Function.apply = classmethod(apply)
+
+
+def _unwrap_function_apply(cap) -> None:
+    from torch.autograd import Function
+
+    for k in range(len(_APPLY_STACK) - 1, -1, -1):
+        if _APPLY_STACK[k][0] is cap:
+            old = _APPLY_STACK[k][1]
+            if k == len(_APPLY_STACK) - 1:
+                Function.apply = old
+            else:  # an inner capture exits after an outer one: re-chain
+                _APPLY_STACK[k + 1] = (_APPLY_STACK[k + 1][0], old)
+            del _APPLY_STACK[k]
+            return
+
+
+def _bind_forward(cls, args, kwargs):
+    from .trace import _setup_context_style
+
+    sig = inspect.signature(cls.forward)
+    params = list(sig.parameters.values())
+    if not _setup_context_style(cls):
+        params = params[1:]
+    sig = sig.replace(parameters=params)
+    b = sig.bind(*args, **kwargs)
+    b.apply_defaults()
+    return tuple(b.args)
 
 
 def _captured(fn):
@@ -161,7 +219,7 @@ def walk_torch(root, names=None) -> Graph:
         if meta:
             out_shape[id(node)] = tuple(int(s) for s in meta[0].shape)
     for node in order:
-        spec = _spec_for(node.name())
+        spec = None if _custom_cls(node) is not None else _spec_for(node.name())
         for i, (nxt, _) in enumerate(node.next_functions):
             if nxt is None or spec is None or i >= len(spec.inputs):
                 continue
@@ -185,6 +243,9 @@ def walk_torch(root, names=None) -> Graph:
     missing, gnodes = [], []
     for j, node in enumerate(order):
         name = node.name()
+        if _custom_cls(node) is not None:
+            gnodes.append(_custom_gnode(j, node, index, leaf_ref, missing))
+            continue
         spec = _spec_for(name)
         if spec is None:
             raise NotImplementedError(
@@ -254,6 +315,9 @@ def walk_torch(root, names=None) -> Graph:
     # output shapes and dtypes by replaying (cheap: the graph is replayed once here)
     for g in gnodes:
         if g.spec is None:
+            if g.custom is not None:
+                g.out_shapes = [tuple(np.shape(graph.value_of(("node", g.index, nr))))
+                                for nr in range(len(g.out_shapes))]
             continue
         v = graph.value_of(("node", g.index, 0)) if g.out_dtypes else None
         if v is None:
@@ -264,6 +328,137 @@ def walk_torch(root, names=None) -> Graph:
     graph.engine_grads = _torch_engine_grads
     graph.engine_hvp = _torch_engine_hvp
     return graph
+
+
+def _custom_cls(node):
+    """The ``torch.autograd.Function`` class behind a node (its ``BackwardCFunction``)."""
+    return getattr(type(node), "_forward_cls", None)
+
+
+def _torch_np_dtype(dt):
+    import torch
+
+    return torch.empty(0, dtype=dt).numpy().dtype
+
+
+def _custom_gnode(j, node, index, leaf_ref, missing):
+    """A ``torch.autograd.Function`` node: its forward's arguments (tensor arguments from
+    the graph's edges, the rest from ``capture_torch``), replayed and differentiated through
+    the Function itself; its meaning is its forward traced on symbols (symbolic/custom.py)."""
+    import torch
+
+    from .trace import forward_arg_names
+
+    cls = _custom_cls(node)
+    name = node.name()
+    needs = tuple(bool(b) for b in node.needs_input_grad)
+    n_args = len(needs)
+    edges = list(node.next_functions)
+    arg_names = forward_arg_names(cls, n_args)
+    cap = _captured(node)
+    inputs = []
+    if cap is not None and len(cap[1]) == n_args:
+        snaps = cap[1]
+        t_pos = [k for k, a in enumerate(snaps) if a[0] == "tensor"]
+    elif len(edges) == n_args:  # every argument is a tensor: the edges say where from
+        snaps, t_pos = None, list(range(n_args))
+    else:
+        snaps, t_pos = None, None
+        missing.append(f"the arguments of {name} (a torch.autograd.Function with "
+                       f"{n_args - len(edges)} non-tensor argument(s): torch keeps no "
+                       "record of them)")
+    if t_pos is not None and len(t_pos) != len(edges):
+        missing.append(f"the arguments of {name} (captured {len(t_pos)} tensor arguments, "
+                       f"the graph has {len(edges)})")
+        t_pos = None
+    positions = ()
+    if t_pos is not None:
+        positions = tuple(t_pos)
+        for k in range(n_args):
+            if k not in positions:
+                inputs.append(("scalar", _unsnap(snaps[k])))
+                continue
+            nxt, nr = edges[positions.index(k)]
+            if nxt is not None and type(nxt).__name__ == "AccumulateGrad":
+                inputs.append(leaf_ref(nxt.variable, True))
+            elif nxt is not None:
+                if id(nxt) not in index:
+                    missing.append(f"input '{arg_names[k]}' of {name} (from {nxt.name()})")
+                    inputs.append(("missing", arg_names[k]))
+                else:
+                    inputs.append(("node", index[id(nxt)], nr))
+            elif snaps is not None:  # a tensor that does not require grad: as captured
+                t = snaps[k][2]
+                if not isinstance(t, torch.Tensor) or not np.array_equal(
+                        _np(t), snaps[k][1], equal_nan=snaps[k][1].dtype.kind == "f"):
+                    t = _unsnap(snaps[k])
+                inputs.append(leaf_ref(t, False))
+            else:
+                missing.append(f"input '{arg_names[k]}' of {name} (a tensor that does not "
+                               "require grad: torch keeps no reference to it)")
+                inputs.append(("missing", arg_names[k]))
+    meta = list(getattr(node, "_input_metadata", ()) or ())
+    g = GNode(j, node, name, None, inputs, {},
+              [tuple(int(s) for s in m.shape) for m in meta] or [()],
+              [_torch_np_dtype(m.dtype) for m in meta] or [np.dtype(np.float64)],
+              needs=needs, custom=cls, input_names=arg_names)
+    g.torch_positions = positions
+
+    def forward_numeric(be, arrays):
+        if be.name != "numpy":
+            raise NotImplementedError
+        args = [torch.from_numpy(np.array(a)) if k in positions else a
+                for k, a in enumerate(arrays)]
+        with torch.no_grad():
+            out = cls.apply(*args)
+        outs = out if isinstance(out, tuple) else (out,)
+        return tuple(_np(o) if isinstance(o, torch.Tensor) else o for o in outs)
+
+    g.forward_numeric = forward_numeric
+    g.backward = _torch_custom_backward
+    return g
+
+
+def _torch_custom_backward(graph, g, grads):
+    """The Function's own backward (``ctx`` is the node) on numeric grads; each gradient
+    reduced to its input's shape where torch's engine would (it must expand to it)."""
+    import torch
+
+    from .local import _sum_to
+
+    gts = []
+    for k, v in enumerate(grads):
+        if v is None:
+            v = np.zeros(g.out_shapes[k], dtype=g.out_dtypes[k])
+        gts.append(torch.from_numpy(np.ascontiguousarray(v)))
+    try:
+        with torch.no_grad():
+            outs = g.node.apply(*gts)
+    except RuntimeError as exc:
+        if "freed" in str(exc) or "second time" in str(exc):
+            raise FreedGraphError(f"{exc} (torch graph: use retain_graph=True or verify "
+                                  "before backward)") from None
+        raise
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    res = []
+    for k, r in enumerate(g.inputs):
+        o = outs[k] if k < len(outs) else None
+        if o is None or not g.needs[k] or r[0] == "scalar":
+            res.append(None)
+            continue
+        o = _np(o).astype(np.float64) if isinstance(o, torch.Tensor) else \
+            np.asarray(o, dtype=np.float64)
+        shape = np.shape(graph.value_of(r))
+        if o.shape != shape:
+            try:
+                np.broadcast_shapes(o.shape, shape)
+                if len(o.shape) >= len(shape) and np.broadcast_shapes(o.shape, shape) == \
+                        o.shape:
+                    o = _sum_to(o, shape)
+            except ValueError:
+                pass
+        res.append(o)
+    return res
 
 
 def _first_float(graph, g):

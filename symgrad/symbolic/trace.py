@@ -31,8 +31,8 @@ import numpy as np
 
 from ..backends.sympy_backend import obj
 
-__all__ = ["TraceError", "TraceCtx", "SymArray", "symbolic_device", "trace_forward",
-           "surrogate_of", "forward_arg_names"]
+__all__ = ["TraceError", "TraceCtx", "SymArray", "TorchSym", "symbolic_device", "trace_forward",
+           "surrogate_of", "forward_arg_names", "is_torch_function"]
 
 
 class TraceError(Exception):
@@ -392,17 +392,22 @@ def _arg_array(a):
 def trace_forward(cls, args, be, tensor_positions) -> tuple:
     """Run ``cls.forward`` once on symbolic tensors; the outputs' object arrays (None for a
     non-tensor output). ``args``: per forward argument, an array (tensor arguments, at
-    ``tensor_positions``) or the value itself. Raises :class:`TraceError`."""
+    ``tensor_positions``) or the value itself. A ``torch.autograd.Function`` gets
+    :class:`TorchSym` stand-ins for its tensor arguments. Raises :class:`TraceError`."""
     from ..autograd.grad_mode import no_grad
     from ..tensor import Tensor
 
     pos = set(tensor_positions)
-    with symbolic_device(be) as dev:
+    torch_cls = is_torch_function(cls)
+    with symbolic_device(be) as dev, \
+            (_torch_symbolic(dev) if torch_cls else contextlib.nullcontext()):
         targs = [Tensor._wrap(_arg_array(a), dev) if j in pos else a
                  for j, a in enumerate(args)]
+        if torch_cls:
+            targs = [TorchSym(a) if j in pos else a for j, a in enumerate(targs)]
         ctx = TraceCtx(tuple(j in pos for j in range(len(args))))
         try:
-            with no_grad():
+            with no_grad(), (_torch_no_grad() if torch_cls else contextlib.nullcontext()):
                 if _setup_context_style(cls):
                     out = cls.forward(*targs)
                     cls.setup_context(ctx, tuple(targs), out)
@@ -413,8 +418,291 @@ def trace_forward(cls, args, be, tensor_positions) -> tuple:
     outs = out if isinstance(out, tuple) else (out,)
     result = []
     for o in outs:
+        if isinstance(o, TorchSym):
+            o = o._sgt
         if isinstance(o, Tensor):
             result.append(obj(np.asarray(_plain(o._data))).copy())
+        elif torch_cls and type(o).__module__.startswith("torch") and hasattr(o, "detach"):
+            result.append(obj(np.asarray(o.detach().cpu().numpy())).copy())  # a constant
         else:
             result.append(None)
     return tuple(result)
+
+
+def _torch_no_grad():
+    import torch
+
+    return torch.no_grad()
+
+
+# -- torch forwards on symbolic values --------------------------------------------------------
+# A ``torch.autograd.Function``'s forward gets :class:`TorchSym` stand-ins for its tensor
+# arguments: each wraps a symbolic symgrad tensor (the same sympy device as above), and
+# torch calls on it -- ``torch.exp(x)`` through the ``__torch_function__`` protocol,
+# ``x.sum(dim=1)`` and ``x * y`` through its own methods -- run the symgrad op of the same
+# name (symgrad is PyTorch-shaped), so a torch forward means what the same symgrad forward
+# means. ``.numpy()`` gives a :class:`SymArray` and ``torch.from_numpy`` / ``torch.tensor``
+# of one gives a stand-in back, so NumPy inside a torch forward is followed too.
+
+_TORCH_DEV: list = []  # the symbolic device of the innermost torch trace
+
+#: torch names -> the symgrad name with the same meaning
+_TORCH_ALIAS = {"clip": "clamp", "absolute": "abs", "multiply": "mul", "subtract": "sub",
+                "divide": "div", "true_divide": "div", "greater": "gt", "greater_equal": "ge",
+                "less": "lt", "less_equal": "le", "not_equal": "ne", "negative": "neg",
+                "arctan": "atan", "arcsin": "asin", "arccos": "acos", "arctanh": "atanh",
+                "arcsinh": "asinh", "hardtanh": "clamp", "concat": "cat", "concatenate": "cat"}
+#: torch elementwise functions symgrad has no op for -> the NumPy-name meaning above
+_TORCH_ELEMENTWISE = {"tan": "tan", "atan": "arctan", "asin": "arcsin", "acos": "arccos",
+                      "sinh": "sinh", "cosh": "cosh", "atanh": "arctanh", "asinh": "arcsinh",
+                      "log1p": "log1p", "expm1": "expm1", "log2": "log2", "log10": "log10",
+                      "exp2": "exp2", "square": "square"}
+
+
+def _engine_map(x, f):
+    """``f(engine, element)`` on every element of a symbolic tensor."""
+    from ..tensor import Tensor
+
+    sp = _ACTIVE[-1].sp
+    data = np.asarray(_plain(x._data))
+    fn = np.frompyfunc(lambda e: f(sp, e), 1, 1)
+    return Tensor._wrap(obj(fn(obj(data))), x._device)
+
+
+def _erf(x):
+    return _engine_map(x, lambda sp, e: sp.erf(e))
+
+
+def _gelu(x, approximate="none"):
+    if approximate == "tanh":
+        return _engine_map(x, lambda sp, e: e / 2 * (1 + sp.tanh(
+            sp.sqrt(2 / sp.pi) * (e + sp.Rational(44715, 1000000) * e ** 3))))
+    return _engine_map(x, lambda sp, e: e / 2 * (1 + sp.erf(e / sp.sqrt(2))))
+
+
+def _softplus(x, beta=1.0, threshold=20.0):
+    import symgrad as sg
+
+    return sg.where(x * beta > threshold, x, ((x * beta).exp() + 1).log() / beta)
+
+
+def _amax(x, dim=None, keepdim=False, *, name="max"):
+    if dim is None or dim == () or dim == []:
+        return getattr(x, name)()
+    dims = (dim,) if isinstance(dim, int) else tuple(dim)
+    nd = x.dim()
+    for d in sorted((d % nd for d in dims), reverse=True):
+        x = getattr(x, name)(dim=d, keepdim=keepdim).values
+    return x
+
+
+_TORCH_EXTRA = {
+    "erf": _erf,
+    "gelu": _gelu,
+    "softplus": _softplus,
+    "silu": lambda x, inplace=False: x * x.sigmoid(),
+    "leaky_relu": lambda x, negative_slope=0.01, inplace=False: __import__("symgrad").where(
+        x > 0, x, x * negative_slope),
+    "rsqrt": lambda x: x.sqrt().reciprocal(),
+    "amax": _amax,
+    "amin": lambda x, dim=None, keepdim=False: _amax(x, dim, keepdim, name="min"),
+    "contiguous": lambda x, *a, **k: x,
+    "expand_as": lambda x, other: x.expand(*other.shape),
+    "type_as": lambda x, other: x.to(other.dtype),
+    "view_as": lambda x, other: x.reshape(tuple(other.shape)),
+    "reshape_as": lambda x, other: x.reshape(tuple(other.shape)),
+}
+for _n, _u in _TORCH_ELEMENTWISE.items():
+    _TORCH_EXTRA.setdefault(_n, (lambda u: lambda x: _engine_map(
+        x, lambda sp, e: _ELEMENTWISE[u](sp, e)))(_u))
+
+
+def _to_sg(a):
+    """torch-side values as symgrad-side ones (stand-ins unwrapped, tensors on the
+    symbolic device, torch dtypes as symgrad's)."""
+    import torch
+
+    from ..tensor import Tensor
+
+    if isinstance(a, TorchSym):
+        return a._sgt
+    if isinstance(a, torch.Tensor):
+        return Tensor._wrap(_arg_array(a.detach().cpu().numpy()), _TORCH_DEV[-1])
+    if isinstance(a, torch.dtype):
+        from .. import dtypes
+
+        return getattr(dtypes, str(a).rsplit(".", 1)[-1])
+    if isinstance(a, torch.Size):
+        return tuple(int(s) for s in a)
+    if isinstance(a, SymArray):
+        return Tensor._wrap(_as_object(a), _TORCH_DEV[-1])
+    if isinstance(a, (list, tuple)) and not hasattr(a, "_fields"):
+        return type(a)(_to_sg(u) for u in a)
+    return a
+
+
+def _to_torch(r):
+    from .. import dtypes
+    from ..tensor import Tensor
+
+    if isinstance(r, Tensor):
+        return TorchSym(r)
+    if isinstance(r, dtypes.dtype):  # x.dtype: torch's (torch.tensor(c, dtype=x.dtype))
+        import torch
+
+        return getattr(torch, str(r).rsplit(".", 1)[-1], r)
+    if hasattr(r, "_fields"):
+        return type(r)(*(_to_torch(u) for u in r))
+    if isinstance(r, (list, tuple)):
+        return type(r)(_to_torch(u) for u in r)
+    return r
+
+
+def _torch_call(name, args, kwargs, method):
+    """A torch function or method ``name`` on stand-ins, run as symgrad's."""
+    import symgrad as sg
+    from symgrad.nn import functional as F
+
+    from ..tensor import Tensor
+
+    name = _TORCH_ALIAS.get(name, name)
+    args = _to_sg(tuple(args))
+    if kwargs.get("out") is not None:
+        raise TypeError(f"torch {name}(..., out=) is not supported on symbolic values")
+    kwargs = {k: _to_sg(v) for k, v in kwargs.items() if k not in ("device", "out")}
+    if name in _TORCH_EXTRA:
+        return _to_torch(_TORCH_EXTRA[name](*args, **kwargs))
+    first = args[0] if args else None
+    if method and isinstance(first, Tensor) and hasattr(Tensor, name):
+        return _to_torch(getattr(first, name)(*args[1:], **kwargs))
+    for ns in (sg, F):
+        f = getattr(ns, name, None)
+        if callable(f) and not isinstance(f, type):
+            return _to_torch(f(*args, **kwargs))
+    if isinstance(first, Tensor) and hasattr(Tensor, name):
+        return _to_torch(getattr(first, name)(*args[1:], **kwargs))
+    raise TypeError(f"torch {name!r} has no SymPy meaning here (symbolic values)")
+
+
+class TorchSym:
+    """A torch-tensor stand-in over a symbolic symgrad tensor (a torch forward's argument
+    while it is traced): torch functions and tensor methods on it run symgrad's ops of the
+    same name on the SymPy backend."""
+
+    __slots__ = ("_sgt",)
+
+    def __init__(self, t) -> None:
+        self._sgt = t
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        import torch
+
+        name = getattr(func, "__name__", None) or str(func)
+        method = getattr(torch.Tensor, name, None) is func or str(
+            getattr(func, "__qualname__", "")).startswith(("TensorBase.", "Tensor."))
+        if name == "__get__":  # a property read through torch (x.shape on a real tensor)
+            raise TypeError(f"torch {func} has no SymPy meaning here (symbolic values)")
+        return _torch_call(name, args, kwargs or {}, method)
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        from ..tensor import Tensor
+
+        if name in _TORCH_EXTRA or name in _TORCH_ALIAS or callable(
+                getattr(Tensor, name, None)):
+            def method(*args, **kwargs):
+                return _torch_call(name, (self,) + args, kwargs, True)
+
+            method.__name__ = name
+            return method
+        if name == "device":
+            import torch
+
+            return torch.device("cpu")
+        return _to_torch(getattr(self._sgt, name))
+
+    def __repr__(self) -> str:
+        return f"TorchSym({np.asarray(_plain(self._sgt._data))!r})"
+
+    def __bool__(self) -> bool:
+        return bool(self._sgt)
+
+    def __float__(self) -> float:
+        return float(self._sgt)
+
+    def __int__(self) -> int:
+        return int(self._sgt)
+
+    def __index__(self) -> int:
+        return self._sgt.__index__()
+
+    def __len__(self) -> int:
+        return len(self._sgt)
+
+    def __iter__(self):
+        return (_to_torch(u) for u in self._sgt)
+
+    def __array__(self, dtype=None, copy=None):
+        a = obj(np.asarray(_plain(self._sgt._data)))
+        return a if dtype is None else a.astype(dtype)
+
+    __hash__ = object.__hash__
+
+
+def _operator(name):
+    def op(self, *args):
+        return _torch_call(name, (self,) + args, {}, True)
+
+    op.__name__ = name
+    return op
+
+
+for _n in ("add", "radd", "sub", "rsub", "mul", "rmul", "truediv", "rtruediv", "floordiv",
+           "pow", "rpow", "matmul", "rmatmul", "neg", "pos", "abs", "gt", "ge", "lt", "le",
+           "eq", "ne", "getitem", "and", "or", "xor", "invert", "mod"):
+    setattr(TorchSym, f"__{_n}__", _operator(f"__{_n}__"))
+
+
+def is_torch_function(cls) -> bool:
+    """Whether ``cls`` is a ``torch.autograd.Function`` subclass (torch already loaded)."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    fn = getattr(getattr(torch, "autograd", None), "Function", None)
+    return isinstance(fn, type) and isinstance(cls, type) and issubclass(cls, fn)
+
+
+@contextlib.contextmanager
+def _torch_symbolic(dev):
+    """torch creation from symbolic data (``torch.from_numpy(np.exp(x.numpy()))``) gives a
+    stand-in inside this block."""
+    import torch
+
+    from ..tensor import Tensor
+
+    patched = []
+
+    def make(orig):
+        def create(data, *a, **k):
+            if isinstance(data, TorchSym):
+                return data
+            if _is_symbolic_data(data):
+                return TorchSym(Tensor._wrap(_as_object(data), dev))
+            return orig(data, *a, **k)
+
+        create.__wrapped__ = orig
+        return create
+
+    for name in ("tensor", "from_numpy", "as_tensor", "asarray"):
+        if hasattr(torch, name):
+            patched.append((name, getattr(torch, name)))
+            setattr(torch, name, make(getattr(torch, name)))
+    _TORCH_DEV.append(dev)
+    try:
+        yield
+    finally:
+        _TORCH_DEV.pop()
+        for name, old in reversed(patched):
+            setattr(torch, name, old)
