@@ -687,6 +687,8 @@ def graph_json(root: Any, names: Mapping[str, Any] | None = None, report: Any = 
 def _add_formula(node: Any, entry: dict, namer: Namer) -> None:
     spec = getattr(type(node), "_spec", None)
     if spec is None:
+        if getattr(type(node), "_forward_cls", None) is not None:
+            _add_custom_formula(node, entry, namer)
         return
     refs = getattr(node, "_input_refs", ())
     input_names: list[str | None] = []
@@ -699,6 +701,22 @@ def _add_formula(node: Any, entry: dict, namer: Namer) -> None:
     out_name = entry.get("variable") or "y"
     try:
         entry["formula"], entry["derivative"] = _local_latex(node, spec, input_names, out_name)
+    except Exception:  # noqa: BLE001 - a formula is a nicety, never an error
+        entry["formula"], entry["derivative"] = None, None
+
+
+def _add_custom_formula(node: Any, entry: dict, namer: Namer) -> None:
+    """A custom ``autograd.Function`` (symgrad or torch) without a ``sympy`` method: its
+    forward traced on symbols named after its inputs, as LaTeX beside the node."""
+    def name_of(t: Any) -> str | None:
+        return namer.name(t) if _is_tensor(t) and (
+            namer.variable(t) or getattr(t, "name", None)) else None
+
+    try:
+        from ..symbolic.custom import traced_latex
+
+        entry["formula"], entry["derivative"] = traced_latex(
+            node, name_of, entry.get("variable") or "y", latex_name)
     except Exception:  # noqa: BLE001 - a formula is a nicety, never an error
         entry["formula"], entry["derivative"] = None, None
 

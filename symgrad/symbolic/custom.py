@@ -359,3 +359,175 @@ def _traced_local(g, st, in_vals, v64, diff_pos, rng, sample):
                 "these inputs (piecewise constant): if the backward is a straight-through "
                 "estimator on purpose, declare `surrogate_gradient = True` on the Function")
     return res, formula, note
+
+
+# -- the Inspector's formula ------------------------------------------------------------------
+#: Largest number of tensor-input elements whose forward the Inspector traces for a
+#: custom Function node's formula; LaTeX longer than FORMULA_CHARS is left out.
+FORMULA_LIMIT = 512
+FORMULA_CHARS = 3000
+FORMULA_ELEMENTS = 3
+
+
+def _node_args(node, name_of):
+    """``(cls, values, positions, needs, names)`` of a custom Function node (symgrad or
+    torch), per forward argument: an array (known values), ``("shape", s)`` (a tensor whose
+    value the node does not keep) or the non-tensor value; None when unknown."""
+    from .graph import deref
+    from .trace import forward_arg_names
+
+    cls = getattr(type(node), "_forward_cls", None)
+    if cls is None:
+        return None
+    edges = list(node.next_functions)
+    names: list = []
+    if hasattr(node, "_tensor_positions"):  # symgrad
+        positions = tuple(node._tensor_positions)
+        vals = []
+        for j, r in enumerate(getattr(node, "_input_refs", ())):
+            v = deref(r)
+            if j in positions:
+                if v is None or not hasattr(v, "_data"):
+                    return None
+                names.append(name_of(v))
+                v = np.asarray(v.detach().numpy())
+            else:
+                names.append(None)
+            vals.append(v)
+        needs = tuple(j in positions and edges[positions.index(j)][0] is not None
+                      for j in range(len(vals)))
+    else:  # torch: the capture's arguments, else the edges when every argument is a tensor
+        from .torch_graph import _captured
+
+        needs = tuple(bool(b) for b in node.needs_input_grad)
+        cap = _captured(node)
+        if cap is not None and len(cap[1]) == len(needs):
+            positions = tuple(j for j, s in enumerate(cap[1]) if s[0] == "tensor")
+            vals = []
+            for s in cap[1]:
+                if s[0] == "tensor":
+                    vals.append(np.asarray(s[1]))
+                    names.append(name_of(s[2]))
+                else:
+                    vals.append(s[1] if s[0] == "value" else None)
+                    names.append(None)
+        elif len(edges) == len(needs):
+            positions = tuple(range(len(needs)))
+            vals = []
+            for nxt, nr in edges:
+                if nxt is None:
+                    return None
+                if type(nxt).__name__ == "AccumulateGrad":
+                    vals.append(np.asarray(nxt.variable.detach().cpu().numpy()))
+                    names.append(name_of(nxt.variable))
+                else:
+                    meta = list(getattr(nxt, "_input_metadata", ()) or ())
+                    if nr >= len(meta):
+                        return None
+                    vals.append(("shape", tuple(int(s) for s in meta[nr].shape)))
+                    names.append(None)
+        else:
+            return None
+    params = forward_arg_names(cls, len(vals))
+    names = [n or p for n, p in zip(names, params)]
+    return cls, vals, positions, needs, names
+
+
+def _letters(n: int) -> str:
+    return "".join(chr(65 + int(c)) for c in str(n))
+
+
+def traced_latex(node, name_of, out_name: str, latex_name) -> tuple:
+    """``(formula, derivative)`` LaTeX of a custom Function node (symgrad or torch) without
+    a ``sympy`` method: its forward traced on symbols named after its inputs (``x_{0,1}``),
+    branches decided at the recorded values; ``(None, None)`` where it cannot be traced.
+    ``name_of(tensor)``: the display name of an input tensor, or None."""
+    import mpmath
+    import sympy
+
+    from ..backends.sympy_backend import SympyBackend
+    from . import _engine as E
+    from .trace import surrogate_of, trace_forward
+
+    got = _node_args(node, name_of)
+    if got is None:
+        return None, None
+    cls, vals, pos, needs, names = got
+    if _sympy_of(cls) is not None:
+        return None, None
+    size = sum(int(np.prod(v[1] if isinstance(v, tuple) else np.shape(v))) for j, v in
+               enumerate(vals) if j in pos)
+    if size > FORMULA_LIMIT:
+        return None, None
+    subs: dict = {}
+    values: dict = {}
+    args, syms = [], {}
+    for j, v in enumerate(vals):
+        if j not in pos:
+            args.append(v)
+            continue
+        shape = v[1] if isinstance(v, tuple) else np.shape(v)
+        if not isinstance(v, tuple) and np.asarray(v).dtype.kind != "f":
+            args.append(np.asarray(v))
+            continue
+        base = latex_name(names[j])
+        arr = np.empty(shape, dtype=object)
+        for i, idx in enumerate(np.ndindex(*shape)):
+            ph = f"XSYMQ{_letters(j)}Z{_letters(i)}Q"
+            s = sympy.Symbol(ph, real=True)
+            arr[idx] = s
+            subs[ph] = base if not shape else "{" + base + "}_{" + ",".join(
+                str(k) for k in idx) + "}"
+            if not isinstance(v, tuple):
+                values[s] = mpmath.mpf(float(np.asarray(v)[idx]))
+        args.append(arr)
+        syms[j] = arr
+    be = SympyBackend(sympy, valuation=E.Evaluator(values) if values else None)
+    try:
+        outs = trace_forward(cls, args, be, pos)
+    except Exception:  # noqa: BLE001 - no formula is better than an error (TraceError too)
+        return None, None
+    outs = [o for o in outs if o is not None]
+    if not outs:
+        return None, None
+
+    def tex(e) -> str:
+        out = sympy.latex(sympy.sympify(e))
+        for ph in sorted(subs, key=len, reverse=True):
+            out = out.replace(ph, subs[ph])
+        return out
+
+    out_tex = latex_name(out_name)
+    lines, first = [], None
+    for k, o in enumerate(outs):
+        name = out_tex if k == 0 else f"{out_tex}^{{({k})}}"
+        for n, (idx, e) in enumerate(np.ndenumerate(o)):
+            if n == FORMULA_ELEMENTS:
+                lines.append(r"\ldots")
+                break
+            lhs = name if not o.shape else "{" + name + "}_{" + ",".join(
+                str(i) for i in idx) + "}"
+            lines.append(f"{lhs} = {tex(e)}")
+            if first is None:
+                first = (lhs, e)
+    formula = r",\quad ".join(lines)
+    if surrogate_of(cls):
+        formula += r"\quad\text{(declared surrogate gradient)}"
+    if len(formula) > FORMULA_CHARS:
+        formula = lines[0] if len(lines[0]) <= FORMULA_CHARS else None
+    parts = []
+    if first is not None:
+        lhs, e = first
+        free = getattr(sympy.sympify(e), "free_symbols", set())
+        for j, arr in syms.items():
+            if not needs[j]:
+                continue
+            s = next((s for s in arr.reshape(-1) if s in free), None)
+            if s is None:
+                continue
+            d = sympy.diff(sympy.sympify(e), s)
+            parts.append(rf"\frac{{\partial {lhs}}}{{\partial {subs[s.name]}}} = {tex(d)}")
+    derivative = r",\quad ".join(parts) or None
+    if derivative is not None and len(derivative) > FORMULA_CHARS:
+        derivative = None
+    return formula, derivative
