@@ -119,6 +119,10 @@ def _glue_cases(dt):
         ("AccumulateGrad", "_accumulate_into", glue.ACCUMULATE_GRAD, glue._both,
          lambda rep: "AccumulateGrad into" in str(rep)
          and type(rep.first_bad_node).__name__ == "AccumulateGrad"),
+        ("backward loop", "_run_plain",
+         {"inline overwrite": glue._inline_overwrite_run_plain()}, glue._fan_out,
+         lambda rep: any("accumulation in the backward loop" in n for n in rep.notes)
+         and rep.first_bad_node is not None),
     )
     for family, attr, mutants, build, named in families:
         for name, fn in sorted(mutants.items()):

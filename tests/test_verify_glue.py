@@ -201,3 +201,37 @@ def test_real_backward_still_accumulates():
     for _ in range(2):
         (x * x).sum().backward()
     np.testing.assert_allclose(x.grad.numpy(), 4 * x.detach().numpy())
+
+
+def _inline_overwrite_run_plain():
+    """engine._run_plain with its inline buffer accumulation planted wrong: a second
+    gradient flowing into a node replaces the first (``_sum_grads`` is never called)."""
+    import inspect
+
+    src = inspect.getsource(engine._run_plain)
+    line = "buf[nr] = g if buf[nr] is None else _sum_grads(buf[nr], g)"
+    assert line in src, "the inline accumulation of engine._run_plain moved: update this"
+    ns = dict(vars(engine))
+    exec(compile(src.replace(line, "buf[nr] = g"), engine.__file__, "exec"), ns)
+    return ns["_run_plain"]
+
+
+@pytest.mark.parametrize("dt", sorted(DTYPES))
+@pytest.mark.parametrize("mode", ["local", "exact"])
+def test_inline_accumulation_of_the_backward_loop_is_checked(mode, dt, monkeypatch):
+    """Tensor.backward's loop fills buffers inline (not through _add_to_buffer), and
+    verify's own engine gradients come from autograd.grad: only the loop probe sees it."""
+    monkeypatch.setattr(engine, "_run_plain", _inline_overwrite_run_plain())
+    x = _t((2, 3), 3, DTYPES[dt], "x")
+    h = x.sin()
+    w = (h * h + x.exp() * 0.5 + x).sum()
+    w.backward(retain_graph=True)  # the planted bug is real: x.grad is wrong
+    rep = sg.verify(w, mode=mode)
+    assert not rep.ok and rep.status == "mismatch", str(rep)
+    text = " ".join(rep.notes)
+    assert "accumulation in the backward loop of the 3 gradients flowing into 'x'" in text
+    assert ("accumulation in the backward loop of the 2 gradients flowing into the output "
+            "of SinBackward0") in text
+    assert "backward loop" in next(r for r in rep.leaves if r.name == "x").detail
+    sin = _find(w, "SinBackward0")
+    assert next(r for r in rep.nodes if r.node is sin).status == "mismatch"

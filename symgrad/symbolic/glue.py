@@ -271,3 +271,76 @@ def check_accumulate_grad(graph, rng):
                 faults.append(fault)
                 break
     return faults
+
+
+_PASS = None
+
+
+def _pass_function():
+    """A custom Function whose backward passes the gradient through unchanged: the probe
+    below routes gradients through the engine's loop without any op's rule."""
+    global _PASS
+    if _PASS is None:
+        from ..autograd import Function
+
+        class _GluePass(Function):
+            @staticmethod
+            def forward(ctx, x):
+                return x.clone()
+
+            @staticmethod
+            def backward(ctx, grad):
+                return grad
+
+        _PASS = _GluePass
+    return _PASS
+
+
+def check_backward_loop(graph, rng):
+    """The accumulation inside the engine's own backward loop (``Tensor.backward``, whose
+    main loop fills gradient buffers inline rather than through ``_add_to_buffer``): for
+    each tensor fed ``k`` times, a stand-in ``h = pass(s)`` of its shape and dtype feeds
+    ``k`` roots ``pass(h)``; a backward from them with random gradients ``g_i`` must leave
+    ``sum g_i`` in ``h``'s buffer (read with ``retain_grad``). Leaves' AccumulateGrad
+    buffers are filled by the same lines; ``.grad`` itself is check_accumulate_grad's."""
+    from .. import tensor as _tensor
+    from ..autograd import engine
+    from ..autograd.grad_mode import enable_grad
+
+    faults = []
+    for ref, k in _fan_in(graph).items():
+        name, shape, dtype, g, lf = _ref_info(graph, ref)
+        if np.dtype(dtype).kind != "f":
+            continue
+        node = g.node if g is not None else None
+        gs = [np.asarray(rng.standard_normal(shape)).astype(dtype) for _ in range(k)]
+        want = np.sum([x.astype(np.float64) for x in gs], axis=0)
+        mag = np.sum([np.abs(x.astype(np.float64)) for x in gs], axis=0)
+        what = f"accumulation in the backward loop of the {k} gradients flowing into {name}"
+        fault = None
+        try:
+            P = _pass_function()
+            s = _tensor(np.zeros(shape, dtype=dtype))
+            s.requires_grad_(True)
+            with enable_grad():
+                h = P.apply(s)
+                h.retain_grad()
+                roots = [P.apply(h) for _ in range(k)]
+            engine.run_backward(roots, [_tensor(x.copy()) for x in gs], retain_graph=False,
+                                create_graph=False)
+            if h.grad is None:
+                fault = GlueFault(what, "no gradient arrived", node, lf)
+            else:
+                gv = np.asarray(h.grad.detach().numpy())
+                ok, w, err, bound = _compare(gv, want, mag, k + 2, dtype)
+                if not ok:
+                    fault = GlueFault(
+                        what, f"at {_where(w, shape)}: engine {float(gv.reshape(-1)[w]):.8g}, "
+                        f"exact sum {float(want.reshape(-1)[w]):.8g}; error {err:.3g} > "
+                        f"bound {bound:.3g}", node, lf, bound, err)
+        except Exception as exc:  # noqa: BLE001  (a broken glue step is a finding)
+            fault = GlueFault(what, f"raised {type(exc).__name__}: {exc}", node, lf)
+        if fault is not None:
+            fault.index = ref[1] if ref[0] == "node" else None
+            faults.append(fault)
+    return faults

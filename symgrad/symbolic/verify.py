@@ -754,16 +754,20 @@ def _run_local(rep, graph, engine, engine_name, rng, sample, tol_for, deadline, 
 
 def _run_glue(rep, graph, seed) -> None:
     """The engine's glue between rules (glue.py): accumulation of the gradients flowing
-    into a tensor that feeds several nodes, and AccumulateGrad into ``.grad``. (The
+    into a tensor that feeds several nodes (through the engine's buffer helper and
+    through its own backward loop), and AccumulateGrad into ``.grad``. (The
     broadcast reduction after each node is checked with the node, in local mode.) A fault
     makes the row of the receiving node or leaf a mismatch naming the step."""
     if graph.kind != "symgrad":
         return
     from ..autograd.node import _accumulator_of
-    from .glue import check_accumulate_grad, check_accumulation
+    from .glue import check_accumulate_grad, check_accumulation, check_backward_loop
 
     rng = np.random.default_rng([int(seed), 18])  # its own stream: other draws unchanged
     faults = check_accumulation(graph, rng) + check_accumulate_grad(graph, rng)
+    named = {(f.index, None if f.leaf is None else f.leaf.index) for f in faults}
+    faults += [f for f in check_backward_loop(graph, rng)  # one fault per place is enough
+               if (f.index, None if f.leaf is None else f.leaf.index) not in named]
     rep.ran.append("engine glue (accumulation, AccumulateGrad)")
     first = None
     for f in faults:
