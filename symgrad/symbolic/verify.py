@@ -277,7 +277,7 @@ def verify(root, gradient=None, *, names=None, mode: str = "auto", order: int = 
             if order == 2:
                 rep.skipped.append("order=2: Hessian-vector products need exact mode "
                                    "(graph over budget)")
-        _run_glue(rep, graph, seed)
+        _run_glue(rep, graph, seed, deadline)
     except TimeoutExpired:
         rep.timed_out = True
         rep.ok = False
@@ -752,7 +752,7 @@ def _run_local(rep, graph, engine, engine_name, rng, sample, tol_for, deadline, 
         rep.notes.append("local mode sampled elements of large tensors (seeded; see details)")
 
 
-def _run_glue(rep, graph, seed) -> None:
+def _run_glue(rep, graph, seed, deadline=None) -> None:
     """The engine's glue between rules (glue.py): accumulation of the gradients flowing
     into a tensor that feeds several nodes (through the engine's buffer helper and
     through its own backward loop), and AccumulateGrad into ``.grad``. (The
@@ -764,9 +764,10 @@ def _run_glue(rep, graph, seed) -> None:
     from .glue import check_accumulate_grad, check_accumulation, check_backward_loop
 
     rng = np.random.default_rng([int(seed), 18])  # its own stream: other draws unchanged
-    faults = check_accumulation(graph, rng) + check_accumulate_grad(graph, rng)
+    faults = (check_accumulation(graph, rng, deadline)
+              + check_accumulate_grad(graph, rng, deadline))
     named = {(f.index, None if f.leaf is None else f.leaf.index) for f in faults}
-    faults += [f for f in check_backward_loop(graph, rng)  # one fault per place is enough
+    faults += [f for f in check_backward_loop(graph, rng, deadline)  # one per place
                if (f.index, None if f.leaf is None else f.leaf.index) not in named]
     rep.ran.append("engine glue (accumulation, AccumulateGrad)")
     first = None
