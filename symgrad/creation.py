@@ -11,8 +11,10 @@ import operator
 
 import numpy as np
 
+from . import _tensor_layer as _tl
 from . import device as _device_mod
 from . import dtypes as _dt
+from ._random import _generator, default_generator, manual_seed  # noqa: F401  (kept here)
 from .device import as_device, resolve
 from .tensor import (
     _INT64_MAX,
@@ -29,33 +31,6 @@ from .tensor import (
 __all__ = ["zeros", "ones", "full", "empty", "zeros_like", "ones_like", "full_like",
            "empty_like", "eye", "arange", "linspace", "rand", "randn", "randint",
            "from_numpy", "manual_seed", "tensor", "set_default_device", "get_default_device"]
-
-_rng = np.random.default_rng(0)
-
-
-def manual_seed(seed: int):
-    global _rng
-    # torch takes any int in [-2**63, 2**64) and uses it modulo 2**64
-    _rng = np.random.default_rng(int(seed) % 2**64)
-    return _rng
-
-
-def default_generator() -> np.random.Generator:
-    return _rng
-
-
-def _generator(generator) -> np.random.Generator:
-    """``generator=``: None (symgrad's generator, seeded by manual_seed), a NumPy
-    ``Generator``, or an object carrying one as ``_rng``."""
-    if generator is None:
-        return _rng
-    if isinstance(generator, np.random.Generator):
-        return generator
-    g = getattr(generator, "_rng", None)
-    if isinstance(g, np.random.Generator):
-        return g
-    raise TypeError(f"argument 'generator' must be a symgrad generator (a numpy.random."
-                    f"Generator), not {_type_name(generator)}")
 
 
 def set_default_device(device) -> None:
@@ -331,7 +306,7 @@ def linspace(start, end, steps: int, *, dtype=None, device=None, requires_grad=F
 def rand(*size, generator=None, dtype=None, device=None, requires_grad=False) -> Tensor:
     d = _dtype(_check_kwargs("rand", dtype, device, requires_grad))
     shape = _size(size, "rand")
-    g = generator or _rng
+    g = generator or default_generator()
     if _on_device(device):  # made on the device; the seed is one draw of the host generator
         return _device_made("random", shape, d, device, requires_grad, d.np, False,
                             int(g.integers(0, 2**63)))
@@ -341,7 +316,7 @@ def rand(*size, generator=None, dtype=None, device=None, requires_grad=False) ->
 def randn(*size, generator=None, dtype=None, device=None, requires_grad=False) -> Tensor:
     d = _dtype(_check_kwargs("randn", dtype, device, requires_grad))
     shape = _size(size, "randn")
-    g = generator or _rng
+    g = generator or default_generator()
     if _on_device(device):
         return _device_made("random", shape, d, device, requires_grad, d.np, True,
                             int(g.integers(0, 2**63)))
@@ -371,7 +346,7 @@ def randint(low, high=None, size=(), *, generator=None, dtype=None, device=None,
     if low >= high:
         raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got "
                            f"from={low} >= to={high}")
-    g = generator or _rng
+    g = generator or default_generator()
     return _finish(g.integers(low, high, size=shape).astype(d.np), device, requires_grad)
 
 
@@ -383,3 +358,7 @@ def from_numpy(array: np.ndarray) -> Tensor:
         raise TypeError(f"can't convert np.ndarray of type numpy.{array.dtype.type.__name__}. "
                         "The only supported types are: float64, float32, int64 and bool.")
     return Tensor._wrap(array)
+
+
+# ops' backward formulas and the engine make zeros and ranges through these (they sit below)
+_tl.provide(zeros=zeros, zeros_like=zeros_like, ones=ones, ones_like=ones_like, arange=arange)

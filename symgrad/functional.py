@@ -1,23 +1,39 @@
-"""Public op functions (``symgrad.exp``, ``symgrad.matmul`` ...) and Tensor methods.
+"""Public op functions (``symgrad.exp``, ``symgrad.matmul`` ...), also Tensor's methods.
 
 Each function normalizes its arguments the way PyTorch does (dims, scalars, overloads)
 and calls ``apply`` with the op's spec; nothing here computes or differentiates.
+
+tensor.py binds these functions as Tensor's methods and operators in its class body
+(``__mul__ = _F.mul``), and calls :func:`install_inplace_methods` for the generated
+in-place forms. This module sits below tensor.py: it recognises tensors as
+``TensorBase`` and reaches the class and its factory through ``_tensor_layer``.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from . import _tensor_layer as _tl
 from . import dtypes as _dt
+from ._random import _generator
+from ._tensor_layer import CPP_NAMES as _CPP_NAMES
+from ._tensor_layer import TORCH_NAMES as _TORCH_NAMES
+from ._tensor_layer import TensorBase
+from ._tensor_layer import type_name as _type_name
+from ._tensor_layer import wrap_dim as _wrap_dim
 from .autograd.function import apply
 from .backends.base import view_strides
 from .ops import OPS
 from .ops._ints import u64, u64s
-from .tensor import _CPP_NAMES, _TORCH_NAMES, Tensor, _type_name, _wrap_dim
+
+if TYPE_CHECKING:  # annotations only: tensor.py imports this module to bind its methods
+    from .tensor import Tensor
 
 _O = OPS  # short alias for the hot path
 
 
 def _t(x):
-    return x if isinstance(x, Tensor) else None
+    return x if isinstance(x, TensorBase) else None
 
 
 def _check_number(x, op):
@@ -32,19 +48,19 @@ def _check_number(x, op):
 
 # -- arithmetic ------------------------------------------------------------------------------
 def add(input, other, *, alpha=1):
-    if not isinstance(other, Tensor):
+    if not isinstance(other, TensorBase):
         other = _check_number(other, "add")
-        if not isinstance(input, Tensor):
+        if not isinstance(input, TensorBase):
             raise TypeError("add(): argument 'input' must be Tensor")
-    elif not isinstance(input, Tensor):
+    elif not isinstance(input, TensorBase):
         return add(other, input, alpha=alpha) if alpha == 1 else rsub_scalar(other, input, alpha)
     return apply(_O["add"], (input, other), {"alpha": alpha})
 
 
 def sub(input, other, *, alpha=1):
-    if not isinstance(input, Tensor):
+    if not isinstance(input, TensorBase):
         return rsub_scalar(other, input, alpha)
-    if not isinstance(other, Tensor):
+    if not isinstance(other, TensorBase):
         other = _check_number(other, "sub")
     return apply(_O["sub"], (input, other), {"alpha": alpha})
 
@@ -55,24 +71,24 @@ def rsub_scalar(input, other, alpha=1):
 
 
 def mul(input, other):
-    if not isinstance(input, Tensor):
+    if not isinstance(input, TensorBase):
         input, other = other, input
-    if not isinstance(other, Tensor):
+    if not isinstance(other, TensorBase):
         other = _check_number(other, "mul")
     return apply(_O["mul"], (input, other))
 
 
 def div(input, other):
-    if not isinstance(input, Tensor):
+    if not isinstance(input, TensorBase):
         return mul(reciprocal(other), _check_number(input, "div"))
-    if not isinstance(other, Tensor):
+    if not isinstance(other, TensorBase):
         other = _check_number(other, "div")
     return apply(_O["div"], (input, other))
 
 
 def pow(input, exponent):  # noqa: A001
-    if isinstance(input, Tensor):
-        if isinstance(exponent, Tensor):
+    if isinstance(input, TensorBase):
+        if isinstance(exponent, TensorBase):
             return apply(_O["pow_tensor"], (input, exponent))
         exponent = _check_number(exponent, "pow")
         return apply(_O["pow"], (_promote_for_scalars(input, exponent),), {"exponent": exponent})
@@ -140,7 +156,7 @@ def _compare(name):
     spec = _O[name]
 
     def fn(input, other):
-        if not isinstance(other, Tensor):
+        if not isinstance(other, TensorBase):
             other = _check_number(other, name)
         return apply(spec, (input, other))
 
@@ -155,7 +171,7 @@ logical_or, logical_and = _compare("logical_or"), _compare("logical_and")
 def addcmul(input, tensor1, tensor2, *, value=1):
     """``input + value * tensor1 * tensor2`` as one op: one fused pass on the CPU backend."""
     for name, x in (("input", input), ("tensor1", tensor1), ("tensor2", tensor2)):
-        if not isinstance(x, Tensor):
+        if not isinstance(x, TensorBase):
             raise TypeError(f"addcmul(): argument '{name}' must be Tensor, not "
                             f"{type(x).__name__}")
     value = _check_number(value, "addcmul")
@@ -166,26 +182,22 @@ def addcmul(input, tensor1, tensor2, *, value=1):
 
 
 def where(condition, input, other):
-    if not isinstance(condition, Tensor) or condition.dtype is not _dt.bool_:
+    if not isinstance(condition, TensorBase) or condition.dtype is not _dt.bool_:
         raise RuntimeError("where expected condition to be a boolean tensor")
-    if not isinstance(input, Tensor):
-        if not isinstance(other, Tensor):  # two numbers: their promoted dtype, as torch
-            from .tensor import tensor
-
+    if not isinstance(input, TensorBase):
+        if not isinstance(other, TensorBase):  # two numbers: their promoted dtype, as torch
             d = _dt.promote([], [_check_number(input, "where"), _check_number(other, "where")])
-            input = tensor(input, dtype=d, device=condition.device)
-            other = tensor(other, dtype=d, device=condition.device)
+            input = _tl.tensor(input, dtype=d, device=condition.device)
+            other = _tl.tensor(other, dtype=d, device=condition.device)
             return apply(_O["where"], (condition, input, other))
         input = _full_like_scalar(input, other)
-    elif not isinstance(other, Tensor):
+    elif not isinstance(other, TensorBase):
         other = _full_like_scalar(other, input)
     return apply(_O["where"], (condition, input, other))
 
 
 def _full_like_scalar(value, like):
-    from .tensor import tensor
-
-    return tensor(value, dtype=like.dtype if isinstance(value, float) and
+    return _tl.tensor(value, dtype=like.dtype if isinstance(value, float) and
                   like.dtype.is_floating_point else None, device=like.device)
 
 
@@ -400,7 +412,7 @@ def to_device(input, device):
     if input._device == device:
         return input
     host = backend_for(input._device.type).to_host(input._data)
-    out = Tensor._wrap(backend_for(device.type).from_host(host), device)
+    out = _tl.Tensor._wrap(backend_for(device.type).from_host(host), device)
     if input._requires_grad:
         from .autograd import function as _fn
         from .autograd.grad_mode import _state
@@ -445,7 +457,7 @@ def dot(input, other):
 
 def matmul(input, other):
     """PyTorch's dispatch: dot, mv, unsqueeze+mm+squeeze_, mm, or batched (bmm)."""
-    if not isinstance(input, Tensor) or not isinstance(other, Tensor):
+    if not isinstance(input, TensorBase) or not isinstance(other, TensorBase):
         raise TypeError("matmul(): argument 'other' must be Tensor")
     a, b = input.ndim, other.ndim
     if a == 0 or b == 0:
@@ -467,7 +479,7 @@ def matmul(input, other):
 
 def bmm(input, mat2):
     for name, x in (("batch1", input), ("batch2", mat2)):
-        if not isinstance(x, Tensor):
+        if not isinstance(x, TensorBase):
             raise TypeError(f"bmm(): argument '{name}' must be Tensor, not {type(x).__name__}")
         if x.ndim != 3:
             raise RuntimeError(f"{name} must be a 3D tensor")
@@ -567,7 +579,7 @@ def _batched_matmul(t1, t2):
 def _minmax(name, input, dim, keepdim):
     from . import return_types
 
-    if isinstance(dim, Tensor):
+    if isinstance(dim, TensorBase):
         return (maximum if name == "max" else minimum)(input, dim)
     if dim is None:
         if input.numel() == 0:
@@ -617,13 +629,13 @@ def argmin(input, dim=None, keepdim=False):
 
 
 def maximum(input, other):
-    if not isinstance(input, Tensor) or not isinstance(other, Tensor):
+    if not isinstance(input, TensorBase) or not isinstance(other, TensorBase):
         raise TypeError("maximum(): argument 'other' must be Tensor")
     return apply(_O["maximum"], (input, other))
 
 
 def minimum(input, other):
-    if not isinstance(input, Tensor) or not isinstance(other, Tensor):
+    if not isinstance(input, TensorBase) or not isinstance(other, TensorBase):
         raise TypeError("minimum(): argument 'other' must be Tensor")
     return apply(_O["minimum"], (input, other))
 
@@ -632,13 +644,13 @@ def clamp(input, min=None, max=None):  # noqa: A002
     """ClampBackward1 with number bounds, ClampBackward0 with tensor bounds (as in torch)."""
     if min is None and max is None:
         raise RuntimeError("torch.clamp: At least one of 'min' or 'max' must not be None")
-    if isinstance(min, Tensor) or isinstance(max, Tensor):
+    if isinstance(min, TensorBase) or isinstance(max, TensorBase):
         if max is None:
             return apply(_O["clamp_tensor_min"], (input, min, None), {"max": None})
         if min is None:
             return apply(_O["clamp_tensor_max"], (input, None, max), {"min": None})
-        lo = min if isinstance(min, Tensor) else _full_like_scalar(min, input)
-        hi = max if isinstance(max, Tensor) else _full_like_scalar(max, input)
+        lo = min if isinstance(min, TensorBase) else _full_like_scalar(min, input)
+        hi = max if isinstance(max, TensorBase) else _full_like_scalar(max, input)
         return apply(_O["clamp_tensor"], (input, lo, hi))
     min = None if min is None else _check_number(min, "clamp")
     max = None if max is None else _check_number(max, "clamp")
@@ -646,14 +658,14 @@ def clamp(input, min=None, max=None):  # noqa: A002
 
 
 def clamp_min(input, min):  # noqa: A002
-    if isinstance(min, Tensor):
+    if isinstance(min, TensorBase):
         return apply(_O["clamp_min_tensor"], (input, min))
     min = _check_number(min, "clamp_min")
     return apply(_O["clamp_min"], (_promote_for_scalars(input, min),), {"min": min})
 
 
 def clamp_max(input, max):  # noqa: A002
-    if isinstance(max, Tensor):
+    if isinstance(max, TensorBase):
         return apply(_O["clamp_max_tensor"], (input, max))
     max = _check_number(max, "clamp_max")
     return apply(_O["clamp_max"], (_promote_for_scalars(input, max),), {"max": max})
@@ -691,11 +703,11 @@ def logsumexp(input, dim, keepdim=False):
 
 # -- joining and slicing ---------------------------------------------------------------------
 def _tensor_list(tensors, name):
-    if isinstance(tensors, Tensor) or not isinstance(tensors, (list, tuple)):
+    if isinstance(tensors, TensorBase) or not isinstance(tensors, (list, tuple)):
         raise TypeError(f"{name}(): argument 'tensors' (position 1) must be tuple of Tensors, "
                         f"not {type(tensors).__name__}")
     for i, x in enumerate(tensors):
-        if not isinstance(x, Tensor):
+        if not isinstance(x, TensorBase):
             raise TypeError(f"expected Tensor as element {i} in argument 0, but got "
                             f"{type(x).__name__}")
     return list(tensors)
@@ -772,28 +784,6 @@ def narrow(input, dim, start, length):
     return slice_(input, u64(d), u64(start), u64(start + length), 1)
 
 
-def _getitem(self, index):
-    from .indexing import getitem
-
-    return getitem(self, index)
-
-
-def _setitem(self, index, value):
-    from .indexing import setitem
-
-    setitem(self, index, value)
-
-
-def _iter(self):
-    """Rows along dim 0 (each a SelectBackward0 view; torch's come from one unbind)."""
-    if self.ndim == 0:
-        raise TypeError("iteration over a 0-d tensor")
-    from .ops._ints import u64 as _u
-    from .ops.indexing import select as _select
-
-    return (_select(self, 0, _u(i)) for i in range(self.shape[0]))
-
-
 # -- composites that tutorials use (built from registered ops, so every backend has them) ---
 def _count_true(input, dim, keepdim):
     nonzero = ne(input, 0)
@@ -830,63 +820,10 @@ def norm(input, p="fro", dim=None, keepdim=False):
                 else sum(mul(input, input)))
 
 
-# -- Tensor methods and operators ------------------------------------------------------------
-def _install_tensor_methods() -> None:
-    T = Tensor
-    for name in ("add", "sub", "mul", "div", "pow", "neg", "reciprocal", "exp", "log", "sin",
-                 "cos", "tanh", "sigmoid", "relu", "sqrt", "abs", "sign", "sum", "mean",
-                 "reshape", "view", "flatten", "t", "transpose", "permute", "expand",
-                 "unsqueeze", "squeeze", "sum_to_size", "clone", "mm", "mv", "dot", "matmul",
-                 "bmm", "contiguous", "max", "min", "argmax", "argmin", "maximum", "minimum",
-                 "clamp", "clamp_min", "clamp_max", "softmax", "log_softmax", "logsumexp",
-                 "select", "narrow", "norm",
-                 "gt", "ge", "lt", "le", "eq", "ne", "logical_not", "logical_or",
-                 "logical_and"):
-        setattr(T, name, globals()[name])
-    T.all, T.any = all_, any_  # named with _ here: the module keeps the builtins
-    T.true_divide = T.divide = T.div
-    T.multiply = T.mul
-    T.subtract = T.sub
-    T.negative = T.neg
-    T.greater, T.less = T.gt, T.lt
-    T.__add__ = T.__radd__ = add
-    T.__sub__ = sub
-    T.__rsub__ = lambda self, other: rsub_scalar(self, other)
-    T.__mul__ = T.__rmul__ = mul
-    T.__truediv__ = div
-    T.__rtruediv__ = lambda self, other: div(other, self)
-    T.__pow__ = pow
-    T.__rpow__ = lambda self, other: pow(other, self)
-    T.__matmul__ = matmul
-    T.__rmatmul__ = lambda self, other: matmul(other, self)
-    T.__neg__ = neg
-    T.__pos__ = lambda self: self
-    T.__abs__ = abs
-    T.__gt__, T.__ge__, T.__lt__, T.__le__ = gt, ge, lt, le
-    T.__eq__, T.__ne__ = eq, ne
-    T.__or__ = logical_or
-    T.__and__ = logical_and
-    T.__invert__ = logical_not
-    T.T = property(lambda self: permute(self, tuple(range(self.ndim))[::-1]))
-    T.expand_as = lambda self, other: expand(self, other.shape)
-    T.view_as = lambda self, other: view(self, other.shape)
-    T.reshape_as = lambda self, other: reshape(self, other.shape)
-    T.where = lambda self, condition, other: where(condition, self, other)
-    T.__getitem__ = _getitem
-    T.__setitem__ = _setitem
-    T.__iter__ = _iter
-    T.clip = T.clamp
-    T.mT = property(_mT)
-    T.addcmul = addcmul
-
-
-_install_tensor_methods()
-
-
 # -- whole-tensor comparisons: equal, isclose, allclose --------------------------------------
 def _tensor_args(fn: str, input, other) -> None:
     for name, pos, x in (("input", 1, input), ("other", 2, other)):
-        if not isinstance(x, Tensor):
+        if not isinstance(x, TensorBase):
             raise TypeError(f"{fn}(): argument '{name}' (position {pos}) must be Tensor, not "
                             f"{_type_name(x)}")
     if input._device != other._device:
@@ -923,7 +860,7 @@ def _isclose(fn: str, input, other, rtol, atol, equal_nan):
 
     _tensor_args(fn, input, other)
     for name, v in (("rtol", rtol), ("atol", atol)):  # torch's keyword-form wording
-        if isinstance(v, Tensor) or not isinstance(v, (int, float, np.integer, np.floating)):
+        if isinstance(v, TensorBase) or not isinstance(v, (int, float, np.integer, np.floating)):
             raise TypeError(f"{fn}(): argument '{name}' must be float, not {_type_name(v)}")
     if not isinstance(equal_nan, (bool, np.bool_)):
         raise TypeError(f"{fn}(): argument 'equal_nan' must be bool, not "
@@ -975,8 +912,8 @@ def isclose(input, other, rtol: float = 1e-05, atol: float = 1e-08,
 
     close = _isclose("isclose", input, other, rtol, atol, equal_nan)
     if input._device.type == "cpu":
-        return Tensor._wrap(close)
-    return Tensor._wrap(backend_for(input._device.type).from_host(close), input._device)
+        return _tl.Tensor._wrap(close)
+    return _tl.Tensor._wrap(backend_for(input._device.type).from_host(close), input._device)
 
 
 def allclose(input, other, rtol: float = 1e-05, atol: float = 1e-08,
@@ -1013,14 +950,14 @@ def _inplace_form(name: str):
     method = name + "_"
     if spec.dtype_rule == "bool_compare":  # 0/1 in self's dtype; GtBackward0/GtBackward1
         def inplace(self, other):
-            if isinstance(other, Tensor):
+            if isinstance(other, TensorBase):
                 return self._inplace(method, f"{name}_tensor_", (other,))
             return self._inplace(method, f"{name}_", (), {"other": _check_number(other, name)})
     else:
         differentiable = spec.grad_fn is not None  # logical_*_: no leaf check, no rebase
 
         def inplace(self, *args, **kwargs):
-            others = tuple(a for a in args + tuple(kwargs.values()) if isinstance(a, Tensor))
+            others = tuple(a for a in args + tuple(kwargs.values()) if isinstance(a, TensorBase))
             return self._inplace_run(method, others, lambda s: fn(s, *args, **kwargs),
                                      differentiable=differentiable)
 
@@ -1069,7 +1006,7 @@ def _bind(fn: str, args: tuple, kwargs: dict, params: tuple) -> list:
 def _float_arg(fn: str, name: str, pos: int, v) -> float:
     import numpy as np
 
-    if isinstance(v, Tensor) and v.numel() == 1:
+    if isinstance(v, TensorBase) and v.numel() == 1:
         v = v.item()
     if not isinstance(v, (bool, int, float, np.integer, np.floating)):
         raise TypeError(f"{fn}(): argument '{name}' (position {pos}) must be float, not "
@@ -1117,8 +1054,6 @@ def uniform_(self, *args, generator=None, **kwargs) -> Tensor:
     """``uniform_(from=0, to=1, *, generator=None)``: numbers uniform on [from, to)."""
     import numpy as np
 
-    from .creation import _generator
-
     lo, hi = _bind("uniform_", args, kwargs, (("from", 0.0), ("to", 1.0)))
     lo = _float_arg("uniform_", "from", 1, lo)
     hi = _float_arg("uniform_", "to", 2, hi)
@@ -1147,8 +1082,6 @@ def uniform_(self, *args, generator=None, **kwargs) -> Tensor:
 
 def normal_(self, *args, generator=None, **kwargs) -> Tensor:
     """``normal_(mean=0, std=1, *, generator=None)``: normally distributed numbers."""
-    from .creation import _generator
-
     mean, std = _bind("normal_", args, kwargs, (("mean", 0.0), ("std", 1.0)))
     mean = _float_arg("normal_", "mean", 1, mean)
     std = _float_arg("normal_", "std", 2, std)
@@ -1176,8 +1109,6 @@ def random_(self, *args, generator=None, **kwargs) -> Tensor:
     import warnings
 
     import numpy as np
-
-    from .creation import _generator
 
     if len(args) > 2:
         raise TypeError(f"random_() takes 2 positional arguments but {len(args)} were given")
@@ -1234,14 +1165,12 @@ def bernoulli_(self, *args, generator=None, **kwargs) -> Tensor:
     """``bernoulli_(p=0.5, *, generator=None)``: 1 with probability p (a number, or a tensor
     broadcast to this one's shape), else 0; any dtype."""
 
-    from .creation import _generator
-
     (p,) = _bind("bernoulli_", args, kwargs, (("p", 0.5),))
-    if not isinstance(p, Tensor):
+    if not isinstance(p, TensorBase):
         p = _float_arg("bernoulli_", "p", 1, p)
     _refuse_leaf(self)
     g = _generator(generator)
-    if isinstance(p, Tensor):
+    if isinstance(p, TensorBase):
         if not p.dtype.is_floating_point:
             raise NotImplementedError(f"\"bernoulli_tensor_cpu_p_\" not implemented for "
                                       f"'{_TORCH_NAMES[p.dtype.name]}'")
@@ -1259,8 +1188,6 @@ def bernoulli_(self, *args, generator=None, **kwargs) -> Tensor:
 
 def exponential_(self, *args, generator=None, **kwargs) -> Tensor:
     """``exponential_(lambd=1, *, generator=None)``: exponentially distributed numbers."""
-    from .creation import _generator
-
     (lambd,) = _bind("exponential_", args, kwargs, (("lambd", 1.0),))
     lambd = _float_arg("exponential_", "lambd", 1, lambd)
     _refuse_leaf(self)
@@ -1274,8 +1201,6 @@ def exponential_(self, *args, generator=None, **kwargs) -> Tensor:
 def log_normal_(self, *args, generator=None, **kwargs) -> Tensor:
     """``log_normal_(mean=1, std=2, *, generator=None)``: exp of normal numbers."""
     import numpy as np
-
-    from .creation import _generator
 
     mean, std = _bind("log_normal_", args, kwargs, (("mean", 1.0), ("std", 2.0)))
     mean = _float_arg("log_normal_", "mean", 1, mean)
@@ -1293,8 +1218,6 @@ def cauchy_(self, *args, generator=None, **kwargs) -> Tensor:
     """``cauchy_(median=0, sigma=1, *, generator=None)``: Cauchy-distributed numbers."""
     import numpy as np
 
-    from .creation import _generator
-
     median, sigma = _bind("cauchy_", args, kwargs, (("median", 0.0), ("sigma", 1.0)))
     median = _float_arg("cauchy_", "median", 1, median)
     sigma = _float_arg("cauchy_", "sigma", 2, sigma)
@@ -1308,8 +1231,6 @@ def cauchy_(self, *args, generator=None, **kwargs) -> Tensor:
 
 def geometric_(self, *args, generator=None, **kwargs) -> Tensor:
     """``geometric_(p, *, generator=None)``: the number of trials to the first success."""
-    from .creation import _generator
-
     (p,) = _bind("geometric_", args, kwargs, (("p", _REQUIRED),))
     p = _float_arg("geometric_", "p", 1, p)
     _refuse_leaf(self)
@@ -1348,19 +1269,15 @@ clamp_min_ = _inplace_function("clamp_min_")
 clamp_max_ = _inplace_function("clamp_max_")
 
 
-def _install_inplace_methods() -> None:
-    T = Tensor
+def install_inplace_methods(cls) -> None:
+    """Give ``cls`` (tensor.py calls it with Tensor) the in-place methods generated here:
+    ``<op>_`` for each elementwise op of :func:`_elementwise_functions` (``exp_``, ``gt_`` ...;
+    ``add_``/``sub_``/``mul_``/``div_`` are written in tensor.py), the random initialisers
+    (``uniform_`` ...) and torch's in-place aliases (``multiply_`` ...)."""
     for name in _elementwise_functions():
         if name not in _HAND_WRITTEN:
-            setattr(T, name + "_", _inplace_form(name))
+            setattr(cls, name + "_", _inplace_form(name))
     for fn in _INITIALISERS:
-        setattr(T, fn.__name__, fn)
+        setattr(cls, fn.__name__, fn)
     for alias, target in _INPLACE_ALIASES.items():
-        setattr(T, alias, getattr(T, target))
-    T.greater_equal, T.less_equal, T.not_equal = T.ge, T.le, T.ne
-    T.equal = equal
-    T.isclose = isclose
-    T.allclose = allclose
-
-
-_install_inplace_methods()
+        setattr(cls, alias, getattr(cls, target))

@@ -14,14 +14,19 @@ from __future__ import annotations
 
 import operator
 import weakref
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from . import _tensor_layer as _tl
 from . import dtypes as _dt
+from ._tensor_layer import TensorBase
 from .autograd.grad_mode import _state
 from .ops import indexing as _ix
 from .ops._ints import INT64_MAX, u64
-from .tensor import Tensor
+
+if TYPE_CHECKING:  # annotations only: tensor.py imports this module
+    from .tensor import Tensor
 
 __all__ = ["getitem", "setitem"]
 
@@ -35,7 +40,7 @@ def _treat_as_tuple(index) -> bool:
         return True
     if not isinstance(index, list) or len(index) >= 32:
         return False
-    return any(i is None or i is Ellipsis or isinstance(i, (slice, list, tuple, Tensor,
+    return any(i is None or i is Ellipsis or isinstance(i, (slice, list, tuple, TensorBase,
                                                             np.ndarray)) for i in index)
 
 
@@ -47,19 +52,17 @@ def _item(i):
         return bool(i)
     if isinstance(i, (int, np.integer)):
         return int(i)
-    if isinstance(i, Tensor):
+    if isinstance(i, TensorBase):
         if i.dtype not in (_dt.int64, _dt.bool_):
             raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
         return i
     if isinstance(i, (list, np.ndarray)):
-        from .tensor import tensor
-
         a = np.asarray(i)
         if a.size == 0 and a.dtype.kind not in "bi":
             a = a.astype(np.int64)
         if a.dtype.kind not in "biu":
             raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
-        return tensor(a.astype(np.bool_ if a.dtype.kind == "b" else np.int64))
+        return _tl.tensor(a.astype(np.bool_ if a.dtype.kind == "b" else np.int64))
     raise IndexError(_BAD_INDEX.format(type(i).__name__))
 
 
@@ -68,7 +71,7 @@ def _items(index):
 
 
 def _consumed(item) -> int:
-    if isinstance(item, Tensor):
+    if isinstance(item, TensorBase):
         if item.dtype is _dt.bool_:
             return item.ndim
         return 1
@@ -106,9 +109,7 @@ def _check_int(i: int, size: int, dim: int) -> None:
 
 
 def _bool_index(value: bool) -> Tensor:
-    from .tensor import tensor
-
-    return tensor([0] if value else [], dtype=_dt.int64)
+    return _tl.tensor([0] if value else [], dtype=_dt.int64)
 
 
 def _record_index(adv: list, dim: int, t: Tensor) -> None:
@@ -258,9 +259,9 @@ def _region(x: Tensor, items):
             _record_index(adv, dim - extra, _bool_index(item))
             dim += 1
             whole = False
-        elif isinstance(item, (int, Tensor)) and (not isinstance(item, Tensor) or (
+        elif isinstance(item, (int, TensorBase)) and (not isinstance(item, TensorBase) or (
                 item.ndim == 0 and item.dtype is _dt.int64)):
-            i = int(item) if not isinstance(item, Tensor) else int(item.item())
+            i = int(item) if not isinstance(item, TensorBase) else int(item.item())
             _check_int(i, x.shape[src], pos)
             basic.append(i)
             src += 1
@@ -318,7 +319,7 @@ def _check_not_view_of_graph(x: Tensor) -> None:
         return
     base = fn._input_refs[0]
     base = base() if isinstance(base, weakref.ref) else base  # strong under record()
-    if isinstance(base, Tensor) and base._storage is x._storage:
+    if isinstance(base, TensorBase) and base._storage is x._storage:
         raise RuntimeError(_VIEW_MESSAGE.format(f"made by {fn.name()}"))
 
 
@@ -331,10 +332,8 @@ def setitem(x: Tensor, index, value) -> None:
         return  # PyTorch does nothing for x[False] = v
     items = _items(index)
     if isinstance(value, (list, np.ndarray)):
-        from .tensor import tensor
-
-        value = tensor(value, dtype=x.dtype, device=x.device)
-    elif not isinstance(value, Tensor):
+        value = _tl.tensor(value, dtype=x.dtype, device=x.device)
+    elif not isinstance(value, TensorBase):
         if not isinstance(value, (bool, int, float, np.generic)):
             raise TypeError(f"can't assign a {type(value).__name__} to a "
                             f"symgrad.{x.dtype.name} tensor")
@@ -343,7 +342,7 @@ def setitem(x: Tensor, index, value) -> None:
         raise RuntimeError(f"expected device {x.device} but got device {value.device}")
 
     record = _state.enabled and (x._requires_grad or (
-        isinstance(value, Tensor) and value._requires_grad))
+        isinstance(value, TensorBase) and value._requires_grad))
     if _state.enabled and x._requires_grad and x._grad_fn is None:
         raise RuntimeError("a leaf Variable that requires grad is being used in an in-place "
                            "operation.")
@@ -360,12 +359,12 @@ def setitem(x: Tensor, index, value) -> None:
     src = value
     if adv is None:
         shape = tuple(target.shape)
-        if isinstance(value, Tensor) and tuple(value.shape) != shape and value.ndim:
+        if isinstance(value, TensorBase) and tuple(value.shape) != shape and value.ndim:
             src = expand(view(value, _strip_leading_ones(value.shape)), shape)
-        be.setitem(target, Ellipsis, src._data if isinstance(src, Tensor) else src)
+        be.setitem(target, Ellipsis, src._data if isinstance(src, TensorBase) else src)
     else:
         _check_indices(tuple(target.shape), adv)
-        if isinstance(value, Tensor):
+        if isinstance(value, TensorBase):
             stripped = _strip_leading_ones(value.shape)
             if stripped != tuple(value.shape):
                 src = view(value, stripped)
@@ -381,7 +380,7 @@ def setitem(x: Tensor, index, value) -> None:
                                    "cannot be broadcast to indexing result of shape "
                                    f"{list(result_shape)}") from None
         be.index_put(target, _ix.np_indices(adv),
-                     src._data if isinstance(src, Tensor) else src, False)
+                     src._data if isinstance(src, TensorBase) else src, False)
     x._storage.version += 1
     if not record:
         return
@@ -395,3 +394,6 @@ def setitem(x: Tensor, index, value) -> None:
     else:
         spec, params = OPS["copy_slices"], {"_region": (basic, adv)}
     _record(spec, (x, src), params, [x])
+
+
+_tl.provide(getitem=getitem)  # ops' backward formulas index through it

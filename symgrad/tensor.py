@@ -13,24 +13,33 @@ from typing import Any
 
 import numpy as np
 
-from . import autograd as _autograd
+from . import _tensor_layer as _tl
 from . import dtypes as _dt
+from . import functional as _F
+from . import indexing as _ix
 from ._format import format_data
+from ._tensor_layer import CPP_NAMES as _CPP_NAMES  # noqa: F401  (imported from here too)
+from ._tensor_layer import TORCH_NAMES as _TORCH_NAMES  # noqa: F401
+from ._tensor_layer import TensorBase
+from ._tensor_layer import type_name as _type_name
+from ._tensor_layer import wrap_dim as _wrap_dim  # noqa: F401
 from .autograd import function as _fn
-from .autograd.grad_mode import _state
+from .autograd.engine import backward as _backward
+from .autograd.function import apply as _apply
+from .autograd.grad_mode import _state, no_grad
+from .autograd.node import SavedTensor, _add_hook, _HookDict, _saved_tensors_hooks
+from .autograd.record import _recording
 from .backends import backend_for as _backend_for
 from .device import CPU, as_device, resolve
 from .memory import Storage, new_storage
+from .ops import OPS as _OPS
+from .ops._ints import u64 as _u64
+from .ops.indexing import select as _ix_select
 
 __all__ = ["Tensor", "Size", "tensor", "FloatTensor", "DoubleTensor", "LongTensor", "BoolTensor"]
 
 #: In-place ops whose result dtype must be castable to the tensor's (PyTorch's rule).
 _ARITH = frozenset(("add", "sub", "mul", "div"))
-
-#: PyTorch's scalar type names, for its error messages.
-_TORCH_NAMES = {"float32": "Float", "float64": "Double", "int64": "Long", "bool": "Bool"}
-#: The C++ names some of its messages use instead (clamp_'s cast error).
-_CPP_NAMES = {"float32": "float", "float64": "double", "int64": "long int", "bool": "bool"}
 
 _DT_OF = {np.dtype(np.float32): _dt.float32, np.dtype(np.float64): _dt.float64,
           np.dtype(np.int64): _dt.int64, np.dtype(np.bool_): _dt.bool_}
@@ -54,7 +63,7 @@ class Size(tuple):
         return n
 
 
-class Tensor:
+class Tensor(TensorBase):
     __slots__ = ("_data", "_storage", "_device", "_requires_grad", "_grad", "_grad_fn",
                  "_output_nr", "_retains_grad", "_accumulator", "_backward_hooks", "name",
                  "__weakref__")
@@ -246,8 +255,6 @@ class Tensor:
         if not self._requires_grad:
             raise RuntimeError("cannot register a hook on a tensor that doesn't require "
                                "gradient")
-        from .autograd.node import _add_hook, _HookDict
-
         if self._grad_fn is None:
             if self._backward_hooks is None:
                 self._backward_hooks = _HookDict()
@@ -260,7 +267,7 @@ class Tensor:
 
     def backward(self, gradient: Tensor | None = None, retain_graph: bool | None = None,
                  create_graph: bool = False, inputs=None) -> None:
-        _autograd.backward(self, gradient, retain_graph, create_graph, inputs=inputs)
+        _backward(self, gradient, retain_graph, create_graph, inputs=inputs)
 
     def detach(self) -> Tensor:
         """A tensor sharing this one's data, outside the graph."""
@@ -339,13 +346,9 @@ class Tensor:
                 device = a
         out = self
         if device is not None and as_device(device) != self._device:
-            from .functional import to_device
-
-            out = to_device(out, as_device(device))
+            out = _F.to_device(out, as_device(device))
         if dtype is not None and _dt.as_dtype(dtype) is not out.dtype:
-            from .functional import to_dtype
-
-            out = to_dtype(out, _dt.as_dtype(dtype))
+            out = _F.to_dtype(out, _dt.as_dtype(dtype))
         if copy and out is self:
             out = self.clone()
         return out
@@ -427,14 +430,11 @@ class Tensor:
         ``kernel(self, src)`` is a backend kernel doing it truly in place when no graph is
         recorded (add_, mul_, fill_ ...); see :meth:`_inplace_run` for the rest.
         """
-        from .autograd.function import apply
-        from .ops import OPS
-
-        spec = OPS[op]
+        spec = _OPS[op]
         params = params or {}
 
         def compute(s: Tensor) -> Tensor:
-            return apply(spec, (s,) + others, params)
+            return _apply(spec, (s,) + others, params)
 
         return self._inplace_run(method, others, compute, kernel, src,
                                  op if op in _ARITH else None, spec.grad_fn is not None)
@@ -497,7 +497,7 @@ class Tensor:
                 getattr(be, kernel)(self._data, src)
             else:
                 if graph:  # a non-differentiable op on graph tensors records nothing
-                    with _autograd.no_grad():
+                    with no_grad():
                         out = compute(self)
                 else:
                     out = compute(self)
@@ -517,9 +517,6 @@ class Tensor:
                                f"the desired output type {names[self.dtype.name]}")
 
     def _inplace_graph(self, be, method, compute) -> Tensor:
-        from .autograd.node import SavedTensor, _saved_tensors_hooks
-        from .autograd.record import _recording
-
         node = self._grad_fn
         spec = getattr(type(node), "_spec", None)
         if spec is not None and spec.view and node._input_refs:
@@ -554,10 +551,7 @@ class Tensor:
                 outputs.append(s)
             elif not eager and s._tensor is stand_in:
                 if original is None:
-                    from .autograd.function import apply
-                    from .ops import OPS
-
-                    original = apply(OPS["clone"], (stand_in,))  # torch's original_self
+                    original = _apply(_OPS["clone"], (stand_in,))  # torch's original_self
                     refs = list(new._input_refs)
                     refs[0] = weakref.ref(original)  # the verifier reads the old values there
                     new._input_refs = tuple(refs)
@@ -629,19 +623,130 @@ class Tensor:
     def __reduce_ex__(self, protocol):
         return (_rebuild, (self.detach().cpu()._data.copy(), self._requires_grad, self.name))
 
+    # -- op methods and operators -------------------------------------------------------------
+    # The public op functions of functional.py (and indexing.py for ``[]``), bound as they
+    # are: ``t.exp()`` and ``a * b`` call them with no extra Python call in between. The
+    # in-place twins of the elementwise ops (``exp_``, ``gt_`` ...), the random initialisers
+    # (``uniform_`` ...) and torch's in-place aliases are generated from the op registry by
+    # ``functional.install_inplace_methods``, called below the class.
+    add = __add__ = __radd__ = _F.add
+    sub = subtract = __sub__ = _F.sub
+    mul = multiply = __mul__ = __rmul__ = _F.mul
+    div = divide = true_divide = __truediv__ = _F.div
+    pow = __pow__ = _F.pow  # noqa: A003
+    neg = negative = __neg__ = _F.neg
+    abs = __abs__ = _F.abs  # noqa: A003
+    matmul = __matmul__ = _F.matmul
+    gt = greater = __gt__ = _F.gt
+    ge = greater_equal = __ge__ = _F.ge
+    lt = less = __lt__ = _F.lt
+    le = less_equal = __le__ = _F.le
+    eq = __eq__ = _F.eq
+    ne = not_equal = __ne__ = _F.ne
+    logical_or = __or__ = _F.logical_or
+    logical_and = __and__ = _F.logical_and
+    logical_not = __invert__ = _F.logical_not
+    __getitem__ = _ix.getitem
+    __setitem__ = _ix.setitem
+
+    def __rsub__(self, other):
+        return _F.rsub_scalar(self, other)
+
+    def __rtruediv__(self, other):
+        return _F.div(other, self)
+
+    def __rpow__(self, other):
+        return _F.pow(other, self)
+
+    def __rmatmul__(self, other):
+        return _F.matmul(other, self)
+
+    def __pos__(self):
+        return self
+
+    def __iter__(self):
+        """Rows along dim 0 (each a SelectBackward0 view; torch's come from one unbind)."""
+        if self.ndim == 0:
+            raise TypeError("iteration over a 0-d tensor")
+        return (_ix_select(self, 0, _u64(i)) for i in range(self.shape[0]))
+
+    reciprocal = _F.reciprocal
+    exp = _F.exp
+    log = _F.log
+    sin = _F.sin
+    cos = _F.cos
+    tanh = _F.tanh
+    sigmoid = _F.sigmoid
+    relu = _F.relu
+    sqrt = _F.sqrt
+    sign = _F.sign
+    sum = _F.sum  # noqa: A003
+    mean = _F.mean
+    reshape = _F.reshape
+    view = _F.view
+    flatten = _F.flatten
+    t = _F.t
+    transpose = _F.transpose
+    permute = _F.permute
+    expand = _F.expand
+    unsqueeze = _F.unsqueeze
+    squeeze = _F.squeeze
+    sum_to_size = _F.sum_to_size
+    clone = _F.clone
+    contiguous = _F.contiguous
+    mm = _F.mm
+    mv = _F.mv
+    dot = _F.dot
+    bmm = _F.bmm
+    max = _F.max  # noqa: A003
+    min = _F.min  # noqa: A003
+    argmax = _F.argmax
+    argmin = _F.argmin
+    maximum = _F.maximum
+    minimum = _F.minimum
+    clamp = clip = _F.clamp
+    clamp_min = _F.clamp_min
+    clamp_max = _F.clamp_max
+    softmax = _F.softmax
+    log_softmax = _F.log_softmax
+    logsumexp = _F.logsumexp
+    select = _F.select
+    narrow = _F.narrow
+    norm = _F.norm
+    all = _F.all_  # noqa: A003
+    any = _F.any_  # noqa: A003
+    addcmul = _F.addcmul
+    equal = _F.equal
+    isclose = _F.isclose
+    allclose = _F.allclose
+    mT = property(_F._mT)
+
+    @property
+    def T(self):  # noqa: N802
+        return _F.permute(self, tuple(range(self.ndim))[::-1])
+
+    def expand_as(self, other):
+        return _F.expand(self, other.shape)
+
+    def view_as(self, other):
+        return _F.view(self, other.shape)
+
+    def reshape_as(self, other):
+        return _F.reshape(self, other.shape)
+
+    def where(self, condition, other):
+        return _F.where(condition, self, other)
+
+
+
+#: exp_, gt_, ..., uniform_, normal_, ..., multiply_, clip_ ...: generated from the registry
+_F.install_inplace_methods(Tensor)
+
 
 def _rebuild(data, requires_grad, name):
     t = tensor(data, requires_grad=requires_grad)
     t.name = name
     return t
-
-
-def _wrap_dim(dim: int, ndim: int) -> int:
-    n = max(ndim, 1)
-    if not -n <= dim < n:
-        raise IndexError(f"Dimension out of range (expected to be in range of [{-n}, {n - 1}], "
-                         f"but got {dim})")
-    return dim % n
 
 
 def _infer_dtype(data: Any) -> _dt.dtype:
@@ -661,15 +766,6 @@ def _infer_dtype(data: Any) -> _dt.dtype:
 # -- argument checks shared with the creation functions -------------------------------------
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
-
-
-def _type_name(x: Any) -> str:
-    """A value's type as torch's argument errors name it: ``str``, ``numpy.ndarray``."""
-    t = type(x)
-    mod = t.__module__ or ""
-    if mod == "builtins" or mod.startswith("symgrad"):
-        return t.__name__
-    return f"{mod.split('.')[0]}.{t.__name__}"
 
 
 def _check_dtype_arg(fn: str, dtype: Any) -> _dt.dtype | None:
@@ -901,9 +997,7 @@ def tensor(data, dtype=None, device=None, requires_grad: bool = False) -> Tensor
         arr = _from_data(data, d)
     dev = resolve(device)
     if dev.type != "cpu":
-        from .functional import to_device
-
-        t = to_device(Tensor._wrap(arr), dev)
+        t = _F.to_device(Tensor._wrap(arr), dev)
     else:
         t = Tensor._wrap(arr, dev)
     return _factory_grad(t, requires_grad)
@@ -977,10 +1071,7 @@ def _legacy_new(dtype: _dt.dtype | None, args: tuple, kwargs: dict) -> Tensor:
             if dtype is not None and data.dtype is not dtype or want != data.device:
                 raise TypeError(f"expected {_options(d, want)} (got "
                                 f"{_options(data.dtype, data.device)})")
-            from .autograd.function import apply
-            from .ops import OPS
-
-            return apply(OPS["alias"], (data,))
+            return _apply(_OPS["alias"], (data,))
         if isinstance(data, Size):
             return _legacy_sized(tuple(data), d, device)
         if isinstance(data, (str, bytes)):
@@ -1008,9 +1099,7 @@ def _legacy_sized(sizes: tuple, d: _dt.dtype, device) -> Tensor:
     t = Tensor._wrap(np.zeros(sizes, dtype=d.np))
     dev = resolve(device)
     if dev.type != "cpu":
-        from .functional import to_device
-
-        t = to_device(t, dev)
+        t = _F.to_device(t, dev)
     return t
 
 
@@ -1039,3 +1128,8 @@ FloatTensor = _legacy_type("FloatTensor", _dt.float32)
 DoubleTensor = _legacy_type("DoubleTensor", _dt.float64)
 LongTensor = _legacy_type("LongTensor", _dt.int64)
 BoolTensor = _legacy_type("BoolTensor", _dt.bool_)
+
+
+# The layers below (ops' backward formulas, autograd, the op functions) reach the Tensor
+# class and its factory through this one registration point; they never import this module.
+_tl.provide(Tensor=Tensor, tensor=tensor, DT_OF=_DT_OF, backend_for=_backend_for)

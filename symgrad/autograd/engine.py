@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import heapq
 
+import numpy as np
+
+from .. import _tensor_layer as _tl
 from ..backends import backend_for
 from . import function as _fn
 from .anomaly_mode import _anomaly
@@ -16,7 +19,7 @@ from .function import accumulator_of
 from .grad_mode import _state
 from .node import AccumulateGrad
 
-__all__ = ["run_backward"]
+__all__ = ["run_backward", "backward", "grad"]
 
 
 def _needed_nodes(roots, targets):
@@ -453,3 +456,69 @@ def _leaf_hooks(variable, g):
             _check_hook_result(fn, new, g)
             g = new
     return g
+
+
+# -- the public entry points (symgrad.autograd.backward / grad, Tensor.backward) --------------
+def _as_list(x):
+    if x is None:
+        return None
+    if isinstance(x, _tl.Tensor):
+        return [x]
+    return list(x)
+
+
+def _make_grads(outputs, grad_outputs, create_graph):
+    grads = []
+    for i, out in enumerate(outputs):
+        g = grad_outputs[i] if grad_outputs is not None and i < len(grad_outputs) else None
+        if g is None:
+            data = out._data
+            if data.size != 1:
+                raise RuntimeError("grad can be implicitly created only for scalar outputs")
+            if data.dtype.kind != "f":
+                raise RuntimeError("grad can be implicitly created only for real scalar "
+                                   f"outputs but got {out.dtype!r}")
+            if out._device.type == "cpu":  # the common case, without the factory's checks
+                g = type(out)._wrap(np.ones(data.shape, data.dtype), out._device)
+            else:
+                g = _tl.ones_like(out)
+        else:
+            if tuple(g.shape) != tuple(out.shape):
+                raise RuntimeError(f"Mismatch in shape: grad_output[{i}] has a shape of "
+                                   f"{g.shape!r} and output[{i}] has a shape of {out.shape!r}.")
+            if g.dtype is not out.dtype:
+                g = g.to(out.dtype)
+        grads.append(g)
+    return grads
+
+
+def backward(tensors, grad_tensors=None, retain_graph: bool | None = None,
+             create_graph: bool = False, inputs=None) -> None:
+    """Accumulate gradients of ``tensors`` into the leaves' ``.grad``."""
+    outputs = _as_list(tensors)
+    grads = _make_grads(outputs, _as_list(grad_tensors), create_graph)
+    if retain_graph is None:
+        retain_graph = create_graph
+    inputs = _as_list(inputs)
+    if inputs is not None and len(inputs) == 0:
+        raise RuntimeError("'inputs' argument to backward() cannot be empty.")
+    run_backward(outputs, grads, retain_graph=retain_graph, create_graph=create_graph,
+                 inputs=inputs, accumulate=True)
+
+
+def grad(outputs, inputs, grad_outputs=None, retain_graph: bool | None = None,
+         create_graph: bool = False, allow_unused: bool | None = None,
+         materialize_grads: bool = False) -> tuple:
+    """Return the gradients of ``outputs`` with respect to ``inputs`` (no ``.grad`` touched)."""
+    outs = _as_list(outputs)
+    ins = _as_list(inputs)
+    grads = _make_grads(outs, _as_list(grad_outputs), create_graph)
+    if retain_graph is None:
+        retain_graph = create_graph
+    if allow_unused is None:
+        allow_unused = materialize_grads
+    result = run_backward(outs, grads, retain_graph=retain_graph, create_graph=create_graph,
+                          inputs=ins, accumulate=False, allow_unused=allow_unused)
+    if materialize_grads:
+        result = tuple(_tl.zeros_like(x) if r is None else r for r, x in zip(result, ins))
+    return result

@@ -127,7 +127,7 @@ def _check_requires_grad(inputs, input_type: str, strict: bool) -> None:
 def _autograd_grad(outputs: tuple, inputs: tuple, grad_outputs=None, create_graph=False,
                    retain_graph=None) -> tuple:
     """autograd.grad over the outputs that require grad; None where nothing flows."""
-    from . import grad
+    from .engine import grad
 
     if grad_outputs is None:
         grad_outputs = (None,) * len(outputs)

@@ -190,7 +190,7 @@ def _numerical_jacobians(func, inputs, func_out, eps) -> list[list[np.ndarray]]:
 
 
 def _vjps(inputs, output, v) -> tuple:
-    from . import grad
+    from .engine import grad
 
     idx = _diff_inputs(inputs)
     return grad(output, [inputs[i] for i in idx], v, retain_graph=True, allow_unused=True)
@@ -359,7 +359,7 @@ def _slow_mode_error(func, inputs, outputs, input_idx, output_idx, rtol, atol, e
 
 def _test_backward_mul_by_grad_output(outputs, inputs) -> bool:
     from ..creation import zeros_like
-    from . import grad
+    from .engine import grad
 
     diff = [inputs[i] for i in _diff_inputs(inputs)]
     grads = grad(outputs, diff, [zeros_like(o.detach()) for o in outputs], allow_unused=True)
@@ -382,7 +382,7 @@ def _test_undefined_backward_mode(func, outputs, inputs) -> bool:
     at once is trivially fine here (nothing runs); with several outputs, each one in
     turn gets no gradient while the others get zeros, as torch's UndefinedGrad does."""
     from ..creation import zeros_like
-    from . import grad
+    from .engine import grad
 
     diff = [inputs[i] for i in _diff_inputs(inputs)]
 
@@ -497,7 +497,7 @@ def gradgradcheck(func: Callable, inputs, grad_outputs: Sequence | None = None, 
         if value:
             raise _not_supported(option)
     from ..creation import rand
-    from . import grad
+    from .engine import grad
 
     tupled_inputs = _as_tuple(inputs)
     if grad_outputs is None:

@@ -12,6 +12,7 @@ import itertools
 import weakref
 from typing import Any
 
+from .. import _tensor_layer as _tl
 from ..backends import _BACKENDS, _DEVICE_DEFAULT
 from ..backends import backend_for as _backend_for
 from .grad_mode import _state as _grad_state
@@ -117,17 +118,9 @@ def _add_hook(hooks: dict, fn) -> RemovableHandle:
 #: Checked once per saved tensor, so the hooks cost nothing while none is active.
 _saved_tensors_hooks: list = []
 
-_Tensor = None
-
-
 def _tensor_type():
-    """symgrad.Tensor (imported on first use: tensor.py imports this module)."""
-    global _Tensor
-    if _Tensor is None:
-        from ..tensor import Tensor
-
-        _Tensor = Tensor
-    return _Tensor
+    """symgrad.Tensor, which tensor.py plugs in (autograd never imports the tensor layer)."""
+    return _tl.Tensor
 
 
 _TYPE_NAMES = {"float32": "FloatTensor", "float64": "DoubleTensor", "int64": "LongTensor",
@@ -378,10 +371,8 @@ class OpNode(Node):
             return SavedTensor._placeholder("freed")
         if type(value) is _WrappedScalar:
             if value.raw is None:
-                from ..tensor import tensor
-
                 raw = value.raw = SavedTensor._placeholder(None)
-                raw._tensor = tensor(value.value, dtype=value.dtype)
+                raw._tensor = _tl.tensor(value.value, dtype=value.dtype)
             return value.raw
         return SavedTensor._placeholder("none")
 
@@ -397,9 +388,7 @@ class OpNode(Node):
                 t = raw.unpack(self)
                 return t if for_user else t.item()
             if for_user:
-                from ..tensor import tensor
-
-                return tensor(value.value, dtype=value.dtype)
+                return _tl.tensor(value.value, dtype=value.dtype)
             return value.value
         return value
 
@@ -419,10 +408,8 @@ class OpNode(Node):
             present = [g for g in grad_outputs if g is not None]
             if not present:
                 return [None] * len(spec.inputs)
-            from ..creation import zeros
-
             shape, dtype = self._out_meta[0]
-            grad = zeros(shape, dtype=dtype, device=present[0].device)
+            grad = _tl.zeros(shape, dtype=dtype, device=present[0].device)
         if (spec.fused_backward is not None and not _grad_state.enabled
                 and spec.grads.pristine):
             fused = self._apply_fused(spec, grad, needed)

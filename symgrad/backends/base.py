@@ -10,6 +10,10 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+# Facts about ops that the kernels follow, defined with the ops (ops never import backends):
+from ..ops.elementwise import UNARY_FUSED_BACKWARD  # noqa: F401
+from ..ops.linalg import column_major  # noqa: F401
+
 Array = Any
 
 #: Kernels every backend provides. A test checks each backend against this list.
@@ -21,10 +25,6 @@ STRUCTURAL = ("sum", "mean", "amax", "amin", "argmax", "argmin", "matmul", "resh
               "transpose", "broadcast_to", "getitem", "setitem", "where", "cast", "copy",
               "index_put", "concatenate", "stack", "full", "arange", "from_host", "to_host")
 KERNELS = ELEMENTWISE_UNARY + ELEMENTWISE_BINARY + STRUCTURAL
-#: Unary ops whose whole backward is ``grad`` and one saved array through a scalar rule;
-#: a backend with fused kernels offers ``<op>_backward(grad, needed, saved)`` for each.
-UNARY_FUSED_BACKWARD = ("exp", "log", "sin", "cos", "tanh", "sigmoid", "sqrt", "relu", "abs",
-                        "reciprocal")
 
 
 class Backend(Protocol):
@@ -39,12 +39,6 @@ class Backend(Protocol):
     def transpose(self, x: Array, axes: tuple[int, ...]) -> Array: ...
     def broadcast_to(self, x: Array, shape: tuple[int, ...]) -> Array: ...
     def cast(self, x: Array, np_dtype) -> Array: ...
-
-
-def column_major(sizes: tuple, strides: tuple) -> bool:
-    """A 2-D tensor laid out as the transpose of a contiguous one (``W.t()``): the layout
-    in which torch's mm backward returns that operand's gradient."""
-    return strides[0] == 1 and (strides[1] == sizes[0] or sizes[1] == 1) and sizes[0] != 1
 
 
 def view_strides(old: tuple, stride: tuple, shape: tuple) -> tuple | None:

@@ -8,9 +8,13 @@ as plain as the math.
 
 from __future__ import annotations
 
-from ..backends.base import UNARY_FUSED_BACKWARD
 from .registry import OPS, register
 from .spec import OpSpec
+
+#: Unary ops whose whole backward is ``grad`` and one saved array through a scalar rule;
+#: a backend with fused kernels offers ``<op>_backward(grad, needed, saved)`` for each.
+UNARY_FUSED_BACKWARD = ("exp", "log", "sin", "cos", "tanh", "sigmoid", "sqrt", "relu", "abs",
+                        "reciprocal")
 
 
 def _binary(name, grad_fn, grads, sympy, dtype_rule="promote", **kw):

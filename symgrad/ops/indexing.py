@@ -10,20 +10,16 @@ tensors/lists/masks one ``index`` (IndexBackward0). The backwards are ops themse
 
 from __future__ import annotations
 
+from .. import _tensor_layer as _tl
+from ..dtypes import bool_
 from ._ints import norm, s64
 from .registry import OPS, register
 from .spec import STRUCTURAL, OpSpec
 
-_apply_fn = None
-
 
 def _apply(name, inputs, params):
-    global _apply_fn
-    if _apply_fn is None:  # imported on first use (ops must not import autograd at load)
-        from ..autograd.function import apply
-
-        _apply_fn = apply
-    return _apply_fn(OPS[name], inputs, params)
+    # autograd's apply, plugged in by autograd/function.py (ops never import autograd)
+    return _tl.apply(OPS[name], inputs, params)
 
 
 def _at(d, item):
@@ -139,21 +135,15 @@ def write_region(be, x, region, src) -> None:
 
 def keep_mask(grad, region):
     """A bool tensor shaped like ``grad``: False on the assigned region."""
-    from ..backends import backend_for
-    from ..creation import ones
-    from ..dtypes import bool_
-
-    m = ones(tuple(grad.shape), dtype=bool_)
-    write_region(backend_for(grad.device.type), m._data, region, False)
+    m = _tl.ones(tuple(grad.shape), dtype=bool_)
+    write_region(_tl.backend_for(grad.device.type), m._data, region, False)
     return m
 
 
 def take_region(grad, region):
     """``grad[basic][adv]`` in differentiable ops (the gradient of the assigned value)."""
-    from ..indexing import getitem
-
     basic, adv = region
-    out = getitem(grad, tuple(basic))
+    out = _tl.getitem(grad, tuple(basic))
     return out if adv is None else index(out, adv)
 
 

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-from ..backends.base import column_major as _column_major
 from .registry import register
 from .spec import STRUCTURAL, OpSpec
+
+
+def column_major(sizes: tuple, strides: tuple) -> bool:
+    """A 2-D tensor laid out as the transpose of a contiguous one (``W.t()``): the layout
+    in which torch's mm backward returns that operand's gradient."""
+    return strides[0] == 1 and (strides[1] == sizes[0] or sizes[1] == 1) and sizes[0] != 1
 
 
 def _scaled(grad, alpha):
@@ -15,14 +20,14 @@ def mm_mat1_backward(grad, mat2, mat1_sizes, mat1_strides, alpha=1):
     """d(mat1 @ mat2)/d mat1 laid out like mat1 (torch's mm_mat1_backward): a transposed
     mat1 gets ``(mat2 @ grad^T)^T``, so a leaf behind ``t()`` receives a contiguous gradient
     and AccumulateGrad need not copy it."""
-    if _column_major(mat1_sizes, mat1_strides):
+    if column_major(mat1_sizes, mat1_strides):
         return _scaled(mat2.mm(grad.t()).t(), alpha)
     return _scaled(grad.mm(mat2.t()), alpha)
 
 
 def mm_mat2_backward(grad, mat1, mat2_sizes, mat2_strides, alpha=1):
     """d(mat1 @ mat2)/d mat2 in mat2's layout; ``nn.Linear`` passes ``W.t()`` as mat2."""
-    if _column_major(mat2_sizes, mat2_strides):
+    if column_major(mat2_sizes, mat2_strides):
         return _scaled(grad.t().mm(mat1).t(), alpha)
     return _scaled(mat1.t().mm(grad), alpha)
 

@@ -7,6 +7,7 @@ ties, and clamp passes it where ``min <= x <= max``.
 
 from __future__ import annotations
 
+from .. import _tensor_layer as _tl
 from ._ints import norm
 from .registry import register
 from .spec import STRUCTURAL, OpSpec
@@ -20,8 +21,6 @@ def evenly_distribute_backward(grad, self, result):
 
 def value_selecting_backward(grad, dim, indices, keepdim, self_sym_sizes):
     """Gradient of ``max(dim)``/``min(dim)``: scattered to the returned indices."""
-    from ..creation import arange
-
     sizes = tuple(self_sym_sizes)
     if not sizes:
         return grad
@@ -29,7 +28,7 @@ def value_selecting_backward(grad, dim, indices, keepdim, self_sym_sizes):
     if not keepdim:
         grad = grad.unsqueeze(d)
         indices = indices.unsqueeze(d)
-    positions = arange(sizes[d], device=grad.device).reshape(
+    positions = _tl.arange(sizes[d], device=grad.device).reshape(
         [sizes[d] if i == d else 1 for i in range(len(sizes))])
     return grad * (indices == positions)
 

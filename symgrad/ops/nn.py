@@ -12,6 +12,7 @@ SymPy object-array backend they are the loss's exact meaning (``STRUCTURAL``).
 
 from __future__ import annotations
 
+from .. import _tensor_layer as _tl
 from .linalg import mm_mat1_backward, mm_mat2_backward
 from .registry import register
 from .spec import STRUCTURAL, OpSpec
@@ -162,11 +163,9 @@ def _nll_forward(be, self, target, weight=None, reduction=MEAN, ignore_index=-10
 
 
 def _nll_grad(grad, self, target, weight, reduction, ignore_index, total_weight):
-    from ..creation import arange
-
     c = self.shape[-1]
     t = target.reshape(-1, 1) if self.ndim == 2 else target.reshape(1)
-    hit = t == arange(c, device=self.device)
+    hit = t == _tl.arange(c, device=self.device)
     if 0 <= ignore_index < c:
         hit = hit & (t != ignore_index)
     if weight is None:

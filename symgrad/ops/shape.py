@@ -7,6 +7,7 @@ as PyTorch's CatBackward0 has one next_function per tensor.
 
 from __future__ import annotations
 
+from .. import _tensor_layer as _tl
 from ._ints import norm, u64
 from .registry import register
 from .spec import STRUCTURAL, OpSpec
@@ -22,9 +23,7 @@ def _cat_fwd(be, *tensors, dim, _sizes):
 def _cat_grad(i):
     def formula(grad, dim, _sizes):
         if _sizes[i] is None:  # a skipped 1-D empty input (PyTorch's legacy rule)
-            from ..creation import zeros
-
-            return zeros((0,), dtype=grad.dtype, device=grad.device)
+            return _tl.zeros((0,), dtype=grad.dtype, device=grad.device)
         from .indexing import slice_
 
         start = sum(s for s in _sizes[:i] if s is not None)
