@@ -178,3 +178,17 @@ def test_float64_forward_error_of_a_recorded_input_is_in_the_bound():
     root64 = _replay_float64(walk_symgrad(root32))[0]
     rep = sg.verify(root64, mode="exact")
     assert rep.ok and rep.status == "ok" and rep.precise, str(rep)
+
+
+def test_float64_softmax_of_huge_inputs_in_local_mode():
+    """Found in the float64 replay of seed 20448: local mode's structural check evaluated
+    exp(x_i) / sum exp(x_j) at |x| ~ 4e15 with 53-bit mpmath (relative error |x| eps ~
+    0.5); it now evaluates at the exact replay's 40 digits."""
+    b = 4311231531843584.0
+    x = sg.tensor(np.array([[b, b + 0.5, b, b + 1.0], [1.0, 2.0, 3.0, 0.5]]),
+                  dtype=sg.float64, requires_grad=True)
+    w = sg.tensor(np.array([[0.3, -1.0, 2.0, 0.7], [1.0, 0.0, -1.0, 0.5]]), dtype=sg.float64)
+    root = (x.softmax(-1) * w).sum()
+    for mode in ("local", "exact"):
+        rep = sg.verify(root, mode=mode)
+        assert rep.ok and rep.status == "ok", str(rep)

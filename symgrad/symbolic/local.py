@@ -509,8 +509,11 @@ def check_node(g, graph, engine, engine_name, rng, sample, tol_for, deadline=Non
     elif callable(g.spec.sympy):
         sym, chk.formula = _elementwise_jtv(g, in_vals, v64[0], graph)
     elif g.spec.sympy == STRUCTURAL:
-        sym = _structural_jtv(g, graph, in_vals, v64, engine, engine_name, rng, sample, notes,
-                              deadline)
+        # at the exact replay's precision: exp(x_i)/sum exp(x_j) at |x| ~ 4e15 loses all
+        # its digits in 53-bit arithmetic (relative error |x| eps)
+        with mpmath.workdps(E.DPS):
+            sym = _structural_jtv(g, graph, in_vals, v64, engine, engine_name, rng, sample,
+                                  notes, deadline)
         chk.formula = f"{g.spec.name}: structural (forward replayed on the SymPy backend)"
     else:
         chk.status = "unsupported"
