@@ -110,6 +110,11 @@ def random_graph(seed, dtype=None):
         y = x
         for _ in range(int(rng.integers(2, 7))):
             y = _step(rng, y, f32)
+        if y.dim() and rng.random() < 0.5:  # a second leaf broadcast over the rows (and
+            # fed twice), so the engine's reduction and accumulation are on the path
+            b = sg.tensor(rng.standard_normal(tuple(y.shape[-1:])), dtype=dtype,
+                          requires_grad=True)
+            y = (y + b) * b if rng.random() < 0.5 else y * b + y
         w = sg.tensor(rng.standard_normal(tuple(y.shape)), dtype=dtype)
         return (y * w).sum()
 
