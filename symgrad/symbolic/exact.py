@@ -323,23 +323,48 @@ class SymbolicGraph:
                                 dm[f] += extra
                         except (ValueError, TypeError, ZeroDivisionError):
                             pass
+                    if fwd and a and len(parts) > 1:
+                        extra = self._read_error(p, fwd)
+                        if extra:
+                            dm[f] += abs(a) * extra
             wanted = lambda leaf: leaf.requires_grad and leaf.is_float  # noqa: E731
             return {i: np.array([float(v) for v in arr.reshape(-1)]).reshape(arr.shape)
                     for i, arr in self._leaf_adjoints(dm, wanted).items()}
 
+    def _read_error(self, p, fwd):
+        """How far a partial ``p`` of a definition of several symbols moves when the
+        intermediates it reads carry their forward errors: ``sum_g |dp/dg| fwd[g]``
+        (``d(c t)/dt = c`` is the recorded ``c``, off by ``fwd[c]``)."""
+        if E.is_symbol(p):
+            return fwd.get(p, 0)
+        if E.is_atom(p):
+            return 0
+        total = mpmath.mpf(0)
+        for g in E.free_symbols(p):
+            fg = fwd.get(g)
+            if not fg:
+                continue
+            try:
+                v = abs(self.ev(E.diff(p, g, self.engine_name))) * fg
+            except (ValueError, TypeError, ZeroDivisionError):
+                continue
+            if mpmath.isfinite(v):
+                total += v
+        return total
+
     def _forward_error(self) -> dict:
         """First-order forward error of each intermediate, in units of eps: its own
-        rounding |y| plus its inputs' errors carried by |partial| (and, for a definition
-        of several symbols, the rounding of each term |p| |x|). Leaves are exact (the
+        rounding |y| plus its inputs' errors carried by |partial| (and, for a sum of
+        several symbols, the rounding of each term |p| |x|). Leaves are exact (the
         replay is evaluated at the recorded leaf values). A backward evaluates its partial
         at a recorded input that is off by this much (issue 18: exp(40 exp(u) - 40) in
         float64 is off by ~3600 eps, so its partial is too)."""
         fwd: dict = {}
-        for k, (s, _) in enumerate(self.defs):
+        for k, (s, expr) in enumerate(self.defs):
             self.check_time()
             parts = self.partials_of(k)
             tot = abs(self.values.get(s, mpmath.mpf(0)))
-            multi = len(parts) > 1
+            multi = len(parts) > 1 and type(expr).__name__ == "Add"  # a sum's roundings
             for f, p in parts.items():
                 ff = fwd.get(f)
                 if not ff and not multi:
