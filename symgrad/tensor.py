@@ -1,7 +1,10 @@
 """Tensor: a backend array, its storage (shared by views), and autograd metadata.
 
-Operators and methods are thin: they delegate to :mod:`symgrad.functional`, which calls
-``autograd.function.apply`` with the op's spec. Everything PyTorch users inspect on a
+Operators and methods are the functions of :mod:`symgrad.functional` (and
+:mod:`symgrad.indexing` for ``[]``), bound in the class body below ("op methods and
+operators"), so go-to-definition on ``Tensor.__mul__`` lands there; they call
+``autograd.function.apply`` with the op's spec. The in-place twins generated from the
+registry are installed right below the class. Everything PyTorch users inspect on a
 tensor (grad, grad_fn, is_leaf, requires_grad, _version, repr) behaves as in torch.
 """
 
