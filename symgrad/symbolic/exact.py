@@ -205,9 +205,19 @@ class SymbolicGraph:
             rec = recorded[nr] if nr < len(recorded) else None
             if rec is not None and rec.shape != o.shape:
                 rec = None
+            const_ok = rec is not None and rec.dtype.kind == "f"
             for n, (idx, e) in enumerate(np.ndenumerate(o)):
                 if n % 16 == 15:  # a fused op's element can cost milliseconds
                     self.check_time()
+                if const_ok and E.is_atom(e) and not E.is_symbol(e):
+                    # a value computed from Python scalars only (tanh of a clamp bound):
+                    # no gradient flows through it, and the engine's backward reads the
+                    # value it recorded, so the replay does too (like a constant input);
+                    # the exact constant differs by rounding and would flip ties
+                    r = float(rec[idx])
+                    if np.isfinite(r):
+                        out[idx] = r
+                        continue
                 out[idx] = self._atomize(e, None if rec is None else float(rec[idx]))
             self.node_out[(g.index, nr)] = out
 
@@ -354,29 +364,31 @@ class SymbolicGraph:
 
     def _forward_error(self) -> dict:
         """First-order forward error of each intermediate, in units of eps: its own
-        rounding |y| plus its inputs' errors carried by |partial| (and, for a sum of
-        several symbols, the rounding of each term |p| |x|). Leaves are exact (the
-        replay is evaluated at the recorded leaf values). A backward evaluates its partial
-        at a recorded input that is off by this much (issue 18: exp(40 exp(u) - 40) in
-        float64 is off by ~3600 eps, so its partial is too)."""
+        rounding |y| plus its inputs' errors carried by |partial|, and for a sum the
+        rounding of its terms (sum of |term|: ``x - logsumexp(x)`` near 0 is off by
+        eps (|x| + |logsumexp|), not eps |y|). Leaves are exact (the replay is evaluated
+        at the recorded leaf values). A backward evaluates its partial at a recorded
+        input that is off by this much (issue 18: exp(40 exp(u) - 40) in float64 is off
+        by ~3600 eps, so its partial is too)."""
         fwd: dict = {}
         for k, (s, expr) in enumerate(self.defs):
             self.check_time()
             parts = self.partials_of(k)
             tot = abs(self.values.get(s, mpmath.mpf(0)))
-            multi = len(parts) > 1 and type(expr).__name__ == "Add"  # a sum's roundings
             for f, p in parts.items():
                 ff = fwd.get(f)
-                if not ff and not multi:
+                if not ff:
                     continue
                 try:
-                    pv = abs(self.ev(p))
+                    tot += abs(self.ev(p)) * ff
                 except (ValueError, TypeError, ZeroDivisionError):
                     continue
-                if ff:
-                    tot += pv * ff
-                if multi:
-                    tot += pv * abs(self.values.get(f, mpmath.mpf(0)))
+            if type(expr).__name__ == "Add":  # the rounding of a sum's terms
+                for t in expr.args:
+                    try:
+                        tot += abs(self.ev(t))
+                    except (ValueError, TypeError, ZeroDivisionError):
+                        continue
             fwd[s] = tot if mpmath.isfinite(tot) else mpmath.mpf(0)
         return fwd
 
