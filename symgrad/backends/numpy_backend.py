@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["NumpyBackend"]
+from ..ops import OPS
+from ..ops.elementwise import scalar_ops
+from ..ops.scalar import TRANSCENDENTAL, build
+
+__all__ = ["NUMPY_MATH", "NumpyBackend", "numpy_kernel"]
+
+#: The scalar-math vocabulary (symgrad/ops/scalar.py) as NumPy ufuncs.
+NUMPY_MATH = {"exp": np.exp, "log": np.log, "sin": np.sin, "cos": np.cos, "tanh": np.tanh,
+              "sqrt": np.sqrt, "abs": np.abs, "sign": np.sign, "where": np.where,
+              "maximum": np.maximum}
 
 
 def _quiet(fn):
@@ -16,14 +25,6 @@ def _quiet(fn):
 
     kernel.__name__ = getattr(fn, "__name__", "kernel")
     return kernel
-
-
-def _sigmoid(x):
-    """1/(1+e^-x) without overflow in either tail: exp only ever sees -|x|."""
-    x = np.asarray(x)
-    with np.errstate(all="ignore"):
-        e = np.exp(-np.abs(x))
-        return np.where(x >= 0, 1 / (1 + e), e / (1 + e))
 
 
 def _pow(a, b):
@@ -38,17 +39,8 @@ class NumpyBackend:
     name = "numpy"
     device_type = "cpu"
 
-    neg = staticmethod(np.negative)
-    exp = staticmethod(_quiet(np.exp))
-    log = staticmethod(_quiet(np.log))
-    sin = staticmethod(np.sin)
-    cos = staticmethod(np.cos)
-    tanh = staticmethod(np.tanh)
-    sigmoid = staticmethod(_sigmoid)
-    sqrt = staticmethod(_quiet(np.sqrt))
-    abs = staticmethod(np.abs)
-    sign = staticmethod(np.sign)
-    reciprocal = staticmethod(_quiet(lambda x: np.divide(1, x, dtype=x.dtype)))
+    # the unary math kernels (neg, exp, tanh, ...) are generated from the ops' stanzas
+    # below the class (``numpy_kernel``)
 
     add = staticmethod(np.add)
     sub = staticmethod(np.subtract)
@@ -72,10 +64,6 @@ class NumpyBackend:
         """``x + value * t1 * t2`` (torch.addcmul)."""
         return np.add(x, np.multiply(np.multiply(t1, t2), value) if value != 1 else
                       np.multiply(t1, t2))
-
-    @staticmethod
-    def relu(x):
-        return np.maximum(x, 0).astype(x.dtype, copy=False)
 
     @staticmethod
     def sum(x, axis=None, keepdims=False, dtype=None):
@@ -213,3 +201,31 @@ class NumpyBackend:
     @staticmethod
     def shares_memory(a, b) -> bool:
         return np.may_share_memory(a, b)
+
+
+def numpy_kernel(op: str):
+    """``be.<op>(x)`` from the op's ``Scalar.forward``, on whole arrays of ufuncs.
+
+    Expressions that may meet a pole or leave the domain (exp, log, sqrt, division) run
+    with NumPy's warnings off, as PyTorch gives nan/inf silently; "same" dtype ops keep
+    the input's dtype (``maximum(x, 0)`` on bools)."""
+    spec = OPS[op]
+    fn = build(op + "_forward", ("x",), spec.scalar.forward, NUMPY_MATH)
+    quiet = bool(spec.scalar.calls() & (TRANSCENDENTAL - {"sin", "cos", "tanh"})) \
+        or "/" in spec.scalar.forward
+    if spec.dtype_rule == "same":
+        plain = fn
+
+        def fn(x):
+            out = plain(x)
+            return out if out.dtype == x.dtype else out.astype(x.dtype, copy=False)
+
+    if quiet:
+        fn = _quiet(fn)
+    fn.__name__ = op
+    fn.__doc__ = f"{op}: ``{spec.scalar.forward}`` on NumPy arrays (generated)."
+    return staticmethod(fn)
+
+
+for _op in scalar_ops(1):
+    setattr(NumpyBackend, _op, numpy_kernel(_op))

@@ -19,6 +19,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..ops import OPS
+from ..ops.elementwise import scalar_ops
+from ..ops.scalar import build, sympy_namespace
+
 __all__ = ["SympyBackend", "Undecidable", "Nonlinear", "obj", "is_number"]
 
 
@@ -124,20 +128,26 @@ class SympyBackend:
         if n >= nonlinear_if:
             raise Nonlinear
 
-    def _spec_unary(self, name, fallback):
-        fn = self._unary_cache.get(name)
+    def _scalar_unary(self, op, x):
+        """A unary op from its stanza's ``Scalar`` meaning, element by element."""
+        scalar = OPS[op].scalar
+        if not scalar.linear:
+            self._probe(x)
+        fn = self._unary_cache.get(op)
         if fn is None:
-            from ..ops import OPS
+            namespace = sympy_namespace(self.sp)
+            namespace["where"] = self._where
+            meaning = build(op + "_meaning", ("x",), scalar.meaning or scalar.forward, namespace)
+            fn = self._unary_cache[op] = np.frompyfunc(meaning, 1, 1)
+        return obj(fn(obj(x)))
 
-            spec = OPS.get(name)
-            sp = self.sp
-            if spec is not None and callable(spec.sympy):
-                meaning = spec.sympy
-                fn = np.frompyfunc(lambda x: meaning(sp, x), 1, 1)
-            else:
-                fn = np.frompyfunc(lambda x: fallback(sp, x), 1, 1)
-            self._unary_cache[name] = fn
-        return fn
+    def _where(self, c, a, b):
+        """A select in a meaning: decided from the values where it can be (a valuation, or
+        numbers: relu'(0) = 0 as in PyTorch), else a Piecewise."""
+        try:
+            return a if self._decide(c) else b
+        except Undecidable:
+            return self.sp.Piecewise((a, c), (b, True))
 
     def _spec_binary(self, name, fallback):
         fn = self._unary_cache.get(name)
@@ -155,55 +165,8 @@ class SympyBackend:
             self._unary_cache[name] = fn
         return fn
 
-    def _unary(self, name, x, fallback):
-        self._probe(x)
-        return obj(self._spec_unary(name, fallback)(obj(x)))
-
-    # -- elementwise -------------------------------------------------------------------
-    def neg(self, x):
-        return obj(np.negative(obj(x)))
-
-    def exp(self, x):
-        return self._unary("exp", x, lambda sp, v: sp.exp(v))
-
-    def log(self, x):
-        return self._unary("log", x, lambda sp, v: sp.log(v))
-
-    def sin(self, x):
-        return self._unary("sin", x, lambda sp, v: sp.sin(v))
-
-    def cos(self, x):
-        return self._unary("cos", x, lambda sp, v: sp.cos(v))
-
-    def tanh(self, x):
-        return self._unary("tanh", x, lambda sp, v: sp.tanh(v))
-
-    def sigmoid(self, x):
-        return self._unary("sigmoid", x, lambda sp, v: 1 / (1 + sp.exp(-v)))
-
-    def sqrt(self, x):
-        return self._unary("sqrt", x, lambda sp, v: sp.sqrt(v))
-
-    def abs(self, x):
-        return self._unary("abs", x, lambda sp, v: sp.Abs(v))
-
-    def sign(self, x):
-        return self._unary("sign", x, lambda sp, v: sp.sign(v))
-
-    def reciprocal(self, x):
-        return self._unary("reciprocal", x, lambda sp, v: 1 / v)
-
-    def relu(self, x):
-        self._probe(x)
-        x = obj(x)
-        if self.valuation is not None or not _has_symbols(x):
-            # decide each element's branch from its value: relu'(0) = 0 as in PyTorch
-            out = np.empty(x.shape, dtype=object)
-            for i, v in np.ndenumerate(x):
-                out[i] = v if self._decide(v > 0) else 0
-            return out
-        return self._unary("relu", x, lambda sp, v: sp.Piecewise((v, v > 0), (0, True)))
-
+    # -- elementwise: the unary math kernels are generated from the ops' stanzas below the
+    # class (``_scalar_method``) -----------------------------------------------------------
     def add(self, a, b):
         return obj(np.add(obj(a), obj(b)))
 
@@ -574,3 +537,16 @@ class SympyBackend:
 
             return kernel
         raise AttributeError(f"SympyBackend has no kernel {name!r}")
+
+
+def _scalar_method(op: str):
+    def kernel(self, x):
+        return self._scalar_unary(op, x)
+
+    kernel.__name__ = op
+    kernel.__doc__ = f"{op}: the meaning of its stanza's ``Scalar``, on each element."
+    return kernel
+
+
+for _op in scalar_ops(1):
+    setattr(SympyBackend, _op, _scalar_method(_op))

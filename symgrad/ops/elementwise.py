@@ -1,20 +1,18 @@
 """Elementwise ops: arithmetic and the unary math functions.
 
 Each stanza gives the forward kernel, one backward formula per input written in tensor
-ops, and the scalar SymPy meaning ``sympy(sp, *scalars)``. Broadcast gradients are summed
-back to each input's shape by the engine, as PyTorch's engine does, so formulas here stay
-as plain as the math.
+ops, and the scalar SymPy meaning ``sympy(sp, *scalars)``. Unary math ops give a ``Scalar``
+instead (symgrad/ops/scalar.py): forward and backward on one element, from which every
+backend generates its kernels and this module the formula and the meaning. Broadcast
+gradients are summed back to each input's shape by the engine, as PyTorch's engine does,
+so formulas here stay as plain as the math.
 """
 
 from __future__ import annotations
 
 from .registry import OPS, register
+from .scalar import Scalar, sympy_meaning, tensor_formula
 from .spec import OpSpec
-
-#: Unary ops whose whole backward is ``grad`` and one saved array through a scalar rule;
-#: a backend with fused kernels offers ``<op>_backward(grad, needed, saved)`` for each.
-UNARY_FUSED_BACKWARD = ("exp", "log", "sin", "cos", "tanh", "sigmoid", "sqrt", "relu", "abs",
-                        "reciprocal")
 
 
 def _binary(name, grad_fn, grads, sympy, dtype_rule="promote", **kw):
@@ -28,15 +26,35 @@ def _binary(name, grad_fn, grads, sympy, dtype_rule="promote", **kw):
                            dtype_rule=dtype_rule, **kw))
 
 
-def _unary(name, grad_fn, grad, sympy, dtype_rule="float", kernel=None):
-    kernel = kernel or name
+#: ``where``/``sign``... on tensors, for the backward formulas built from ``Scalar.grad``
+_TENSOR_MATH = {f: (lambda t, _f=f: getattr(t, _f)())
+                for f in ("exp", "log", "sin", "cos", "tanh", "sqrt", "abs", "sign")}
+
+
+def _unary(name, grad_fn, scalar: Scalar, dtype_rule="float"):
+    """A unary elementwise op from its scalar math: the backend kernel ``be.<name>`` is
+    generated from ``scalar.forward`` by each backend, the backward formula and the SymPy
+    meaning here from the same expressions."""
+    kernel = name
 
     def forward(be, self):
         return getattr(be, kernel)(self)
 
     forward.__name__ = name
-    return register(OpSpec(name, grad_fn, ("self",), forward, {"self": grad}, sympy,
-                           dtype_rule=dtype_rule))
+    return register(OpSpec(name, grad_fn, ("self",), forward,
+                           {"self": tensor_formula(name, scalar, _TENSOR_MATH)},
+                           sympy_meaning(name, scalar), dtype_rule=dtype_rule, scalar=scalar))
+
+
+def scalar_ops(arity: int = 1) -> tuple[str, ...]:
+    """Ops whose kernels backends generate from the stanza's ``Scalar`` (registry query)."""
+    return tuple(n for n, s in OPS.items() if s.scalar is not None and len(s.inputs) == arity)
+
+
+def unary_fused_backward() -> tuple[str, ...]:
+    """Unary ops whose whole backward is ``grad`` and one saved array through a scalar rule;
+    a backend with fused kernels offers ``<op>_backward(grad, needed, saved)`` for each."""
+    return tuple(n for n in scalar_ops(1) if OPS[n].scalar.operand is not None)
 
 
 # -- arithmetic (alpha follows torch.add(a, b, alpha=1)) -----------------------------------
@@ -64,9 +82,8 @@ _binary("div", "DivBackward0",
         {"self": lambda grad, other: grad / other,
          "other": lambda grad, self, other: -grad * self / (other * other)},
         lambda sp, x, y: x / y, dtype_rule="promote_float")
-_unary("neg", "NegBackward0", lambda grad: -grad, lambda sp, x: -x, dtype_rule="same")
-_unary("reciprocal", "ReciprocalBackward0",
-       lambda grad, result: -grad * result * result, lambda sp, x: 1 / x)
+_unary("neg", "NegBackward0", Scalar("-x", "-g"), dtype_rule="same")
+_unary("reciprocal", "ReciprocalBackward0", Scalar("1 / x", "-g * y * y"))
 
 # -- powers: tensor**scalar, tensor**tensor, scalar**tensor (torch's three overloads) -------
 register(OpSpec(
@@ -98,23 +115,21 @@ def _log(x: float) -> float:
 
 
 # -- unary math ------------------------------------------------------------------------------
-_unary("exp", "ExpBackward0", lambda grad, result: grad * result, lambda sp, x: sp.exp(x))
-_unary("log", "LogBackward0", lambda grad, self: grad / self, lambda sp, x: sp.log(x))
-_unary("sin", "SinBackward0", lambda grad, self: grad * self.cos(), lambda sp, x: sp.sin(x))
-_unary("cos", "CosBackward0", lambda grad, self: grad * -self.sin(), lambda sp, x: sp.cos(x))
-_unary("tanh", "TanhBackward0", lambda grad, result: grad * (1 - result * result),
-       lambda sp, x: sp.tanh(x))
-_unary("sigmoid", "SigmoidBackward0", lambda grad, result: grad * (result * (1 - result)),
-       lambda sp, x: 1 / (1 + sp.exp(-x)))
-_unary("sqrt", "SqrtBackward0", lambda grad, result: grad / (2 * result),
-       lambda sp, x: sp.sqrt(x))
-# Kinks follow PyTorch: relu'(0) = 0 and abs'(0) = sign(0) = 0.
-_unary("relu", "ReluBackward0", lambda grad, result: grad * (result > 0),
-       lambda sp, x: sp.Piecewise((x, x > 0), (0, True)), dtype_rule="same")
-_unary("abs", "AbsBackward0", lambda grad, self: grad * self.sign(),
-       lambda sp, x: sp.Abs(x), dtype_rule="same")
-_unary("sign", "SignBackward0", lambda grad: grad * 0, lambda sp, x: sp.sign(x),
-       dtype_rule="same")
+_unary("exp", "ExpBackward0", Scalar("exp(x)", "g * y"))
+_unary("log", "LogBackward0", Scalar("log(x)", "g / x"))
+_unary("sin", "SinBackward0", Scalar("sin(x)", "g * cos(x)"))
+_unary("cos", "CosBackward0", Scalar("cos(x)", "g * -sin(x)"))
+_unary("tanh", "TanhBackward0", Scalar("tanh(x)", "g * (1 - y * y)"))
+# overflow-free in both tails: exp only ever sees -|x|
+_unary("sigmoid", "SigmoidBackward0", Scalar(
+    "e = exp(-abs(x)); where(x >= 0, 1 / (1 + e), e / (1 + e))", "g * (y * (1 - y))",
+    meaning="1 / (1 + exp(-x))"))
+_unary("sqrt", "SqrtBackward0", Scalar("sqrt(x)", "g / (2 * y)"))
+# Kinks follow PyTorch: relu'(0) = 0 and abs'(0) = sign(0) = 0; relu(NaN) is NaN.
+_unary("relu", "ReluBackward0", Scalar("maximum(x, 0)", "g * (y > 0)",
+                                       meaning="where(x > 0, x, 0)"), dtype_rule="same")
+_unary("abs", "AbsBackward0", Scalar("abs(x)", "g * sign(x)"), dtype_rule="same")
+_unary("sign", "SignBackward0", Scalar("sign(x)", "g * 0"), dtype_rule="same")
 
 # -- comparisons: bool results, no gradient --------------------------------------------------
 for _name in ("gt", "ge", "lt", "le", "eq", "ne"):
@@ -145,5 +160,6 @@ register(OpSpec(
 # A backend offering ``<op>_backward(grad, needed, *saved)`` runs the op's whole backward
 # in one pass when no graph is recorded (symgrad/backends/cpu); the formulas above stay the
 # definition, used under create_graph=True, and tests prove both equal.
+UNARY_FUSED_BACKWARD = unary_fused_backward()
 for _name in UNARY_FUSED_BACKWARD + ("neg", "sign", "pow", "mul", "div", "where"):
     OPS[_name].fused_backward = _name + "_backward"

@@ -74,6 +74,9 @@ class OpSpec:
     #: None per input, or None to decline. Used only when no graph is being recorded and the
     #: backend has it; otherwise the tensor-op formulas in ``grads`` run (tested equal).
     fused_backward: str | None = None
+    #: an elementwise op's scalar math (symgrad.ops.scalar.Scalar): backends generate its
+    #: kernels from it, and its backward formula and SymPy meaning come from it
+    scalar: Any = None
 
     # derived in __post_init__
     formula_params: dict[str, tuple[str, ...]] = field(init=False, repr=False)

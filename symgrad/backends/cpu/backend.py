@@ -34,8 +34,11 @@ import threading
 
 import numpy as np
 
+from ...ops import OPS
+from ...ops.elementwise import scalar_ops
+from ...ops.scalar import TRANSCENDENTAL, build
 from ..base import UNARY_FUSED_BACKWARD, column_major
-from ..numpy_backend import NumpyBackend
+from ..numpy_backend import NUMPY_MATH, NumpyBackend
 from . import rules
 
 __all__ = ["CpuBackend", "PARALLEL_MIN", "FUSED_MIN", "empty_pool", "load_kernels",
@@ -282,30 +285,24 @@ def _binary(name: str, ref):
 
 
 # -- fused backward --------------------------------------------------------------------------
-#: the tensor-op formulas as NumPy expressions (small arrays, and broadcasting cases)
-_NP_RULES = {
-    "exp": lambda g, r: g * r,
-    "log": lambda g, x: g / x,
-    "sin": lambda g, x: g * np.cos(x),
-    "cos": lambda g, x: g * -np.sin(x),
-    "tanh": lambda g, r: g * (1 - r * r),
-    "sigmoid": lambda g, r: g * (r * (1 - r)),
-    "sqrt": lambda g, r: g / (2 * r),
-    "relu": lambda g, r: g * (r > 0),
-    "abs": lambda g, x: g * np.sign(x),
-    "reciprocal": lambda g, r: -g * r * r,
-}
-#: rules with a Numba loop (the rest involve a transcendental: NumPy's SIMD wins)
-_NUMBA_RULES = {"exp", "log", "tanh", "sigmoid", "sqrt", "relu", "abs", "reciprocal"}
+def _np_rule(op: str):
+    """The op's ``Scalar.grad`` on NumPy arrays (small arrays, and broadcasting cases)."""
+    scalar = OPS[op].scalar
+    return build(f"{op}_np_rule", ("g", scalar.operand), scalar.grad, NUMPY_MATH)
+
+
+def _numba_rule(op: str) -> bool:
+    """A Numba loop exists for the rule (none calling libm: NumPy's SIMD ufuncs win)."""
+    return not (OPS[op].scalar.calls("grad") & TRANSCENDENTAL)
 
 
 def _unary_backward(op: str):
     """The fused backward of a unary op: ``(grad, needed, saved) -> (grad_input,)``."""
     body = op + "_b"
     scalar_rule = rules.SCALAR_BACKWARD[op]
-    np_rule = _NP_RULES[op]
-    numba = op in _NUMBA_RULES
-    quiet = op in ("log", "sqrt")
+    np_rule = _np_rule(op)
+    numba = _numba_rule(op)
+    quiet = "/" in OPS[op].scalar.grad
 
     def kernel(grad, needed, saved):
         if type(saved) is not np.ndarray or saved.dtype not in _FLOATS \
@@ -347,10 +344,9 @@ class CpuBackend(NumpyBackend):
     device_type = "cpu"
 
     # -- forward elementwise (memory-bound ones; see the module docstring) --------------------
-    neg = _unary("neg", _R.neg)
-    abs = _unary("abs", _R.abs)
-    relu = _unary("relu", _R.relu)
-    _relu_big = relu
+    # the memory-bound unary ops (neg, abs, relu, sign) get a parallel loop generated from
+    # their stanzas, set below the class
+    _relu_big = _unary("relu", _R.relu)
 
     @staticmethod
     def relu(x):
@@ -652,6 +648,9 @@ class CpuBackend(NumpyBackend):
         return NumpyBackend.copy(x)
 
 
+for _op in scalar_ops(1):  # forward: a parallel Numba loop above PARALLEL_MIN elements
+    if OPS[_op].scalar.memory_bound and _op != "relu":  # relu: its own method above
+        setattr(CpuBackend, _op, _unary(_op, getattr(_R, _op)))
 for _op in UNARY_FUSED_BACKWARD:  # the fused backward rules OpSpec.fused_backward names
     setattr(CpuBackend, _op + "_backward", _unary_backward(_op))
 

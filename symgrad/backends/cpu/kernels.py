@@ -5,8 +5,9 @@ This module is imported on the first kernel call (importing Numba costs ~0.3 s),
 Python side (``backend.py``) checks shapes, dtypes and contiguity before calling, so a
 kernel can never index out of bounds. Each loop body is written once with ``prange``; the
 serial twin runs it as a plain ``range`` (small arrays), the parallel twin splits it over
-the threads (large arrays). Scalar rules (``_sin_b`` ...) are plain Python functions that
-are also jitted, so the size-1 path in Python and the kernels share one formula.
+the threads (large arrays). The unary elementwise loops are generated from the op stanzas'
+scalar expressions (``_generated``), calling the helpers of ``rules.py`` jitted, so the
+size-1 path in Python and the kernels share one formula.
 
 Threading layer: ``workqueue`` (see ``_threading``); it ships with Numba on every platform
 and survives ``fork``. It is not thread-safe, so parallel launches are serialised by one
@@ -16,6 +17,8 @@ from any number of Python threads at once.
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
 import math
 import os
 import sys
@@ -70,6 +73,9 @@ import numba  # noqa: E402
 import numpy as np  # noqa: E402
 from numba import njit, prange  # noqa: E402
 
+from ...ops import OPS  # noqa: E402
+from ...ops.elementwise import scalar_ops, unary_fused_backward  # noqa: E402
+from ...ops.scalar import TRANSCENDENTAL, source  # noqa: E402
 from . import rules  # noqa: E402
 
 if os.environ.get("NUMBA_CACHE_DIR"):
@@ -135,36 +141,15 @@ class _CompileNotice(numba.core.event.Listener):
 numba.core.event.register("numba:compile", _CompileNotice())
 
 
-# -- scalar rules (plain Python, and jitted for the loops) -----------------------------------
+# -- libm note --------------------------------------------------------------------------------
 # Numba's llvmlite here has no SVML, so sin/cos/exp/log/tanh in a Numba loop are scalar libm
 # calls, ~5x slower per element than NumPy's SIMD ufuncs (measured: cos on 16k float32,
 # 77 µs vs 16 µs). Kernels therefore exist only for memory-bound work (arithmetic, selects,
 # copies, reductions), where one fused pass and all cores win; transcendentals stay NumPy.
-_relu_j = _scalar(rules.relu)
-_exp_bj, _log_bj, _tanh_bj, _sigmoid_bj = (_scalar(f) for f in (
-    rules.exp_b, rules.log_b, rules.tanh_b, rules.sigmoid_b))
-_sqrt_bj, _relu_bj, _abs_bj, _reciprocal_bj = (_scalar(f) for f in (
-    rules.sqrt_b, rules.relu_b, rules.abs_b, rules.reciprocal_b))
-
 
 # -- forward kernels (memory-bound ops above the parallel threshold) -------------------------
 # Operands of length 1 stand for scalars: the loops are versioned on that outside the loop
 # (an index like ``b[i * sb]`` inside it stops LLVM from vectorizing: 4.6x slower).
-def neg_f(x, out):
-    for i in prange(out.size):
-        out[i] = -x[i]
-
-
-def relu_f(x, out):
-    for i in prange(out.size):
-        out[i] = _relu_j(x[i])
-
-
-def abs_f(x, out):
-    for i in prange(out.size):
-        out[i] = abs(x[i])
-
-
 def add_f(a, b, out, sa, sb):
     if sa and sb:
         for i in prange(out.size):
@@ -243,79 +228,8 @@ def add_scaled_f(dst, src, alpha):
 
 
 # -- fused backward kernels: the whole backward of an op in one pass ------------------------
-# ``sg`` is 0 when the grad is an expanded scalar (the backward of sum or mean).
-def exp_b(g, v, out, sg):
-    if sg:
-        for i in prange(out.size):
-            out[i] = _exp_bj(g[i], v[i])
-    else:
-        for i in prange(out.size):
-            out[i] = _exp_bj(g[0], v[i])
-
-
-def log_b(g, v, out, sg):
-    if sg:
-        for i in prange(out.size):
-            out[i] = _log_bj(g[i], v[i])
-    else:
-        for i in prange(out.size):
-            out[i] = _log_bj(g[0], v[i])
-
-
-def tanh_b(g, v, out, sg):
-    if sg:
-        for i in prange(out.size):
-            out[i] = _tanh_bj(g[i], v[i])
-    else:
-        for i in prange(out.size):
-            out[i] = _tanh_bj(g[0], v[i])
-
-
-def sigmoid_b(g, v, out, sg):
-    if sg:
-        for i in prange(out.size):
-            out[i] = _sigmoid_bj(g[i], v[i])
-    else:
-        for i in prange(out.size):
-            out[i] = _sigmoid_bj(g[0], v[i])
-
-
-def sqrt_b(g, v, out, sg):
-    if sg:
-        for i in prange(out.size):
-            out[i] = _sqrt_bj(g[i], v[i])
-    else:
-        for i in prange(out.size):
-            out[i] = _sqrt_bj(g[0], v[i])
-
-
-def relu_b(g, v, out, sg):
-    if sg:
-        for i in prange(out.size):
-            out[i] = _relu_bj(g[i], v[i])
-    else:
-        for i in prange(out.size):
-            out[i] = _relu_bj(g[0], v[i])
-
-
-def abs_b(g, v, out, sg):
-    if sg:
-        for i in prange(out.size):
-            out[i] = _abs_bj(g[i], v[i])
-    else:
-        for i in prange(out.size):
-            out[i] = _abs_bj(g[0], v[i])
-
-
-def reciprocal_b(g, v, out, sg):
-    if sg:
-        for i in prange(out.size):
-            out[i] = _reciprocal_bj(g[i], v[i])
-    else:
-        for i in prange(out.size):
-            out[i] = _reciprocal_bj(g[0], v[i])
-
-
+# ``sg`` is 0 when the grad is an expanded scalar (the backward of sum or mean). The unary
+# ones (``exp_b`` ...) are generated from the op stanzas (``_generated`` below).
 def mul2_b(g, a, b, ga, gb, sg):
     """Both gradients of a*b in one pass: ga = g*b, gb = g*a."""
     if sg:
@@ -502,11 +416,76 @@ def copy_f(x, out):
         out[i] = x[i]
 
 
-_BODIES = [neg_f, relu_f, abs_f, add_f, sub_f, mul_f, div_f, addcmul_f, outer_f, add_scaled_f,
-           exp_b, log_b, tanh_b, sigmoid_b, sqrt_b, relu_b, abs_b, reciprocal_b, mul2_b, div2_b,
+# -- loops generated from the op stanzas (symgrad/ops/scalar.py) ----------------------------
+def _generated_source() -> tuple[str, list[str]]:
+    """Module text of the generated loops, and their names: ``<op>_f`` (forward) for the
+    memory-bound unary ops, ``<op>_b`` (fused backward) for those whose rule needs no libm
+    call. Each loop calls ``<op>_fwd_j`` / ``<op>_rule_j``, the jitted scalar expression."""
+    lines = ['"""Generated by symgrad/backends/cpu/kernels.py from the op stanzas; do not edit."""',
+             "from numba import prange", ""]
+    names = []
+    for op in scalar_ops(1):
+        scalar = OPS[op].scalar
+        if scalar.memory_bound:
+            lines += [source(f"{op}_fwd", ("x",), scalar.forward),
+                      f"def {op}_f(x, out):",
+                      "    for i in prange(out.size):",
+                      f"        out[i] = {op}_fwd_j(x[i])", ""]
+            names.append(f"{op}_f")
+    for op in unary_fused_backward():
+        scalar = OPS[op].scalar
+        if scalar.calls("grad") & TRANSCENDENTAL:
+            continue  # NumPy's SIMD ufunc wins (see the libm note above)
+        lines += [source(f"{op}_rule", ("g", scalar.operand), scalar.grad),
+                  f"def {op}_b(g, v, out, sg):",
+                  "    if sg:",
+                  "        for i in prange(out.size):",
+                  f"            out[i] = {op}_rule_j(g[i], v[i])",
+                  "    else:",
+                  "        for i in prange(out.size):",
+                  f"            out[i] = {op}_rule_j(g[0], v[i])", ""]
+        names.append(f"{op}_b")
+    return "\n".join(lines), names
+
+
+def _generated():
+    """The generated loops as a module loaded from a real file: Numba's on-disk cache is
+    keyed by the source file, so ``cache=True`` works as for the hand-written loops. The
+    file is named by a hash of its text (a changed stanza makes a new file)."""
+    text, names = _generated_source()
+    digest = hashlib.sha1(text.encode()).hexdigest()[:16]
+    base = os.environ.get("NUMBA_CACHE_DIR") or os.path.join(os.path.dirname(
+        os.path.abspath(__file__)), "__pycache__")
+    folder = os.path.join(base, "symgrad_generated")
+    path = os.path.join(folder, f"elementwise_{digest}.py")
+    if not os.path.exists(path):
+        if not _writable(folder):
+            folder = tempfile.mkdtemp(prefix="symgrad-generated-")
+            path = os.path.join(folder, f"elementwise_{digest}.py")
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, path)  # atomic: concurrent processes write the same text
+    modname = f"symgrad.backends.cpu._elementwise_{digest}"
+    spec = importlib.util.spec_from_file_location(modname, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[modname] = mod
+    spec.loader.exec_module(mod)
+    # the vocabulary as Numba compiles it: libm for the transcendentals, the Python helpers
+    # of rules.py jitted (one definition for the size-1 path and the loops)
+    for fname, fn in rules.PY_MATH.items():
+        setattr(mod, fname, fn if fn.__module__ == "math" or fn is abs else _scalar(fn))
+    for name in names:
+        op, kind = name.rsplit("_", 1)
+        inner = f"{op}_fwd" if kind == "f" else f"{op}_rule"
+        setattr(mod, inner + "_j", _scalar(getattr(mod, inner)))
+    return [getattr(mod, name) for name in names]
+
+
+_BODIES = [add_f, sub_f, mul_f, div_f, addcmul_f, outer_f, add_scaled_f, mul2_b, div2_b,
            div_other_b, pow_b, where2_b, where1_b, sum_f, sum_rows_f, sum_last_f, softmax_rows,
            log_softmax_rows, logsumexp_rows, softmax_rows_b, log_softmax_rows_b, take_rows,
-           scatter_add_rows, copy_f]
+           scatter_add_rows, copy_f] + _generated()
 
 #: name -> (serial dispatcher, parallel dispatcher); nothing compiles until first called
 K: dict[str, tuple] = {f.__name__: twin(f) for f in _BODIES}

@@ -1,59 +1,48 @@
-"""Scalar backward rules shared by the size-1 path (plain Python) and the Numba loops.
+"""The scalar-math vocabulary on one Python float, and the scalar backward rules built from
+the op stanzas with it.
 
-Each is the op's tensor-op formula (symgrad/ops/elementwise.py) on one element; no
-Numba here, so tiny graphs never import it.
+Shared by the size-1 path (plain Python) and the Numba loops, which jit these same helpers
+(``kernels.py``), so one element and a loop compute one formula. No Numba here, so tiny
+graphs never import it.
 """
 
 from __future__ import annotations
 
 import math
 
-
-def exp_b(g, r):
-    return g * r
-
-
-def log_b(g, x):
-    return g / x
+from ...ops import OPS
+from ...ops.elementwise import unary_fused_backward
+from ...ops.scalar import VARIABLES, build
 
 
-def sin_b(g, x):
-    return g * math.cos(x)
+def sign(x):
+    """torch.sign on a float: 0 for ±0, NaN for NaN (``x - x``)."""
+    return 1.0 if x > 0 else (-1.0 if x < 0 else x - x)
 
 
-def cos_b(g, x):
-    return g * -math.sin(x)
+def where(c, a, b):
+    return a if c else b
 
 
-def tanh_b(g, r):
-    return g * (1 - r * r)
+def maximum(a, b):
+    """NaN-propagating, as torch.maximum."""
+    return a if (a > b or a != a) else b
 
 
-def sigmoid_b(g, r):
-    return g * (r * (1 - r))
+#: The vocabulary (symgrad/ops/scalar.py) on Python floats; Numba compiles the same calls.
+PY_MATH = {"exp": math.exp, "log": math.log, "sin": math.sin, "cos": math.cos,
+           "tanh": math.tanh, "sqrt": math.sqrt, "abs": abs, "sign": sign, "where": where,
+           "maximum": maximum}
 
 
-def sqrt_b(g, r):
-    return g / (2 * r)
+def scalar_backward(op: str):
+    """``rule(g, saved)``: the op's ``Scalar.grad`` on one element."""
+    scalar = OPS[op].scalar
+    return build(f"{op}_rule", ("g", scalar.operand), scalar.grad, PY_MATH)
 
 
-def relu_b(g, r):
-    return g * (1 if r > 0 else 0)
+#: op name -> scalar backward rule, for every op with a fused unary backward
+SCALAR_BACKWARD = {op: scalar_backward(op) for op in unary_fused_backward()}
 
-
-def abs_b(g, x):
-    return g * (1.0 if x > 0 else (-1.0 if x < 0 else x - x))  # g * sign(x)
-
-
-def reciprocal_b(g, r):
-    return -g * r * r
-
-
-def relu(v):
-    return v if not v <= 0 else 0.0  # nan stays nan, as in torch
-
-
-#: op name -> scalar rule
-SCALAR_BACKWARD = {"exp": exp_b, "log": log_b, "sin": sin_b, "cos": cos_b, "tanh": tanh_b,
-                   "sigmoid": sigmoid_b, "sqrt": sqrt_b, "relu": relu_b, "abs": abs_b,
-                   "reciprocal": reciprocal_b}
+__all__ = ["PY_MATH", "SCALAR_BACKWARD", "VARIABLES", "maximum", "scalar_backward", "sign",
+           "where"]

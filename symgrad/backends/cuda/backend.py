@@ -16,6 +16,8 @@ import operator
 
 import numpy as np
 
+from ...ops import OPS
+from ...ops.elementwise import scalar_ops
 from ..base import UNARY_FUSED_BACKWARD, view_strides
 from . import allocator
 from . import kernels as K
@@ -469,18 +471,8 @@ class CudaBackend:
     device_type = "cuda"
 
     # -- elementwise forward ---------------------------------------------------------------------
-    neg = _unary_same("neg")
-    exp = _unary_float("exp")
-    log = _unary_float("log")
-    sin = _unary_float("sin")
-    cos = _unary_float("cos")
-    tanh = _unary_float("tanh")
-    sigmoid = _unary_float("sigmoid")
-    sqrt = _unary_float("sqrt")
-    reciprocal = _unary_float("reciprocal")
-    abs = _unary_same("abs")
-    sign = _unary_same("sign")
-    relu = _unary_same("relu")
+    # the unary math ops (neg, exp, ...) are set below the class, one launch each of the
+    # device function generated from the op's stanza (kernels.FUNCS)
 
     @staticmethod
     def logical_not(x):
@@ -918,6 +910,9 @@ class CudaBackend:
         return _is_array(a) and _is_array(b) and a.block is b.block
 
 
+for _op in scalar_ops(1):
+    _make = _unary_float if OPS[_op].dtype_rule == "float" else _unary_same
+    setattr(CudaBackend, _op, _make(_op))
 for _op in UNARY_FUSED_BACKWARD:  # the fused backward rules OpSpec.fused_backward names
     setattr(CudaBackend, _op + "_backward", _unary_backward(_op))
 

@@ -21,6 +21,10 @@ import math
 import numpy as np
 from numba import config, cuda
 
+from ...ops import OPS
+from ...ops.elementwise import scalar_ops
+from ...ops.scalar import build
+
 __all__ = ["SIM", "stats", "elementwise", "reduce_rows", "arg_reduce_rows", "matmul",
            "gather", "scatter", "arange", "random", "error_flag"]
 
@@ -79,60 +83,12 @@ def _f_identity(x):
     return x
 
 
-def _f_neg(x):
-    return -x
-
-
-def _f_exp(x):
-    return _exp(x)
-
-
-def _f_log(x):
-    return _log(x)
-
-
-def _f_sin(x):
-    return _sin(x)
-
-
-def _f_cos(x):
-    return _cos(x)
-
-
-def _f_tanh(x):
-    return _tanh(x)
-
-
-def _f_sqrt(x):
-    return _sqrt(x)
-
-
-def _f_sigmoid(x):
-    if x >= 0:
-        z = _exp(-x)
-        return 1 / (1 + z)
-    z = _exp(x)
-    return z / (1 + z)
-
-
-def _f_relu(x):
-    return x if not x <= 0 else x * 0  # NaN stays NaN, as in torch
-
-
-def _f_abs(x):
-    return abs(x)
-
-
 def _f_sign(x):
     if x > 0:
         return x * 0 + 1
     if x < 0:
         return x * 0 - 1
     return x  # 0 and NaN
-
-
-def _f_reciprocal(x):
-    return 1 / x
 
 
 def _f_logical_not(x):
@@ -224,46 +180,6 @@ def _f_addcmul(x, t1, t2, v):
 
 
 # fused backward rules (the tensor-op formulas of symgrad/ops/elementwise.py, one pass)
-def _b_exp(g, r):
-    return g * r
-
-
-def _b_log(g, x):
-    return g / x
-
-
-def _b_sin(g, x):
-    return g * _cos(x)
-
-
-def _b_cos(g, x):
-    return g * -_sin(x)
-
-
-def _b_tanh(g, r):
-    return g * (1 - r * r)
-
-
-def _b_sigmoid(g, r):
-    return g * (r * (1 - r))
-
-
-def _b_sqrt(g, r):
-    return g / (2 * r)
-
-
-def _b_relu(g, r):
-    return g if r > 0 else g * 0
-
-
-def _b_abs(g, x):
-    return g * _f_sign_d(x)
-
-
-def _b_reciprocal(g, r):
-    return -g * r * r
-
-
 def _b_neg(g):
     return -g
 
@@ -306,6 +222,19 @@ _f_sign_d = _device(_f_sign)
 FUNCS = {(name[3:] if name.startswith("_f_") else "b_" + name[3:]): _device(fn)
          for name, fn in list(globals().items())
          if name.startswith(("_f_", "_b_")) and callable(fn) and name != "_f_sign_d"}
+
+#: The scalar-math vocabulary (symgrad/ops/scalar.py) as device functions.
+CUDA_MATH = {"exp": _exp, "log": _log, "sin": _sin, "cos": _cos, "tanh": _tanh,
+             "sqrt": _sqrt, "abs": abs, "sign": _f_sign_d, "where": FUNCS["where"],
+             "maximum": FUNCS["maximum"]}
+
+# The unary math ops from their stanzas: ``<op>`` (forward) and ``b_<op>`` (fused backward).
+for _op in scalar_ops(1):
+    _scalar_math = OPS[_op].scalar
+    FUNCS[_op] = _device(build(f"_f_{_op}", ("x",), _scalar_math.forward, CUDA_MATH))
+    if _scalar_math.operand is not None:
+        FUNCS["b_" + _op] = _device(build(f"_b_{_op}", ("g", _scalar_math.operand),
+                                          _scalar_math.grad, CUDA_MATH))
 
 
 # -- elementwise ----------------------------------------------------------------------------

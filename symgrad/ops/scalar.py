@@ -1,0 +1,176 @@
+"""The scalar math of an elementwise op, written once as data.
+
+An elementwise stanza gives its forward and its backward as small Python expressions on
+one element, over a fixed vocabulary of math functions::
+
+    Scalar(forward="tanh(x)", grad="g * (1 - y * y)")
+
+``x`` is the input, ``y`` the output and ``g`` the incoming gradient; ``forward`` may
+bind names first (``"e = exp(-abs(x)); where(x >= 0, 1 / (1 + e), e / (1 + e))"``).
+``grad`` is the chain rule on one element (the partial derivative times ``g``), so it is
+also the op's tensor-level backward formula, read with tensors for ``g``, ``x`` and ``y``.
+``meaning`` is the mathematical forward where ``forward`` is a numerically special form
+(sigmoid's overflow-free one); the SymPy meaning is built from it.
+
+Each backend turns the expressions into its kernels with its own implementation of the
+vocabulary (NumPy ufuncs, ``math`` inside Numba loops, CUDA device functions, SymPy);
+``build`` does the compiling for all of them, so nothing here imports a backend.
+"""
+
+from __future__ import annotations
+
+import ast
+import linecache
+from dataclasses import dataclass, field
+
+__all__ = ["FUNCTIONS", "TRANSCENDENTAL", "Scalar", "build", "source"]
+
+#: The vocabulary an expression may call. ``where(c, a, b)`` is a select, ``sign`` follows
+#: torch (sign(0) = 0, NaN stays NaN), ``maximum`` propagates NaN as torch.maximum does.
+FUNCTIONS = ("exp", "log", "sin", "cos", "tanh", "sqrt", "abs", "sign", "where", "maximum")
+#: Functions a backend computes with a libm call (the CPU backend keeps NumPy's SIMD ones).
+TRANSCENDENTAL = frozenset({"exp", "log", "sin", "cos", "tanh", "sqrt"})
+#: Expression variable -> the name an OpSpec formula uses for it.
+VARIABLES = {"g": "grad", "x": "self", "y": "result"}
+
+_NODES = (ast.Expression, ast.Module, ast.Assign, ast.Expr, ast.Name, ast.Load, ast.Store,
+          ast.Constant, ast.BinOp, ast.UnaryOp, ast.Compare, ast.Call, ast.Add, ast.Sub,
+          ast.Mult, ast.Div, ast.USub, ast.Gt, ast.GtE, ast.Lt, ast.LtE, ast.Eq, ast.NotEq)
+
+
+def _lines(text: str) -> str:
+    return "\n".join(part.strip() for part in text.split(";"))
+
+
+def _parse(text: str, variables: tuple[str, ...]) -> tuple[list[tuple[str, str]], str]:
+    """Split ``"a = ...; b = ...; expr"`` into bindings and the result; check the vocabulary."""
+    tree = ast.parse(_lines(text))
+    *lets, last = tree.body
+    if not isinstance(last, ast.Expr) or not all(
+            isinstance(s, ast.Assign) and len(s.targets) == 1
+            and isinstance(s.targets[0], ast.Name) for s in lets):
+        raise ValueError(f"{text!r}: bindings 'name = expr', then one expression")
+    known = set(variables)
+    for stmt in tree.body:
+        for node in ast.walk(stmt.value):
+            if not isinstance(node, _NODES):
+                raise ValueError(f"{text!r}: {type(node).__name__} is outside the language")
+            if isinstance(node, ast.Call) and (not isinstance(node.func, ast.Name)
+                                                or node.func.id not in FUNCTIONS):
+                raise ValueError(f"{text!r}: calls {ast.unparse(node.func)}, not in FUNCTIONS")
+            if isinstance(node, ast.Name) and node.id not in known and node.id not in FUNCTIONS:
+                raise ValueError(f"{text!r}: unknown name {node.id!r}")
+        if isinstance(stmt, ast.Assign):
+            known.add(stmt.targets[0].id)
+    return ([(s.targets[0].id, ast.unparse(s.value)) for s in lets], ast.unparse(last.value))
+
+
+def _names(text: str) -> set[str]:
+    return {n.id for n in ast.walk(ast.parse(_lines(text))) if isinstance(n, ast.Name)}
+
+
+def _calls(text: str) -> set[str]:
+    return {n.func.id for n in ast.walk(ast.parse(_lines(text)))
+            if isinstance(n, ast.Call)}
+
+
+@dataclass(frozen=True)
+class Scalar:
+    forward: str
+    grad: str | None = None
+    meaning: str | None = None
+    #: the saved operand ``grad`` reads: "x", "y" or None (a constant partial)
+    operand: str | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        _parse(self.forward, ("x",))
+        _parse(self.meaning or self.forward, ("x",))
+        operand = None
+        if self.grad is not None:
+            _parse(self.grad, ("g", "x", "y"))
+            used = _names(self.grad) & {"x", "y"}
+            if len(used) > 1:
+                raise ValueError(f"{self.grad!r}: read x or y, not both (one saved operand)")
+            operand = used.pop() if used else None
+        object.__setattr__(self, "operand", operand)
+
+    @property
+    def linear(self) -> bool:
+        """The forward only adds and negates (neg): linear in x."""
+        tree = ast.parse(_lines(self.forward))
+        return not any(isinstance(n, (ast.Call, ast.Mult, ast.Div, ast.Compare))
+                       for n in ast.walk(tree))
+
+    @property
+    def memory_bound(self) -> bool:
+        """The forward is arithmetic and selects only: one pass is limited by memory."""
+        return not (_calls(self.forward) & TRANSCENDENTAL) and "/" not in self.forward
+
+    def calls(self, which: str = "forward") -> set[str]:
+        return _calls(getattr(self, which))
+
+
+def source(name: str, params: tuple[str, ...], text: str, rename: dict | None = None) -> str:
+    """The text of ``def name(*params)`` computing expression ``text``."""
+    lets, result = _parse(text, tuple(rename or {}) or params)
+    if rename:
+        result = _rename(result, rename)
+        lets = [(rename.get(n, n), _rename(e, rename)) for n, e in lets]
+    lines = [f"def {name}({', '.join(params)}):"]
+    lines += [f"    {n} = {e}" for n, e in lets]
+    lines.append(f"    return {result}")
+    return "\n".join(lines) + "\n"
+
+
+def _rename(text: str, mapping: dict) -> str:
+    tree = ast.parse(text, mode="eval")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id in mapping:
+            node.id = mapping[node.id]
+    return ast.unparse(tree)
+
+
+def build(name: str, params: tuple[str, ...], text: str, namespace: dict,
+          rename: dict | None = None):
+    """Compile expression ``text`` into a function ``name(*params)`` whose calls resolve in
+    ``namespace``. Its source is kept in ``linecache``, so tracebacks and
+    ``inspect.getsource`` show the generated line."""
+    if name in FUNCTIONS or name in namespace:
+        raise ValueError(f"{name!r} would shadow a name the expression calls")
+    src = source(name, params, text, rename)
+    filename = f"<symgrad scalar {name}>"
+    linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
+    glb = dict(namespace)
+    exec(compile(src, filename, "exec"), glb)  # noqa: S102 - checked vocabulary (see _parse)
+    return glb[name]
+
+
+def tensor_formula(op: str, scalar: Scalar, namespace: dict):
+    """The OpSpec backward formula ``(grad, self|result) -> tensor`` from ``scalar.grad``."""
+    params = ("grad",) + ((VARIABLES[scalar.operand],) if scalar.operand else ())
+    return build(f"{op}_backward_formula", params, scalar.grad, namespace, rename=VARIABLES)
+
+
+def sympy_meaning(op: str, scalar: Scalar):
+    """The OpSpec SymPy meaning ``(sp, x) -> expression``, for the sympy or symengine module."""
+    text = scalar.meaning or scalar.forward
+    built: dict = {}
+
+    def meaning(sp, x):
+        fn = built.get(id(sp))
+        if fn is None:
+            fn = built[id(sp)] = build(f"{op}_meaning", ("x",), text, sympy_namespace(sp))
+        return fn(x)
+
+    meaning.__name__ = f"{op}_meaning"
+    meaning.expression = text
+    return meaning
+
+
+def sympy_namespace(sp) -> dict:
+    """The vocabulary in SymPy (or symengine): exact functions, ``where`` as a Piecewise."""
+    names = {"exp": "exp", "log": "log", "sin": "sin", "cos": "cos", "tanh": "tanh",
+             "sqrt": "sqrt", "abs": "Abs", "sign": "sign", "maximum": "Max"}
+    out = {f: getattr(sp, n) for f, n in names.items() if hasattr(sp, n)}
+    out["where"] = lambda c, a, b: sp.Piecewise((a, c), (b, True))
+    return out
