@@ -284,6 +284,36 @@ def _binary(name: str, ref):
     return staticmethod(kernel)
 
 
+#: Where a NumPy ufunc on one float raises no warning (so needs no np.errstate context,
+#: ~1 µs, three times the ufunc on a 0-d array): per function of the scalar vocabulary.
+_QUIET_DOMAIN = {"exp": lambda v: v < 88.0, "log": lambda v: v > 0, "sqrt": lambda v: v >= 0}
+
+
+def _lone_call(scalar) -> str | None:
+    """``f`` when the forward is exactly ``f(x)``."""
+    calls = scalar.calls()
+    if len(calls) == 1:
+        (f,) = calls
+        if scalar.forward.replace(" ", "") == f"{f}(x)":
+            return f
+    return None
+
+
+def _one_value_fast(op: str, ref):
+    """A lone ufunc call: straight to NumPy for one in-domain float, else the reference."""
+    f = _lone_call(OPS[op].scalar)
+    ufunc, in_domain = NUMPY_MATH[f], _QUIET_DOMAIN[f]
+
+    def kernel(x):
+        if x.size == 1 and x.dtype in _FLOATS and in_domain(x.item()):
+            return ufunc(x)
+        return ref(x)
+
+    kernel.__name__ = op
+    kernel.__doc__ = f"{op}: one in-domain float straight to NumPy, else the reference."
+    return staticmethod(kernel)
+
+
 # -- fused backward --------------------------------------------------------------------------
 def _np_rule(op: str):
     """The op's ``Scalar.grad`` on NumPy arrays (small arrays, and broadcasting cases)."""
@@ -344,36 +374,10 @@ class CpuBackend(NumpyBackend):
     device_type = "cpu"
 
     # -- forward elementwise (memory-bound ones; see the module docstring) --------------------
-    # the memory-bound unary ops (neg, abs, relu, sign) get a parallel loop generated from
-    # their stanzas, set below the class
-    _relu_big = _unary("relu", _R.relu)
+    # The unary math ops are set below the class from their stanzas: memory-bound ones (neg,
+    # abs, relu, sign) get a parallel Numba loop above PARALLEL_MIN, and a lone libm call
+    # (exp, log, sqrt) skips the reference's np.errstate context for one in-domain value.
 
-    @staticmethod
-    def relu(x):
-        """Floats below the parallel size: one ufunc (the reference also casts, for ints)."""
-        if type(x) is np.ndarray and x.dtype in _FLOATS and x.size < PARALLEL_MIN:
-            return np.maximum(x, 0)  # NumPy 2: a Python 0 keeps x's float dtype
-        return CpuBackend._relu_big(x)
-
-    # exp/log/sqrt of one in-domain value: NumPy's ufunc without the np.errstate context the
-    # reference enters on every call (~1 µs, three times the ufunc on a 0-d array)
-    @staticmethod
-    def exp(x):
-        if x.size == 1 and x.dtype in _FLOATS and x.item() < 88.0:  # no overflow: no warning
-            return np.exp(x)
-        return NumpyBackend.exp(x)
-
-    @staticmethod
-    def log(x):
-        if x.size == 1 and x.dtype in _FLOATS and x.item() > 0:
-            return np.log(x)
-        return NumpyBackend.log(x)
-
-    @staticmethod
-    def sqrt(x):
-        if x.size == 1 and x.dtype in _FLOATS and x.item() >= 0:
-            return np.sqrt(x)
-        return NumpyBackend.sqrt(x)
     add = _binary("add", _R.add)
     sub = _binary("sub", _R.sub)
     mul = _binary("mul", _R.mul)
@@ -648,9 +652,11 @@ class CpuBackend(NumpyBackend):
         return NumpyBackend.copy(x)
 
 
-for _op in scalar_ops(1):  # forward: a parallel Numba loop above PARALLEL_MIN elements
-    if OPS[_op].scalar.memory_bound and _op != "relu":  # relu: its own method above
+for _op in scalar_ops(1):
+    if OPS[_op].scalar.memory_bound:
         setattr(CpuBackend, _op, _unary(_op, getattr(_R, _op)))
+    elif _lone_call(OPS[_op].scalar) in _QUIET_DOMAIN:
+        setattr(CpuBackend, _op, _one_value_fast(_op, getattr(_R, _op)))
 for _op in UNARY_FUSED_BACKWARD:  # the fused backward rules OpSpec.fused_backward names
     setattr(CpuBackend, _op + "_backward", _unary_backward(_op))
 
