@@ -21,26 +21,13 @@ recorded values.
 from __future__ import annotations
 
 from .. import _tensor_layer as _tl
+from .nn import MEAN, _arr, _reduce
 from .registry import register
 from .spec import STRUCTURAL, OpSpec
 
-NONE, MEAN, SUM = 0, 1, 2
 #: torch's EPSILON in binary_cross_entropy_backward, x (1 - x) is clamped to at least this:
 #: the float 1e-12f (9.99999996e-13), as torch's kernel has it
 BCE_EPSILON = 9.999999960041972e-13
-
-
-def _arr(x):
-    """A backend array from a Tensor param (params reach the forward unconverted)."""
-    return getattr(x, "_data", x)
-
-
-def _reduce(be, x, reduction):
-    if reduction == MEAN:
-        return be.mean(x)
-    if reduction == SUM:
-        return be.sum(x)
-    return x
 
 
 def _norm(grad, reduction, numel):
