@@ -189,6 +189,19 @@ _V_INPUT_MESSAGE = ("The vector v can only be None if the input to the user-prov
                     "is a single Tensor with a single element.")
 
 
+def _vector_product(outputs, of, inputs, v, create_graph, strict, stage, is_outputs_tuple,
+                    is_inputs_tuple):
+    """``v^T d(of)/d(inputs)`` and the outputs, post-processed as torch returns them (the
+    shared tail of vjp and vhp)."""
+    with set_grad_enabled(True if create_graph else is_grad_enabled()):
+        grad_res = _autograd_grad(of, inputs, v, create_graph=create_graph)
+        result = _fill_in_zeros(grad_res, inputs, strict, create_graph, stage)
+    outputs = _grad_postprocess(outputs, create_graph)
+    result = _grad_postprocess(result, create_graph)
+    return (_tuple_postprocess(outputs, is_outputs_tuple),
+            _tuple_postprocess(result, is_inputs_tuple))
+
+
 def vjp(func, inputs, v=None, create_graph: bool = False, strict: bool = False):
     """``(func(inputs), v^T J)``: the vector-Jacobian product at ``inputs``."""
     with enable_grad():
@@ -201,13 +214,8 @@ def vjp(func, inputs, v=None, create_graph: bool = False, strict: bool = False):
         v = _v_or_default(v, outputs, is_outputs_tuple, create_graph, "vjp",
                           "The vector v can only be None if the user-provided function "
                           "returns a single Tensor with a single element.")
-    with set_grad_enabled(True if create_graph else is_grad_enabled()):
-        grad_res = _autograd_grad(outputs, inputs, v, create_graph=create_graph)
-        result = _fill_in_zeros(grad_res, inputs, strict, create_graph, "back")
-    outputs = _grad_postprocess(outputs, create_graph)
-    result = _grad_postprocess(result, create_graph)
-    return (_tuple_postprocess(outputs, is_outputs_tuple),
-            _tuple_postprocess(result, is_inputs_tuple))
+    return _vector_product(outputs, outputs, inputs, v, create_graph, strict, "back",
+                           is_outputs_tuple, is_inputs_tuple)
 
 
 def jvp(func, inputs, v=None, create_graph: bool = False, strict: bool = False):
@@ -358,13 +366,8 @@ def vhp(func, inputs, v=None, create_graph: bool = False, strict: bool = False):
     with enable_grad():
         is_inputs_tuple, inputs, v, is_outputs_tuple, outputs, jac = \
             _scalar_function_jacobian(func, inputs, v, create_graph, strict, "vhp")
-    with set_grad_enabled(True if create_graph else is_grad_enabled()):
-        grad_res = _autograd_grad(jac, inputs, v, create_graph=create_graph)
-        result = _fill_in_zeros(grad_res, inputs, strict, create_graph, "double_back")
-    outputs = _grad_postprocess(outputs, create_graph)
-    result = _grad_postprocess(result, create_graph)
-    return (_tuple_postprocess(outputs, is_outputs_tuple),
-            _tuple_postprocess(result, is_inputs_tuple))
+    return _vector_product(outputs, jac, inputs, v, create_graph, strict, "double_back",
+                           is_outputs_tuple, is_inputs_tuple)
 
 
 def hvp(func, inputs, v=None, create_graph: bool = False, strict: bool = False):
