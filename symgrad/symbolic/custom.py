@@ -19,6 +19,12 @@ from collections import defaultdict
 import numpy as np
 
 from ..backends.sympy_backend import obj
+from .graph import (  # noqa: F401  (defined in graph.py, which builds the nodes)
+    _rebuild_custom,
+    custom_backward,
+    fill_custom,
+    is_custom,
+)
 
 __all__ = ["fill_custom", "custom_meaning", "custom_local", "is_custom", "replayable",
            "trace_state", "TRACE_LIMIT"]
@@ -32,83 +38,6 @@ TRACE_ALL = 256
 TRACE_SAMPLE = 64
 #: Rounding steps assumed for a traced forward's backward (plus the terms summed).
 TRACE_STEPS = 16
-
-
-def is_custom(node) -> bool:
-    return getattr(type(node), "_forward_cls", None) is not None and hasattr(
-        node, "_tensor_positions")
-
-
-def _tensor_cls():
-    from ..tensor import Tensor
-
-    return Tensor
-
-
-def fill_custom(g, node) -> None:
-    """Set the replay and backward callables of a custom Function node."""
-    cls = type(node)._forward_cls
-    positions = tuple(node._tensor_positions)
-    g.custom = cls
-    from .trace import forward_arg_names
-
-    g.input_names = forward_arg_names(cls, len(g.inputs))
-
-    def forward_numeric(be, arrays):
-        from ..autograd.grad_mode import no_grad
-        from ..tensor import tensor
-
-        if be.name != "numpy":
-            raise NotImplementedError
-        args = [tensor(np.asarray(a)) if j in positions else a for j, a in enumerate(arrays)]
-        with no_grad():
-            out = cls.apply(*args)
-        outs = out if isinstance(out, tuple) else (out,)
-        return tuple(np.asarray(o.detach().numpy()) if isinstance(o, _tensor_cls()) else o
-                     for o in outs)
-
-    g.forward_numeric = forward_numeric
-    g.backward = custom_backward
-
-
-def custom_backward(graph, g, grads):
-    """The Function's own backward on numeric grads, mapped back to its arguments."""
-    from ..autograd.grad_mode import no_grad
-    from ..tensor import tensor
-    from .graph import _finish
-
-    n = g.node
-    positions = tuple(n._tensor_positions)
-    if getattr(n, "_freed", False):
-        n = _rebuild_custom(graph, g, g.custom, positions)
-    gts = [None if v is None else tensor(np.asarray(v)) for v in grads]
-    mask = tuple(g.needs[j] for j in positions)
-    with no_grad():
-        outs = n.apply(gts, mask)
-    per_arg = [None] * len(g.inputs)
-    for i, j in enumerate(positions):
-        per_arg[j] = outs[i] if i < len(outs) else None
-    return _finish(graph, g, per_arg)
-
-
-def _rebuild_custom(graph, g, cls, positions):
-    from ..autograd.grad_mode import enable_grad
-    from ..tensor import tensor
-
-    args = []
-    for j, v in enumerate(graph.node_inputs(g)):
-        if j in positions:
-            t = tensor(np.array(v))
-            if g.needs[j]:
-                t.requires_grad_(True)
-            args.append(t)
-        else:
-            args.append(v)
-    with enable_grad():
-        out = cls.apply(*args)
-    out = out[0] if isinstance(out, tuple) else out
-    g.note = "graph was freed: node rebuilt from the recorded inputs"
-    return out.grad_fn
 
 
 def _sympy_of(cls):
@@ -236,7 +165,7 @@ def custom_local(g, graph, in_vals, v64, engine, engine_name, rng, sample):
     if _sympy_of(cls) is not None:
         import sympy
 
-        from .local import lambdify_numpy
+        from ._common import lambdify_numpy
 
         xs = sympy.symbols(f"x0:{len(in_vals)}", real=True)
         args = [xs[j] if j in pos else in_vals[j] for j in range(len(in_vals))]
@@ -261,7 +190,7 @@ def custom_local(g, graph, in_vals, v64, engine, engine_name, rng, sample):
                         np.asarray(d(*numargs), dtype=np.float64), shape)
                     total = total + term
                     mag = mag + np.abs(term)
-            from .local import _sum_to
+            from ._common import _sum_to
 
             xs_shape = np.shape(in_vals[j])
             terms = 4 * len(rs) + int(np.prod(shape)) // max(int(np.prod(xs_shape)), 1)

@@ -19,13 +19,10 @@ import numpy as np
 
 from ..backends.sympy_backend import SympyBackend, obj
 from . import _engine as E
+from ._common import TimeoutExpired  # re-exported: defined in _common.py
 from .fused import CLOSED_FORMS, closed_form
 
 __all__ = ["SymbolicGraph", "TimeoutExpired"]
-
-
-class TimeoutExpired(Exception):
-    """The verifier's ``timeout`` ran out (work is chunked so this is prompt)."""
 
 
 def elementwise(spec_sympy, engine, arrays, params):

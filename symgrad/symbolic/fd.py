@@ -113,7 +113,7 @@ def fd_gradient(graph, gradient: np.ndarray, leaf, flat_indices,
                 deadline: float | None = None) -> np.ndarray:
     """Central differences of sum(gradient * root) at the given elements of ``leaf``;
     raises the verifier's TimeoutExpired between elements once ``deadline`` passed."""
-    from .exact import TimeoutExpired
+    from ._common import TimeoutExpired
 
     base = _f64(leaf.value)
     g = np.asarray(gradient, dtype=np.float64)

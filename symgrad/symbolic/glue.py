@@ -26,8 +26,7 @@ import time
 
 import numpy as np
 
-from .exact import TimeoutExpired
-from .local import _sum_to, rounding_bound
+from ._common import TimeoutExpired, _sum_to, rounding_bound
 
 __all__ = ["GlueFault", "check_fit", "check_accumulation", "check_accumulate_grad"]
 

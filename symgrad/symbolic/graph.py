@@ -258,8 +258,6 @@ def walk_symgrad(root, names=None) -> Graph:
     gnodes: list[GNode] = []
     consumer_vals: dict = {}
     for j, node in enumerate(order):
-        from .custom import is_custom
-
         custom = type(node)._forward_cls if is_custom(node) else None
         if not isinstance(node, OpNode) and custom is None:
             gnodes.append(GNode(j, node, node.name(), None, [], {}, [], [],
@@ -404,9 +402,84 @@ def _rebuild(graph: Graph, g: GNode):
     return out.grad_fn
 
 
-def _fill_custom(g: GNode, node) -> None:
-    from .custom import fill_custom
+# -- custom Function nodes (the rest of their support is custom.py) -----------------------
+def is_custom(node) -> bool:
+    return getattr(type(node), "_forward_cls", None) is not None and hasattr(
+        node, "_tensor_positions")
 
+
+def _tensor_cls():
+    from ..tensor import Tensor
+
+    return Tensor
+
+
+def fill_custom(g, node) -> None:
+    """Set the replay and backward callables of a custom Function node."""
+    cls = type(node)._forward_cls
+    positions = tuple(node._tensor_positions)
+    g.custom = cls
+    from .trace import forward_arg_names
+
+    g.input_names = forward_arg_names(cls, len(g.inputs))
+
+    def forward_numeric(be, arrays):
+        from ..autograd.grad_mode import no_grad
+        from ..tensor import tensor
+
+        if be.name != "numpy":
+            raise NotImplementedError
+        args = [tensor(np.asarray(a)) if j in positions else a for j, a in enumerate(arrays)]
+        with no_grad():
+            out = cls.apply(*args)
+        outs = out if isinstance(out, tuple) else (out,)
+        return tuple(np.asarray(o.detach().numpy()) if isinstance(o, _tensor_cls()) else o
+                     for o in outs)
+
+    g.forward_numeric = forward_numeric
+    g.backward = custom_backward
+
+
+def custom_backward(graph, g, grads):
+    """The Function's own backward on numeric grads, mapped back to its arguments."""
+    from ..autograd.grad_mode import no_grad
+    from ..tensor import tensor
+
+    n = g.node
+    positions = tuple(n._tensor_positions)
+    if getattr(n, "_freed", False):
+        n = _rebuild_custom(graph, g, g.custom, positions)
+    gts = [None if v is None else tensor(np.asarray(v)) for v in grads]
+    mask = tuple(g.needs[j] for j in positions)
+    with no_grad():
+        outs = n.apply(gts, mask)
+    per_arg = [None] * len(g.inputs)
+    for i, j in enumerate(positions):
+        per_arg[j] = outs[i] if i < len(outs) else None
+    return _finish(graph, g, per_arg)
+
+
+def _rebuild_custom(graph, g, cls, positions):
+    from ..autograd.grad_mode import enable_grad
+    from ..tensor import tensor
+
+    args = []
+    for j, v in enumerate(graph.node_inputs(g)):
+        if j in positions:
+            t = tensor(np.array(v))
+            if g.needs[j]:
+                t.requires_grad_(True)
+            args.append(t)
+        else:
+            args.append(v)
+    with enable_grad():
+        out = cls.apply(*args)
+    out = out[0] if isinstance(out, tuple) else out
+    g.note = "graph was freed: node rebuilt from the recorded inputs"
+    return out.grad_fn
+
+
+def _fill_custom(g: GNode, node) -> None:
     fill_custom(g, node)
 
 

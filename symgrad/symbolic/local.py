@@ -21,38 +21,18 @@ import numpy as np
 
 from ..backends.sympy_backend import SympyBackend, obj
 from . import _engine as E
-from .exact import TimeoutExpired
+from ._common import (  # noqa: F401  (BOUND_FACTOR re-exported: defined here before)
+    BOUND_FACTOR,
+    TimeoutExpired,
+    _sum_to,
+    lambdify_numpy,
+    rounding_bound,
+)
 
 __all__ = ["check_node", "NodeCheck"]
 
 #: Structural inputs up to this many elements are checked in full (no sampling).
 DENSE_LIMIT = 512
-
-
-#: The bound's safety factor C (see rounding_bound and docs/verifier.md).
-BOUND_FACTOR = 2.0
-
-
-def rounding_bound(dtype, mag, n, dterm=None, finite=None):
-    """The error a correct computation in ``dtype`` may show, per element:
-
-    ``C * eps(dtype) * (n * (M + mean(M)) + D)`` where ``M`` is the magnitude of the terms
-    (the sum of |contributions| that make the element, so cancellation is allowed for),
-    ``n`` the rounding steps on the path (a few per op, plus one per term summed at the
-    fan-in), ``mean(M)`` over the tensor (elements computed from shared quantities: a
-    value near 0 among large ones), and ``D`` the rounding of recorded outputs that a
-    backward reads (sigmoid, tanh, exp: ``|v| |y| |f''/f'|``). ``C = BOUND_FACTOR``.
-    """
-    eps = float(np.finfo(np.dtype(dtype) if np.dtype(dtype).kind == "f"
-                         else np.float64).eps)
-    mag = np.asarray(mag, dtype=np.float64)
-    fin = np.isfinite(mag) if finite is None else (finite & np.isfinite(mag))
-    mean = float(np.mean(mag[fin])) if fin.any() else 0.0
-    b = np.asarray(n, dtype=np.float64) * (np.where(np.isfinite(mag), mag, 0.0) + mean)
-    if dterm is not None:
-        b = b + np.where(np.isfinite(dterm), dterm, 0.0)
-    b = BOUND_FACTOR * eps * b
-    return np.maximum(b, np.finfo(np.float64).tiny)
 
 
 class NodeCheck:
@@ -113,44 +93,6 @@ def _lambdas(spec, params, n_in, positions, fixed=()):
     formula = _formula(spec, f, xs, positions)
     _TEMPLATES[key] = (derivs, formula)
     return derivs, formula
-
-
-def lambdify_numpy(xs, expr, extra: dict):
-    """``sympy.lambdify`` for NumPy whose generated code carries every number at full
-    precision.
-
-    SymPy's printers write a ``Float`` with the 15 significant digits of its default
-    precision, so a parameter such as a clamp bound ``0.17433847556174747`` became
-    ``0.174338475561747`` in the generated code and an element lying exactly on the
-    bound was judged outside it. Here a Float is printed as ``repr(float(value))``: the
-    shortest decimal that reads back as the same double (every float parameter, scalar
-    or constant in a meaning came from a double, and the code computes in float64).
-    """
-    import sympy
-
-    printer = _full_precision_printer()({
-        "fully_qualified_modules": False, "inline": True, "allow_unknown_functions": True,
-        "user_functions": {k: k for k in extra}})
-    return sympy.lambdify(xs, expr, modules=[extra, "numpy"], printer=printer)
-
-
-_PRINTER = None
-
-
-def _full_precision_printer():
-    global _PRINTER
-    if _PRINTER is None:
-        from sympy.printing.numpy import NumPyPrinter
-
-        class FullPrecisionNumPyPrinter(NumPyPrinter):
-            def _print_Float(self, expr):  # noqa: N802  (SymPy's printer protocol)
-                v = float(expr)
-                if v != v or v in (float("inf"), float("-inf")):
-                    return super()._print_Float(expr)
-                return repr(v)
-
-        _PRINTER = FullPrecisionNumPyPrinter
-    return _PRINTER
 
 
 def _decided_derivative(spec, params, in_vals, idx, positions, k):
@@ -271,19 +213,6 @@ def _formula(spec, f, xs, positions):
         d = sympy.diff(f, xs[k]).xreplace(sub)
         parts.append(f"d/d{names[k] if k < len(names) else k} = {sympy.sstr(d)}")
     return "; ".join(parts)
-
-
-def _sum_to(a: np.ndarray, shape) -> np.ndarray:
-    shape = tuple(shape)
-    if a.shape == shape:
-        return a
-    lead = a.ndim - len(shape)
-    if lead:
-        a = a.sum(axis=tuple(range(lead)))
-    axes = tuple(i for i, s in enumerate(shape) if s == 1 and a.shape[i] != 1)
-    if axes:
-        a = a.sum(axis=axes, keepdims=True)
-    return a.reshape(shape)
 
 
 def _in_node_dtype(g, in_vals):

@@ -424,7 +424,7 @@ def _torch_custom_backward(graph, g, grads):
     reduced to its input's shape where torch's engine would (it must expand to it)."""
     import torch
 
-    from .local import _sum_to
+    from ._common import _sum_to
 
     gts = []
     for k, v in enumerate(grads):
@@ -489,7 +489,7 @@ def _unsnap(s):
 def _torch_backward(graph, g, grads):
     import torch
 
-    from .local import _sum_to
+    from ._common import _sum_to
 
     gts = [torch.from_numpy(np.ascontiguousarray(v)) for v in grads]
     outs = g.node(*gts)
