@@ -680,6 +680,8 @@ class Tensor(TensorBase):
     cos = _F.cos
     tanh = _F.tanh
     sigmoid = _F.sigmoid
+    log1p = _F.log1p
+    expm1 = _F.expm1
     relu = _F.relu
     sqrt = _F.sqrt
     sign = _F.sign

@@ -71,6 +71,8 @@ CASES = {
     "abs": (lambda x: x.abs(), "s"),
     "sign": (lambda x: x.sign(), "s"),
     "reciprocal": (lambda x: x.reciprocal(), "p"),
+    "log1p": (lambda x: x.log1p(), "p"),
+    "expm1": (lambda x: x.expm1(), "s"),
     "pow": (lambda x: x ** 3, "s"),
     "pow-frac": (lambda x: x ** 2.5, "p"),
     "pow-zero": (lambda x: x ** 0, "s"),

@@ -400,6 +400,7 @@ GENERATORS = {
     "relu": _unary("relu", "relu"), "abs": _unary("abs", "abs"), "sign": _unary("sign", "sign"),
     "reciprocal": _unary("reciprocal", "reciprocal", positive=True),
     "clone": _unary("clone", "clone"),
+    "log1p": _unary("log1p", "log1p"), "expm1": _unary("expm1", "expm1", squash=True),
     "add": _binary("add", lambda L, x, y: L.add(x, y, alpha=1.5)),
     "sub": _binary("sub", lambda L, x, y: x - y),
     "mul": _binary("mul", lambda L, x, y: x * y),

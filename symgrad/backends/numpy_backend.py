@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..ops import OPS
@@ -10,10 +12,20 @@ from ..ops.scalar import TRANSCENDENTAL, build
 
 __all__ = ["NUMPY_MATH", "NumpyBackend", "numpy_kernel"]
 
+try:
+    from scipy.special import erf as _erf  # a ufunc, where SciPy is installed
+except ImportError:  # pragma: no cover - the core does not require SciPy
+    def _erf(x):
+        """erf elementwise through ``math.erf``, keeping a float input's dtype."""
+        a = np.asarray(x)
+        out = np.vectorize(math.erf, otypes=[np.float64])(a)
+        return out.astype(a.dtype if a.dtype.kind == "f" else np.float64, copy=False)
+
+
 #: The scalar-math vocabulary (symgrad/ops/scalar.py) as NumPy ufuncs.
 NUMPY_MATH = {"exp": np.exp, "log": np.log, "sin": np.sin, "cos": np.cos, "tanh": np.tanh,
               "sqrt": np.sqrt, "abs": np.abs, "sign": np.sign, "where": np.where,
-              "maximum": np.maximum}
+              "maximum": np.maximum, "log1p": np.log1p, "expm1": np.expm1, "erf": _erf}
 
 
 def _quiet(fn):

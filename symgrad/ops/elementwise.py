@@ -28,7 +28,9 @@ def _binary(name, grad_fn, grads, sympy, dtype_rule="promote", **kw):
 
 #: ``where``/``sign``... on tensors, for the backward formulas built from ``Scalar.grad``
 _TENSOR_MATH = {f: (lambda t, _f=f: getattr(t, _f)())
-                for f in ("exp", "log", "sin", "cos", "tanh", "sqrt", "abs", "sign")}
+                for f in ("exp", "log", "sin", "cos", "tanh", "sqrt", "abs", "sign", "log1p",
+                          "expm1", "erf")}
+_TENSOR_MATH["where"] = lambda c, a, b: a.where(c, b)  # a is a tensor in every grad here
 
 
 def _unary(name, grad_fn, scalar: Scalar, dtype_rule="float"):
@@ -130,6 +132,8 @@ _unary("relu", "ReluBackward0", Scalar("maximum(x, 0)", "g * (y > 0)",
                                        meaning="where(x > 0, x, 0)"), dtype_rule="same")
 _unary("abs", "AbsBackward0", Scalar("abs(x)", "g * sign(x)"), dtype_rule="same")
 _unary("sign", "SignBackward0", Scalar("sign(x)", "g * 0"), dtype_rule="same")
+_unary("log1p", "Log1PBackward0", Scalar("log1p(x)", "g / (1 + x)"))
+_unary("expm1", "Expm1Backward0", Scalar("expm1(x)", "g * (y + 1)"))
 
 # -- comparisons: bool results, no gradient --------------------------------------------------
 for _name in ("gt", "ge", "lt", "le", "eq", "ne"):

@@ -27,9 +27,10 @@ __all__ = ["FUNCTIONS", "TRANSCENDENTAL", "Scalar", "build", "source"]
 
 #: The vocabulary an expression may call. ``where(c, a, b)`` is a select, ``sign`` follows
 #: torch (sign(0) = 0, NaN stays NaN), ``maximum`` propagates NaN as torch.maximum does.
-FUNCTIONS = ("exp", "log", "sin", "cos", "tanh", "sqrt", "abs", "sign", "where", "maximum")
+FUNCTIONS = ("exp", "log", "sin", "cos", "tanh", "sqrt", "abs", "sign", "where", "maximum",
+             "log1p", "expm1", "erf")
 #: Functions a backend computes with a libm call (the CPU backend keeps NumPy's SIMD ones).
-TRANSCENDENTAL = frozenset({"exp", "log", "sin", "cos", "tanh", "sqrt"})
+TRANSCENDENTAL = frozenset({"exp", "log", "sin", "cos", "tanh", "sqrt", "log1p", "expm1", "erf"})
 #: Expression variable -> the name an OpSpec formula uses for it.
 VARIABLES = {"g": "grad", "x": "self", "y": "result"}
 
@@ -170,7 +171,9 @@ def sympy_meaning(op: str, scalar: Scalar):
 def sympy_namespace(sp) -> dict:
     """The vocabulary in SymPy (or symengine): exact functions, ``where`` as a Piecewise."""
     names = {"exp": "exp", "log": "log", "sin": "sin", "cos": "cos", "tanh": "tanh",
-             "sqrt": "sqrt", "abs": "Abs", "sign": "sign", "maximum": "Max"}
+             "sqrt": "sqrt", "abs": "Abs", "sign": "sign", "maximum": "Max", "erf": "erf"}
     out = {f: getattr(sp, n) for f, n in names.items() if hasattr(sp, n)}
+    out["log1p"] = lambda x: sp.log(1 + x)
+    out["expm1"] = lambda x: sp.exp(x) - 1
     out["where"] = lambda c, a, b: sp.Piecewise((a, c), (b, True))
     return out

@@ -93,6 +93,8 @@ EXAMPLES = {
     "relu": lambda x, y: x.relu(),
     "abs": lambda x, y: x.abs(),
     "sign": lambda x, y: x.sign(),
+    "log1p": lambda x, y: x.log1p(),
+    "expm1": lambda x, y: x.expm1(),
     "where": lambda x, y: _sg().where(x > 1.0, x, y),
     "addcmul": lambda x, y: _sg().addcmul(x, y, x, value=0.5),
     "select": lambda x, y: x[1],

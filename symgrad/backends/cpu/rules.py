@@ -32,7 +32,7 @@ def maximum(a, b):
 #: The vocabulary (symgrad/ops/scalar.py) on Python floats; Numba compiles the same calls.
 PY_MATH = {"exp": math.exp, "log": math.log, "sin": math.sin, "cos": math.cos,
            "tanh": math.tanh, "sqrt": math.sqrt, "abs": abs, "sign": sign, "where": where,
-           "maximum": maximum}
+           "maximum": maximum, "log1p": math.log1p, "expm1": math.expm1, "erf": math.erf}
 
 
 def scalar_backward(op: str):

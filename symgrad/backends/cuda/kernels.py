@@ -65,6 +65,9 @@ if SIM:
 else:  # pragma: no cover
     _exp, _log, _sin, _cos, _tanh, _sqrt, _pow = (math.exp, math.log, math.sin, math.cos,
                                                   math.tanh, math.sqrt, math.pow)
+# libm on the GPU; under the simulator NumPy's ufuncs (``math.erf`` there: NumPy has none)
+_log1p, _expm1, _erf = (np.log1p, np.expm1, math.erf) if SIM else (math.log1p, math.expm1,
+                                                                    math.erf)
 
 
 @_device
@@ -226,7 +229,7 @@ FUNCS = {(name[3:] if name.startswith("_f_") else "b_" + name[3:]): _device(fn)
 #: The scalar-math vocabulary (symgrad/ops/scalar.py) as device functions.
 CUDA_MATH = {"exp": _exp, "log": _log, "sin": _sin, "cos": _cos, "tanh": _tanh,
              "sqrt": _sqrt, "abs": abs, "sign": _f_sign_d, "where": FUNCS["where"],
-             "maximum": FUNCS["maximum"]}
+             "maximum": FUNCS["maximum"], "log1p": _log1p, "expm1": _expm1, "erf": _erf}
 
 # The unary math ops from their stanzas: ``<op>`` (forward) and ``b_<op>`` (fused backward).
 for _op in scalar_ops(1):
