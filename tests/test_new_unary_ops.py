@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _tolerance import assert_close
 
 import symgrad as sg
 from symgrad import backends
@@ -32,7 +33,10 @@ CASES = {
 }
 
 SIZES = (12, 600)  # a few values (Python / NumPy paths) and above FUSED_MIN (Numba loops)
-TOL = {np.float32: dict(rtol=3e-6, atol=1e-7), np.float64: dict(rtol=1e-13, atol=1e-300)}
+# roundings behind each compared value, beyond the libm call's own (a couple of ulp on
+# either side): the forward is one call; a gradient is the forward's value, one or two
+# arithmetic steps and the product with the weight; a second derivative about twice that
+VALUE_TERMS, GRAD_TERMS, SECOND_TERMS = 2, 4, 8
 
 
 @pytest.fixture(params=["cpu", "numpy"])
@@ -73,8 +77,8 @@ def test_values_grads_and_grad_fn_match_torch(op, dtype, n, cpu_backend):
     ty, tg = _run_torch(op, x, w)
     assert y.grad_fn.name() == ty.grad_fn.name() == CASES[op][3]
     assert y.dtype.name == str(ty.dtype).split(".")[1]
-    np.testing.assert_allclose(y.detach().numpy(), ty.detach().numpy(), **TOL[dtype])
-    np.testing.assert_allclose(g.numpy(), tg.numpy(), **TOL[dtype])
+    assert_close(y, ty, terms=VALUE_TERMS)
+    assert_close(g, tg, terms=GRAD_TERMS)
 
 
 @pytest.mark.parametrize("op", sorted(CASES))
@@ -87,8 +91,8 @@ def test_second_derivatives_match_torch(op, cpu_backend):
     (tg,) = torch.autograd.grad((CASES[op][1](tt) * torch.tensor(w)).sum(), tt,
                                 create_graph=True)
     (tgg,) = torch.autograd.grad(tg.sum(), tt)
-    np.testing.assert_allclose(g.detach().numpy(), tg.detach().numpy(), rtol=1e-13)
-    np.testing.assert_allclose(gg.numpy(), tgg.numpy(), rtol=1e-12, atol=1e-300)
+    assert_close(g, tg, terms=GRAD_TERMS)
+    assert_close(gg, tgg, terms=SECOND_TERMS)
 
 
 @pytest.mark.parametrize("op", [o for o in sorted(CASES) if hasattr(torch, o + "_")])
@@ -103,11 +107,11 @@ def test_inplace_forms_match_torch(op):
     getattr(tb, op + "_")()
     (tb * torch.tensor(w)).sum().backward()
     assert b.grad_fn.name() == tb.grad_fn.name()
-    np.testing.assert_allclose(b.detach().numpy(), tb.detach().numpy(), rtol=1e-14)
-    np.testing.assert_allclose(a.grad.numpy(), ta.grad.numpy(), rtol=1e-13)
+    assert_close(b, tb, terms=VALUE_TERMS)
+    assert_close(a.grad, ta.grad, terms=GRAD_TERMS)
     c = sg.tensor(x)
     getattr(sg, op + "_")(c)
-    np.testing.assert_allclose(c.numpy(), tb.detach().numpy(), rtol=1e-14)
+    assert_close(c, tb, terms=VALUE_TERMS)
 
 
 @pytest.mark.parametrize("op", sorted(CASES))
@@ -127,16 +131,3 @@ def test_the_rule_audit_proves_the_backward(op):
 
     (row,) = audit_rules([op])
     assert row.status == "proved", row.detail
-
-
-@pytest.mark.parametrize("op", sorted(CASES))
-def test_cuda_matches_cpu(op):
-    if not sg.cuda.is_available():
-        pytest.skip("no cuda device (run with NUMBA_ENABLE_CUDASIM=1)")
-    for dtype in (np.float32, np.float64):
-        x, w = _pair(op, dtype, 600)
-        y, g = _run_sg(op, x, w, device="cuda")
-        ty, tg = _run_torch(op, x, w)
-        assert y.grad_fn.name() == ty.grad_fn.name()
-        np.testing.assert_allclose(y.detach().cpu().numpy(), ty.detach().numpy(), **TOL[dtype])
-        np.testing.assert_allclose(g.cpu().numpy(), tg.numpy(), **TOL[dtype])
