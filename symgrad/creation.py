@@ -306,7 +306,7 @@ def linspace(start, end, steps: int, *, dtype=None, device=None, requires_grad=F
 def rand(*size, generator=None, dtype=None, device=None, requires_grad=False) -> Tensor:
     d = _dtype(_check_kwargs("rand", dtype, device, requires_grad))
     shape = _size(size, "rand")
-    g = generator or default_generator()
+    g = _generator(generator)
     if _on_device(device):  # made on the device; the seed is one draw of the host generator
         return _device_made("random", shape, d, device, requires_grad, d.np, False,
                             int(g.integers(0, 2**63)))
@@ -316,7 +316,7 @@ def rand(*size, generator=None, dtype=None, device=None, requires_grad=False) ->
 def randn(*size, generator=None, dtype=None, device=None, requires_grad=False) -> Tensor:
     d = _dtype(_check_kwargs("randn", dtype, device, requires_grad))
     shape = _size(size, "randn")
-    g = generator or default_generator()
+    g = _generator(generator)
     if _on_device(device):
         return _device_made("random", shape, d, device, requires_grad, d.np, True,
                             int(g.integers(0, 2**63)))
@@ -346,7 +346,7 @@ def randint(low, high=None, size=(), *, generator=None, dtype=None, device=None,
     if low >= high:
         raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got "
                            f"from={low} >= to={high}")
-    g = generator or default_generator()
+    g = _generator(generator)
     return _finish(g.integers(low, high, size=shape).astype(d.np), device, requires_grad)
 
 

@@ -199,7 +199,7 @@ def test_generator_objects_holding_a_numpy_generator_are_accepted():
     assert a == b
     parts = D.random_split(ds, [0.7, 0.3], generator=Gen().manual_seed(1))
     assert sorted(parts[0].indices + parts[1].indices) == list(range(10))
-    with pytest.raises(TypeError, match="generator must be"):
+    with pytest.raises(TypeError, match="'generator' must be a symgrad.Generator"):
         list(D.DataLoader(ds, shuffle=True, generator=42))
 
 

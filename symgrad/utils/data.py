@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from .._random import _generator
 from ..tensor import Tensor
 
 __all__ = ["Dataset", "IterableDataset", "TensorDataset", "ConcatDataset", "Subset",
@@ -34,20 +35,9 @@ __all__ = ["Dataset", "IterableDataset", "TensorDataset", "ConcatDataset", "Subs
            "default_convert"]
 
 
-def _rng_of(generator) -> np.random.Generator:
-    """The NumPy generator behind ``generator=`` (None: symgrad's global one, read now, so
-    ``manual_seed`` between epochs takes effect)."""
-    if generator is None:
-        from ..creation import default_generator
-
-        return default_generator()
-    if isinstance(generator, np.random.Generator):
-        return generator
-    g = getattr(generator, "_rng", None)
-    if isinstance(g, np.random.Generator):
-        return g
-    raise TypeError("generator must be a symgrad generator (a numpy.random.Generator, or an "
-                    f"object holding one as _rng), not {type(generator).__name__}")
+#: The NumPy generator behind ``generator=``: None is symgrad's global one, read at each call
+#: so ``manual_seed`` between epochs takes effect; a ``symgrad.Generator`` or NumPy Generator.
+_rng_of = _generator
 
 
 # -- datasets ----------------------------------------------------------------------------------
