@@ -10,6 +10,7 @@ from __future__ import annotations
 from . import autograd, cuda, func, nn, ops, optim, utils
 from ._random import Generator
 from .autograd import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled
+from .compile import compile  # noqa: A004  (torch.compile's name, as torch shadows it)
 from .creation import (
     arange,
     empty,
@@ -190,5 +191,5 @@ __all__ = [
     "set_default_dtype", "get_default_dtype", "set_default_device", "get_default_device",
     "neg_", "negative_", "reciprocal_", "exp_", "log_", "sin_", "cos_", "tanh_", "sigmoid_",
     "sqrt_", "relu_", "abs_", "log1p_", "expm1_", "clamp_", "clip_", "clamp_min_", "clamp_max_",
-    "func", "vmap", "Generator",
+    "func", "vmap", "Generator", "compile",
 ]

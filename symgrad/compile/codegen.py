@@ -1,0 +1,319 @@
+"""Program -> one Python module: ``make(K)`` returns ``run(A, L, H)`` over NumPy arrays.
+
+``A`` holds fn's tensor arguments' arrays, ``L`` the leaves' arrays then the optimizer
+state arrays (in ``Layout`` order), ``H`` the optimizer hyperparameters read each call (an
+LR scheduler may change them). Buffers are allocated once in ``make``; gradients land in
+persistent buffers the caller exposes as the leaves' ``.grad``. The module text depends
+only on the traced program (shapes, dtypes, ops), so it is written to a file named by its
+hash and Numba's ``cache=True`` finds its fused kernels again in the next process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..ops.scalar import source
+from . import fuse
+from .graph import Backward, OpCall, Program, Step, Value, ZeroGrad
+from .rules import BROADCASTING, backward_code, forward_code, has_backward
+
+__all__ = ["Generated", "Unsupported", "generate"]
+
+
+class Unsupported(Exception):
+    """The program uses something the code generator has no rule for (the message says)."""
+
+
+@dataclass
+class Layout:
+    """Where each array of ``L`` and ``H`` comes from, for the caller to gather per call."""
+
+    leaves: list = field(default_factory=list)  # leaf slots, L[0:len]
+    #: (step index, param slot, state key) for each optimizer state array after the leaves
+    state: list = field(default_factory=list)
+    #: (step index, group index, keys) read from the optimizer's param groups into H
+    hyper: list = field(default_factory=list)
+    #: leaf slot -> grad buffer name (their ``.grad`` after the call) / None (``.grad = None``)
+    final_grads: dict = field(default_factory=dict)
+    #: leaf slots whose incoming ``.grad`` the code reads (entry state), passed in ``E``
+    entry_grads: list = field(default_factory=list)
+    #: structural flags of each optimizer step (change them and the code no longer fits)
+    flags: list = field(default_factory=list)
+
+
+@dataclass
+class Generated:
+    text: str
+    constants: dict
+    layout: Layout
+    fused: list
+
+
+_HYPER = {"sgd": ("lr", "momentum", "weight_decay"),
+          "adam": ("lr", "betas", "eps", "weight_decay")}
+
+
+class _Ctx:
+    """Names and constants while writing one module."""
+
+    def __init__(self, backend) -> None:
+        self.backend = backend
+        self.constants: dict[str, Any] = {}
+        self.buffers: list[str] = []
+        self.helpers: dict[str, str] = {}
+        self._ids: dict[int, str] = {}
+
+    def ref(self, x) -> str:
+        if isinstance(x, Value):
+            return x.name
+        if isinstance(x, float) and not np.isfinite(x):
+            return f"float({str(x)!r})"
+        return repr(x)
+
+    def dtype(self, v: Value) -> str:
+        return f"np.{v.dtype.name}"
+
+    def buf(self, v: Value, prefix: str = "b") -> str:
+        name = f"{prefix}{v.index}"
+        if name not in self.buffers:
+            self.buffers.append(name)
+            self.constants.setdefault("__alloc__", []).append(
+                f"{name} = np.empty({v.shape!r}, np.{v.dtype.name})")
+        return name
+
+    def bind(self, obj, hint: str) -> str:
+        name = self._ids.get(id(obj))
+        if name is None:
+            name = f"{hint}_{len(self._ids)}"
+            self._ids[id(obj)] = name
+            self.constants[name] = obj
+        return name
+
+    def scalar_grad(self, spec) -> str:
+        name = f"grad_{spec.name}"
+        if name not in self.helpers:
+            self.helpers[name] = source(name, ("g", "x", "y"), spec.scalar.grad)
+        return name
+
+
+def _ancestors(ops: list, root: Value) -> set:
+    """Values that gradient reaches from ``root`` (those requiring grad that it depends on)."""
+    producer = {v.index: c for c in ops for v in c.outputs}
+    need, todo = set(), [root]
+    while todo:
+        v = todo.pop()
+        if v.index in need or not v.requires_grad:
+            continue
+        need.add(v.index)
+        call = producer.get(v.index)
+        if call is not None:
+            todo.extend(call.tensor_inputs)
+    return need
+
+
+def _backward(ops: list, root: Value, ctx: _Ctx, lines: list, grad_state: dict,
+              layout: Layout) -> None:
+    need = _ancestors(ops, root)
+    grads: dict[int, str] = {root.index: ctx.bind(np.ones(root.shape, root.dtype), "ONE")}
+    for call in reversed(ops):
+        out = call.outputs[0]
+        if out.index not in need or out.index not in grads:
+            continue
+        if not has_backward(call):
+            raise Unsupported(f"no compile rule for the backward of {call.spec.name}")
+        exprs = backward_code(call, ctx, grads[out.index])
+        bcast = BROADCASTING.get(call.spec.name, ())
+        for pos, x in enumerate(call.inputs):
+            if not isinstance(x, Value) or x.index not in need:
+                continue
+            expr = exprs[pos]
+            if (bcast == "all" or pos in bcast) and x.shape != out.shape:
+                expr = f"sum_to({expr}, {x.shape!r})"
+            name = f"g{x.index}"
+            if x.index in grads:
+                lines.append(f"{name} = {grads[x.index]} + {expr}")
+            else:
+                lines.append(f"{name} = {expr}")
+            grads[x.index] = name
+    for idx in sorted(need):
+        v = ops and _value(ops, root, idx)
+        if v is None or v.kind != "leaf" or idx not in grads:
+            continue
+        _accumulate(v, grads[idx], ctx, lines, grad_state, layout)
+
+
+def _value(ops, root, idx):
+    if root.index == idx:
+        return root
+    for c in ops:
+        for x in c.inputs:
+            if isinstance(x, Value) and x.index == idx:
+                return x
+    return None
+
+
+def _accumulate(v: Value, g: str, ctx: _Ctx, lines: list, grad_state: dict,
+                layout: Layout) -> None:
+    """AccumulateGrad: ``.grad = g`` when none, else ``.grad + g``; into the leaf's buffer."""
+    buf = ctx.buf(v, "G")
+    state = grad_state.get(v.slot, "entry")
+    if state == "none":
+        lines.append(f"np.copyto({buf}, {g})")
+    elif state == "buf":
+        lines.append(f"np.add({buf}, {g}, out={buf})")
+    else:  # entry: whatever .grad the leaf had when the step was called
+        if v.slot not in layout.entry_grads:
+            layout.entry_grads.append(v.slot)
+        e = f"E[{layout.entry_grads.index(v.slot)}]"
+        lines.append(f"if {e} is None:")
+        lines.append(f"    np.copyto({buf}, {g})")
+        lines.append("else:")
+        lines.append(f"    np.add({e}, {g}, out={buf})")
+    grad_state[v.slot] = "buf"
+
+
+def _grad_of(slot: int, v: Value, ctx: _Ctx, grad_state: dict, layout: Layout) -> str | None:
+    state = grad_state.get(slot, "entry")
+    if state == "none":
+        return None
+    if state == "buf":
+        return ctx.buf(v, "G")
+    raise Unsupported("optimizer.step() on gradients from before the call (no zero_grad/"
+                      "backward inside fn)")
+
+
+def _step(k: int, event: Step, opt, leaves: dict, ctx: _Ctx, lines: list, grad_state: dict,
+          layout: Layout) -> None:
+    decoupled = bool(event.kind == "adam" and opt.param_groups[0].get("decoupled_weight_decay"))
+    for gi, (group, slots) in enumerate(zip(opt.param_groups, event.groups)):
+        h = len(layout.hyper)
+        layout.hyper.append((k, gi, _HYPER[event.kind]))
+        wd = group["weight_decay"] != 0
+        if event.kind == "sgd":
+            mom = group["momentum"] != 0
+            layout.flags.append((k, gi, ("momentum", "weight_decay"), (mom, wd)))
+            lines.append(f"lr, momentum, wd = H[{h}]")
+        else:
+            layout.flags.append((k, gi, ("weight_decay", "decoupled_weight_decay"),
+                                 (wd, decoupled)))
+            lines.append(f"lr, (beta1, beta2), eps, wd = H[{h}]")
+        for slot in slots:
+            v = leaves[slot]
+            g = _grad_of(slot, v, ctx, grad_state, layout)
+            if g is None:
+                continue
+            p = v.name
+            if event.kind == "sgd":
+                lines.append(f"d = {g}")
+                if wd:
+                    lines.append(f"d = d + {p} * wd")
+                if mom:
+                    buf = _state_ref(layout, k, slot, "momentum_buffer")
+                    lines += [f"np.multiply({buf}, momentum, out={buf})",
+                              f"np.add({buf}, d, out={buf})", f"d = {buf}"]
+                lines.append(f"np.add({p}, np.multiply(d, {p}.dtype.type(-lr)), out={p})")
+                continue
+            s, m, sq = (_state_ref(layout, k, slot, key)
+                        for key in ("step", "exp_avg", "exp_avg_sq"))
+            lines += [f"np.add({s}, 1, out={s})", f"t = float({s})", f"d = {g}"]
+            if wd:
+                lines.append(f"np.multiply({p}, 1 - lr * wd, out={p})" if decoupled
+                             else f"d = d + {p} * wd")
+            lines += [f"np.add({m}, (d - {m}) * (1 - beta1), out={m})",
+                      f"np.multiply({sq}, beta2, out={sq})",
+                      f"np.add({sq}, (d * (1 - beta2)) * d, out={sq})",
+                      "step_size = lr / (1 - beta1 ** t)",
+                      "bc2_sqrt = (1 - beta2 ** t) ** 0.5",
+                      f"np.add({p}, ({m} * -step_size) / (np.sqrt({sq}) / bc2_sqrt + eps), "
+                      f"out={p})"]
+
+
+def _state_ref(layout: Layout, k: int, slot: int, key: str) -> str:
+    entry = (k, slot, key)
+    if entry not in layout.state:
+        layout.state.append(entry)
+    return f"S{layout.state.index(entry)}"
+
+
+def generate(program: Program, backend) -> Generated:
+    """Write the module text for ``program`` (raises Unsupported with the reason)."""
+    ctx = _Ctx(backend)
+    layout = Layout()
+    leaves = {v.slot: v for v in program.values if v.kind == "leaf"}
+    layout.leaves = sorted(leaves)
+    body: list[str] = []
+    ops_so_far: list[OpCall] = []
+    grad_state: dict[int, str] = {}
+    groups = fuse.plan(program)
+    for k, event in enumerate(program.events):
+        if isinstance(event, OpCall):
+            ops_so_far.append(event)
+            if id(event) in groups.skip:
+                continue
+            group = groups.first.get(id(event))
+            if group is not None:
+                body += fuse.call_code(group, ctx)
+            else:
+                body += forward_code(event, ctx)
+        elif isinstance(event, Backward):
+            _backward(ops_so_far, event.root, ctx, body, grad_state, layout)
+        elif isinstance(event, ZeroGrad):
+            for slot in event.leaves:
+                grad_state[slot] = "none"
+        elif isinstance(event, Step):
+            opt = event.opt()
+            if opt is None:
+                raise Unsupported("the optimizer is gone")
+            _step(k, event, opt, leaves, ctx, body, grad_state, layout)
+    for slot, state in grad_state.items():
+        layout.final_grads[slot] = ctx.buf(leaves[slot], "G") if state == "buf" else None
+    outs = _result_names(program.result)
+    body.append(f"return ({''.join(n + ', ' for n in outs)})")
+    text = _module_text(program, ctx, layout, body, groups)
+    consts = {k: v for k, v in ctx.constants.items() if k != "__alloc__"}
+    return Generated(text, consts, layout, groups.kernels)
+
+
+def _result_names(result) -> list[str]:
+    kind, x = result
+    if kind == "value":
+        return [x.name]
+    if kind in ("tuple", "list"):
+        return [n for y in x for n in _result_names(y)]
+    return []
+
+
+def _module_text(program: Program, ctx: _Ctx, layout: Layout, body: list, groups) -> str:
+    args = [v for kind, v in program.args if kind == "tensor"]
+    leaf_names = [next(v.name for v in program.values if v.kind == "leaf" and v.slot == s)
+                  for s in layout.leaves]
+    lines = ['"""Generated by symgrad.compile from one traced step; do not edit."""',
+             "import numpy as np", "",
+             "from symgrad.compile.runtime import MATH, as_out, nll_grad, sum_to", "",
+             *(f"{n} = MATH[{n!r}]" for n in sorted(MATH_NAMES)), ""]
+    lines += groups.kernel_text
+    for text in ctx.helpers.values():
+        lines += [text]
+    lines += ["", "def make(K):"]
+    for name in ctx.constants:
+        if name != "__alloc__":
+            lines.append(f"    {name} = K[{name!r}]")
+    for alloc in ctx.constants.get("__alloc__", []):
+        lines.append(f"    {alloc}")
+    lines += ["", "    def run(A, L, E, H):"]
+    if args:
+        lines.append(f"        {', '.join(v.name for v in args)}, = A")
+    names = leaf_names + [f"S{i}" for i in range(len(layout.state))]
+    if names:
+        lines.append(f"        {', '.join(names)}, = L")
+    lines += [f"        {line}" for line in body]
+    grads = sorted({n for n in layout.final_grads.values() if n})
+    lines += ["", f"    return run, {{{', '.join(f'{n!r}: {n}' for n in grads)}}}", ""]
+    return "\n".join(lines)
+
+
+MATH_NAMES = ("exp", "log", "sin", "cos", "tanh", "sqrt", "abs", "sign", "where", "maximum",
+              "log1p", "expm1", "erf")

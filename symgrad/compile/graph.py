@@ -1,0 +1,92 @@
+"""The traced program: values, op calls and the step's events, in the order fn ran them.
+
+A training step is not one dataflow graph: ``opt.step()`` changes parameters that later
+ops may read, and ``loss.backward()`` writes ``.grad``. So the trace is a list of events
+(op call, backward, zero_grad, optimizer step) replayed in order by the generated code.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Value", "OpCall", "Backward", "ZeroGrad", "Step", "Program"]
+
+
+@dataclass(eq=False)
+class Value:
+    """One array of the program: an argument, a leaf read from outside fn, or an op output."""
+
+    index: int
+    shape: tuple
+    dtype: np.dtype
+    requires_grad: bool
+    #: "arg" (fn's positional tensor ``slot``), "leaf" (``Program.leaves[slot]``), "op"
+    kind: str
+    slot: int = -1
+
+    @property
+    def name(self) -> str:
+        return f"v{self.index}"
+
+
+@dataclass(eq=False)
+class OpCall:
+    """One ``apply(spec, inputs, params)`` as fn ran it (tensors replaced by Values)."""
+
+    spec: Any
+    inputs: list
+    params: dict
+    outputs: list
+
+    @property
+    def tensor_inputs(self) -> list:
+        return [x for x in self.inputs if isinstance(x, Value)]
+
+
+@dataclass(eq=False)
+class Backward:
+    """``root.backward()``: gradients of the leaves reached from ``root``."""
+
+    root: Value
+
+
+@dataclass(eq=False)
+class ZeroGrad:
+    """``zero_grad(set_to_none=True)`` over these leaf slots."""
+
+    leaves: list
+
+
+@dataclass(eq=False)
+class Step:
+    """``optimizer.step()``: ``kind`` is "sgd" or "adam"; ``opt`` is held weakly."""
+
+    kind: str
+    opt: weakref.ref
+    #: per param group: the leaf slots of its params, in the group's order
+    groups: list
+
+
+@dataclass(eq=False)
+class Program:
+    events: list = field(default_factory=list)
+    values: list = field(default_factory=list)
+    #: weak references to the tensors read from outside fn (parameters, buffers)
+    leaves: list = field(default_factory=list)
+    #: fn's positional arguments: ("tensor", Value) or ("const", python value)
+    args: list = field(default_factory=list)
+    #: fn's result: a nested structure of Values / python constants ("tuple", [...]) etc.
+    result: Any = None
+
+    def new_value(self, shape, dtype, requires_grad: bool, kind: str, slot: int = -1) -> Value:
+        v = Value(len(self.values), tuple(shape), np.dtype(dtype), bool(requires_grad), kind,
+                  slot)
+        self.values.append(v)
+        return v
+
+    def ops(self) -> list:
+        return [e for e in self.events if isinstance(e, OpCall)]

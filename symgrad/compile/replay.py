@@ -1,0 +1,49 @@
+"""Rebuild a traced forward as an eager graph on copies, for ``CompiledStep.verify``.
+
+The verifier reads a recorded autograd graph; the compiled step keeps no graph (that is
+its point). So the program's ops up to its first ``backward`` are applied again with the
+registered ops, on copies of the current parameters and of the traced call's arguments,
+under ``record()``: a graph with every value, and no side effect on the model.
+"""
+
+from __future__ import annotations
+
+from ..autograd.function import apply
+from ..autograd.record import record
+from ..tensor import Tensor
+from .graph import Backward, OpCall, Program, Value
+
+__all__ = ["replay"]
+
+
+def replay(program: Program, example: list) -> tuple[Tensor, dict]:
+    """(root tensor of the first backward, {name: leaf tensor}) rebuilt from ``program``."""
+    tensors: dict[int, Tensor] = {}
+    names: dict[str, Tensor] = {}
+    for kind, v in program.args:
+        if kind == "tensor":
+            tensors[v.index] = Tensor._wrap(example[v.slot].copy())
+            names[f"arg{v.slot}"] = tensors[v.index]
+    for v in program.values:
+        if v.kind == "leaf":
+            t = program.leaves[v.slot]()
+            if t is None:
+                raise RuntimeError("a parameter of the compiled step was freed")
+            copy = Tensor._wrap(t._data.copy())
+            copy.requires_grad_(v.requires_grad)
+            tensors[v.index] = copy
+            names[f"leaf{v.slot}"] = copy
+
+    def get(x):
+        return tensors[x.index] if isinstance(x, Value) else x
+
+    with record():
+        for event in program.events:
+            if isinstance(event, Backward):
+                return tensors[event.root.index], names
+            if isinstance(event, OpCall):
+                out = apply(event.spec, [get(x) for x in event.inputs],
+                            {k: get(x) for k, x in event.params.items()})
+                for v, t in zip(event.outputs, out if isinstance(out, tuple) else (out,)):
+                    tensors[v.index] = t
+    raise RuntimeError("the compiled step has no backward() to verify")

@@ -1,0 +1,256 @@
+"""Compile rules: each op's forward and backward as NumPy code text.
+
+Forward: a few ops get ``out=`` forms into preallocated buffers (BLAS matmuls, the
+elementwise arithmetic); every other op calls its own stanza's forward on arrays (the
+exact eager kernel, no Tensor), so the forward of any registered op compiles. Backward:
+one rule per op below, written from the stanza's formula; unary elementwise ops read
+theirs from ``OpSpec.scalar.grad`` directly. An op on the gradient path without a rule
+makes ``sg.compile`` fall back to eager, naming the op.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..ops._ints import norm, norms
+from .graph import OpCall, Value
+
+__all__ = ["forward_code", "backward_code", "has_backward", "BROADCASTING", "UFUNCS"]
+
+#: op -> inputs whose gradient has the output's shape and is summed back to the input's
+BROADCASTING = {"add": "all", "sub": "all", "mul": "all", "div": "all",
+                "addmm": (0,)}
+#: the binary ops with a NumPy ufunc taking ``out=``
+UFUNCS = {"add": "np.add", "sub": "np.subtract", "mul": "np.multiply", "div": "np.divide"}
+#: unary stanza ops with a NumPy ufunc taking ``out=`` (others run their stanza forward)
+UNARY_UFUNCS = {"tanh": "np.tanh", "exp": "np.exp", "log": "np.log", "neg": "np.negative",
+                "sqrt": "np.sqrt", "abs": "np.abs", "sin": "np.sin", "cos": "np.cos"}
+
+
+def _same_dtype(call: OpCall) -> bool:
+    dts = {v.dtype for v in call.tensor_inputs} | {call.outputs[0].dtype}
+    return len(dts) == 1 and call.outputs[0].dtype.kind == "f"
+
+
+def forward_code(call: OpCall, ctx) -> list[str]:
+    """Lines computing ``call``'s outputs into their names."""
+    name = call.spec.name
+    out = call.outputs[0]
+    ins = [ctx.ref(x) for x in call.inputs]
+    if _same_dtype(call) and len(call.outputs) == 1:
+        p = call.params
+        if name == "addmm" and p.get("alpha", 1) == 1 and p.get("beta", 1) == 1:
+            b = ctx.buf(out)
+            return [f"np.matmul({ins[1]}, {ins[2]}, out={b})",
+                    f"{out.name} = np.add({b}, {ins[0]}, out={b})"]
+        if name == "mm":
+            b = ctx.buf(out)
+            return [f"{out.name} = np.matmul({ins[0]}, {ins[1]}, out={b})"]
+        if name in UFUNCS and p.get("alpha", 1) == 1 and len(ins) == 2:
+            return [f"{out.name} = {UFUNCS[name]}({ins[0]}, {ins[1]}, out={ctx.buf(out)})"]
+        if name in UNARY_UFUNCS:
+            return [f"{out.name} = {UNARY_UFUNCS[name]}({ins[0]}, out={ctx.buf(out)})"]
+        if name == "relu":
+            return [f"{out.name} = np.maximum({ins[0]}, 0, out={ctx.buf(out)})"]
+    # generic: the stanza's own forward on arrays, as eager's apply runs it
+    fwd = ctx.bind(call.spec.forward, f"fwd_{name}")
+    be = ctx.bind(ctx.backend, "be")
+    kw = "".join(f", {k}={ctx.ref(v)}" for k, v in call.params.items())
+    outs = ", ".join(v.name for v in call.outputs)
+    lines = [f"{outs}{',' if len(call.outputs) > 1 else ''} = {fwd}({be}, {', '.join(ins)}{kw})"]
+    for v in call.outputs:
+        lines.append(f"{v.name} = as_out({v.name}, {ctx.dtype(v)})")
+    return lines
+
+
+# -- backward rules: (call, ctx, g) -> {input position: expression} ------------------------
+def _scaled(g: str, k) -> str:
+    return g if k == 1 else f"({g} * {k!r})"
+
+
+def _add(c, ctx, g):
+    return {0: g, 1: _scaled(g, c.params.get("alpha", 1))}
+
+
+def _sub(c, ctx, g):
+    return {0: g, 1: f"-{g}" if c.params.get("alpha", 1) == 1 else
+            _scaled(g, -c.params["alpha"])}
+
+
+def _rsub(c, ctx, g):
+    return {0: f"-{g}" if c.params.get("alpha", 1) == 1 else _scaled(g, -c.params["alpha"])}
+
+
+def _mul(c, ctx, g):
+    a, b = (ctx.ref(x) for x in c.inputs)
+    return {0: f"({g} * {b})", 1: f"({g} * {a})"}
+
+
+def _div(c, ctx, g):
+    a, b = (ctx.ref(x) for x in c.inputs)
+    return {0: f"({g} / {b})", 1: f"(-{g} * {a} / ({b} * {b}))"}
+
+
+def _pow(c, ctx, g):
+    e = c.params.get("exponent", c.inputs[1] if len(c.inputs) > 1 else None)
+    x = ctx.ref(c.inputs[0])
+    if e == 0:
+        return {0: f"({g} * 0)"}
+    return {0: f"({g} * {e!r} * {x} ** {e - 1!r})"}
+
+
+def _mm(c, ctx, g):
+    a, b = (ctx.ref(x) for x in c.inputs)
+    return {0: f"np.matmul({g}, {b}.T)", 1: f"np.matmul({a}.T, {g})"}
+
+
+def _addmm(c, ctx, g):
+    _, a, b = (ctx.ref(x) for x in c.inputs)
+    alpha, beta = c.params.get("alpha", 1), c.params.get("beta", 1)
+    return {0: _scaled(g, beta), 1: _scaled(f"np.matmul({g}, {b}.T)", alpha),
+            2: _scaled(f"np.matmul({a}.T, {g})", alpha)}
+
+
+def _shape_of(c) -> tuple:
+    return c.inputs[0].shape
+
+
+def _sum(c, ctx, g):
+    return {0: f"np.broadcast_to({g}, {_shape_of(c)!r})"}
+
+
+def _keepdim(c, g):
+    shape = _shape_of(c)
+    if c.params.get("keepdim"):
+        return g
+    dims = norms(c.params["dim"], len(shape))
+    kept = tuple(1 if i in dims else s for i, s in enumerate(shape))
+    return f"{g}.reshape({kept!r})"
+
+
+def _sum_dim(c, ctx, g):
+    return {0: f"np.broadcast_to({_keepdim(c, g)}, {_shape_of(c)!r})"}
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _mean(c, ctx, g):
+    return {0: f"(np.broadcast_to({g}, {_shape_of(c)!r}) / {_numel(_shape_of(c))})"}
+
+
+def _mean_dim(c, ctx, g):
+    shape = _shape_of(c)
+    n = 1
+    for d in norms(c.params["dim"], len(shape)):
+        n *= shape[d] if shape else 1
+    return {0: f"(np.broadcast_to({_keepdim(c, g)}, {shape!r}) / {n})"}
+
+
+def _reshape(c, ctx, g):
+    return {0: f"{g}.reshape({_shape_of(c)!r})"}
+
+
+def _t(c, ctx, g):
+    return {0: f"{g}.T"}
+
+
+def _transpose(c, ctx, g):
+    n = len(_shape_of(c))
+    d0, d1 = norm(c.params["dim0"], n), norm(c.params["dim1"], n)
+    return {0: f"np.swapaxes({g}, {d0}, {d1})"}
+
+
+def _permute(c, ctx, g):
+    dims = norms(c.params["dims"], len(_shape_of(c)))
+    inv = [0] * len(dims)
+    for i, p in enumerate(dims):
+        inv[p] = i
+    return {0: f"np.transpose({g}, {tuple(inv)!r})"}
+
+
+def _expand(c, ctx, g):
+    return {0: f"sum_to({g}, {_shape_of(c)!r})"}
+
+
+def _identity(c, ctx, g):
+    return {0: g}
+
+
+def _to_copy(c, ctx, g):
+    return {0: f"{g}.astype({ctx.dtype(c.inputs[0])})"}
+
+
+def _mse(c, ctx, g):
+    x, t = (ctx.ref(v) for v in c.inputs)
+    r = c.params.get("reduction", 1)
+    scale = 2.0 / _numel(_shape_of(c)) if r == 1 else 2.0
+    grad = f"(({x} - {t}) * ({g} * {scale!r}))"
+    return {0: grad, 1: f"-{grad}"}
+
+
+def _log_softmax(c, ctx, g):
+    y = c.outputs[0].name
+    if not c.outputs[0].shape:
+        return {0: f"({g} * 0)"}
+    d = norm(c.params["dim"], len(c.outputs[0].shape))
+    return {0: f"({g} - np.exp({y}) * {g}.sum(axis={d}, keepdims=True))"}
+
+
+def _nll(c, ctx, g):
+    p = c.params
+    shape = _shape_of(c)
+    return {0: f"nll_grad({g}, {shape!r}, {ctx.dtype(c.inputs[0])}, {ctx.ref(p['target'])}, "
+               f"{p.get('reduction', 1)}, {p.get('ignore_index', -100)}, "
+               f"{c.outputs[1].name})"}
+
+
+def _nll_ok(c) -> bool:
+    return len(_shape_of(c)) == 2 and c.params.get("weight") is None and \
+        isinstance(c.params.get("target"), Value)
+
+
+def _scalar_rule(c, ctx, g):
+    fn = ctx.scalar_grad(c.spec)
+    x = ctx.ref(c.inputs[0])
+    return {0: f"{fn}({g}, {x}, {c.outputs[0].name})"}
+
+
+_RULES: dict[str, Callable] = {
+    "add": _add, "sub": _sub, "rsub": _rsub, "mul": _mul, "div": _div, "pow": _pow,
+    "mm": _mm, "addmm": _addmm, "sum": _sum, "sum_dim": _sum_dim, "mean": _mean,
+    "mean_dim": _mean_dim, "t": _t, "transpose": _transpose, "permute": _permute,
+    "expand": _expand, "clone": _identity, "alias": _identity, "to_copy": _to_copy,
+    "mse_loss": _mse, "log_softmax": _log_softmax, "nll_loss": _nll,
+    "mul_scalar": lambda c, ctx, g: {0: _scaled(g, c.params.get("other", c.inputs[-1]))},
+    "div_scalar": lambda c, ctx, g: {0: f"({g} / {c.params.get('other', c.inputs[-1])!r})"},
+}
+for _name in ("view", "reshape_alias", "unsafe_view", "unsqueeze", "squeeze", "squeeze_",
+              "squeeze_all", "squeeze_dims"):
+    _RULES[_name] = _reshape
+
+
+def has_backward(call: OpCall) -> bool:
+    spec = call.spec
+    if spec.name == "nll_loss":
+        return _nll_ok(call)
+    if spec.name in ("mul_scalar", "div_scalar"):
+        return False  # their scalar operand's place varies; eager-only until needed
+    scalar = spec.scalar
+    if scalar is not None and len(spec.inputs) == 1 and isinstance(scalar.grad, str) \
+            and not scalar.params:
+        return True
+    return spec.name in _RULES
+
+
+def backward_code(call: OpCall, ctx, g: str) -> dict[int, str]:
+    """{input position: gradient expression} for the inputs of ``call``."""
+    spec = call.spec
+    rule = _RULES.get(spec.name)
+    if rule is None:
+        rule = _scalar_rule
+    return rule(call, ctx, g)

@@ -1,0 +1,60 @@
+"""Helpers the generated step modules call: NumPy only, no Tensor or Node in sight.
+
+They are the array forms of the few backward formulas that are more than one expression
+(nll_loss's scatter, broadcast reductions) and the vocabulary of the scalar stanzas
+(``symgrad/ops/scalar.py``) on whole arrays, so a stanza's ``grad`` text runs unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+__all__ = ["sum_to", "nll_grad", "as_out", "MATH"]
+
+
+def sum_to(g: np.ndarray, shape: tuple) -> np.ndarray:
+    """Sum a broadcast gradient back to ``shape`` (the engine's sum_to_size)."""
+    if g.shape == shape:
+        return g
+    lead = g.ndim - len(shape)
+    axes = tuple(range(lead)) + tuple(i + lead for i, s in enumerate(shape)
+                                      if s == 1 and g.shape[i + lead] != 1)
+    out = g.sum(axis=axes, keepdims=True) if axes else g
+    return out.reshape(shape)
+
+
+def nll_grad(g: np.ndarray, x_shape: tuple, dtype, target: np.ndarray, reduction: int,
+             ignore_index: int, total_weight: np.ndarray) -> np.ndarray:
+    """d nll_loss / d input for a 2-D input without class weights (torch's kernel)."""
+    n, c = x_shape
+    keep = target != ignore_index
+    rows = np.nonzero(keep)[0]
+    out = np.zeros(x_shape, dtype)
+    if reduction == 0:
+        out[rows, target[rows]] = -g[rows]
+        return out
+    if reduction == 1:
+        if not rows.size:
+            return out
+        g = g / total_weight
+    out[rows, target[rows]] = -g
+    return out
+
+
+def as_out(x, dtype) -> np.ndarray:
+    """A generic forward's result as the array eager's ``apply`` would have wrapped."""
+    x = np.asarray(x)
+    return x if x.dtype == dtype else x.astype(dtype)
+
+
+def _sign(x):
+    return np.sign(x)
+
+
+#: symgrad/ops/scalar.py's vocabulary on arrays (NumPy ufuncs keep float32 as float32)
+MATH = {"exp": np.exp, "log": np.log, "sin": np.sin, "cos": np.cos, "tanh": np.tanh,
+        "sqrt": np.sqrt, "abs": np.abs, "sign": _sign, "where": np.where,
+        "maximum": np.maximum, "log1p": np.log1p, "expm1": np.expm1,
+        "erf": np.vectorize(math.erf, otypes=[float])}

@@ -1,0 +1,220 @@
+"""``CompiledStep``: the callable ``sg.compile`` returns.
+
+Per call: the signature picks a cache entry; an entry gathers the arrays it was generated
+for (checking them), runs the generated ``run`` on plain arrays, then sets the leaves'
+``.grad`` and wraps what fn returns. No Tensor or Node is made on the way, except the
+returned tensors. A new signature traces fn again (up to ``cache_size`` entries); anything
+the tracer or the code generator cannot handle makes that signature run eagerly, with one
+UserWarning saying why.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from ..backends import backend_for
+from ..tensor import Tensor
+from . import loader
+from .codegen import Generated, Unsupported, generate
+from .graph import Program, Step
+from .guards import signature
+from .trace import trace
+
+__all__ = ["CompiledStep"]
+
+
+class _Stale(Exception):
+    """An entry's leaves or optimizer state no longer fit its code (retrace)."""
+
+
+class Entry:
+    """One signature's generated code, bound to the leaves and optimizer it was traced on."""
+
+    def __init__(self, program: Program, gen: Generated, module) -> None:
+        self.program = program
+        self.generated = gen
+        self.layout = gen.layout
+        self.run, grad_buffers = module.make(gen.constants)
+        by_slot = {v.slot: v for v in program.values if v.kind == "leaf"}
+        self._leaf_values = [by_slot[s] for s in self.layout.leaves]
+        self._grad_tensors = {slot: Tensor._wrap(grad_buffers[name])
+                              for slot, name in self.layout.final_grads.items() if name}
+        self._opts = {k: e.opt for k, e in enumerate(program.events) if isinstance(e, Step)}
+        self._bound: list = []
+        self._result = program.result
+
+    # -- per call -------------------------------------------------------------------------
+    def _leaf(self, slot: int):
+        t = self.program.leaves[slot]()
+        if t is None:
+            raise _Stale("a parameter was freed")
+        return t
+
+    def _gather(self) -> tuple[list, list, list]:
+        arrays = []
+        for v in self._leaf_values:
+            t = self._leaf(v.slot)
+            if t._requires_grad is not v.requires_grad:
+                raise _Stale("a parameter's requires_grad changed")
+            arrays.append(t._data)
+        for k, slot, key in self.layout.state:
+            opt = self._opts[k]()
+            st = opt.state.get(self._leaf(slot)) if opt is not None else None
+            if st is None or key not in st:
+                raise _Stale("the optimizer state changed")
+            arrays.append(st[key]._data)
+        bound = self._bound
+        if len(bound) != len(arrays) or any(a is not b for a, b in zip(arrays, bound)):
+            self._check_shapes(arrays)
+            self._bound = arrays
+        entry = []
+        for slot in self.layout.entry_grads:
+            g = self._leaf(slot)._grad
+            entry.append(None if g is None else g._data)
+        hyper = []
+        for (k, gi, keys), (_, _, names, flags) in zip(self.layout.hyper, self.layout.flags):
+            group = self._opts[k]().param_groups[gi]
+            values = tuple(group[n] for n in keys)
+            if tuple(_flag(group, n) for n in names) != flags:
+                raise _Stale(f"optimizer option {names} changed")
+            hyper.append(values)
+        return arrays, entry, hyper
+
+    def _check_shapes(self, arrays: list) -> None:
+        for a, v in zip(arrays, self._leaf_values):
+            if a.shape != v.shape or a.dtype != v.dtype:
+                raise _Stale("a parameter changed shape or dtype")
+        for a, (_k, slot, key) in zip(arrays[len(self._leaf_values):], self.layout.state):
+            leaf = self._leaf(slot)._data
+            if key != "step" and (a.shape != leaf.shape or a.dtype != leaf.dtype):
+                raise _Stale("optimizer state changed shape")
+            if not a.flags.writeable:
+                raise _Stale("a read-only array")
+
+    def __call__(self, args: tuple):
+        leaves, entry, hyper = self._gather()
+        tensors = [a._data for a in args if isinstance(a, Tensor)]
+        outs = self.run(tensors, leaves, entry, hyper)
+        for slot, name in self.layout.final_grads.items():
+            self._leaf(slot)._grad = self._grad_tensors[slot] if name else None
+        return _rebuild(self._result, iter(outs), args, self)
+
+
+def _flag(group: dict, name: str) -> bool:
+    return bool(group.get(name)) if name == "decoupled_weight_decay" else group[name] != 0
+
+
+def _rebuild(structure, outs, args, entry):
+    kind, x = structure
+    if kind == "value":
+        arr = next(outs)
+        if x.kind == "arg":
+            return args[x.slot]
+        if x.kind == "leaf":
+            return entry._leaf(x.slot)
+        return Tensor._wrap(arr.copy())
+    if kind in ("tuple", "list"):
+        items = [_rebuild(y, outs, args, entry) for y in x]
+        return tuple(items) if kind == "tuple" else items
+    return x
+
+
+class _Eager:
+    """A signature that runs eagerly (the reason was warned once)."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+class CompiledStep:
+    """``sg.compile(fn)``: call it as fn; ``source()``, ``verify()`` and ``stats`` help."""
+
+    def __init__(self, fn: Callable, cache_size: int = 8) -> None:
+        functools.update_wrapper(self, fn)
+        self.fn = fn
+        self.cache_size = cache_size
+        self._cache: dict = {}
+        #: traces, compile seconds of the last one, eager fallbacks (reasons)
+        self.stats: dict[str, Any] = {"traces": 0, "compile_s": 0.0, "fallbacks": []}
+        self._full_warned = False
+
+    def __call__(self, *args):
+        key, reason = signature(args)
+        if key is None:
+            return self._eager(reason, args)
+        entry = self._cache.get(key)
+        if entry is None:
+            return self._trace(key, args)
+        if isinstance(entry, _Eager):
+            return self.fn(*args)
+        try:
+            return entry(args)
+        except _Stale:
+            del self._cache[key]
+            return self._trace(key, args)
+
+    def _eager(self, reason: str, args: tuple):
+        self._warn(reason)
+        return self.fn(*args)
+
+    def _warn(self, reason: str) -> None:
+        self.stats["fallbacks"].append(reason)
+        name = getattr(self.fn, "__qualname__", repr(self.fn))
+        warnings.warn(f"sg.compile({name}): running eagerly: {reason}", UserWarning,
+                      stacklevel=4)
+
+    def _trace(self, key, args: tuple):
+        if len(self._cache) >= self.cache_size:
+            if not self._full_warned:
+                self._full_warned = True
+                self._warn(f"more than {self.cache_size} signatures traced (cache_size); new "
+                           "signatures run eagerly")
+            return self.fn(*args)
+        self.stats["traces"] += 1
+        result, program, reason = trace(self.fn, args)
+        t0 = time.perf_counter()
+        if program is not None:
+            try:
+                gen = generate(program, backend_for("cpu"))
+                module = loader.load(gen.text, gen.fused)
+                self._cache[key] = Entry(program, gen, module)
+                self._cache[key].example = [
+                    a._data.copy() if isinstance(a, Tensor) else a for a in args]
+            except Unsupported as exc:
+                reason = str(exc)
+        if reason is not None:
+            self._cache[key] = _Eager(reason)
+            self._warn(reason)
+        self.stats["compile_s"] = time.perf_counter() - t0
+        return result
+
+    # -- inspection -----------------------------------------------------------------------
+    def _entries(self) -> list:
+        return [e for e in self._cache.values() if isinstance(e, Entry)]
+
+    def source(self) -> str:
+        """The generated module of every compiled signature (the latest last)."""
+        entries = self._entries()
+        if not entries:
+            raise RuntimeError("nothing compiled yet: call the step first")
+        return "\n\n".join(e.generated.text for e in entries)
+
+    def verify(self, **kwargs):
+        """``sg.verify`` on the traced forward of the latest signature, replayed on copies
+        of the current parameters (no optimizer step, no side effects); returns its Report.
+        Keywords go to ``sg.verify`` (``mode="auto"`` picks local checks on big shapes)."""
+        from .replay import replay
+
+        entries = self._entries()
+        if not entries:
+            raise RuntimeError("nothing compiled yet: call the step first")
+        entry = entries[-1]
+        root, names = replay(entry.program, entry.example)
+        # symgrad.verify is the public, lazy entry to the verifier (it sits above the core,
+        # which may not import it); the package is loaded whenever a step exists
+        return sys.modules["symgrad"].verify(root, names=names, **kwargs)

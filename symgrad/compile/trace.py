@@ -1,0 +1,323 @@
+"""Run fn once eagerly and record what it did, through the profiler's hook in ``apply``.
+
+``symgrad.autograd.function._profiler`` is the one zero-cost hook of the op path: every
+op, in-place method, custom Function and backward node calls it when it is set. The
+tracer plugs in there (no core file changes), and for the few calls that bypass ``apply``
+(``backward``, ``zero_grad``, ``opt.step``, reading a value into Python, hooks) it wraps
+the methods for the duration of the run only. Nothing is ever raised into fn: an
+untraceable thing only records its reason, fn's eager run finishes untouched, and the
+caller falls back to eager for this signature.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+from ..autograd import function as _fn
+from ..autograd.anomaly_mode import _anomaly
+from ..nn.modules import Module
+from ..optim.adam import Adam
+from ..optim.optimizer import Optimizer
+from ..optim.sgd import SGD
+from ..tensor import Tensor
+from .graph import Backward, OpCall, Program, Step, ZeroGrad
+
+__all__ = ["Tracer", "trace"]
+
+#: Tensor methods that hand a value to Python (so fn may branch on it) or register hooks.
+_VALUE_READS = ("item", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__",
+                "__array__", "__repr__", "__format__", "register_hook", "retain_grad")
+
+#: Scalar types a param or input may hold and be baked into the generated code.
+_CONSTANTS = (int, float, bool, str, type(None))
+
+
+def _constant(x: Any) -> bool:
+    if isinstance(x, _CONSTANTS):
+        return True
+    if isinstance(x, (tuple, list)):
+        return all(_constant(y) for y in x)
+    return type(x).__module__ == "symgrad.dtypes"  # a dtype param (to_copy)
+
+
+class _Patches:
+    """Replace attributes of classes for the duration of a trace, then put them back."""
+
+    def __init__(self) -> None:
+        self._saved: list = []
+
+    def put(self, owner, name: str, value) -> None:
+        self._saved.append((owner, name, owner.__dict__.get(name, _MISSING)))
+        setattr(owner, name, value)
+
+    def undo(self) -> None:
+        for owner, name, old in reversed(self._saved):
+            if old is _MISSING:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, old)
+        self._saved.clear()
+
+
+_MISSING = object()
+
+
+def _optimizer_classes() -> list:
+    out, todo = [], [Optimizer]
+    while todo:
+        cls = todo.pop()
+        out.append(cls)
+        todo.extend(cls.__subclasses__())
+    return out
+
+
+class Tracer:
+    """The profiler stand-in that records ops into a :class:`Program`."""
+
+    def __init__(self, args: tuple) -> None:
+        self.program = Program()
+        self.reason: str | None = None
+        self._values: dict[int, Any] = {}  # id(tensor) -> Value
+        self._alive: list = []  # keeps traced tensors alive so ids stay unique
+        self._leaf_slots: dict[int, int] = {}
+        self._born: weakref.WeakSet = weakref.WeakSet()
+        self._quiet = 0  # > 0 inside backward / optimizer calls: their ops are not fn's
+        for i, a in enumerate(args):
+            if isinstance(a, Tensor):
+                if a._grad_fn is not None or a._requires_grad:
+                    self.fail(f"argument {i} requires grad (only parameters may)")
+                v = self.program.new_value(a._data.shape, a._data.dtype, False, "arg", i)
+                self._bind(a, v)
+                self.program.args.append(("tensor", v))
+            elif _constant(a):
+                self.program.args.append(("const", a))
+            else:
+                self.fail(f"argument {i} of type {type(a).__name__} (tensors and Python "
+                          "scalars only)")
+
+    # -- bookkeeping ---------------------------------------------------------------------
+    def fail(self, reason: str) -> None:
+        if self.reason is None:
+            self.reason = reason
+
+    def _bind(self, t, v) -> None:
+        self._values[id(t)] = v
+        self._alive.append(t)
+
+    def leaf(self, t) -> Any:
+        """The Value of a tensor fn read from outside (a parameter, a buffer)."""
+        v = self._values.get(id(t))
+        if v is not None:
+            return v
+        if t in self._born:
+            self.fail("a tensor made inside fn outside the traced ops (a creation function, "
+                      ".grad, .detach(), optimizer state)")
+        elif t._grad_fn is not None:
+            self.fail("a tensor with a graph computed outside fn")
+        elif t._device.type != "cpu":
+            self.fail("CUDA tensors: sg.compile is CPU-only in this version")
+        slot = len(self.program.leaves)
+        self.program.leaves.append(weakref.ref(t))
+        v = self.program.new_value(t._data.shape, t._data.dtype, t._requires_grad, "leaf", slot)
+        self._leaf_slots[id(t)] = slot
+        self._bind(t, v)
+        return v
+
+    def _operand(self, x) -> Any:
+        if isinstance(x, Tensor):
+            return self.leaf(x)
+        if not _constant(x):
+            self.fail(f"an op argument of type {type(x).__name__}")
+        return x
+
+    # -- the profiler protocol (symgrad.autograd.function._profiler) ----------------------
+    def _record_op(self, spec, inputs, params):
+        out = self._run_quiet(_fn.apply, spec, inputs, params)
+        if self._quiet:
+            return out
+        if _anomaly.enabled:
+            self.fail("anomaly mode is on")
+        call = OpCall(spec, [self._operand(x) for x in inputs],
+                      {k: self._operand(v) for k, v in (params or {}).items()}, [])
+        for t in (out if isinstance(out, tuple) else (out,)):
+            v = self.program.new_value(t._data.shape, t._data.dtype, t._requires_grad, "op")
+            self._bind(t, v)
+            call.outputs.append(v)
+        self.program.events.append(call)
+        return out
+
+    def _record_call(self, name, kind, inputs, fn, *args, quiet=False, sequence_nr=-1):
+        if not self._quiet:
+            what = "custom autograd Function" if kind == "function" else "in-place op"
+            self.fail(f"{what} {name.removeprefix('symgrad::')} (no compile rule yet)")
+        return self._run_quiet(fn, *args)
+
+    def _record_node(self, node, fn, *args):
+        if not self._quiet:
+            self.fail("autograd.grad / autograd.backward called directly")
+        return self._run_quiet(fn, *args)
+
+    def _run_quiet(self, fn, *args):
+        _fn._profiler = None
+        try:
+            return fn(*args)
+        finally:
+            _fn._profiler = self
+
+    # -- calls that bypass apply ----------------------------------------------------------
+    def _quietly(self, fn, *args, **kwargs):
+        self._quiet += 1
+        try:
+            return self._run_quiet(fn, *args, **kwargs) if not kwargs else \
+                self._run_quiet(lambda: fn(*args, **kwargs))
+        finally:
+            self._quiet -= 1
+
+    def backward(self, original, t, gradient=None, retain_graph=None, create_graph=False,
+                 inputs=None):
+        if not self._quiet:
+            if gradient is not None or create_graph or inputs is not None:
+                self.fail("backward(gradient=/create_graph=/inputs=)")
+            v = self._values.get(id(t))
+            if v is None or v.kind != "op":
+                self.fail("backward() on a tensor not computed inside fn")
+            else:
+                self._check_hooks(t)
+                self.program.events.append(Backward(v))
+        return self._quietly(original, t, gradient, retain_graph, create_graph, inputs)
+
+    def _check_hooks(self, root) -> None:
+        """Hooks on the graph below ``root`` (registered before fn ran) run Python code."""
+        seen, todo = set(), [root._grad_fn]
+        while todo:
+            node = todo.pop()
+            if node is None or id(node) in seen:
+                continue
+            seen.add(id(node))
+            if node._pre_hooks or node._hooks or node._tensor_hooks:
+                self.fail(f"hooks on {node.name()}")
+            var = getattr(node, "variable", None)
+            if var is not None and var._backward_hooks:
+                self.fail("a hook on a parameter")
+            todo.extend(fn for fn, _ in node.next_functions)
+
+    def zero_grad(self, original, owner, set_to_none=True):
+        if not self._quiet:
+            if not set_to_none:
+                self.fail("zero_grad(set_to_none=False)")
+            params = ([p for g in owner.param_groups for p in g["params"]]
+                      if isinstance(owner, Optimizer) else list(owner.parameters()))
+            self.program.events.append(ZeroGrad([self.leaf(p).slot for p in params]))
+        return self._quietly(original, owner, set_to_none)
+
+    def step(self, original, opt, closure=None):
+        if not self._quiet:
+            reason = _unsupported_optimizer(opt, closure)
+            if reason:
+                self.fail(reason)
+            else:
+                kind = "adam" if isinstance(opt, Adam) else "sgd"
+                groups = [[self.leaf(p).slot for p in g["params"]] for g in opt.param_groups]
+                self.program.events.append(Step(kind, weakref.ref(opt), groups))
+        return self._quietly(original, opt, closure)
+
+    def install(self, patches: _Patches) -> None:
+        tracer = self
+        orig_backward = Tensor.backward
+        patches.put(Tensor, "backward", lambda t, *a, **k: tracer.backward(orig_backward, t,
+                                                                           *a, **k))
+        for name in _VALUE_READS:
+            patches.put(Tensor, name, _value_read(tracer, name, getattr(Tensor, name)))
+        orig_wrap = Tensor.__dict__["_wrap"].__func__
+
+        def _wrap(cls, *a, **k):
+            t = orig_wrap(cls, *a, **k)
+            tracer._born.add(t)
+            return t
+
+        patches.put(Tensor, "_wrap", classmethod(_wrap))
+        for cls in (Optimizer, Module):
+            orig_zero = cls.__dict__["zero_grad"]
+            patches.put(cls, "zero_grad", _zero_wrapper(tracer, orig_zero))
+        for cls in _optimizer_classes():
+            if "step" in cls.__dict__:
+                patches.put(cls, "step", _step_wrapper(tracer, cls.__dict__["step"]))
+        orig_hooks = Module._call_with_hooks
+
+        def _call_with_hooks(module, args, kwargs):
+            if not tracer._quiet:
+                tracer.fail(f"hooks on module {type(module).__name__}")
+            return orig_hooks(module, args, kwargs)
+
+        patches.put(Module, "_call_with_hooks", _call_with_hooks)
+
+
+def _value_read(tracer, name, original):
+    def read(t, *a, **k):
+        if not tracer._quiet:
+            tracer.fail(f"Tensor.{name}() inside fn (reads a value into Python, or "
+                        "registers a hook)")
+        return original(t, *a, **k)
+
+    return read
+
+
+def _zero_wrapper(tracer, original):
+    return lambda owner, set_to_none=True: tracer.zero_grad(original, owner, set_to_none)
+
+
+def _step_wrapper(tracer, original):
+    return lambda opt, closure=None: tracer.step(original, opt, closure)
+
+
+def _unsupported_optimizer(opt, closure) -> str | None:
+    if closure is not None:
+        return "optimizer.step(closure)"
+    name = type(opt).__name__
+    if type(opt) not in (SGD, Adam) and type(opt).__name__ != "AdamW":
+        return f"optimizer {name} (compiled: SGD, Adam, AdamW)"
+    for g in opt.param_groups:
+        if g.get("maximize") or g.get("amsgrad") or g.get("differentiable"):
+            return f"{name} with maximize/amsgrad/differentiable"
+        if isinstance(opt, SGD) and (g["nesterov"] or g["dampening"] != 0):
+            return "SGD with nesterov or dampening"
+        for p in g["params"]:
+            if p._device.type != "cpu":
+                return "CUDA tensors: sg.compile is CPU-only in this version"
+    return None
+
+
+def _structure(x, tracer: Tracer):
+    """fn's result with each tensor replaced by its Value."""
+    if isinstance(x, Tensor):
+        v = tracer._values.get(id(x))
+        if v is None:
+            tracer.fail("fn returned a tensor made outside the traced ops")
+        return ("value", v)
+    if isinstance(x, (tuple, list)):
+        return (type(x).__name__, [_structure(y, tracer) for y in x])
+    if _constant(x):
+        return ("const", x)
+    tracer.fail(f"fn returned a {type(x).__name__}")
+    return ("const", None)
+
+
+def trace(fn, args: tuple) -> tuple[Any, Program | None, str | None]:
+    """Run ``fn(*args)`` eagerly while recording it: (result, program, reason it failed)."""
+    if _fn._profiler is not None:
+        return fn(*args), None, "the profiler is active"
+    tracer = Tracer(args)
+    if _anomaly.enabled:
+        tracer.fail("anomaly mode is on")
+    patches = _Patches()
+    tracer.install(patches)
+    _fn._profiler = tracer
+    try:
+        result = fn(*args)
+    finally:
+        _fn._profiler = None
+        patches.undo()
+    tracer.program.result = _structure(result, tracer)
+    tracer._alive.clear()
+    return result, (None if tracer.reason else tracer.program), tracer.reason

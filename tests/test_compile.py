@@ -1,0 +1,250 @@
+"""sg.compile: a traced training step gives eager's results, falls back where it must.
+
+Every comparison runs the same step twice from identical copies (deepcopy of the model
+and optimizer): once eagerly, once compiled, and compares returned losses, parameters,
+``.grad`` and optimizer state after each step. Bounds come from tests/_tolerance.py:
+``terms`` counts the roundings one step's values go through (the matmul depths and the
+elementwise chain), times the number of steps.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+from _tolerance import assert_close
+
+import symgrad as sg
+from symgrad import nn
+from symgrad.nn import functional as F
+
+STEPS = 6
+
+
+def _mlp(act=nn.ReLU, sizes=(4, 16, 3), seed=0):
+    sg.manual_seed(seed)
+    layers = []
+    for i, (a, b) in enumerate(zip(sizes, sizes[1:])):
+        layers.append(nn.Linear(a, b))
+        if i < len(sizes) - 2:
+            layers.append(act())
+    return nn.Sequential(*layers)
+
+
+def _step_fn(model, opt, loss="mse"):
+    def step(x, y):
+        opt.zero_grad()
+        out = model(x)
+        if loss == "mse":
+            value = F.mse_loss(out, y)
+        else:
+            value = F.cross_entropy(out, y)
+        value.backward()
+        opt.step()
+        return value
+
+    return step
+
+
+def _pair(make_opt, act=nn.ReLU, loss="mse", sizes=(4, 16, 3)):
+    """(compiled step, eager step, compiled model/opt, eager model/opt) from one init."""
+    model = _mlp(act, sizes)
+    opt = make_opt(model.parameters())
+    model_e = copy.deepcopy(model)
+    opt_e = make_opt(model_e.parameters())
+    return (sg.compile(_step_fn(model, opt, loss)), _step_fn(model_e, opt_e, loss),
+            (model, opt), (model_e, opt_e))
+
+
+def _data(batch, sizes=(4, 16, 3), loss="mse", seed=1):
+    sg.manual_seed(seed)
+    x = sg.randn(batch, sizes[0])
+    y = sg.randn(batch, sizes[-1]) if loss == "mse" else sg.randint(0, sizes[-1], (batch,))
+    return x, y
+
+
+def _terms(sizes, steps):
+    return steps * (sum(sizes) + 16)
+
+
+def _assert_same_state(compiled, eager, steps, sizes):
+    (model, opt), (model_e, opt_e) = compiled, eager
+    terms = _terms(sizes, steps)
+    for p, q in zip(model.parameters(), model_e.parameters()):
+        assert_close(p, q, terms=terms)
+        assert (p.grad is None) == (q.grad is None)
+        if q.grad is not None:
+            assert_close(p.grad, q.grad, terms=terms)
+    for p, q in zip(model.parameters(), model_e.parameters()):
+        st, st_e = opt.state.get(p, {}), opt_e.state.get(q, {})
+        assert st.keys() == st_e.keys()
+        for key in st_e:
+            a, b = st[key], st_e[key]
+            if isinstance(b, sg.Tensor):
+                assert_close(a, b, terms=terms)
+            else:
+                assert a == b
+
+
+def _run_both(step, eager, compiled_pair, eager_pair, data, sizes, steps=STEPS):
+    for i in range(steps):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a compiled step must not fall back here
+            got = step(*data)
+        want = eager(*data)
+        assert_close(got, want, terms=_terms(sizes, i + 1))
+        _assert_same_state(compiled_pair, eager_pair, i + 1, sizes)
+
+
+@pytest.mark.parametrize("act", [nn.ReLU, nn.Tanh])
+def test_sgd_momentum_mlp_matches_eager(act):
+    step, eager, c, e = _pair(lambda ps: sg.optim.SGD(ps, lr=0.1, momentum=0.9,
+                                                      weight_decay=1e-3), act)
+    _run_both(step, eager, c, e, _data(8), (4, 16, 3))
+    assert step.stats["traces"] == 1
+
+
+@pytest.mark.parametrize("loss", ["mse", "ce"])
+def test_adam_mlp_matches_eager(loss):
+    step, eager, c, e = _pair(lambda ps: sg.optim.Adam(ps, lr=1e-2), nn.Tanh, loss)
+    _run_both(step, eager, c, e, _data(8, loss=loss), (4, 16, 3))
+    st = c[1].state[next(iter(c[0].parameters()))]
+    assert float(st["step"]) == STEPS
+
+
+def test_adamw_and_plain_sgd_match_eager():
+    for make in (lambda ps: sg.optim.AdamW(ps, lr=1e-2, weight_decay=0.1),
+                 lambda ps: sg.optim.SGD(ps, lr=0.05)):
+        step, eager, c, e = _pair(make)
+        _run_both(step, eager, c, e, _data(5), (4, 16, 3), steps=4)
+
+
+def test_new_batch_size_retraces_and_stays_equal():
+    step, eager, c, e = _pair(lambda ps: sg.optim.SGD(ps, lr=0.1, momentum=0.9))
+    sizes = (4, 16, 3)
+    _run_both(step, eager, c, e, _data(8), sizes, steps=3)
+    _run_both(step, eager, c, e, _data(3, seed=2), sizes, steps=3)
+    assert step.stats["traces"] == 2
+    _run_both(step, eager, c, e, _data(8, seed=3), sizes, steps=2)
+    assert step.stats["traces"] == 2  # both signatures stay cached
+
+
+def test_lr_change_is_read_each_call():
+    step, eager, c, e = _pair(lambda ps: sg.optim.SGD(ps, lr=0.1, momentum=0.5))
+    data = _data(4)
+    _run_both(step, eager, c, e, data, (4, 16, 3), steps=2)
+    for opt in (c[1], e[1]):
+        opt.param_groups[0]["lr"] = 0.01
+    _run_both(step, eager, c, e, data, (4, 16, 3), steps=2)
+    assert step.stats["traces"] == 1
+
+
+def test_untraceable_fn_falls_back_with_a_warning():
+    model = _mlp()
+    opt = sg.optim.SGD(model.parameters(), lr=0.1)
+    model_e, opt_e = copy.deepcopy(model), None
+    opt_e = sg.optim.SGD(model_e.parameters(), lr=0.1)
+    x, y = _data(4)
+
+    def make(m, o):
+        def step(x, y):
+            o.zero_grad()
+            loss = F.mse_loss(m(x), y)
+            if loss.item() > 0:  # data-dependent Python control flow
+                loss.backward()
+                o.step()
+            return loss
+        return step
+
+    step = sg.compile(make(model, opt))
+    eager = make(model_e, opt_e)
+    with pytest.warns(UserWarning, match=r"Tensor.item\(\)"):
+        got = step(x, y)
+    assert_close(got, eager(x, y))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(3):
+            assert_close(step(x, y), eager(x, y), terms=_terms((4, 16, 3), 4))
+    for p, q in zip(model.parameters(), model_e.parameters()):
+        assert_close(p, q, terms=_terms((4, 16, 3), 4))
+
+
+@pytest.mark.parametrize("case", ["hook", "anomaly", "inplace", "amsgrad", "arg_type"])
+def test_fallback_reasons(case):
+    model = _mlp()
+    opt = (sg.optim.Adam(model.parameters(), amsgrad=True) if case == "amsgrad"
+           else sg.optim.SGD(model.parameters(), lr=0.1))
+    x, y = _data(4)
+
+    def fn(x, y, *extra):
+        opt.zero_grad()
+        out = model(x)
+        if case == "inplace":
+            out = out * 1
+            out.mul_(2)
+        loss = F.mse_loss(out, y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    if case == "hook":
+        model[0].register_forward_hook(lambda *a: None)
+    step = sg.compile(fn)
+    match = {"hook": "hooks", "anomaly": "anomaly", "inplace": "in-place",
+             "amsgrad": "amsgrad", "arg_type": "argument 2"}[case]
+    with pytest.warns(UserWarning, match=match):
+        if case == "anomaly":
+            with sg.autograd.detect_anomaly():
+                step(x, y)
+        elif case == "arg_type":
+            step(x, y, object())  # a non-tensor, non-scalar argument
+        else:
+            step(x, y)
+    assert step.stats["fallbacks"]
+
+
+def test_cuda_arguments_fall_back():
+    from symgrad.compile.guards import signature
+
+    class FakeCuda:
+        type = "cuda"
+
+    t = sg.randn(2)
+    t._device = FakeCuda()
+    key, reason = signature((t,))
+    assert key is None and "CUDA" in reason
+
+
+def test_source_and_no_tensors_in_the_hot_path(monkeypatch):
+    step, eager, c, e = _pair(lambda ps: sg.optim.Adam(ps, lr=1e-2))
+    x, y = _data(8)
+    step(x, y)
+    step(x, y)
+    src = step.source()
+    assert "def run(A, L, E, H):" in src and "np.matmul" in src
+    assert "Tensor" not in src and "grad_fn" not in src
+    made = []
+    wrap = sg.Tensor.__dict__["_wrap"].__func__
+
+    def counting(cls, *a, **k):
+        made.append(1)
+        return wrap(cls, *a, **k)
+
+    monkeypatch.setattr(sg.Tensor, "_wrap", classmethod(counting))
+    from symgrad.autograd import node
+
+    created = []
+    monkeypatch.setattr(node.Node, "__init__",
+                        lambda self, *a, **k: created.append(1) or None, raising=False)
+    step(x, y)
+    assert len(made) == 1  # the returned loss only
+    assert not created
+
+
+def test_verify_returns_an_ok_report():
+    step, _, _, _ = _pair(lambda ps: sg.optim.SGD(ps, lr=0.1), nn.Tanh)
+    x, y = _data(4)
+    step(x, y)
+    report = step.verify()
+    assert report.ok, report
