@@ -10,6 +10,11 @@ elementwise chain), times the number of steps.
 from __future__ import annotations
 
 import copy
+import json
+import os
+import subprocess
+import sys
+import textwrap
 import warnings
 
 import pytest
@@ -20,6 +25,12 @@ from symgrad import nn
 from symgrad.nn import functional as F
 
 STEPS = 6
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path_factory, monkeypatch):
+    """Generated modules go to a temp dir, not the user's ~/.cache."""
+    monkeypatch.setenv("SYMGRAD_COMPILE_CACHE", str(tmp_path_factory.getbasetemp() / "cc"))
 
 
 def _mlp(act=nn.ReLU, sizes=(4, 16, 3), seed=0):
@@ -118,6 +129,36 @@ def test_adamw_and_plain_sgd_match_eager():
                  lambda ps: sg.optim.SGD(ps, lr=0.05)):
         step, eager, c, e = _pair(make)
         _run_both(step, eager, c, e, _data(5), (4, 16, 3), steps=4)
+
+
+def _chain_fn(w, opt):
+    def chain(x):
+        opt.zero_grad()
+        h = (x * w).tanh() + 1.0
+        h = (h * h).sigmoid() - x
+        h = (h.exp() * 0.5).relu() / 3.0
+        loss = (h - x.neg()).sum()
+        loss.backward()
+        opt.step()
+        return loss
+
+    return chain
+
+
+def test_fused_elementwise_chain_matches_eager():
+    sg.manual_seed(3)
+    w = sg.randn(6, 5, requires_grad=True)
+    w_e = sg.tensor(w.detach().numpy().copy(), requires_grad=True)
+    opt, opt_e = sg.optim.SGD([w], lr=0.01), sg.optim.SGD([w_e], lr=0.01)
+    step, eager = sg.compile(_chain_fn(w, opt)), _chain_fn(w_e, opt_e)
+    x = sg.randn(6, 5)
+    for i in range(STEPS):
+        got, want = step(x), eager(x)
+        terms = (i + 1) * (12 + 30)  # 12 chained ops, a sum of 30
+        assert_close(got, want, terms=terms, scale=abs(want.detach().numpy()) * 30)
+        assert_close(w, w_e, terms=terms)
+        assert_close(w.grad, w_e.grad, terms=terms)
+    assert "@njit" in step.source() and "fused_0(" in step.source()
 
 
 def test_new_batch_size_retraces_and_stays_equal():
@@ -248,3 +289,54 @@ def test_verify_returns_an_ok_report():
     step(x, y)
     report = step.verify()
     assert report.ok, report
+
+
+_CHILD = textwrap.dedent("""
+    import json, sys
+    import numba
+    import symgrad as sg
+    from symgrad import nn
+    from symgrad.nn import functional as F
+    sg.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+    opt = sg.optim.SGD(model.parameters(), lr=0.1)
+
+    @sg.compile
+    def step(x, y):
+        opt.zero_grad()
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    @sg.compile
+    def chain(x):
+        opt.zero_grad()
+        h = model(x).tanh() * 2.0 + 1.0
+        loss = (h.sigmoid() * h).sum()
+        loss.backward()
+        opt.step()
+        return loss
+
+    x, y = sg.randn(16, 4), sg.randn(16, 2)
+    for _ in range(3):
+        step(x, y)
+        chain(x)
+    from symgrad.compile.fuse import cache_stats
+    stats = cache_stats()
+    print(json.dumps(stats))
+""")
+
+
+def test_disk_cache_second_process_compiles_nothing(tmp_path):
+    env = dict(os.environ, SYMGRAD_COMPILE_CACHE=str(tmp_path), NUMBA_CACHE_DIR=str(tmp_path))
+    runs = []
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True,
+                             text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    first, second = runs
+    assert first["kernels"] >= 1 and first["compiled"] >= 1
+    assert second["kernels"] == first["kernels"]
+    assert second["compiled"] == 0 and second["loaded"] == first["kernels"]

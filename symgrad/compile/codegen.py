@@ -295,6 +295,9 @@ def _module_text(program: Program, ctx: _Ctx, layout: Layout, body: list, groups
              "from symgrad.compile.runtime import MATH, as_out, nll_grad, sum_to", "",
              *(f"{n} = MATH[{n!r}]" for n in sorted(MATH_NAMES)), ""]
     lines += groups.kernel_text
+    if groups.kernels:
+        lines += ["#: each fused kernel and its dtype: compiled (or loaded from disk) at load",
+                  f"KERNELS = [{', '.join(f'({k}, {d!r})' for k, d in groups.kernels)}]", ""]
     for text in ctx.helpers.values():
         lines += [text]
     lines += ["", "def make(K):"]

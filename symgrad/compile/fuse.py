@@ -1,10 +1,55 @@
-"""Elementwise fusion: chains of same-shape elementwise ops as one Numba loop."""
+"""Elementwise fusion: a run of same-shape elementwise ops becomes one Numba loop.
+
+The loop body is written from the ops' own definitions: the unary ops' ``Scalar.forward``
+text (symgrad/ops/scalar.py), with the vocabulary bound to ``math`` and to the CPU
+backend's jitted helpers (``sign``, ``where``, ``maximum``, as its generated kernels bind
+them), and ``+ - * /`` for the arithmetic. One pass reads each input element once and
+writes every value of the run into its buffer (the backward reads them).
+"""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 
-__all__ = ["plan", "call_code"]
+from ..ops.scalar import FUNCTIONS, source
+from .graph import OpCall, Program, Value
+
+__all__ = ["plan", "call_code", "cache_stats", "warm"]
+
+_ARITH = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
+#: the scalar vocabulary under the names the generated module binds for Numba
+_RENAME = {f: f"m_{f}" for f in FUNCTIONS}
+
+PRELUDE = [
+    "import math",
+    "",
+    "from numba import njit",
+    "",
+    "from symgrad.backends.cpu.rules import maximum as _maximum",
+    "from symgrad.backends.cpu.rules import sign as _sign",
+    "from symgrad.backends.cpu.rules import where as _where",
+    "",
+    "_J = dict(cache=True, nogil=True, fastmath=False, error_model='numpy')",
+    "m_sign = njit(inline='always', **_J)(_sign)",
+    "m_where = njit(inline='always', **_J)(_where)",
+    "m_maximum = njit(inline='always', **_J)(_maximum)",
+    "m_abs = abs",
+    *(f"m_{f} = math.{f}" for f in ("exp", "log", "sin", "cos", "tanh", "sqrt", "log1p",
+                                    "expm1", "erf")),
+    "",
+]
+
+
+@dataclass
+class Group:
+    index: int
+    calls: list
+    inputs: list = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return f"fused_{self.index}"
 
 
 @dataclass
@@ -15,9 +60,117 @@ class Plan:
     kernel_text: list = field(default_factory=list)
 
 
-def plan(program) -> Plan:
-    return Plan()
+def _fusible(call: OpCall) -> bool:
+    out = call.outputs[0]
+    if len(call.outputs) != 1 or out.dtype.kind != "f":
+        return False
+    for x in call.inputs:
+        if isinstance(x, Value):
+            if x.shape != out.shape or x.dtype != out.dtype:
+                return False
+        elif type(x) not in (int, float):
+            return False
+    spec = call.spec
+    if spec.name in _ARITH:
+        return call.params.get("alpha", 1) == 1 and set(call.params) <= {"alpha"}
+    s = spec.scalar
+    return (s is not None and len(spec.inputs) == 1 and not s.params and not call.params
+            and isinstance(call.inputs[0], Value))
 
 
-def call_code(group, ctx) -> list[str]:
-    raise NotImplementedError
+def plan(program: Program) -> Plan:
+    """Runs of at least two consecutive fusible ops of one shape, each as one kernel."""
+    runs: list[list[OpCall]] = []
+    current: list[OpCall] = []
+    for event in program.events:
+        if isinstance(event, OpCall) and _fusible(event) and (
+                not current or event.outputs[0].shape == current[0].outputs[0].shape):
+            current.append(event)
+            continue
+        runs.append(current)
+        current = [event] if isinstance(event, OpCall) and _fusible(event) else []
+    runs.append(current)
+    out = Plan()
+    for calls in runs:
+        if len(calls) < 2:
+            continue
+        group = Group(len(out.kernels), calls)
+        out.kernels.append((group.name, calls[0].outputs[0].dtype.name))
+        out.first[id(calls[0])] = group
+        out.skip.update(id(c) for c in calls[1:])
+    if out.kernels:
+        out.kernel_text = list(PRELUDE)
+        helpers: dict[str, str] = {}
+        for group in out.first.values():
+            out.kernel_text += _kernel(group, helpers)
+        out.kernel_text[len(PRELUDE):len(PRELUDE)] = list(helpers.values())
+    return out
+
+
+def _kernel(group: Group, helpers: dict) -> list[str]:
+    made = {v.index for c in group.calls for v in c.outputs}
+    inputs: list[Value] = []
+    for c in group.calls:
+        for x in c.inputs:
+            if isinstance(x, Value) and x.index not in made and x not in inputs:
+                inputs.append(x)
+    group.inputs = inputs
+    dt = group.calls[0].outputs[0].dtype.name
+    outs = [c.outputs[0] for c in group.calls]
+    params = [f"i{v.index}" for v in inputs] + [f"o{v.index}" for v in outs]
+    lines = ["@njit(**_J)", f"def {group.name}({', '.join(params)}):",
+             f"    for k in range(o{outs[0].index}.size):"]
+    lines += [f"        t{v.index} = i{v.index}[k]" for v in inputs]
+    for c in group.calls:
+        args = [f"t{x.index}" if isinstance(x, Value) else f"np.{dt}({float(x)!r})"
+                for x in c.inputs]
+        op = _ARITH.get(c.spec.name)
+        if op is not None:
+            expr = f"{args[0]} {op} {args[1]}"
+        else:
+            fname = f"s_{c.spec.name}"
+            if fname not in helpers:
+                helpers[fname] = "@njit(inline='always', **_J)\n" + source(
+                    fname, ("x",), c.spec.scalar.forward, rename=_RENAME)
+            expr = f"{fname}({args[0]})"
+        v = c.outputs[0]
+        lines += [f"        t{v.index} = {expr}", f"        o{v.index}[k] = t{v.index}"]
+    return lines + ["", ""]
+
+
+def call_code(group: Group, ctx) -> list[str]:
+    """Lines calling the kernel of ``group`` (buffers for every value it writes)."""
+    flats = []
+    for c in group.calls:
+        v = c.outputs[0]
+        b = ctx.buf(v)
+        flat = f"{b}f"
+        ctx.constants["__alloc__"].append(f"{flat} = {b}.reshape(-1)")
+        flats.append(flat)
+    ins = [f"{v.name}.reshape(-1)" for v in group.inputs]
+    lines = [f"{group.name}({', '.join(ins + flats)})"]
+    lines += [f"{c.outputs[0].name} = {ctx.buf(c.outputs[0])}" for c in group.calls]
+    return lines
+
+
+def warm(module) -> None:
+    """Compile (or load from Numba's disk cache) every fused kernel of ``module`` now, for
+    the 1-D C-contiguous arrays ``call_code`` passes, so the first compiled call pays it."""
+    from numba import types
+
+    for disp, dtype in getattr(module, "KERNELS", ()):
+        arr = types.Array(getattr(types, dtype), 1, "C")
+        disp.compile((arr,) * disp.py_func.__code__.co_argcount)
+
+
+def cache_stats() -> dict:
+    """Fused kernels of the loaded step modules: how many, compiled here, loaded from disk."""
+    kernels = compiled = loaded = 0
+    for name, mod in list(sys.modules.items()):
+        if not name.startswith("symgrad_step_"):
+            continue
+        for disp, _ in getattr(mod, "KERNELS", ()):
+            kernels += 1
+            compiled += sum(disp.stats.cache_misses.values())
+            loaded += sum(disp.stats.cache_hits.values())
+    return {"kernels": kernels, "compiled": compiled, "loaded": loaded}

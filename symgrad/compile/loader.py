@@ -37,7 +37,7 @@ def cache_dir() -> str:
     return tempfile.mkdtemp(prefix="symgrad-compile-")
 
 
-def load(text: str, kernels: list | None = None):
+def load(text: str):
     """Import the module with this text (written to ``cache_dir()`` if not there yet)."""
     digest = hashlib.sha1(text.encode()).hexdigest()[:20]
     modname = f"symgrad_step_{digest}"

@@ -19,7 +19,7 @@ from typing import Any
 
 from ..backends import backend_for
 from ..tensor import Tensor
-from . import loader
+from . import fuse, loader
 from .codegen import Generated, Unsupported, generate
 from .graph import Program, Step
 from .guards import signature
@@ -181,7 +181,8 @@ class CompiledStep:
         if program is not None:
             try:
                 gen = generate(program, backend_for("cpu"))
-                module = loader.load(gen.text, gen.fused)
+                module = loader.load(gen.text)
+                fuse.warm(module)
                 self._cache[key] = Entry(program, gen, module)
                 self._cache[key].example = [
                     a._data.copy() if isinstance(a, Tensor) else a for a in args]

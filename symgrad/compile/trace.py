@@ -30,7 +30,7 @@ _VALUE_READS = ("item", "tolist", "numpy", "__bool__", "__float__", "__int__", "
                 "__array__", "__repr__", "__format__", "register_hook", "retain_grad")
 
 #: Scalar types a param or input may hold and be baked into the generated code.
-_CONSTANTS = (int, float, bool, str, type(None))
+_CONSTANTS = (int, float, bool, str, type(None), slice, type(Ellipsis))
 
 
 def _constant(x: Any) -> bool:
