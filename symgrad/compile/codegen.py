@@ -64,6 +64,8 @@ class _Ctx:
         self.constants: dict[str, Any] = {}
         self.buffers: list[str] = []
         self.helpers: dict[str, str] = {}
+        #: value index -> the OpCall that made it (set for each backward)
+        self.producer: dict[int, OpCall] = {}
         self._ids: dict[int, str] = {}
 
     def ref(self, x) -> str:
@@ -92,6 +94,11 @@ class _Ctx:
             self.constants[name] = obj
         return name
 
+    def transposed_view(self, x) -> bool:
+        """Is ``x`` the ``t()`` of a 2-D tensor (``nn.Linear``'s ``W.t()``)?"""
+        call = self.producer.get(x.index) if isinstance(x, Value) else None
+        return call is not None and call.spec.name == "t" and len(x.shape) == 2
+
     def scalar_grad(self, spec) -> str:
         name = f"grad_{spec.name}"
         if name not in self.helpers:
@@ -114,35 +121,76 @@ def _ancestors(ops: list, root: Value) -> set:
     return need
 
 
+_G = "GRAD__"  # placeholder a rule's expressions use for the incoming gradient
+
+
 def _backward(ops: list, root: Value, ctx: _Ctx, lines: list, grad_state: dict,
               layout: Layout) -> None:
+    """Reverse-mode code over the ops before this backward. A gradient used once stays an
+    expression inlined into its use (so ``W.t()``'s double transpose cancels and a weight
+    gradient is one BLAS call writing into its buffer); others get a variable."""
     need = _ancestors(ops, root)
+    ctx.producer = {v.index: c for c in ops for v in c.outputs}
     grads: dict[int, str] = {root.index: ctx.bind(np.ones(root.shape, root.dtype), "ONE")}
+    values: dict[int, Value] = {root.index: root}
     for call in reversed(ops):
         out = call.outputs[0]
         if out.index not in need or out.index not in grads:
             continue
         if not has_backward(call):
             raise Unsupported(f"no compile rule for the backward of {call.spec.name}")
-        exprs = backward_code(call, ctx, grads[out.index])
+        exprs = backward_code(call, ctx, _G)
+        g = grads[out.index]
+        if sum(e.count(_G) for e in exprs.values()) > 1 and not g.isidentifier():
+            lines.append(f"g{out.index} = {g}")
+            g = f"g{out.index}"
+        g = g if g.isidentifier() else f"({g})"
         bcast = BROADCASTING.get(call.spec.name, ())
         for pos, x in enumerate(call.inputs):
             if not isinstance(x, Value) or x.index not in need:
                 continue
-            expr = exprs[pos]
+            values[x.index] = x
+            expr = simplify(exprs[pos].replace(_G, g))
             if (bcast == "all" or pos in bcast) and x.shape != out.shape:
                 expr = f"sum_to({expr}, {x.shape!r})"
-            name = f"g{x.index}"
             if x.index in grads:
-                lines.append(f"{name} = {grads[x.index]} + {expr}")
+                lines.append(f"g{x.index} = {grads[x.index]} + {expr}")
+                grads[x.index] = f"g{x.index}"
             else:
-                lines.append(f"{name} = {expr}")
-            grads[x.index] = name
+                grads[x.index] = expr
     for idx in sorted(need):
-        v = ops and _value(ops, root, idx)
+        v = values.get(idx)
         if v is None or v.kind != "leaf" or idx not in grads:
             continue
         _accumulate(v, grads[idx], ctx, lines, grad_state, layout)
+
+
+def _closing(s: str, start: int) -> int:
+    """Index of the parenthesis closing the one at ``start``."""
+    depth = 0
+    for i in range(start, len(s)):
+        depth += {"(": 1, ")": -1}.get(s[i], 0)
+        if depth == 0:
+            return i
+    return -1
+
+
+def simplify(expr: str) -> str:
+    """``(X.T).T`` -> ``X`` (2-D transposes cancel), repeatedly."""
+    while expr.startswith("(") and expr.endswith(").T") and _closing(expr, 0) == len(expr) - 3:
+        inner = expr[1:-3]
+        if not inner.endswith(".T"):
+            break
+        expr = inner[:-2]
+    return expr
+
+
+def _matmul_into(expr: str, out: str) -> str | None:
+    """``np.matmul(a, b)`` as a call writing into ``out``, if ``expr`` is exactly that."""
+    head = "np.matmul("
+    if expr.startswith(head) and _closing(expr, len(head) - 1) == len(expr) - 1:
+        return f"{expr[:-1]}, out={out})"
+    return None
 
 
 def _value(ops, root, idx):
@@ -161,7 +209,7 @@ def _accumulate(v: Value, g: str, ctx: _Ctx, lines: list, grad_state: dict,
     buf = ctx.buf(v, "G")
     state = grad_state.get(v.slot, "entry")
     if state == "none":
-        lines.append(f"np.copyto({buf}, {g})")
+        lines.append(_matmul_into(g, buf) or f"np.copyto({buf}, {g})")
     elif state == "buf":
         lines.append(f"np.add({buf}, {g}, out={buf})")
     else:  # entry: whatever .grad the leaf had when the step was called

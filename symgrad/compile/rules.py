@@ -99,16 +99,25 @@ def _pow(c, ctx, g):
     return {0: f"({g} * {e!r} * {x} ** {e - 1!r})"}
 
 
+def _mat_grads(ctx, g, mat1, mat2) -> tuple[str, str]:
+    """d/d mat1 and d/d mat2 of ``mat1 @ mat2``, each laid out like its operand (torch's
+    mm_mat1/2_backward): for ``W.t()`` the product is formed transposed, so W's gradient is
+    one contiguous BLAS result."""
+    a, b = ctx.ref(mat1), ctx.ref(mat2)
+    g1 = f"np.matmul({b}, {g}.T).T" if ctx.transposed_view(mat1) else f"np.matmul({g}, {b}.T)"
+    g2 = f"np.matmul({g}.T, {a}).T" if ctx.transposed_view(mat2) else f"np.matmul({a}.T, {g})"
+    return g1, g2
+
+
 def _mm(c, ctx, g):
-    a, b = (ctx.ref(x) for x in c.inputs)
-    return {0: f"np.matmul({g}, {b}.T)", 1: f"np.matmul({a}.T, {g})"}
+    g1, g2 = _mat_grads(ctx, g, c.inputs[0], c.inputs[1])
+    return {0: g1, 1: g2}
 
 
 def _addmm(c, ctx, g):
-    _, a, b = (ctx.ref(x) for x in c.inputs)
     alpha, beta = c.params.get("alpha", 1), c.params.get("beta", 1)
-    return {0: _scaled(g, beta), 1: _scaled(f"np.matmul({g}, {b}.T)", alpha),
-            2: _scaled(f"np.matmul({a}.T, {g})", alpha)}
+    g1, g2 = _mat_grads(ctx, g, c.inputs[1], c.inputs[2])
+    return {0: _scaled(g, beta), 1: _scaled(g1, alpha), 2: _scaled(g2, alpha)}
 
 
 def _shape_of(c) -> tuple:
@@ -156,7 +165,7 @@ def _reshape(c, ctx, g):
 
 
 def _t(c, ctx, g):
-    return {0: f"{g}.T"}
+    return {0: f"({g}).T" if not g.isidentifier() else f"{g}.T"}
 
 
 def _transpose(c, ctx, g):

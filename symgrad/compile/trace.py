@@ -202,6 +202,20 @@ class Tracer:
                 self.fail("a hook on a parameter")
             todo.extend(fn for fn, _ in node.next_functions)
 
+    def set_grad(self, fset, t, value) -> None:
+        """``p.grad = None`` is a zero_grad of one leaf; any other assignment is untraced."""
+        if not self._quiet:
+            if value is None:
+                self.program.events.append(ZeroGrad([self.leaf(t).slot]))
+            else:
+                self.fail("assigning a tensor to .grad")
+        fset(t, value)
+
+    def set_data(self, fset, t, value) -> None:
+        if not self._quiet:
+            self.fail("assigning .data")
+        fset(t, value)
+
     def zero_grad(self, original, owner, set_to_none=True):
         if not self._quiet:
             if not set_to_none:
@@ -229,6 +243,11 @@ class Tracer:
                                                                            *a, **k))
         for name in _VALUE_READS:
             patches.put(Tensor, name, _value_read(tracer, name, getattr(Tensor, name)))
+        grad_prop, data_prop = Tensor.__dict__["grad"], Tensor.__dict__["data"]
+        patches.put(Tensor, "grad", property(grad_prop.fget, lambda t, value: tracer.set_grad(
+            grad_prop.fset, t, value)))
+        patches.put(Tensor, "data", property(data_prop.fget, lambda t, value: tracer.set_data(
+            data_prop.fset, t, value)))
         orig_wrap = Tensor.__dict__["_wrap"].__func__
 
         def _wrap(cls, *a, **k):
