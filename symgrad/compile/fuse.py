@@ -58,6 +58,7 @@ class Plan:
     first: dict = field(default_factory=dict)
     kernels: list = field(default_factory=list)
     kernel_text: list = field(default_factory=list)
+    helpers: dict = field(default_factory=dict)
 
 
 def _fusible(call: OpCall) -> bool:
@@ -98,13 +99,16 @@ def plan(program: Program) -> Plan:
         out.kernels.append((group.name, calls[0].outputs[0].dtype.name))
         out.first[id(calls[0])] = group
         out.skip.update(id(c) for c in calls[1:])
-    if out.kernels:
-        out.kernel_text = list(PRELUDE)
-        helpers: dict[str, str] = {}
-        for group in out.first.values():
-            out.kernel_text += _kernel(group, helpers)
-        out.kernel_text[len(PRELUDE):len(PRELUDE)] = list(helpers.values())
+    for group in out.first.values():
+        out.kernel_text += _kernel(group, out.helpers)
     return out
+
+
+def module_text(p: Plan) -> list[str]:
+    """The kernels' part of the module: vocabulary, scalar helpers, loops."""
+    if not p.kernels:
+        return []
+    return PRELUDE + list(p.helpers.values()) + p.kernel_text
 
 
 def _kernel(group: Group, helpers: dict) -> list[str]:
@@ -174,3 +178,58 @@ def cache_stats() -> dict:
             compiled += sum(disp.stats.cache_misses.values())
             loaded += sum(disp.stats.cache_hits.values())
     return {"kernels": kernels, "compiled": compiled, "loaded": loaded}
+
+
+# -- fused backward --------------------------------------------------------------------------
+_LOCAL = {"add": ("{g}", "{g}"), "sub": ("{g}", "-{g}"), "mul": ("{g} * {b}", "{g} * {a}"),
+          "div": ("{g} / {b}", "-{g} * {a} / ({b} * {b})")}
+
+
+def backward_kernel(group: Group, seeds: list, need: set, helpers: dict, name: str):
+    """Kernel text for the backward of ``group`` and its parameter order.
+
+    ``seeds``: the group's values with a gradient from outside (later ops), ``need``: value
+    indices that want a gradient. Per element it walks the group's ops in reverse with the
+    stanzas' ``Scalar.grad`` (and the arithmetic's partials), summing into locals, and
+    writes the gradients of the group's inputs. Returns (lines, outputs) where outputs are
+    the group inputs whose gradient it writes."""
+    dt = group.calls[0].outputs[0].dtype.name
+    outputs = [x for x in group.inputs if x.index in need]
+    made = [c.outputs[0] for c in group.calls]
+    params = ([f"i{v.index}" for v in group.inputs] + [f"o{v.index}" for v in made]
+              + [f"e{v.index}" for v in seeds] + [f"r{v.index}" for v in outputs])
+    lines = ["@njit(**_J)", f"def {name}({', '.join(params)}):"]
+    lines += [f"    s{v.index} = 1 if e{v.index}.size > 1 else 0" for v in seeds]
+    lines.append(f"    for k in range(o{made[0].index}.size):")
+    body = [f"t{v.index} = i{v.index}[k]" for v in group.inputs]
+    body += [f"t{v.index} = o{v.index}[k]" for v in made]
+    acc = set()
+    for v in seeds:
+        body.append(f"a{v.index} = e{v.index}[k * s{v.index}]")
+        acc.add(v.index)
+    for c in reversed(group.calls):
+        y = c.outputs[0]
+        if y.index not in acc:
+            continue
+        g = f"a{y.index}"
+        ops = [f"t{x.index}" if isinstance(x, Value) else f"np.{dt}({float(x)!r})"
+               for x in c.inputs]
+        for pos, x in enumerate(c.inputs):
+            if not isinstance(x, Value) or x.index not in need:
+                continue
+            if c.spec.name in _LOCAL:
+                expr = _LOCAL[c.spec.name][pos].format(g=g, a=ops[0],
+                                                        b=ops[1] if len(ops) > 1 else "")
+            else:
+                fname = f"sb_{c.spec.name}"
+                if fname not in helpers:
+                    helpers[fname] = "@njit(inline='always', **_J)\n" + source(
+                        fname, ("g", "x", "y"), c.spec.scalar.grad, rename=_RENAME)
+                expr = f"{fname}({g}, {ops[0]}, t{y.index})"
+            a = f"a{x.index}"
+            body.append(f"{a} = {a} + ({expr})" if x.index in acc else f"{a} = {expr}")
+            acc.add(x.index)
+    for x in outputs:
+        body.append(f"r{x.index}[k] = a{x.index}" if x.index in acc else f"r{x.index}[k] = 0")
+    lines += [f"        {b}" for b in body]
+    return lines + ["", ""], outputs

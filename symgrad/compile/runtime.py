@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-__all__ = ["sum_to", "nll_grad", "as_out", "MATH"]
+__all__ = ["sum_to", "nll_grad", "as_out", "flat", "MATH"]
 
 
 def sum_to(g: np.ndarray, shape: tuple) -> np.ndarray:
@@ -41,6 +41,14 @@ def nll_grad(g: np.ndarray, x_shape: tuple, dtype, target: np.ndarray, reduction
         g = g / total_weight
     out[rows, target[rows]] = -g
     return out
+
+
+def flat(x: np.ndarray) -> np.ndarray:
+    """A gradient as the 1-D contiguous array a fused kernel reads: a broadcast scalar (the
+    backward of ``sum``) stays one element, which the kernel reads at every index."""
+    if x.ndim and not any(x.strides):
+        return x[(0,) * x.ndim].reshape(1)
+    return np.ascontiguousarray(x).reshape(-1)
 
 
 def as_out(x, dtype) -> np.ndarray:
