@@ -283,6 +283,29 @@ def test_source_and_no_tensors_in_the_hot_path(monkeypatch):
     assert not created
 
 
+def test_the_step_keeps_no_tensor_alive_by_itself():
+    """No reference cycle: dropping the step (and the fn closing over the model) frees the
+    parameters at once, without the cycle collector."""
+    import gc
+    import weakref
+
+    def build():
+        step, _, (model, _), _ = _pair(lambda ps: sg.optim.Adam(ps, lr=1e-2))
+        x, y = _data(4)
+        step(x, y)
+        step(x, y)
+        return step, weakref.ref(next(iter(model.parameters())))
+
+    gc.disable()
+    try:
+        step, ref = build()
+        assert ref() is not None
+        del step
+        assert ref() is None
+    finally:
+        gc.enable()
+
+
 def test_verify_returns_an_ok_report():
     step, _, _, _ = _pair(lambda ps: sg.optim.SGD(ps, lr=0.1), nn.Tanh)
     x, y = _data(4)

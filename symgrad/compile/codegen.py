@@ -95,6 +95,16 @@ class _Ctx:
             self.constants[name] = obj
         return name
 
+    def update_kernel(self, kind: str, dtype: str) -> str:
+        """The optimizer loop for ``kind`` (sgd/adam), registered once per dtype."""
+        name = f"{kind}_update"
+        codes = fuse.UPDATE_CODES[kind]
+        if name not in self.plan.helpers:
+            self.plan.helpers[name] = fuse.UPDATE_KERNELS[kind]
+        if (name, dtype, codes) not in self.plan.kernels:
+            self.plan.kernels.append((name, dtype, codes))
+        return name
+
     def transposed_view(self, x) -> bool:
         """Is ``x`` the ``t()`` of a 2-D tensor (``nn.Linear``'s ``W.t()``)?"""
         call = self.producer.get(x.index) if isinstance(x, Value) else None
@@ -183,7 +193,8 @@ def _fused_backward(group, need: set, grads: dict, values: dict, ctx: _Ctx,
     name = f"{group.name}_b{len(ctx.plan.kernels)}"
     text, outputs = fuse.backward_kernel(group, seeds, need, ctx.plan.helpers, name)
     ctx.plan.kernel_text += text
-    ctx.plan.kernels.append((name, group.calls[0].outputs[0].dtype.name))
+    ctx.plan.kernels.append((name, group.calls[0].outputs[0].dtype.name, "a" * (
+        len(group.inputs) + len(group.calls) + len(seeds) + len(outputs))))
     args = [f"{v.name}.reshape(-1)" for v in group.inputs]
     args += [f"{ctx.buf(c.outputs[0])}f" for c in group.calls]
     args += [f"flat({grads[v.index]})" for v in seeds]
@@ -274,6 +285,8 @@ def _grad_of(slot: int, v: Value, ctx: _Ctx, grad_state: dict, layout: Layout) -
 
 def _step(k: int, event: Step, opt, leaves: dict, ctx: _Ctx, lines: list, grad_state: dict,
           layout: Layout) -> None:
+    """The optimizer update as one generated loop per parameter (fuse.UPDATE_KERNELS: the
+    eager update's operations in its order and dtype, so the results are eager's)."""
     decoupled = bool(event.kind == "adam" and opt.param_groups[0].get("decoupled_weight_decay"))
     for gi, (group, slots) in enumerate(zip(opt.param_groups, event.groups)):
         h = len(layout.hyper)
@@ -292,30 +305,29 @@ def _step(k: int, event: Step, opt, leaves: dict, ctx: _Ctx, lines: list, grad_s
             g = _grad_of(slot, v, ctx, grad_state, layout)
             if g is None:
                 continue
-            p = v.name
+            p, dt = v.name, f"np.{v.dtype.name}"
+            kernel = ctx.update_kernel(event.kind, v.dtype.name)
             if event.kind == "sgd":
-                lines.append(f"d = {g}")
-                if wd:
-                    lines.append(f"d = d + {p} * wd")
-                if mom:
-                    buf = _state_ref(layout, k, slot, "momentum_buffer")
-                    lines += [f"np.multiply({buf}, momentum, out={buf})",
-                              f"np.add({buf}, d, out={buf})", f"d = {buf}"]
-                lines.append(f"np.add({p}, np.multiply(d, {p}.dtype.type(-lr)), out={p})")
+                buf = _state_ref(layout, k, slot, "momentum_buffer") if mom else p
+                lines.append(f"{kernel}({p}.reshape(-1), {_flat(ctx, g)}, {buf}.reshape(-1), "
+                             f"{dt}(-lr), {dt}(momentum), {dt}(wd), {wd}, {mom})")
                 continue
             s, m, sq = (_state_ref(layout, k, slot, key)
                         for key in ("step", "exp_avg", "exp_avg_sq"))
-            lines += [f"np.add({s}, 1, out={s})", f"t = float({s})", f"d = {g}"]
-            if wd:
-                lines.append(f"np.multiply({p}, 1 - lr * wd, out={p})" if decoupled
-                             else f"d = d + {p} * wd")
-            lines += [f"np.add({m}, (d - {m}) * (1 - beta1), out={m})",
-                      f"np.multiply({sq}, beta2, out={sq})",
-                      f"np.add({sq}, (d * (1 - beta2)) * d, out={sq})",
-                      "step_size = lr / (1 - beta1 ** t)",
-                      "bc2_sqrt = (1 - beta2 ** t) ** 0.5",
-                      f"np.add({p}, ({m} * -step_size) / (np.sqrt({sq}) / bc2_sqrt + eps), "
-                      f"out={p})"]
+            mode = 0 if not wd else (2 if decoupled else 1)
+            lines += [f"np.add({s}, 1, out={s})", "t = float(" + s + ")",
+                      f"{kernel}({p}.reshape(-1), {_flat(ctx, g)}, {m}.reshape(-1), "
+                      f"{sq}.reshape(-1), {dt}(1 - beta1), {dt}(beta2), {dt}(1 - beta2), "
+                      f"{dt}(-(lr / (1 - beta1 ** t))), {dt}((1 - beta2 ** t) ** 0.5), "
+                      f"{dt}(eps), {dt}(wd), {mode}, {dt}(1 - lr * wd))"]
+
+
+def _flat(ctx: _Ctx, buf: str) -> str:
+    alloc = ctx.constants.setdefault("__alloc__", [])
+    line = f"{buf}f = {buf}.reshape(-1)"
+    if line not in alloc:
+        alloc.append(line)
+    return f"{buf}f"
 
 
 def _state_ref(layout: Layout, k: int, slot: int, key: str) -> str:
@@ -384,7 +396,8 @@ def _module_text(program: Program, ctx: _Ctx, layout: Layout, body: list, groups
     lines += fuse.module_text(groups)
     if groups.kernels:
         lines += ["#: each fused kernel and its dtype: compiled (or loaded from disk) at load",
-                  f"KERNELS = [{', '.join(f'({k}, {d!r})' for k, d in groups.kernels)}]", ""]
+                  "KERNELS = [" + ", ".join(f"({k}, {d!r}, {c!r})" for k, d, c in groups.kernels)
+                  + "]", ""]
     for text in ctx.helpers.values():
         lines += [text]
     lines += ["", "def make(K):"]

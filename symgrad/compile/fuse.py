@@ -96,7 +96,10 @@ def plan(program: Program) -> Plan:
         if len(calls) < 2:
             continue
         group = Group(len(out.kernels), calls)
-        out.kernels.append((group.name, calls[0].outputs[0].dtype.name))
+        made = {v.index for c in calls for v in c.outputs}
+        n_in = len({x.index for c in calls for x in c.inputs
+                    if isinstance(x, Value) and x.index not in made})
+        out.kernels.append((group.name, calls[0].outputs[0].dtype.name, "a" * (n_in + len(calls))))
         out.first[id(calls[0])] = group
         out.skip.update(id(c) for c in calls[1:])
     for group in out.first.values():
@@ -162,9 +165,11 @@ def warm(module) -> None:
     the 1-D C-contiguous arrays ``call_code`` passes, so the first compiled call pays it."""
     from numba import types
 
-    for disp, dtype in getattr(module, "KERNELS", ()):
-        arr = types.Array(getattr(types, dtype), 1, "C")
-        disp.compile((arr,) * disp.py_func.__code__.co_argcount)
+    for disp, dtype, codes in getattr(module, "KERNELS", ()):
+        scalar = getattr(types, dtype)
+        kinds = {"a": types.Array(scalar, 1, "C"), "s": scalar, "b": types.boolean,
+                 "i": types.int64}
+        disp.compile(tuple(kinds[c] for c in codes))
 
 
 def cache_stats() -> dict:
@@ -173,11 +178,42 @@ def cache_stats() -> dict:
     for name, mod in list(sys.modules.items()):
         if not name.startswith("symgrad_step_"):
             continue
-        for disp, _ in getattr(mod, "KERNELS", ()):
+        for disp, _, _ in getattr(mod, "KERNELS", ()):
             kernels += 1
             compiled += sum(disp.stats.cache_misses.values())
             loaded += sum(disp.stats.cache_hits.values())
     return {"kernels": kernels, "compiled": compiled, "loaded": loaded}
+
+
+# -- optimizer updates: eager's operations per element, in its order and dtype -----------
+UPDATE_KERNELS = {"sgd": """@njit(**_J)
+def sgd_update(p, g, buf, neg_lr, momentum, wd, use_wd, use_momentum):
+    for k in range(p.size):
+        d = g[k]
+        if use_wd:
+            d = d + p[k] * wd
+        if use_momentum:
+            d = buf[k] * momentum + d
+            buf[k] = d
+        p[k] = p[k] + d * neg_lr
+""", "adam": """@njit(**_J)
+def adam_update(p, g, m, v, c1, b2, c2, neg_step, bc2_sqrt, eps, wd, mode, decay):
+    for k in range(p.size):
+        gk = g[k]
+        pk = p[k]
+        if mode == 1:
+            gk = gk + pk * wd
+        elif mode == 2:
+            pk = pk * decay
+        mk = m[k] + (gk - m[k]) * c1
+        m[k] = mk
+        vk = v[k] * b2
+        vk = vk + (gk * c2) * gk
+        v[k] = vk
+        p[k] = pk + (mk * neg_step) / (np.sqrt(vk) / bc2_sqrt + eps)
+"""}
+#: argument kinds for compiling them ahead (a: 1-D array, s: scalar, b: bool, i: int64)
+UPDATE_CODES = {"sgd": "aaasssbb", "adam": "aaaasssssssis"}
 
 
 # -- fused backward --------------------------------------------------------------------------

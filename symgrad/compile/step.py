@@ -47,6 +47,9 @@ class Entry:
         self._opts = {k: e.opt for k, e in enumerate(program.events) if isinstance(e, Step)}
         self._bound: list = []
         self._result = program.result
+        #: each optimizer's param lists as traced: a group added or a list replaced retraces
+        self._param_lists = {k: [(id(g["params"]), len(g["params"]))
+                                 for g in ref().param_groups] for k, ref in self._opts.items()}
 
     # -- per call -------------------------------------------------------------------------
     def _leaf(self, slot: int):
@@ -56,6 +59,12 @@ class Entry:
         return t
 
     def _gather(self) -> tuple[list, list, list]:
+        for k, lists in self._param_lists.items():
+            opt = self._opts[k]()
+            if opt is None or len(opt.param_groups) != len(lists) or any(
+                    id(g["params"]) != ps or len(g["params"]) != n
+                    for g, (ps, n) in zip(opt.param_groups, lists)):
+                raise _Stale("the optimizer's param groups changed")
         arrays = []
         for v in self._leaf_values:
             t = self._leaf(v.slot)
@@ -93,8 +102,10 @@ class Entry:
             leaf = self._leaf(slot)._data
             if key != "step" and (a.shape != leaf.shape or a.dtype != leaf.dtype):
                 raise _Stale("optimizer state changed shape")
-            if not a.flags.writeable:
-                raise _Stale("a read-only array")
+        for a in arrays:
+            if not (a.flags.writeable and a.flags.c_contiguous):
+                raise _Stale("a parameter or optimizer state array that is not a writable "
+                             "C-contiguous array")
 
     def __call__(self, args: tuple):
         leaves, entry, hyper = self._gather()
@@ -183,10 +194,11 @@ class CompiledStep:
                 gen = generate(program, backend_for("cpu"))
                 module = loader.load(gen.text)
                 fuse.warm(module)
-                self._cache[key] = Entry(program, gen, module)
-                self._cache[key].example = [
-                    a._data.copy() if isinstance(a, Tensor) else a for a in args]
-            except Unsupported as exc:
+                entry = Entry(program, gen, module)
+                entry._gather()  # binds the arrays; raises _Stale if they cannot be used
+                entry.example = [a._data.copy() if isinstance(a, Tensor) else a for a in args]
+                self._cache[key] = entry
+            except (Unsupported, _Stale) as exc:
                 reason = str(exc)
         if reason is not None:
             self._cache[key] = _Eager(reason)
