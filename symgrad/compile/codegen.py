@@ -87,6 +87,12 @@ class _Ctx:
                 f"{name} = np.empty({v.shape!r}, np.{v.dtype.name})")
         return name
 
+    def alloc(self, line: str) -> None:
+        """A line of ``make`` (buffer allocation, flat view), once."""
+        alloc = self.constants.setdefault("__alloc__", [])
+        if line not in alloc:
+            alloc.append(line)
+
     def bind(self, obj, hint: str) -> str:
         name = self._ids.get(id(obj))
         if name is None:
@@ -171,7 +177,7 @@ def _backward(ops: list, root: Value, ctx: _Ctx, lines: list, grad_state: dict,
             values[x.index] = x
             expr = simplify(exprs[pos].replace(_G, g))
             if (bcast == "all" or pos in bcast) and x.shape != out.shape:
-                expr = f"sum_to({expr}, {x.shape!r})"
+                expr = _sum_to_code(expr, out.shape, x.shape)
             if x.index in grads:
                 lines.append(f"g{x.index} = {grads[x.index]} + {expr}")
                 grads[x.index] = f"g{x.index}"
@@ -235,11 +241,22 @@ def simplify(expr: str) -> str:
     return expr
 
 
+def _sum_to_code(expr: str, shape: tuple, to: tuple) -> str:
+    """A broadcast gradient of ``shape`` summed back to ``to`` (axes known statically)."""
+    lead = len(shape) - len(to)
+    kept = tuple(i + lead for i, s in enumerate(to) if s == 1 and shape[i + lead] != 1)
+    if not kept:
+        return f"np.add.reduce({expr}, axis={tuple(range(lead))!r})"
+    axes = tuple(range(lead)) + kept
+    return f"np.add.reduce({expr}, axis={axes!r}, keepdims=True).reshape({to!r})"
+
+
 def _matmul_into(expr: str, out: str) -> str | None:
-    """``np.matmul(a, b)`` as a call writing into ``out``, if ``expr`` is exactly that."""
-    head = "np.matmul("
-    if expr.startswith(head) and _closing(expr, len(head) - 1) == len(expr) - 1:
-        return f"{expr[:-1]}, out={out})"
+    """``np.matmul(a, b)`` / ``np.add.reduce(...)`` writing into ``out``, if ``expr`` is
+    exactly such a call."""
+    for head in ("np.matmul(", "np.add.reduce("):
+        if expr.startswith(head) and _closing(expr, len(head) - 1) == len(expr) - 1:
+            return f"{expr[:-1]}, out={out})"
     return None
 
 

@@ -52,6 +52,17 @@ def forward_code(call: OpCall, ctx) -> list[str]:
             return [f"{out.name} = {UNARY_UFUNCS[name]}({ins[0]}, out={ctx.buf(out)})"]
         if name == "relu":
             return [f"{out.name} = np.maximum({ins[0]}, 0, out={ctx.buf(out)})"]
+    view = _view_code(call, ins[0] if ins else "")
+    if view is not None:
+        return [f"{out.name} = {view}"]
+    if name == "mse_loss" and _same_dtype(call) and call.params.get("reduction", 1) == 1:
+        # eager: be.mean(be.mul(d, d)); np.mean is add.reduce / n, spelled without its
+        # Python wrapper
+        d = f"d{out.index}"
+        ctx.alloc(f"{d} = np.empty({call.inputs[0].shape!r}, np.{out.dtype.name})")
+        n = _numel(call.inputs[0].shape)
+        return [f"np.subtract({ins[0]}, {ins[1]}, out={d})", f"np.multiply({d}, {d}, out={d})",
+                f"{out.name} = np.asarray(np.add.reduce({d}, axis=None) / {n})"]
     # generic: the stanza's own forward on arrays, as eager's apply runs it
     fwd = ctx.bind(call.spec.forward, f"fwd_{name}")
     be = ctx.bind(ctx.backend, "be")
@@ -61,6 +72,24 @@ def forward_code(call: OpCall, ctx) -> list[str]:
     for v in call.outputs:
         lines.append(f"{v.name} = as_out({v.name}, {ctx.dtype(v)})")
     return lines
+
+
+_RESHAPES = frozenset({"view", "reshape_alias", "unsafe_view", "unsqueeze", "squeeze",
+                       "squeeze_", "squeeze_all", "squeeze_dims", "alias"})
+
+
+def _view_code(call: OpCall, x: str) -> str | None:
+    """Views as NumPy views (eager's backend does the same on arrays), without a call."""
+    name, out = call.spec.name, call.outputs[0]
+    if not isinstance(call.inputs[0], Value) or out.dtype != call.inputs[0].dtype:
+        return None
+    if name == "t":
+        return f"{x}.T"
+    if name in _RESHAPES:
+        return f"{x}.reshape({out.shape!r})"
+    if name == "expand":
+        return f"np.broadcast_to({x}, {out.shape!r})"
+    return None
 
 
 # -- backward rules: (call, ctx, g) -> {input position: expression} ------------------------
