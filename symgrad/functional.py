@@ -134,6 +134,7 @@ relu = _refusing_bool("relu", RuntimeError("Boolean inputs not supported for rel
 sqrt = _unary("sqrt")
 log1p = _unary("log1p")
 expm1 = _unary("expm1")
+erf = _unary("erf")
 abs = _refusing_bool("abs", NotImplementedError(  # noqa: A001
     "\"abs_cpu\" not implemented for 'Bool'"))
 logical_not = _unary("logical_not")
@@ -409,8 +410,9 @@ def to_device(input, device):
         from .cuda import _require_cuda
 
         device = _require_cuda(device)
-    else:
-        device = CPU
+    elif device.type == "cpu":
+        device = CPU  # any cpu index is the one cpu; other types (the verifier's symbolic
+        # device) keep their own backend
     if input._device == device:
         return input
     host = backend_for(input._device.type).to_host(input._data)
@@ -640,6 +642,27 @@ def minimum(input, other):
     if not isinstance(input, TensorBase) or not isinstance(other, TensorBase):
         raise TypeError("minimum(): argument 'other' must be Tensor")
     return apply(_O["minimum"], (input, other))
+
+
+def _tensor_pair(name):
+    """A binary elementwise function of two tensors (torch.atan2, torch.hypot)."""
+    spec = _O[name]
+
+    def fn(input, other):
+        for pos, (arg, value) in enumerate((("input", input), ("other", other)), 1):
+            if not isinstance(value, TensorBase):
+                raise TypeError(f"{name}(): argument '{arg}' (position {pos}) must be Tensor, "
+                                f"not {type(value).__name__}")
+        return apply(spec, (input, other))
+
+    fn.__name__ = name
+    fn.__doc__ = f"Elementwise {name} of two tensors (grad_fn {spec.grad_fn})."
+    return fn
+
+
+atan2 = _tensor_pair("atan2")
+arctan2 = atan2
+hypot = _tensor_pair("hypot")
 
 
 def clamp(input, min=None, max=None):  # noqa: A002
@@ -1265,6 +1288,7 @@ sigmoid_ = _inplace_function("sigmoid_")
 sqrt_ = _inplace_function("sqrt_")
 log1p_ = _inplace_function("log1p_")
 expm1_ = _inplace_function("expm1_")
+erf_ = _inplace_function("erf_")
 relu_ = _inplace_function("relu_")
 abs_ = _inplace_function("abs_")
 clamp_ = _inplace_function("clamp_")

@@ -682,6 +682,10 @@ class Tensor(TensorBase):
     sigmoid = _F.sigmoid
     log1p = _F.log1p
     expm1 = _F.expm1
+    erf = _F.erf
+    atan2 = _F.atan2
+    arctan2 = _F.atan2
+    hypot = _F.hypot
     relu = _F.relu
     sqrt = _F.sqrt
     sign = _F.sign

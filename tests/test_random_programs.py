@@ -401,6 +401,13 @@ GENERATORS = {
     "reciprocal": _unary("reciprocal", "reciprocal", positive=True),
     "clone": _unary("clone", "clone"),
     "log1p": _unary("log1p", "log1p"), "expm1": _unary("expm1", "expm1", squash=True),
+    "erf": _unary("erf", "erf"),
+    "silu": _simple("silu", lambda b, t: lambda L, x: L.nn.functional.silu(x)),
+    "softplus": _simple("softplus", lambda b, t: (lambda beta, threshold: lambda L, x: (
+        L.nn.functional.softplus(x, beta=beta, threshold=threshold)))(
+        b.draw(st.sampled_from([1, 0.5, 2.0])), b.draw(st.sampled_from([20, 1.0, 0.0])))),
+    "atan2": _binary("atan2", lambda L, x, y: L.atan2(x, y)),
+    "hypot": _binary("hypot", lambda L, x, y: L.hypot(x, y)),
     "add": _binary("add", lambda L, x, y: L.add(x, y, alpha=1.5)),
     "sub": _binary("sub", lambda L, x, y: x - y),
     "mul": _binary("mul", lambda L, x, y: x * y),

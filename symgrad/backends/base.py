@@ -11,20 +11,18 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 # Facts about ops that the kernels follow, defined with the ops (ops never import backends):
-from ..ops.elementwise import UNARY_FUSED_BACKWARD, scalar_ops  # noqa: F401
+from ..ops.elementwise import fused_from_stanza, scalar_kernels  # noqa: F401
 from ..ops.linalg import column_major  # noqa: F401
 
 Array = Any
 
-#: Kernels every backend provides. A test checks each backend against this list. The unary
-#: math ones are the ops with a ``Scalar`` stanza (each backend generates them from it).
-ELEMENTWISE_UNARY = scalar_ops(1) + ("logical_not",)
-ELEMENTWISE_BINARY = ("add", "sub", "mul", "div", "pow", "gt", "ge", "lt", "le", "eq", "ne",
-                      "maximum", "minimum", "logical_or", "logical_and")
+#: Kernels every backend provides. A test checks each backend against this list. The
+#: elementwise ones are those of the ops' ``Scalar`` stanzas (each backend generates them).
+ELEMENTWISE = scalar_kernels()
 STRUCTURAL = ("sum", "mean", "amax", "amin", "argmax", "argmin", "matmul", "reshape",
-              "transpose", "broadcast_to", "getitem", "setitem", "where", "cast", "copy",
+              "transpose", "broadcast_to", "getitem", "setitem", "cast", "copy",
               "index_put", "concatenate", "stack", "full", "arange", "from_host", "to_host")
-KERNELS = ELEMENTWISE_UNARY + ELEMENTWISE_BINARY + STRUCTURAL
+KERNELS = ELEMENTWISE + STRUCTURAL
 
 
 class Backend(Protocol):

@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from ..ops import OPS
-from ..ops.elementwise import scalar_ops
+from ..ops.elementwise import scalar_kernels
 from ..ops.scalar import TRANSCENDENTAL, build
 
 __all__ = ["NUMPY_MATH", "NumpyBackend", "numpy_kernel"]
@@ -20,60 +20,38 @@ def _erf(x):
     return out.astype(a.dtype if a.dtype.kind == "f" else np.float64, copy=False)
 
 
+def _pow(a, b):
+    if isinstance(b, (int, np.integer)) and not isinstance(b, bool) and b < 0 \
+            and np.asarray(a).dtype.kind in "iu":
+        raise RuntimeError("Integers to negative integer powers are not allowed.")
+    return np.power(a, b)
+
+
 #: The scalar-math vocabulary (symgrad/ops/scalar.py) as NumPy ufuncs.
 NUMPY_MATH = {"exp": np.exp, "log": np.log, "sin": np.sin, "cos": np.cos, "tanh": np.tanh,
               "sqrt": np.sqrt, "abs": np.abs, "sign": np.sign, "where": np.where,
-              "maximum": np.maximum, "log1p": np.log1p, "expm1": np.expm1, "erf": _erf}
+              "maximum": np.maximum, "minimum": np.minimum, "log1p": np.log1p,
+              "expm1": np.expm1, "erf": _erf, "atan2": np.arctan2, "hypot": np.hypot,
+              "pow": _pow, "pi": math.pi}
 
 
 def _quiet(fn):
     """NumPy warns on log(-1) or 1/0; PyTorch silently gives nan/inf, so do we."""
 
-    def kernel(*args):
+    def kernel(*args, **params):
         with np.errstate(all="ignore"):
-            return fn(*args)
+            return fn(*args, **params)
 
     kernel.__name__ = getattr(fn, "__name__", "kernel")
     return kernel
-
-
-def _pow(a, b):
-    with np.errstate(all="ignore"):
-        if isinstance(b, (int, np.integer)) and not isinstance(b, bool) and b < 0 \
-                and np.asarray(a).dtype.kind in "iu":
-            raise RuntimeError("Integers to negative integer powers are not allowed.")
-        return np.power(a, b)
 
 
 class NumpyBackend:
     name = "numpy"
     device_type = "cpu"
 
-    # the unary math kernels (neg, exp, tanh, ...) are generated from the ops' stanzas
-    # below the class (``numpy_kernel``)
-
-    add = staticmethod(np.add)
-    sub = staticmethod(np.subtract)
-    mul = staticmethod(np.multiply)
-    div = staticmethod(_quiet(np.true_divide))
-    pow = staticmethod(_pow)
-    gt = staticmethod(np.greater)
-    ge = staticmethod(np.greater_equal)
-    lt = staticmethod(np.less)
-    le = staticmethod(np.less_equal)
-    eq = staticmethod(np.equal)
-    ne = staticmethod(np.not_equal)
-    maximum = staticmethod(np.maximum)
-    logical_or = staticmethod(np.logical_or)
-    logical_and = staticmethod(np.logical_and)
-    logical_not = staticmethod(np.logical_not)
-    minimum = staticmethod(np.minimum)
-
-    @staticmethod
-    def addcmul(x, t1, t2, value=1):
-        """``x + value * t1 * t2`` (torch.addcmul)."""
-        return np.add(x, np.multiply(np.multiply(t1, t2), value) if value != 1 else
-                      np.multiply(t1, t2))
+    # the elementwise kernels (add, mul, exp, tanh, where, ...) are generated from the ops'
+    # stanzas below the class (``numpy_kernel``), and so are their fused backwards
 
     @staticmethod
     def sum(x, axis=None, keepdims=False, dtype=None):
@@ -137,10 +115,6 @@ class NumpyBackend:
         else:
             x[index] = values
         return x
-
-    @staticmethod
-    def where(cond, a, b):
-        return np.where(cond, a, b)
 
     @staticmethod
     def cast(x, np_dtype):
@@ -212,30 +186,88 @@ class NumpyBackend:
     def shares_memory(a, b) -> bool:
         return np.may_share_memory(a, b)
 
+    @staticmethod
+    def constant(name: str) -> float:
+        """A constant of the scalar vocabulary (``pi``), as tensor formulas read it."""
+        return float(NUMPY_MATH[name])
 
-def numpy_kernel(op: str):
-    """``be.<op>(x)`` from the op's ``Scalar.forward``, on whole arrays of ufuncs.
+
+def numpy_kernel(kernel: str):
+    """``be.<kernel>(*inputs, *params)`` from the op's ``Scalar.forward``, on whole arrays
+    of ufuncs.
 
     Expressions that may meet a pole or leave the domain (exp, log, sqrt, division) run
     with NumPy's warnings off, as PyTorch gives nan/inf silently; "same" dtype ops keep
     the input's dtype (``maximum(x, 0)`` on bools)."""
-    spec = OPS[op]
-    fn = build(op + "_forward", ("x",), spec.scalar.forward, NUMPY_MATH)
-    quiet = bool(spec.scalar.calls() & (TRANSCENDENTAL - {"sin", "cos", "tanh"})) \
-        or "/" in spec.scalar.forward
+    spec = next(s for s in OPS.values() if s.kernel == kernel)
+    scalar = spec.scalar
+    fn = build(kernel + "_forward", scalar.inputs + scalar.params, scalar.forward, NUMPY_MATH)
     if spec.dtype_rule == "same":
         plain = fn
 
-        def fn(x):
-            out = plain(x)
+        def fn(x, *params):
+            out = plain(x, *params)
             return out if out.dtype == x.dtype else out.astype(x.dtype, copy=False)
 
-    if quiet:
+    if _may_warn(scalar.forward, scalar.calls()):
         fn = _quiet(fn)
-    fn.__name__ = op
-    fn.__doc__ = f"{op}: ``{spec.scalar.forward}`` on NumPy arrays (generated)."
+    fn.__name__ = kernel
+    fn.__doc__ = f"{kernel}: ``{scalar.forward}`` on NumPy arrays (generated)."
     return staticmethod(fn)
 
 
-for _op in scalar_ops(1):
-    setattr(NumpyBackend, _op, numpy_kernel(_op))
+def _may_warn(text: str, calls: set) -> bool:
+    """Can the expression meet a pole or leave a domain (NumPy would warn)?"""
+    return bool(calls & (TRANSCENDENTAL - {"sin", "cos", "tanh"})) or "/" in text
+
+
+def numpy_rule(op: str, index: int):
+    """``rule(g, <values grad ``index`` reads>, <params>)``: the stanza's grad on arrays."""
+    scalar = OPS[op].scalar
+    fn = build(f"{op}_np_rule_{index}", ("g",) + scalar.reads(index) + scalar.param_reads(index),
+               scalar.grads[index], NUMPY_MATH)
+    return _quiet(fn) if _may_warn(scalar.grads[index], scalar.calls("grad")) else fn
+
+
+def saved_layout(op: str) -> list:
+    """For each grad of the op's stanza: (input index, positions in ``OpSpec.saved`` of the
+    values it reads, positions of the params it reads); the saved operands arrive in
+    ``OpSpec.saved`` order."""
+    spec = OPS[op]
+    scalar = spec.scalar
+    name_of = {**dict(zip(scalar.inputs, spec.inputs)), "y": "result"}
+    out = []
+    for i, text in enumerate(scalar.grads):
+        if text is None:
+            continue
+        reads = [spec.saved.index(name_of[v]) for v in scalar.reads(i)]
+        params = [spec.saved.index(p) for p in scalar.param_reads(i)]
+        out.append((i, reads, params))
+    return out
+
+
+def numpy_backward(op: str):
+    """``be.<op>_backward(grad, needed, *saved)``: the stanza's grads on whole arrays; the
+    engine sums broadcast gradients back to each input's shape afterwards."""
+    layout = saved_layout(op)
+    rules = {i: numpy_rule(op, i) for i, _, _ in layout}
+    n_inputs = len(OPS[op].inputs)
+
+    def kernel(grad, needed, *saved):
+        out = [None] * n_inputs
+        for i, reads, params in layout:
+            if needed[i]:
+                r = np.asarray(rules[i](grad, *(saved[k] for k in reads),
+                                        *(saved[k] for k in params)))
+                # bool factors (maximum's ``0.5 * (a == b)``) widen to float64 in NumPy:
+                # the gradient keeps the incoming one's dtype, as the tensor formulas do
+                out[i] = r if r.dtype == grad.dtype else r.astype(grad.dtype)
+        return tuple(out)
+
+    kernel.__name__ = op + "_backward"
+    kernel.__doc__ = f"Backward of {op} from its stanza's grads, on NumPy arrays (generated)."
+    return staticmethod(kernel)
+
+
+for _kernel in scalar_kernels():
+    setattr(NumpyBackend, _kernel, numpy_kernel(_kernel))

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ops import OPS
-from ..ops.elementwise import scalar_ops
+from ..ops.elementwise import scalar_kernels
 from ..ops.scalar import build, sympy_namespace
 
 __all__ = ["SympyBackend", "Undecidable", "Nonlinear", "obj", "is_number"]
@@ -128,18 +128,27 @@ class SympyBackend:
         if n >= nonlinear_if:
             raise Nonlinear
 
-    def _scalar_unary(self, op, x):
-        """A unary op from its stanza's ``Scalar`` meaning, element by element."""
-        scalar = OPS[op].scalar
+    def _scalar_kernel(self, kernel, *arrays, **params):
+        """An elementwise kernel from its stanza's ``Scalar`` meaning, element by element."""
+        spec = _STANZA_OF[kernel]
+        scalar = spec.scalar
         if not scalar.linear:
-            self._probe(x)
-        fn = self._unary_cache.get(op)
+            self._probe(*arrays)
+        fn = self._unary_cache.get(kernel)
         if fn is None:
             namespace = sympy_namespace(self.sp)
             namespace["where"] = self._where
-            meaning = build(op + "_meaning", ("x",), scalar.meaning or scalar.forward, namespace)
-            fn = self._unary_cache[op] = np.frompyfunc(meaning, 1, 1)
-        return obj(fn(obj(x)))
+            meaning = build(kernel + "_meaning", scalar.inputs + scalar.params,
+                            scalar.meaning or scalar.forward, namespace)
+            fn = self._unary_cache[kernel] = meaning
+        return obj(np.frompyfunc(lambda *xs: fn(*xs, **params), len(arrays), 1)(
+            *[obj(a) for a in arrays]))
+
+    def constant(self, name):
+        """A constant of the scalar vocabulary, exact (``pi``): a 0-d object array."""
+        out = np.empty((), dtype=object)
+        out[()] = sympy_namespace(self.sp)[name]
+        return out
 
     def _where(self, c, a, b):
         """A select in a meaning: decided from the values where it can be (a valuation, or
@@ -539,14 +548,22 @@ class SympyBackend:
         raise AttributeError(f"SympyBackend has no kernel {name!r}")
 
 
-def _scalar_method(op: str):
-    def kernel(self, x):
-        return self._scalar_unary(op, x)
+def _scalar_method(kernel: str):
+    def method(self, *args, **params):
+        n = len(_STANZA_OF[kernel].scalar.inputs)
+        params.update(zip(_STANZA_OF[kernel].scalar.params, args[n:]))
+        return self._scalar_kernel(kernel, *args[:n], **params)
 
-    kernel.__name__ = op
-    kernel.__doc__ = f"{op}: the meaning of its stanza's ``Scalar``, on each element."
-    return kernel
+    method.__name__ = kernel
+    method.__doc__ = f"{kernel}: the meaning of its stanza's ``Scalar``, on each element."
+    method.from_stanza = True
+    return method
 
 
-for _op in scalar_ops(1):
-    setattr(SympyBackend, _op, _scalar_method(_op))
+#: kernel -> the op whose stanza defines it
+_STANZA_OF = {s.kernel: s for s in OPS.values() if s.kernel is not None}
+# Kernels the class defines itself decide branches, ties and linearity element by element
+# (arithmetic, comparisons, selections); the rest come from the stanzas' meanings.
+for _kernel in scalar_kernels():
+    if _kernel not in SympyBackend.__dict__:
+        setattr(SympyBackend, _kernel, _scalar_method(_kernel))

@@ -24,14 +24,16 @@ from .modules import (
     ReLU,
     Sequential,
     Sigmoid,
+    SiLU,
     SmoothL1Loss,
     Softmax,
+    Softplus,
     Tanh,
 )
 from .parameter import Parameter
 
 __all__ = ["Module", "Parameter", "Linear", "Sequential", "ModuleList", "ModuleDict",
            "ParameterList", "ParameterDict", "Identity", "Flatten", "ReLU", "Tanh",
-           "Sigmoid", "Softmax", "LogSoftmax", "MSELoss", "BCEWithLogitsLoss",
+           "Sigmoid", "SiLU", "Softplus", "Softmax", "LogSoftmax", "MSELoss", "BCEWithLogitsLoss",
            "CrossEntropyLoss", "NLLLoss", "L1Loss", "SmoothL1Loss", "HuberLoss", "BCELoss",
            "KLDivLoss", "functional", "init", "utils"]

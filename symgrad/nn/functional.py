@@ -105,6 +105,27 @@ def sigmoid(input: Tensor) -> Tensor:
     return _F.sigmoid(input)
 
 
+def silu(input: Tensor, inplace: bool = False) -> Tensor:
+    """``x * sigmoid(x)`` (``SiluBackward0``). ``inplace=True`` computes out of place."""
+    if not isinstance(input, Tensor):
+        raise TypeError(f"silu(): argument 'input' (position 1) must be Tensor, not "
+                        f"{type(input).__name__}")
+    return apply(OPS["silu"], (input,))
+
+
+def softplus(input: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
+    """``log(1 + exp(beta x)) / beta``, ``x`` where ``beta x > threshold`` (torch's
+    numerics; ``SoftplusBackward0`` saves beta, self and threshold)."""
+    if not isinstance(input, Tensor):
+        raise TypeError(f"softplus(): argument 'input' (position 1) must be Tensor, not "
+                        f"{type(input).__name__}")
+    for name, value in (("beta", beta), ("threshold", threshold)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"softplus(): argument '{name}' must be Number, not "
+                            f"{type(value).__name__}")
+    return apply(OPS["softplus"], (input,), {"beta": beta, "threshold": threshold})
+
+
 def softmax(input: Tensor, dim: int | None = None, dtype=None) -> Tensor:
     """``exp(x) / sum(exp(x), dim)`` (``SoftmaxBackward0``); torch's warning when dim is None."""
     return _F.softmax(input, dim, dtype)

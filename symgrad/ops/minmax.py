@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from .. import _tensor_layer as _tl
 from ._ints import norm
+from .elementwise import elementwise
 from .registry import register
+from .scalar import Scalar
 from .spec import STRUCTURAL, OpSpec
 
 
@@ -69,18 +71,13 @@ for _name, _kernel, _arg in (("max", "amax", "argmax"), ("min", "amin", "argmin"
         dtype_rule="param", doc="int64 indices, no gradient (dtype param is always int64)."))
 
 # PyTorch's maximum: at ties each side gets half; a NaN side keeps the whole gradient.
-register(OpSpec(
-    "maximum", "MaximumBackward0", ("self", "other"),
-    lambda be, self, other: be.maximum(self, other),
-    {"self": lambda grad, self, other: grad * (1 - (self < other) - 0.5 * (self == other)),
-     "other": lambda grad, self, other: grad * (1 - (self > other) - 0.5 * (self == other))},
-    lambda sp, x, y: sp.Max(x, y)))
-register(OpSpec(
-    "minimum", "MinimumBackward0", ("self", "other"),
-    lambda be, self, other: be.minimum(self, other),
-    {"self": lambda grad, self, other: grad * (1 - (self > other) - 0.5 * (self == other)),
-     "other": lambda grad, self, other: grad * (1 - (self < other) - 0.5 * (self == other))},
-    lambda sp, x, y: sp.Min(x, y)))
+_AB = ("a", "b")
+elementwise("maximum", "MaximumBackward0", Scalar(
+    "maximum(a, b)", ("g * (1 - (a < b) - 0.5 * (a == b))", "g * (1 - (a > b) - 0.5 * (a == b))"),
+    inputs=_AB), inputs=("self", "other"), dtype_rule="promote")
+elementwise("minimum", "MinimumBackward0", Scalar(
+    "minimum(a, b)", ("g * (1 - (a > b) - 0.5 * (a == b))", "g * (1 - (a < b) - 0.5 * (a == b))"),
+    inputs=_AB), inputs=("self", "other"), dtype_rule="promote")
 
 
 def _clamp_forward(be, self, min=None, max=None):  # noqa: A002

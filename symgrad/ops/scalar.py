@@ -12,6 +12,12 @@ also the op's tensor-level backward formula, read with tensors for ``g``, ``x`` 
 ``meaning`` is the mathematical forward where ``forward`` is a numerically special form
 (sigmoid's overflow-free one); the SymPy meaning is built from it.
 
+Ops of several inputs name them (``inputs=("a", "b")``, in the OpSpec's input order) and
+give one ``grad`` per input (None where the input gets no gradient); Python-number
+arguments of the op are ``params`` (softplus's ``beta``)::
+
+    Scalar(forward="a * b", grad=("g * b", "g * a"), inputs=("a", "b"))
+
 Each backend turns the expressions into its kernels with its own implementation of the
 vocabulary (NumPy ufuncs, ``math`` inside Numba loops, CUDA device functions, SymPy);
 ``build`` does the compiling for all of them, so nothing here imports a backend.
@@ -28,15 +34,19 @@ __all__ = ["FUNCTIONS", "TRANSCENDENTAL", "Scalar", "build", "source"]
 #: The vocabulary an expression may call. ``where(c, a, b)`` is a select, ``sign`` follows
 #: torch (sign(0) = 0, NaN stays NaN), ``maximum`` propagates NaN as torch.maximum does.
 FUNCTIONS = ("exp", "log", "sin", "cos", "tanh", "sqrt", "abs", "sign", "where", "maximum",
-             "log1p", "expm1", "erf")
+             "minimum", "log1p", "expm1", "erf", "atan2", "hypot", "pow")
 #: Functions a backend computes with a libm call (the CPU backend keeps NumPy's SIMD ones).
-TRANSCENDENTAL = frozenset({"exp", "log", "sin", "cos", "tanh", "sqrt", "log1p", "expm1", "erf"})
+TRANSCENDENTAL = frozenset({"exp", "log", "sin", "cos", "tanh", "sqrt", "log1p", "expm1", "erf",
+                            "atan2", "hypot", "pow"})
+#: Constants an expression may name: exact in SymPy, the nearest float elsewhere.
+CONSTANTS = ("pi",)
 #: Expression variable -> the name an OpSpec formula uses for it.
 VARIABLES = {"g": "grad", "x": "self", "y": "result"}
 
 _NODES = (ast.Expression, ast.Module, ast.Assign, ast.Expr, ast.Name, ast.Load, ast.Store,
           ast.Constant, ast.BinOp, ast.UnaryOp, ast.Compare, ast.Call, ast.Add, ast.Sub,
-          ast.Mult, ast.Div, ast.USub, ast.Gt, ast.GtE, ast.Lt, ast.LtE, ast.Eq, ast.NotEq)
+          ast.Mult, ast.Div, ast.USub, ast.Gt, ast.GtE, ast.Lt, ast.LtE, ast.Eq, ast.NotEq,
+          ast.BitAnd, ast.BitOr)
 
 
 def _lines(text: str) -> str:
@@ -51,7 +61,7 @@ def _parse(text: str, variables: tuple[str, ...]) -> tuple[list[tuple[str, str]]
             isinstance(s, ast.Assign) and len(s.targets) == 1
             and isinstance(s.targets[0], ast.Name) for s in lets):
         raise ValueError(f"{text!r}: bindings 'name = expr', then one expression")
-    known = set(variables)
+    known = set(variables) | set(CONSTANTS)
     for stmt in tree.body:
         for node in ast.walk(stmt.value):
             if not isinstance(node, _NODES):
@@ -78,22 +88,49 @@ def _calls(text: str) -> set[str]:
 @dataclass(frozen=True)
 class Scalar:
     forward: str
-    grad: str | None = None
+    grad: str | tuple[str | None, ...] | None = None
     meaning: str | None = None
-    #: the saved operand ``grad`` reads: "x", "y" or None (a constant partial)
+    #: the expression's names of the op's tensor inputs, in the OpSpec's order
+    inputs: tuple[str, ...] = ("x",)
+    #: the op's Python-number arguments, by the names the op takes them
+    params: tuple[str, ...] = ()
+    #: unary ops: the saved operand ``grad`` reads: "x", "y" or None (a constant partial)
     operand: str | None = field(init=False)
 
     def __post_init__(self) -> None:
-        _parse(self.forward, ("x",))
-        _parse(self.meaning or self.forward, ("x",))
+        for name in self.inputs + self.params:
+            if name in ("g", "y") or name in FUNCTIONS or name in CONSTANTS:
+                raise ValueError(f"{name!r} is reserved in scalar expressions")
+        _parse(self.forward, self.inputs + self.params)
+        _parse(self.meaning or self.forward, self.inputs + self.params)
+        if self.grad is not None and len(self.grads) != len(self.inputs):
+            raise ValueError(f"{self.forward!r}: one grad per input {self.inputs}")
+        for text in self.grads:
+            if text is not None:
+                _parse(text, ("g", "y") + self.inputs + self.params)
         operand = None
-        if self.grad is not None:
-            _parse(self.grad, ("g", "x", "y"))
-            used = _names(self.grad) & {"x", "y"}
+        if len(self.inputs) == 1 and self.grads and self.grads[0] is not None:
+            used = self.reads(0)
             if len(used) > 1:
                 raise ValueError(f"{self.grad!r}: read x or y, not both (one saved operand)")
-            operand = used.pop() if used else None
+            operand = used[0] if used else None
         object.__setattr__(self, "operand", operand)
+
+    @property
+    def grads(self) -> tuple[str | None, ...]:
+        """One partial-times-``g`` expression per input (None: no gradient)."""
+        if self.grad is None:
+            return ()
+        return (self.grad,) if isinstance(self.grad, str) else tuple(self.grad)
+
+    def reads(self, index: int) -> tuple[str, ...]:
+        """The values grad ``index`` reads besides ``g``: inputs in order, then ``y``."""
+        names = _names(self.grads[index])
+        return tuple(v for v in self.inputs + ("y",) if v in names)
+
+    def param_reads(self, index: int) -> tuple[str, ...]:
+        names = _names(self.grads[index])
+        return tuple(p for p in self.params if p in names)
 
     @property
     def linear(self) -> bool:
@@ -108,15 +145,21 @@ class Scalar:
         return not (_calls(self.forward) & TRANSCENDENTAL) and "/" not in self.forward
 
     def calls(self, which: str = "forward") -> set[str]:
+        """Functions the forward (or, with "grad", any of the grads) calls."""
+        if which == "grad":
+            return set().union(*(_calls(t) for t in self.grads if t is not None))
         return _calls(getattr(self, which))
 
 
-def source(name: str, params: tuple[str, ...], text: str, rename: dict | None = None) -> str:
-    """The text of ``def name(*params)`` computing expression ``text``."""
-    lets, result = _parse(text, tuple(rename or {}) or params)
+def source(name: str, params: tuple[str, ...], text: str, rename: dict | None = None,
+           prelude: tuple[tuple[str, str], ...] = ()) -> str:
+    """The text of ``def name(*params)`` computing expression ``text``; ``prelude`` binds
+    names first with code of the caller's own (outside the checked language)."""
+    lets, result = _parse(text, tuple(rename or ()) + params)
     if rename:
         result = _rename(result, rename)
         lets = [(rename.get(n, n), _rename(e, rename)) for n, e in lets]
+    lets = list(prelude) + lets
     lines = [f"def {name}({', '.join(params)}):"]
     lines += [f"    {n} = {e}" for n, e in lets]
     lines.append(f"    return {result}")
@@ -132,13 +175,13 @@ def _rename(text: str, mapping: dict) -> str:
 
 
 def build(name: str, params: tuple[str, ...], text: str, namespace: dict,
-          rename: dict | None = None):
+          rename: dict | None = None, prelude: tuple[tuple[str, str], ...] = ()):
     """Compile expression ``text`` into a function ``name(*params)`` whose calls resolve in
     ``namespace``. Its source is kept in ``linecache``, so tracebacks and
     ``inspect.getsource`` show the generated line."""
     if name in FUNCTIONS or name in namespace:
         raise ValueError(f"{name!r} would shadow a name the expression calls")
-    src = source(name, params, text, rename)
+    src = source(name, params, text, rename, prelude)
     filename = f"<symgrad scalar {name}>"
     linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
     glb = dict(namespace)
@@ -146,22 +189,33 @@ def build(name: str, params: tuple[str, ...], text: str, namespace: dict,
     return glb[name]
 
 
-def tensor_formula(op: str, scalar: Scalar, namespace: dict):
-    """The OpSpec backward formula ``(grad, self|result) -> tensor`` from ``scalar.grad``."""
-    params = ("grad",) + ((VARIABLES[scalar.operand],) if scalar.operand else ())
-    return build(f"{op}_backward_formula", params, scalar.grad, namespace, rename=VARIABLES)
+def tensor_formula(op: str, scalar: Scalar, namespace: dict, names: tuple[str, ...] = ("self",),
+                   index: int = 0):
+    """The OpSpec backward formula ``(grad, <saved>...) -> tensor`` of input ``index``
+    from ``scalar.grads[index]``; ``names`` are the OpSpec's input names."""
+    rename = {**VARIABLES, **dict(zip(scalar.inputs, names))}
+    params = ("grad",) + tuple(rename[v] for v in scalar.reads(index)) \
+        + scalar.param_reads(index)
+    # a constant is the formula's own value on its gradient's device: the exact one on the
+    # symbolic device, where the audit runs the formula (``namespace["_constant"]``)
+    prelude = tuple((c, f"_constant({c!r}, grad)") for c in CONSTANTS
+                    if c in _names(scalar.grads[index]))
+    return build(f"{op}_backward_formula_{index}", params, scalar.grads[index], namespace,
+                 rename=rename, prelude=prelude)
 
 
 def sympy_meaning(op: str, scalar: Scalar):
-    """The OpSpec SymPy meaning ``(sp, x) -> expression``, for the sympy or symengine module."""
+    """The OpSpec SymPy meaning ``(sp, *inputs, **params) -> expression``, for the sympy or
+    symengine module."""
     text = scalar.meaning or scalar.forward
     built: dict = {}
 
-    def meaning(sp, x):
+    def meaning(sp, *xs, **params):
         fn = built.get(id(sp))
         if fn is None:
-            fn = built[id(sp)] = build(f"{op}_meaning", ("x",), text, sympy_namespace(sp))
-        return fn(x)
+            fn = built[id(sp)] = build(f"{op}_meaning", scalar.inputs + scalar.params, text,
+                                       sympy_namespace(sp))
+        return fn(*xs, **params)
 
     meaning.__name__ = f"{op}_meaning"
     meaning.expression = text
@@ -169,11 +223,15 @@ def sympy_meaning(op: str, scalar: Scalar):
 
 
 def sympy_namespace(sp) -> dict:
-    """The vocabulary in SymPy (or symengine): exact functions, ``where`` as a Piecewise."""
+    """The vocabulary in SymPy (or symengine): exact functions and constants, ``where`` as
+    a Piecewise."""
     names = {"exp": "exp", "log": "log", "sin": "sin", "cos": "cos", "tanh": "tanh",
-             "sqrt": "sqrt", "abs": "Abs", "sign": "sign", "maximum": "Max", "erf": "erf"}
+             "sqrt": "sqrt", "abs": "Abs", "sign": "sign", "maximum": "Max", "minimum": "Min",
+             "erf": "erf", "atan2": "atan2", "pi": "pi"}
     out = {f: getattr(sp, n) for f, n in names.items() if hasattr(sp, n)}
     out["log1p"] = lambda x: sp.log(1 + x)
     out["expm1"] = lambda x: sp.exp(x) - 1
+    out["hypot"] = lambda a, b: sp.sqrt(a * a + b * b)
+    out["pow"] = lambda a, b: a ** b
     out["where"] = lambda c, a, b: sp.Piecewise((a, c), (b, True))
     return out

@@ -77,12 +77,18 @@ class OpSpec:
     #: an elementwise op's scalar math (symgrad.ops.scalar.Scalar): backends generate its
     #: kernels from it, and its backward formula and SymPy meaning come from it
     scalar: Any = None
+    #: the backend kernel generated from ``scalar`` (``be.<kernel>``): the op's name by
+    #: default; None where the forward calls another op's kernel (``x ** 2`` uses the
+    #: ``pow`` kernel of ``pow_tensor``) and ``scalar`` only drives the fused backward
+    kernel: str | None = ""
 
     # derived in __post_init__
     formula_params: dict[str, tuple[str, ...]] = field(init=False, repr=False)
     saved: tuple[str, ...] = field(init=False)
 
     def __post_init__(self) -> None:
+        if self.kernel == "":
+            self.kernel = self.name if self.scalar is not None else None
         self.grads = GradFormulas(self.grads)
         self.formula_params = {}
         for input_name, formula in self.grads.items():

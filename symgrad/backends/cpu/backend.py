@@ -35,10 +35,8 @@ import threading
 import numpy as np
 
 from ...ops import OPS
-from ...ops.elementwise import scalar_ops
-from ...ops.scalar import TRANSCENDENTAL, build
-from ..base import UNARY_FUSED_BACKWARD, column_major
-from ..numpy_backend import NUMPY_MATH, NumpyBackend
+from ..base import column_major, fused_from_stanza, scalar_kernels
+from ..numpy_backend import NUMPY_MATH, NumpyBackend, numpy_backward, saved_layout
 from . import rules
 
 __all__ = ["CpuBackend", "PARALLEL_MIN", "FUSED_MIN", "empty_pool", "load_kernels",
@@ -284,6 +282,29 @@ def _binary(name: str, ref):
     return staticmethod(kernel)
 
 
+def _nary(name: str, ref):
+    """Three or more same-shape float inputs (addcmul): one pass from FUSED_MIN, no
+    temporaries; anything else goes to the reference."""
+    body = name + "_f"
+    scalar = next(s for s in OPS.values() if s.kernel == name).scalar
+    n_in, names = len(scalar.inputs), scalar.params
+
+    def kernel(*args, **kw):
+        xs = args[:n_in]
+        params = args[n_in:] + tuple(kw[p] for p in names[len(args) - n_in:] if p in kw)
+        x = xs[0]
+        if type(x) is np.ndarray and x.size >= FUSED_MIN and len(params) == len(names) \
+                and _same(*xs) and all(type(p) in (int, float) for p in params):
+            out = _empty(x)
+            _run(body, x.size, *(_flat(a) for a in xs), *(x.dtype.type(p) for p in params),
+                 _flat(out))
+            return out
+        return ref(*args, **kw)
+
+    kernel.__name__ = name
+    return staticmethod(kernel)
+
+
 #: Where a NumPy ufunc on one float raises no warning (so needs no np.errstate context,
 #: ~1 µs, three times the ufunc on a 0-d array): per function of the scalar vocabulary.
 _QUIET_DOMAIN = {"exp": lambda v: v < 88.0, "log": lambda v: v > 0, "sqrt": lambda v: v >= 0}
@@ -315,49 +336,87 @@ def _one_value_fast(op: str, ref):
 
 
 # -- fused backward --------------------------------------------------------------------------
-def _np_rule(op: str):
-    """The op's ``Scalar.grad`` on NumPy arrays (small arrays, and broadcasting cases)."""
-    scalar = OPS[op].scalar
-    return build(f"{op}_np_rule", ("g", scalar.operand), scalar.grad, NUMPY_MATH)
+def _broadcast_shape(a: tuple, b: tuple):
+    try:
+        return np.broadcast_shapes(a, b)
+    except ValueError:
+        return None
 
 
-def _numba_rule(op: str) -> bool:
-    """A Numba loop exists for the rule (none calling libm: NumPy's SIMD ufuncs win)."""
-    return not (OPS[op].scalar.calls("grad") & TRANSCENDENTAL)
+def _stanza_backward(op: str):
+    """The fused backward of an op from its stanza's grads:
+    ``(grad, needed, *saved) -> one array or None per input``.
 
+    One element: the Python rules of ``rules.py``. Same-shape C-contiguous float operands
+    from FUSED_MIN elements: one Numba pass for the needed grads (``<op>_b<mask>``). Else
+    (small, broadcasting, mixed dtypes) the same rules on NumPy arrays; the engine sums a
+    broadcast gradient back to its input's shape, as after the tensor-op formulas."""
+    layout = saved_layout(op)
+    n_inputs = len(OPS[op].inputs)
+    reads = sorted({k for _, r, _ in layout for k in r})
+    params = sorted({k for _, _, p in layout for k in p})
+    one = {i: rules.scalar_rule(op, i) for i, _, _ in layout}
+    # inputs that get no gradient are masks (where's condition): bool arrays only
+    spec = OPS[op]
+    masks = {spec.saved.index(n) for n, t in zip(spec.inputs, spec.scalar.grads)
+             if t is None and n in spec.saved}
+    np_kernel = numpy_backward(op).__func__
+    loops = {}
+    if rules.backward_loop(op):
+        name_of = {**dict(zip(spec.scalar.inputs, spec.inputs)), "y": "result"}
+        for mask in rules.backward_masks(op):
+            values, ps = rules.backward_loop_args(op, mask)
+            loops[mask] = (rules.backward_loop_name(op, mask),
+                           [spec.saved.index(name_of[v]) for v in values],
+                           [spec.saved.index(p) for p in ps])
 
-def _unary_backward(op: str):
-    """The fused backward of a unary op: ``(grad, needed, saved) -> (grad_input,)``."""
-    body = op + "_b"
-    scalar_rule = rules.SCALAR_BACKWARD[op]
-    np_rule = _np_rule(op)
-    numba = _numba_rule(op)
-    quiet = "/" in OPS[op].scalar.grad
+    def kernel(grad, needed, *saved):
+        if type(grad) is not np.ndarray or grad.dtype not in _FLOATS:
+            return None
+        for k in params:
+            if type(saved[k]) not in (int, float, bool):
+                return None
+        shape, dt, n = grad.shape, grad.dtype, grad.size
+        same = True
+        for k in reads:
+            v = saved[k]
+            if type(v) is not np.ndarray:
+                same = False  # a Python number (``x * 2.5``)
+            elif v.dtype != (np.bool_ if k in masks else dt):
+                return None  # mixed dtypes: the formulas, with their promotions
+            elif v.shape != shape:
+                if _broadcast_shape(v.shape, shape) != shape:
+                    return None  # broadcast the other way: the formulas
+                same = False
 
-    def kernel(grad, needed, saved):
-        if type(saved) is not np.ndarray or saved.dtype not in _FLOATS \
-                or type(grad) is not np.ndarray or grad.dtype != saved.dtype \
-                or grad.shape != saved.shape:
-            return None  # broadcast or mixed dtypes: the tensor-op formula runs
-        n = saved.size
-        if n == 1:
+        if same and n == 1:
+            out = [None] * n_inputs
             try:
-                value = scalar_rule(grad.item(), saved.item())
+                for i, r, p in layout:
+                    if needed[i]:
+                        out[i] = _new(grad, one[i](grad.item(), *(saved[k].item() for k in r),
+                                                   *(saved[k] for k in p)))
             except (ArithmeticError, ValueError):  # math raises where NumPy gives inf/nan
                 return None
-            return (_new(saved, value),)
-        if n < FUSED_MIN or not numba or not saved.flags.c_contiguous:
-            if quiet:  # x/0 gives inf silently, as the formula's div kernel does
-                with np.errstate(all="ignore"):
-                    return (_arr(np_rule(grad, saved)),)
-            return (_arr(np_rule(grad, saved)),)
-        g, sg = _grad(grad, saved)
-        out = _empty(saved)
-        _run(body, n, g, _flat(saved), _flat(out), sg)
-        return (out,)
+            return tuple(out)
+        mask = tuple(i for i, _, _ in layout if needed[i])
+        if not mask:
+            return None
+        if not same or n < FUSED_MIN or mask not in loops \
+                or not all(saved[k].flags.c_contiguous for k in reads):
+            return np_kernel(grad, needed, *saved)
+        name, values, ps = loops[mask]
+        g, sg = _grad(grad, grad)
+        outs = [_empty(grad) for _ in mask]
+        _run(name, n, g, *(_flat(saved[k]) for k in values), *(dt.type(saved[k]) for k in ps),
+             *(_flat(o) for o in outs), sg)
+        out = [None] * n_inputs
+        for i, o in zip(mask, outs):
+            out[i] = o
+        return tuple(out)
 
     kernel.__name__ = op + "_backward"
-    kernel.__doc__ = f"Fused backward of {op}: one pass over grad and the saved operand."
+    kernel.__doc__ = f"Fused backward of {op}: its stanza's grads in one pass."
     return staticmethod(kernel)
 
 
@@ -377,21 +436,6 @@ class CpuBackend(NumpyBackend):
     # The unary math ops are set below the class from their stanzas: memory-bound ones (neg,
     # abs, relu, sign) get a parallel Numba loop above PARALLEL_MIN, and a lone libm call
     # (exp, log, sqrt) skips the reference's np.errstate context for one in-domain value.
-
-    add = _binary("add", _R.add)
-    sub = _binary("sub", _R.sub)
-    mul = _binary("mul", _R.mul)
-    div = _binary("div", _R.div)
-
-    @staticmethod
-    def addcmul(x, t1, t2, value=1):
-        """``x + value * t1 * t2`` in one pass (no temporaries) when shapes agree."""
-        if x.size >= FUSED_MIN and _same(x, t1, t2) and type(value) in (int, float):
-            out = _empty(x)
-            _run("addcmul_f", x.size, _flat(x), _flat(t1), _flat(t2), x.dtype.type(value),
-                 _flat(out))
-            return out
-        return NumpyBackend.addcmul(x, t1, t2, value)
 
     @staticmethod
     def add_scaled_(dst, src, alpha):
@@ -423,109 +467,6 @@ class CpuBackend(NumpyBackend):
     # -- fused backward rules (OpSpec.fused_backward names them; the unary ones of
     # base.UNARY_FUSED_BACKWARD are set below the class) ------------------------------------
 
-    @staticmethod
-    def neg_backward(grad, needed):
-        return (_arr(np.negative(grad)),)
-
-    @staticmethod
-    def sign_backward(grad, needed):
-        return (_arr(np.multiply(grad, 0)),)
-
-    @staticmethod
-    def pow_backward(grad, needed, exponent, self):
-        """d(x**e): ``grad * e * x**(e-1)``, or ``grad * 0`` for e == 0, in one pass."""
-        if type(self) is not np.ndarray or self.dtype not in _FLOATS \
-                or type(exponent) not in (int, float) or type(grad) is not np.ndarray \
-                or grad.shape != self.shape or grad.dtype != self.dtype:
-            return None
-        if exponent == 0:
-            return (_arr(np.multiply(grad, 0)),)
-        with np.errstate(all="ignore"):
-            if self.size == 1:
-                x = self.dtype.type(self.item())
-                return (_new(self, grad.item() * exponent * np.power(x, exponent - 1)),)
-            if self.size < FUSED_MIN or not self.flags.c_contiguous:
-                return (_arr(grad * exponent * self ** (exponent - 1)),)
-        g, sg = _grad(grad, self)
-        out = _empty(self)
-        _run("pow_b", out.size, g, _flat(self), self.dtype.type(exponent), _flat(out), sg)
-        return (out,)
-
-    @staticmethod
-    def mul_backward(grad, needed, other, self):
-        """``grad*other`` and ``grad*self``; one pass for both when shapes agree."""
-        need_a, need_b = needed[0], needed[1]
-        if need_a and need_b:
-            if not (_same(self, other) and type(grad) is np.ndarray
-                    and grad.shape == self.shape and grad.dtype == self.dtype):
-                return None  # broadcasting: the formulas (and the engine's reduction)
-            if self.size == 1:
-                gv = grad.item()
-                return _new(self, gv * other.item()), _new(self, gv * self.item())
-            if self.size < FUSED_MIN:
-                return _arr(grad * other), _arr(grad * self)
-            g, sg = _grad(grad, self)
-            ga, gb = _empty(self), _empty(self)
-            _run("mul2_b", ga.size, g, _flat(self), _flat(other), _flat(ga), _flat(gb), sg)
-            return ga, gb
-        if need_a:
-            return _arr(_Self.mul(grad, other)), None
-        if need_b:
-            return None, _arr(_Self.mul(grad, self))
-        return None
-
-    @staticmethod
-    def div_backward(grad, needed, other, self):
-        """``grad/other`` and ``-grad*self/(other*other)``; one pass when shapes agree."""
-        need_a, need_b = needed[0], needed[1]
-        if need_b:
-            if not (_same(self, other) and type(grad) is np.ndarray
-                    and grad.shape == self.shape and grad.dtype == self.dtype):
-                return None
-            with np.errstate(all="ignore"):
-                if self.size == 1:
-                    gv, a, b = grad.item(), self.dtype.type(self.item()), other.item()
-                    gb = _new(self, np.divide(-gv * a, b * b))
-                    return (_new(self, np.divide(gv, b)) if need_a else None), gb
-                if self.size < FUSED_MIN:
-                    gb = _arr(-grad * self / (other * other))
-                    return (_arr(grad / other) if need_a else None), gb
-            g, sg = _grad(grad, self)
-            gb = _empty(self)
-            if need_a:
-                ga = _empty(self)
-                _run("div2_b", ga.size, g, _flat(self), _flat(other), _flat(ga), _flat(gb), sg)
-                return ga, gb
-            _run("div_other_b", gb.size, g, _flat(self), _flat(other), _flat(gb), sg)
-            return None, gb
-        if need_a:
-            return _arr(_Self.div(grad, other)), None
-        return None
-
-    @staticmethod
-    def where_backward(grad, needed, condition):
-        """Route the grad left where the condition holds, right elsewhere, in one pass."""
-        c = condition
-        if type(c) is not np.ndarray or c.dtype != np.bool_ or type(grad) is not np.ndarray \
-                or c.shape != grad.shape or grad.dtype not in _FLOATS:
-            return None
-        need_a, need_b = needed[1], needed[2]
-        if grad.size < FUSED_MIN or not c.flags.c_contiguous:
-            zero = grad.dtype.type(0)
-            return (None, _arr(np.where(c, grad, zero)) if need_a else None,
-                    _arr(np.where(c, zero, grad)) if need_b else None)
-        g, sg = _grad(grad, grad)
-        if need_a and need_b:
-            ga, gb = _empty(grad), _empty(grad)
-            _run("where2_b", ga.size, g, _flat(c), _flat(ga), _flat(gb), sg)
-            return None, ga, gb
-        if need_a or need_b:
-            out = _empty(grad)
-            _run("where1_b", out.size, g, _flat(c), _flat(out), bool(need_a), sg)
-            return (None, out, None) if need_a else (None, None, out)
-        return None
-
-    # -- softmax / log_softmax backward over one dim ------------------------------------------
     @staticmethod
     def softmax_backward(grad, needed, dim, result):
         """``(g - sum(g*y, dim)) * y``; one pass per row over the last dim when large."""
@@ -652,12 +593,18 @@ class CpuBackend(NumpyBackend):
         return NumpyBackend.copy(x)
 
 
-for _op in scalar_ops(1):
-    if OPS[_op].scalar.memory_bound:
-        setattr(CpuBackend, _op, _unary(_op, getattr(_R, _op)))
-    elif _lone_call(OPS[_op].scalar) in _QUIET_DOMAIN:
-        setattr(CpuBackend, _op, _one_value_fast(_op, getattr(_R, _op)))
-for _op in UNARY_FUSED_BACKWARD:  # the fused backward rules OpSpec.fused_backward names
-    setattr(CpuBackend, _op + "_backward", _unary_backward(_op))
+# the elementwise kernels from the op stanzas: memory-bound ones get Numba loops (parallel
+# above PARALLEL_MIN; three-input ones from FUSED_MIN, saving temporaries), a lone libm call
+# (exp, log, sqrt) skips the reference's np.errstate context for one in-domain value
+for _kernel in scalar_kernels():
+    _ref, _arity = getattr(_R, _kernel), len(next(
+        s for s in OPS.values() if s.kernel == _kernel).inputs)
+    if rules.forward_loop(_kernel):
+        _make = _unary if _arity == 1 else _binary if _arity == 2 else _nary
+        setattr(CpuBackend, _kernel, _make(_kernel, _ref))
+    elif _arity == 1 and _lone_call(OPS[_kernel].scalar) in _QUIET_DOMAIN:
+        setattr(CpuBackend, _kernel, _one_value_fast(_kernel, _ref))
+for _op in fused_from_stanza():  # the fused backward rules OpSpec.fused_backward names
+    setattr(CpuBackend, _op + "_backward", _stanza_backward(_op))
 
 _Self = CpuBackend

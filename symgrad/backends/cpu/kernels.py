@@ -74,8 +74,8 @@ import numpy as np  # noqa: E402
 from numba import njit, prange  # noqa: E402
 
 from ...ops import OPS  # noqa: E402
-from ...ops.elementwise import scalar_ops, unary_fused_backward  # noqa: E402
-from ...ops.scalar import TRANSCENDENTAL, source  # noqa: E402
+from ...ops.elementwise import fused_from_stanza, scalar_kernels  # noqa: E402
+from ...ops.scalar import source  # noqa: E402
 from . import rules  # noqa: E402
 
 if os.environ.get("NUMBA_CACHE_DIR"):
@@ -147,71 +147,7 @@ numba.core.event.register("numba:compile", _CompileNotice())
 # 77 µs vs 16 µs). Kernels therefore exist only for memory-bound work (arithmetic, selects,
 # copies, reductions), where one fused pass and all cores win; transcendentals stay NumPy.
 
-# -- forward kernels (memory-bound ops above the parallel threshold) -------------------------
-# Operands of length 1 stand for scalars: the loops are versioned on that outside the loop
-# (an index like ``b[i * sb]`` inside it stops LLVM from vectorizing: 4.6x slower).
-def add_f(a, b, out, sa, sb):
-    if sa and sb:
-        for i in prange(out.size):
-            out[i] = a[i] + b[i]
-    elif sa:
-        b0 = b[0]
-        for i in prange(out.size):
-            out[i] = a[i] + b0
-    else:
-        a0 = a[0]
-        for i in prange(out.size):
-            out[i] = a0 + b[i]
-
-
-def sub_f(a, b, out, sa, sb):
-    if sa and sb:
-        for i in prange(out.size):
-            out[i] = a[i] - b[i]
-    elif sa:
-        b0 = b[0]
-        for i in prange(out.size):
-            out[i] = a[i] - b0
-    else:
-        a0 = a[0]
-        for i in prange(out.size):
-            out[i] = a0 - b[i]
-
-
-def mul_f(a, b, out, sa, sb):
-    if sa and sb:
-        for i in prange(out.size):
-            out[i] = a[i] * b[i]
-    elif sa:
-        b0 = b[0]
-        for i in prange(out.size):
-            out[i] = a[i] * b0
-    else:
-        a0 = a[0]
-        for i in prange(out.size):
-            out[i] = a0 * b[i]
-
-
-def div_f(a, b, out, sa, sb):
-    if sa and sb:
-        for i in prange(out.size):
-            out[i] = a[i] / b[i]
-    elif sa:
-        b0 = b[0]
-        for i in prange(out.size):
-            out[i] = a[i] / b0
-    else:
-        a0 = a[0]
-        for i in prange(out.size):
-            out[i] = a0 / b[i]
-
-
-def addcmul_f(a, t1, t2, value, out):
-    """out = a + value * t1 * t2 in one pass (the ``a*b + a`` pattern, torch.addcmul)."""
-    for i in prange(out.size):
-        out[i] = a[i] + value * (t1[i] * t2[i])
-
-
+# -- forward kernels: the elementwise ones are generated from the op stanzas (below) -------
 def outer_f(a, b, out):
     """out[i, j] = a[i] * b[j] over flat arrays (a matmul with inner size 1)."""
     m = b.size
@@ -225,67 +161,6 @@ def add_scaled_f(dst, src, alpha):
     """dst += alpha * src in place, one pass (torch's ``add_(other, alpha=)``: SGD's step)."""
     for i in prange(dst.size):
         dst[i] += alpha * src[i]
-
-
-# -- fused backward kernels: the whole backward of an op in one pass ------------------------
-# ``sg`` is 0 when the grad is an expanded scalar (the backward of sum or mean). The unary
-# ones (``exp_b`` ...) are generated from the op stanzas (``_generated`` below).
-def mul2_b(g, a, b, ga, gb, sg):
-    """Both gradients of a*b in one pass: ga = g*b, gb = g*a."""
-    if sg:
-        for i in prange(ga.size):
-            ga[i] = g[i] * b[i]
-            gb[i] = g[i] * a[i]
-    else:
-        for i in prange(ga.size):
-            ga[i] = g[0] * b[i]
-            gb[i] = g[0] * a[i]
-
-
-def div2_b(g, a, b, ga, gb, sg):
-    """Both gradients of a/b in one pass: ga = g/b, gb = -g*a/(b*b)."""
-    if sg:
-        for i in prange(ga.size):
-            ga[i] = g[i] / b[i]
-            gb[i] = -g[i] * a[i] / (b[i] * b[i])
-    else:
-        for i in prange(ga.size):
-            ga[i] = g[0] / b[i]
-            gb[i] = -g[0] * a[i] / (b[i] * b[i])
-
-
-def div_other_b(g, a, b, gb, sg):
-    if sg:
-        for i in prange(gb.size):
-            gb[i] = -g[i] * a[i] / (b[i] * b[i])
-    else:
-        for i in prange(gb.size):
-            gb[i] = -g[0] * a[i] / (b[i] * b[i])
-
-
-def pow_b(g, x, e, out, sg):
-    """d(x**e)/dx for a scalar exponent e (e != 0), typed like x."""
-    em1 = e - 1
-    if sg:
-        for i in prange(out.size):
-            out[i] = g[i] * e * x[i] ** em1
-    else:
-        for i in prange(out.size):
-            out[i] = g[0] * e * x[i] ** em1
-
-
-def where2_b(g, c, ga, gb, sg):
-    """Both gradients of where(c, a, b): the grad goes left where c, else right."""
-    for i in prange(ga.size):
-        gi = g[i] if sg else g[0]
-        ga[i] = gi if c[i] else 0
-        gb[i] = 0 if c[i] else gi
-
-
-def where1_b(g, c, out, left, sg):
-    for i in prange(out.size):
-        gi = g[i] if sg else g[0]
-        out[i] = gi if c[i] == left else 0
 
 
 # -- reductions ------------------------------------------------------------------------------
@@ -417,42 +292,86 @@ def copy_f(x, out):
 
 
 # -- loops generated from the op stanzas (symgrad/ops/scalar.py) ----------------------------
-def _generated_source() -> tuple[str, list[str]]:
-    """Module text of the generated loops, and their names: ``<op>_f`` (forward) for the
-    memory-bound unary ops, ``<op>_b`` (fused backward) for those whose rule needs no libm
-    call. Each loop calls ``<op>_fwd_j`` / ``<op>_rule_j``, the jitted scalar expression."""
+# Operands of length 1 stand for scalars in binary forwards: the loops are versioned on that
+# outside the loop (an index like ``b[i * sb]`` inside it stops LLVM from vectorizing: 4.6x
+# slower). ``sg`` is 0 when the grad of a backward is an expanded scalar (the backward of sum
+# or mean).
+def _forward_loop(kernel: str) -> list[str]:
+    spec = next(s for s in OPS.values() if s.kernel == kernel)
+    scalar = spec.scalar
+    xs, params = scalar.inputs, scalar.params
+    lines = [source(f"{kernel}_fwd", xs + params, scalar.forward)]
+    call = f"{kernel}_fwd_j"
+    if len(xs) == 2 and not params:
+        a, b = xs
+        lines += [f"def {kernel}_f({a}, {b}, out, sa, sb):",
+                  "    if sa and sb:",
+                  "        for i in prange(out.size):",
+                  f"            out[i] = {call}({a}[i], {b}[i])",
+                  "    elif sa:",
+                  f"        b0 = {b}[0]",
+                  "        for i in prange(out.size):",
+                  f"            out[i] = {call}({a}[i], b0)",
+                  "    else:",
+                  f"        a0 = {a}[0]",
+                  "        for i in prange(out.size):",
+                  f"            out[i] = {call}(a0, {b}[i])", ""]
+    else:
+        args = ", ".join(f"{x}[i]" for x in xs) + "".join(f", {p}" for p in params)
+        lines += [f"def {kernel}_f({', '.join(xs + params)}, out):",
+                  "    for i in prange(out.size):",
+                  f"        out[i] = {call}({args})", ""]
+    return lines
+
+
+def _backward_loop(op: str) -> list[str]:
+    scalar = OPS[op].scalar
+    lines = []
+    for i, text in enumerate(scalar.grads):
+        if text is not None:
+            lines.append(source(f"{op}_rule_{i}", ("g",) + scalar.reads(i)
+                                + scalar.param_reads(i), text))
+    for mask in rules.backward_masks(op):
+        values, params = rules.backward_loop_args(op, mask)
+        outs = tuple(f"o{i}" for i in mask)
+        lines.append(f"def {rules.backward_loop_name(op, mask)}"
+                     f"({', '.join(('g',) + values + params + outs)}, sg):")
+        for gi, guard in (("g[i]", "if sg:"), ("g[0]", "else:")):
+            lines += [f"    {guard}", f"        for i in prange(o{mask[0]}.size):"]
+            for i in mask:
+                args = ", ".join((gi,) + tuple(f"{v}[i]" for v in scalar.reads(i))
+                                 + scalar.param_reads(i))
+                lines.append(f"            o{i}[i] = {op}_rule_{i}_j({args})")
+        lines.append("")
+    return lines
+
+
+def _generated_source() -> tuple[str, list[str], list[str]]:
+    """Module text of the generated loops, their names, and the jitted scalar helpers they
+    call: ``<kernel>_f`` (forward) and ``<op>_b<mask>`` (fused backward), each calling
+    ``<kernel>_fwd_j`` / ``<op>_rule_<i>_j``, the jitted scalar expression."""
     lines = ['"""Generated by symgrad/backends/cpu/kernels.py from the op stanzas; do not edit."""',
              "from numba import prange", ""]
-    names = []
-    for op in scalar_ops(1):
-        scalar = OPS[op].scalar
-        if scalar.memory_bound:
-            lines += [source(f"{op}_fwd", ("x",), scalar.forward),
-                      f"def {op}_f(x, out):",
-                      "    for i in prange(out.size):",
-                      f"        out[i] = {op}_fwd_j(x[i])", ""]
-            names.append(f"{op}_f")
-    for op in unary_fused_backward():
-        scalar = OPS[op].scalar
-        if scalar.calls("grad") & TRANSCENDENTAL:
-            continue  # NumPy's SIMD ufunc wins (see the libm note above)
-        lines += [source(f"{op}_rule", ("g", scalar.operand), scalar.grad),
-                  f"def {op}_b(g, v, out, sg):",
-                  "    if sg:",
-                  "        for i in prange(out.size):",
-                  f"            out[i] = {op}_rule_j(g[i], v[i])",
-                  "    else:",
-                  "        for i in prange(out.size):",
-                  f"            out[i] = {op}_rule_j(g[0], v[i])", ""]
-        names.append(f"{op}_b")
-    return "\n".join(lines), names
+    names, helpers = [], []
+    for kernel in scalar_kernels():
+        if rules.forward_loop(kernel):
+            lines += _forward_loop(kernel)
+            names.append(f"{kernel}_f")
+            helpers.append(f"{kernel}_fwd")
+    for op in fused_from_stanza():
+        if rules.backward_loop(op):
+            lines += _backward_loop(op)
+            names += [rules.backward_loop_name(op, m) for m in rules.backward_masks(op)]
+            helpers += [f"{op}_rule_{i}" for i, t in enumerate(OPS[op].scalar.grads)
+                        if t is not None]
+    return "\n".join(lines), names, helpers
 
 
 def _generated():
     """The generated loops as a module loaded from a real file: Numba's on-disk cache is
     keyed by the source file, so ``cache=True`` works as for the hand-written loops. The
     file is named by a hash of its text (a changed stanza makes a new file)."""
-    text, names = _generated_source()
+    text, names, helpers = _generated_source()
     digest = hashlib.sha1(text.encode()).hexdigest()[:16]
     base = os.environ.get("NUMBA_CACHE_DIR") or os.path.join(os.path.dirname(
         os.path.abspath(__file__)), "__pycache__")
@@ -474,16 +393,15 @@ def _generated():
     # the vocabulary as Numba compiles it: libm for the transcendentals, the Python helpers
     # of rules.py jitted (one definition for the size-1 path and the loops)
     for fname, fn in rules.PY_MATH.items():
-        setattr(mod, fname, fn if fn.__module__ == "math" or fn is abs else _scalar(fn))
-    for name in names:
-        op, kind = name.rsplit("_", 1)
-        inner = f"{op}_fwd" if kind == "f" else f"{op}_rule"
-        setattr(mod, inner + "_j", _scalar(getattr(mod, inner)))
+        if callable(fn):
+            fn = fn if fn.__module__ == "math" or fn is abs else _scalar(fn)
+        setattr(mod, fname, fn)
+    for helper in helpers:
+        setattr(mod, helper + "_j", _scalar(getattr(mod, helper)))
     return [getattr(mod, name) for name in names]
 
 
-_BODIES = [add_f, sub_f, mul_f, div_f, addcmul_f, outer_f, add_scaled_f, mul2_b, div2_b,
-           div_other_b, pow_b, where2_b, where1_b, sum_f, sum_rows_f, sum_last_f, softmax_rows,
+_BODIES = [outer_f, add_scaled_f, sum_f, sum_rows_f, sum_last_f, softmax_rows,
            log_softmax_rows, logsumexp_rows, softmax_rows_b, log_softmax_rows_b, take_rows,
            scatter_add_rows, copy_f] + _generated()
 
