@@ -181,6 +181,31 @@ def test_lr_change_is_read_each_call():
     assert step.stats["traces"] == 1
 
 
+def test_scalar_argument_is_part_of_the_signature():
+    step, eager, c, e = _pair(lambda ps: sg.optim.SGD(ps, lr=0.1))
+    x, y = _data(4)
+
+    def scaled(f):
+        return lambda x, y, k: f(x * k, y)
+
+    s, r = sg.compile(scaled(step.fn)), scaled(eager)
+    for k in (1.0, 2.0, 1.0):
+        assert_close(s(x, y, k), r(x, y, k), terms=_terms((4, 16, 3), 3))
+        _assert_same_state(c, e, 3, (4, 16, 3))
+    assert s.stats["traces"] == 2
+
+
+def test_a_new_param_group_retraces():
+    step, eager, c, e = _pair(lambda ps: sg.optim.SGD(ps, lr=0.1, momentum=0.9))
+    data = _data(4)
+    _run_both(step, eager, c, e, data, (4, 16, 3), steps=2)
+    for _model, opt in (c, e):
+        extra = sg.zeros(3, requires_grad=True)
+        opt.add_param_group({"params": [extra]})
+    _run_both(step, eager, c, e, data, (4, 16, 3), steps=2)
+    assert step.stats["traces"] == 2
+
+
 def test_untraceable_fn_falls_back_with_a_warning():
     model = _mlp()
     opt = sg.optim.SGD(model.parameters(), lr=0.1)

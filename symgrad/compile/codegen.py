@@ -164,6 +164,10 @@ def _backward(ops: list, root: Value, ctx: _Ctx, lines: list, grad_state: dict,
             continue
         if not has_backward(call):
             raise Unsupported(f"no compile rule for the backward of {call.spec.name}")
+        if call.spec.name != "to_copy" and any(
+                x.dtype != out.dtype for x in call.tensor_inputs if x.index in need):
+            raise Unsupported(f"mixed dtypes on the gradient path ({call.spec.name}): eager "
+                              "casts there; no compile rule for it yet")
         exprs = backward_code(call, ctx, _G)
         g = grads[out.index]
         if sum(e.count(_G) for e in exprs.values()) > 1 and not g.isidentifier():
