@@ -10,6 +10,8 @@ before any import in every worker):
 * ``big``: MLP 784-256-256-10 (ReLU), batch 64, cross_entropy, SGD(momentum=0.9)
 * ``chain``: a ten-op elementwise chain on 1000 elements, forward + backward
   (``w.grad = None``; ``chain(x * w).sum().backward()``)
+* ``gelu``: MLP 128-256-256-10 with GELU written from elementary ops (tanh form), batch 64,
+  cross_entropy, Adam
 
 Each variant runs in its own process (thread pools and allocators interfere); without
 ``--quick`` the variants are rotated over three rounds and the best time of each is kept,
@@ -33,7 +35,7 @@ ROOT = os.path.dirname(HERE)
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
                "NUMBA_NUM_THREADS")
 VARIANTS = ("torch_eager", "torch_compile", "sg_eager", "sg_compile")
-WORKLOADS = ("small", "big", "chain")
+WORKLOADS = ("small", "big", "chain", "gelu")
 
 
 # -- the steps, written once for both libraries ------------------------------------------------
@@ -44,6 +46,10 @@ def _chain(h):
     h = (h - 0.2).sigmoid()
     h = (h * 0.7).relu()
     return h
+
+
+def _gelu(x):
+    return 0.5 * x * (1.0 + (0.7978845608 * (x + 0.044715 * x ** 3)).tanh())
 
 
 def _build(lib, F, optim, workload: str):
@@ -60,12 +66,19 @@ def _build(lib, F, optim, workload: str):
             return loss
 
         return chain_step, (x,)
-    sizes, batch = ((16, 128, 128, 16), 1) if workload == "small" else ((784, 256, 256, 10), 64)
+    sizes, batch = {"small": ((16, 128, 128, 16), 1), "big": ((784, 256, 256, 10), 64),
+                    "gelu": ((128, 256, 256, 10), 64)}[workload]
     nn = lib.nn
-    model = nn.Sequential(nn.Linear(sizes[0], sizes[1]), nn.ReLU(),
-                          nn.Linear(sizes[1], sizes[2]), nn.ReLU(),
+
+    class Act(nn.Module):
+        def forward(self, x):
+            return x.relu() if workload != "gelu" else _gelu(x)
+
+    model = nn.Sequential(nn.Linear(sizes[0], sizes[1]), Act(),
+                          nn.Linear(sizes[1], sizes[2]), Act(),
                           nn.Linear(sizes[2], sizes[3]))
-    opt = optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    opt = (optim.Adam(model.parameters(), lr=1e-3) if workload == "gelu"
+           else optim.SGD(model.parameters(), lr=0.01, momentum=0.9))
     x = lib.randn(batch, sizes[0])
     if workload == "small":
         y = lib.randn(batch, sizes[-1])
@@ -94,7 +107,7 @@ def _best(fn, args, number: int, repeat: int) -> float:
     return best
 
 
-_NUMBER = {"small": 400, "big": 40, "chain": 400}
+_NUMBER = {"small": 400, "big": 40, "chain": 400, "gelu": 60}
 
 
 def worker(variant: str, quick: bool) -> dict:

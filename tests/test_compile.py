@@ -33,6 +33,13 @@ def _private_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("SYMGRAD_COMPILE_CACHE", str(tmp_path_factory.getbasetemp() / "cc"))
 
 
+class ComposedGELU(nn.Module):
+    """GELU (tanh form) from elementary ops: one fused elementwise run of eight ops."""
+
+    def forward(self, x):
+        return 0.5 * x * (1.0 + (0.7978845608 * (x + 0.044715 * x ** 3)).tanh())
+
+
 def _mlp(act=nn.ReLU, sizes=(4, 16, 3), seed=0):
     sg.manual_seed(seed)
     layers = []
@@ -124,6 +131,15 @@ def test_adam_mlp_matches_eager(loss):
     assert float(st["step"]) == STEPS
 
 
+def test_gelu_mlp_with_adam_matches_eager_and_fuses():
+    step, eager, c, e = _pair(lambda ps: sg.optim.Adam(ps, lr=1e-2), ComposedGELU)
+    _run_both(step, eager, c, e, _data(8), (4, 16, 3))
+    src = step.source()
+    # x ** 3 as products in the fused loop, tanh as NumPy's ufunc, one fused backward loop
+    assert "fused_0_0(" in src and "np.tanh(" in src and "fused_0_b" in src
+    assert "adam_update(" in src
+
+
 def test_adamw_and_plain_sgd_match_eager():
     for make in (lambda ps: sg.optim.AdamW(ps, lr=1e-2, weight_decay=0.1),
                  lambda ps: sg.optim.SGD(ps, lr=0.05)):
@@ -158,7 +174,7 @@ def test_fused_elementwise_chain_matches_eager():
         assert_close(got, want, terms=terms, scale=abs(want.detach().numpy()) * 30)
         assert_close(w, w_e, terms=terms)
         assert_close(w.grad, w_e.grad, terms=terms)
-    assert "@njit" in step.source() and "fused_0(" in step.source()
+    assert "@njit" in step.source() and "fused_0_0(" in step.source()
 
 
 def test_new_batch_size_retraces_and_stays_equal():

@@ -18,8 +18,11 @@ from .graph import OpCall, Program, Value
 __all__ = ["plan", "call_code", "cache_stats", "warm"]
 
 _ARITH = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
+#: the scalar functions the generated module binds for Numba (PRELUDE)
+VOCABULARY = frozenset({"exp", "log", "sin", "cos", "tanh", "sqrt", "abs", "sign", "where",
+                        "maximum", "log1p", "expm1", "erf"})
 #: the scalar vocabulary under the names the generated module binds for Numba
-_RENAME = {f: f"m_{f}" for f in FUNCTIONS}
+_RENAME = {f: f"m_{f}" for f in FUNCTIONS if f in VOCABULARY}
 
 PRELUDE = [
     "import math",
@@ -45,7 +48,10 @@ PRELUDE = [
 class Group:
     index: int
     calls: list
+    #: values the run reads from outside it
     inputs: list = field(default_factory=list)
+    #: (kernel name, calls) in order; name None: one SIMD_FORWARD op as a NumPy ufunc
+    segments: list = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -74,13 +80,23 @@ def _fusible(call: OpCall) -> bool:
     spec = call.spec
     if spec.name in _ARITH:
         return call.params.get("alpha", 1) == 1 and set(call.params) <= {"alpha"}
+    if spec.name == "pow":
+        return set(call.params) == {"exponent"} and type(call.params["exponent"]) in (
+            int, float) and isinstance(call.inputs[0], Value)
     s = spec.scalar
     return (s is not None and len(spec.inputs) == 1 and not s.params and not call.params
-            and isinstance(call.inputs[0], Value))
+            and isinstance(call.inputs[0], Value) and isinstance(s.grad, str)
+            and (s.calls("forward") | s.calls("grad")) <= VOCABULARY)
+
+
+#: transcendental unary ops whose forward runs as NumPy's SIMD ufunc (30x faster per element
+#: than a libm call in a Numba loop here); the run's fused backward still covers them
+SIMD_FORWARD = {"tanh": "np.tanh", "exp": "np.exp", "log": "np.log", "sqrt": "np.sqrt",
+                "sin": "np.sin", "cos": "np.cos"}
 
 
 def plan(program: Program) -> Plan:
-    """Runs of at least two consecutive fusible ops of one shape, each as one kernel."""
+    """Runs of at least two consecutive fusible ops of one shape, each as one group."""
     runs: list[list[OpCall]] = []
     current: list[OpCall] = []
     for event in program.events:
@@ -95,16 +111,38 @@ def plan(program: Program) -> Plan:
     for calls in runs:
         if len(calls) < 2:
             continue
-        group = Group(len(out.kernels), calls)
-        made = {v.index for c in calls for v in c.outputs}
-        n_in = len({x.index for c in calls for x in c.inputs
-                    if isinstance(x, Value) and x.index not in made})
-        out.kernels.append((group.name, calls[0].outputs[0].dtype.name, "a" * (n_in + len(calls))))
+        group = Group(len(out.first), calls)
+        made: set = set()
+        for c in calls:
+            for x in c.inputs:
+                if isinstance(x, Value) and x.index not in made and x not in group.inputs:
+                    group.inputs.append(x)
+            made.add(c.outputs[0].index)
         out.first[id(calls[0])] = group
         out.skip.update(id(c) for c in calls[1:])
-    for group in out.first.values():
-        out.kernel_text += _kernel(group, out.helpers)
+        for k, seg in enumerate(_segments(calls)):
+            if seg[0].spec.name in SIMD_FORWARD:
+                group.segments.append((None, seg))
+                continue
+            name = f"{group.name}_{k}"
+            text, n_args = _kernel(name, seg, out.helpers)
+            out.kernel_text += text
+            out.kernels.append((name, calls[0].outputs[0].dtype.name, "a" * n_args))
+            group.segments.append((name, seg))
     return out
+
+
+def _segments(calls: list) -> list[list]:
+    """Split a run at the SIMD_FORWARD ops (each its own segment)."""
+    segs: list[list] = []
+    for c in calls:
+        if c.spec.name in SIMD_FORWARD:
+            segs.append([c])
+        elif segs and segs[-1][0].spec.name not in SIMD_FORWARD:
+            segs[-1].append(c)
+        else:
+            segs.append([c])
+    return segs
 
 
 def module_text(p: Plan) -> list[str]:
@@ -114,26 +152,39 @@ def module_text(p: Plan) -> list[str]:
     return PRELUDE + list(p.helpers.values()) + p.kernel_text
 
 
-def _kernel(group: Group, helpers: dict) -> list[str]:
-    made = {v.index for c in group.calls for v in c.outputs}
-    inputs: list[Value] = []
-    for c in group.calls:
+def _power(x: str, e: float, dt: str) -> str:
+    """``x ** e``: small integer powers as products (libm's powf is 50x slower here)."""
+    if e == int(e) and 0 <= e <= 4:
+        return " * ".join([x] * int(e)) if e else f"np.{dt}(1.0)"
+    return f"{x} ** np.{dt}({float(e)!r})"
+
+
+def _segment_inputs(calls: list) -> list:
+    made = {c.outputs[0].index for c in calls}
+    inputs: list = []
+    for c in calls:
         for x in c.inputs:
             if isinstance(x, Value) and x.index not in made and x not in inputs:
                 inputs.append(x)
-    group.inputs = inputs
-    dt = group.calls[0].outputs[0].dtype.name
-    outs = [c.outputs[0] for c in group.calls]
+    return inputs
+
+
+def _kernel(name: str, calls: list, helpers: dict) -> tuple[list[str], int]:
+    inputs = _segment_inputs(calls)
+    dt = calls[0].outputs[0].dtype.name
+    outs = [c.outputs[0] for c in calls]
     params = [f"i{v.index}" for v in inputs] + [f"o{v.index}" for v in outs]
-    lines = ["@njit(**_J)", f"def {group.name}({', '.join(params)}):",
+    lines = ["@njit(**_J)", f"def {name}({', '.join(params)}):",
              f"    for k in range(o{outs[0].index}.size):"]
     lines += [f"        t{v.index} = i{v.index}[k]" for v in inputs]
-    for c in group.calls:
+    for c in calls:
         args = [f"t{x.index}" if isinstance(x, Value) else f"np.{dt}({float(x)!r})"
                 for x in c.inputs]
         op = _ARITH.get(c.spec.name)
         if op is not None:
             expr = f"{args[0]} {op} {args[1]}"
+        elif c.spec.name == "pow":
+            expr = _power(args[0], c.params["exponent"], dt)
         else:
             fname = f"s_{c.spec.name}"
             if fname not in helpers:
@@ -142,21 +193,29 @@ def _kernel(group: Group, helpers: dict) -> list[str]:
             expr = f"{fname}({args[0]})"
         v = c.outputs[0]
         lines += [f"        t{v.index} = {expr}", f"        o{v.index}[k] = t{v.index}"]
-    return lines + ["", ""]
+    return lines + ["", ""], len(params)
 
 
 def call_code(group: Group, ctx) -> list[str]:
-    """Lines calling the kernel of ``group`` (buffers for every value it writes)."""
-    flats = []
-    for c in group.calls:
-        v = c.outputs[0]
-        b = ctx.buf(v)
-        flat = f"{b}f"
-        ctx.constants["__alloc__"].append(f"{flat} = {b}.reshape(-1)")
-        flats.append(flat)
-    ins = [f"{v.name}.reshape(-1)" for v in group.inputs]
-    lines = [f"{group.name}({', '.join(ins + flats)})"]
-    lines += [f"{c.outputs[0].name} = {ctx.buf(c.outputs[0])}" for c in group.calls]
+    """Lines running the forward of ``group``: its kernels and SIMD ufuncs, in order, each
+    value into its own buffer (the fused backward reads them)."""
+    lines = []
+    made: set = set()
+    for name, calls in group.segments:
+        outs = [c.outputs[0] for c in calls]
+        for v in outs:
+            ctx.alloc(f"{ctx.buf(v)}f = {ctx.buf(v)}.reshape(-1)")
+        if name is None:
+            (c,) = calls
+            x = c.inputs[0]
+            lines.append(f"{SIMD_FORWARD[c.spec.name]}({x.name}, out={ctx.buf(outs[0])})")
+        else:
+            ins = [f"{ctx.buf(v)}f" if v.index in made else f"{v.name}.reshape(-1)"
+                   for v in _segment_inputs(calls)]
+            flats = [f"{ctx.buf(v)}f" for v in outs]
+            lines.append(f"{name}({', '.join(ins + flats)})")
+        made.update(v.index for v in outs)
+        lines += [f"{v.name} = {ctx.buf(v)}" for v in outs]
     return lines
 
 
@@ -256,6 +315,10 @@ def backward_kernel(group: Group, seeds: list, need: set, helpers: dict, name: s
             if c.spec.name in _LOCAL:
                 expr = _LOCAL[c.spec.name][pos].format(g=g, a=ops[0],
                                                         b=ops[1] if len(ops) > 1 else "")
+            elif c.spec.name == "pow":  # the stanza's rule: 0 for exponent 0
+                e = c.params["exponent"]
+                expr = (f"{g} * np.{dt}(0.0)" if e == 0 else
+                        f"{g} * np.{dt}({float(e)!r}) * ({_power(ops[0], e - 1, dt)})")
             else:
                 fname = f"sb_{c.spec.name}"
                 if fname not in helpers:

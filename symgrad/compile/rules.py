@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from ..ops._ints import norm, norms
 from .graph import OpCall, Value
+from .runtime import MATH
 
 __all__ = ["forward_code", "backward_code", "has_backward", "BROADCASTING", "UFUNCS"]
 
@@ -278,11 +279,11 @@ def has_backward(call: OpCall) -> bool:
         return _nll_ok(call)
     if spec.name in ("mul_scalar", "div_scalar"):
         return False  # their scalar operand's place varies; eager-only until needed
-    scalar = spec.scalar
-    if scalar is not None and len(spec.inputs) == 1 and isinstance(scalar.grad, str) \
-            and not scalar.params:
+    if spec.name in _RULES:
         return True
-    return spec.name in _RULES
+    scalar = spec.scalar
+    return (scalar is not None and len(spec.inputs) == 1 and isinstance(scalar.grad, str)
+            and not scalar.params and scalar.calls("grad") <= set(MATH))
 
 
 def backward_code(call: OpCall, ctx, g: str) -> dict[int, str]:
