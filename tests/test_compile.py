@@ -140,6 +140,43 @@ def test_gelu_mlp_with_adam_matches_eager_and_fuses():
     assert "adam_update(" in src
 
 
+_MORE = {
+    "flatten-sigmoid-l1": (lambda: nn.Sequential(nn.Flatten(), nn.Linear(12, 8), nn.Sigmoid(),
+                                                 nn.Linear(8, 2)), lambda o, y: F.l1_loss(o, y)),
+    "softmax": (lambda: nn.Sequential(nn.Linear(12, 8), nn.Softmax(dim=1), nn.Linear(8, 2)),
+                lambda o, y: F.mse_loss(o, y)),
+    "sum-dim-mean-dim-pow": (lambda: nn.Sequential(nn.Linear(12, 8), nn.Tanh(), nn.Linear(8, 2)),
+                             lambda o, y: ((o - y) ** 2).sum(dim=1).mean()
+                             + o.mean(dim=0).sum() / 7),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_MORE))
+def test_more_ops_match_eager(case):
+    make, loss_fn = _MORE[case]
+    sg.manual_seed(0)
+    model = make()
+    model_e = copy.deepcopy(model)
+    opt, opt_e = sg.optim.Adam(model.parameters(), lr=1e-2), \
+        sg.optim.Adam(model_e.parameters(), lr=1e-2)
+
+    def make_step(m, o):
+        def step(x, y):
+            o.zero_grad()
+            loss = loss_fn(m(x), y)
+            loss.backward()
+            o.step()
+            return loss
+        return step
+
+    step, eager = sg.compile(make_step(model, opt)), make_step(model_e, opt_e)
+    sg.manual_seed(1)
+    x = sg.randn(5, 3, 4) if case.startswith("flatten") else sg.randn(5, 12)
+    y = sg.randn(5, 2)
+    sizes = (12, 8, 2)
+    _run_both(step, eager, (model, opt), (model_e, opt_e), (x, y), sizes, steps=4)
+
+
 def test_adamw_and_plain_sgd_match_eager():
     for make in (lambda ps: sg.optim.AdamW(ps, lr=1e-2, weight_decay=0.1),
                  lambda ps: sg.optim.SGD(ps, lr=0.05)):

@@ -240,6 +240,14 @@ def _log_softmax(c, ctx, g):
     return {0: f"({g} - np.exp({y}) * {g}.sum(axis={d}, keepdims=True))"}
 
 
+def _softmax(c, ctx, g):
+    y = c.outputs[0].name
+    if not c.outputs[0].shape:
+        return {0: f"({g} * 0)"}
+    d = norm(c.params["dim"], len(c.outputs[0].shape))
+    return {0: f"(({g} - ({g} * {y}).sum(axis={d}, keepdims=True)) * {y})"}
+
+
 def _nll(c, ctx, g):
     p = c.params
     shape = _shape_of(c)
@@ -264,7 +272,7 @@ _RULES: dict[str, Callable] = {
     "mm": _mm, "addmm": _addmm, "sum": _sum, "sum_dim": _sum_dim, "mean": _mean,
     "mean_dim": _mean_dim, "t": _t, "transpose": _transpose, "permute": _permute,
     "expand": _expand, "clone": _identity, "alias": _identity, "to_copy": _to_copy,
-    "mse_loss": _mse, "log_softmax": _log_softmax, "nll_loss": _nll,
+    "mse_loss": _mse, "log_softmax": _log_softmax, "softmax": _softmax, "nll_loss": _nll,
     "mul_scalar": lambda c, ctx, g: {0: _scaled(g, c.params.get("other", c.inputs[-1]))},
     "div_scalar": lambda c, ctx, g: {0: f"({g} / {c.params.get('other', c.inputs[-1])!r})"},
 }
