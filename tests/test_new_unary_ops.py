@@ -1,7 +1,7 @@
-"""The unary ops added on the stanza path (docs/adding-an-op.md): torch parity of values,
-gradients, grad_fn names and second derivatives on the numpy and cpu backends (and cuda
-when present, e.g. under NUMBA_ENABLE_CUDASIM=1), the in-place forms, the verifier in
-exact and local mode, and the rule audit."""
+"""The ops added on the stanza path (docs/adding-an-op.md), unary and binary: torch parity
+of values, gradients, grad_fn names and second derivatives on the numpy and cpu backends
+(tests/cuda/test_cuda_new_unary_ops.py: the cuda backend under the simulator), the in-place
+forms, the verifier in exact and local mode, and the rule audit."""
 
 from __future__ import annotations
 
@@ -24,12 +24,32 @@ def _range(lo, hi, special=()):
     return sample
 
 
-#: op -> (symgrad function, torch function, sampler(rng, n), torch grad_fn name)
+#: op -> (symgrad function (L, *xs), torch function (*xs), one sampler(rng, n) per input,
+#: torch grad_fn name)
 CASES = {
     "log1p": (lambda L, x: L.log1p(x), torch.log1p,
-              _range(-0.9, 4.0, (0.0, -0.0, 1e-9, -0.5)), "Log1PBackward0"),
+              (_range(-0.9, 4.0, (0.0, -0.0, 1e-9, -0.5)),), "Log1PBackward0"),
     "expm1": (lambda L, x: L.expm1(x), torch.expm1,
-              _range(-4.0, 4.0, (0.0, -0.0, 1e-9, -30.0)), "Expm1Backward0"),
+              (_range(-4.0, 4.0, (0.0, -0.0, 1e-9, -30.0)),), "Expm1Backward0"),
+    "erf": (lambda L, x: L.erf(x), torch.erf,
+            (_range(-4.0, 4.0, (0.0, -0.0, 1e-9, 6.0, -6.0)),), "ErfBackward0"),
+    "silu": (lambda L, x: L.nn.functional.silu(x), TF.silu,
+             (_range(-20.0, 20.0, (0.0, -0.0, 1e-9, -100.0, 100.0, -800.0)),),
+             "SiluBackward0"),
+    # above the threshold softplus is x itself (torch's numerics): values on both sides
+    "softplus": (lambda L, x: L.nn.functional.softplus(x), TF.softplus,
+                 (_range(-30.0, 30.0, (0.0, 20.0, 20.5, 19.5, -100.0, 1e-9)),),
+                 "SoftplusBackward0"),
+    "softplus_beta": (lambda L, x: L.nn.functional.softplus(x, beta=2.0, threshold=1.0),
+                      lambda x: TF.softplus(x, beta=2.0, threshold=1.0),
+                      (_range(-3.0, 3.0, (0.0, 0.5, 0.25, 0.75, -5.0)),), "SoftplusBackward0"),
+    # atan2 at the origin: torch's gradients are 0 (signed), not NaN
+    "atan2": (lambda L, a, b: L.atan2(a, b), torch.atan2,
+              (_range(-3.0, 3.0, (0.0, 0.0, 1.0, -0.0, 1e-30)),
+               _range(-3.0, 3.0, (0.0, -0.0, 0.0, -2.0, 0.0))), "Atan2Backward0"),
+    "hypot": (lambda L, a, b: L.hypot(a, b), torch.hypot,
+              (_range(-3.0, 3.0, (3.0, -0.5, 1e200)), _range(-3.0, 3.0, (4.0, 0.0, 1e200))),
+              "HypotBackward0"),
 }
 
 SIZES = (12, 600)  # a few values (Python / NumPy paths) and above FUSED_MIN (Numba loops)
@@ -47,57 +67,65 @@ def cpu_backend(request):
 
 
 def _pair(op, dtype, n, seed=0):
+    """The op's inputs (a tuple) and a weight for the output."""
     rng = np.random.default_rng(seed)
-    x = CASES[op][2](rng, n).astype(dtype)
+    with np.errstate(over="ignore"):  # 1e200 in float32 is inf, as in torch
+        xs = tuple(sample(rng, n).astype(dtype) for sample in CASES[op][2])
     w = rng.standard_normal(n).astype(dtype)
-    return x, w
+    return xs, w
 
 
-def _run_sg(op, x, w, device="cpu"):
+def _run_sg(op, xs, w, device="cpu"):
     fn = CASES[op][0]
-    t = sg.tensor(x, requires_grad=True, device=device)
-    y = fn(sg, t)
+    ts = [sg.tensor(x, requires_grad=True, device=device) for x in xs]
+    y = fn(sg, *ts)
     (y * sg.tensor(w, device=device)).sum().backward()
-    return y, t.grad
+    return y, [t.grad for t in ts]
 
 
-def _run_torch(op, x, w):
-    t = torch.tensor(x, requires_grad=True)
-    y = CASES[op][1](t)
+def _run_torch(op, xs, w):
+    ts = [torch.tensor(x, requires_grad=True) for x in xs]
+    y = CASES[op][1](*ts)
     (y * torch.tensor(w)).sum().backward()
-    return y, t.grad
+    return y, [t.grad for t in ts]
 
 
 @pytest.mark.parametrize("op", sorted(CASES))
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("n", SIZES)
 def test_values_grads_and_grad_fn_match_torch(op, dtype, n, cpu_backend):
-    x, w = _pair(op, dtype, n)
-    y, g = _run_sg(op, x, w)
-    ty, tg = _run_torch(op, x, w)
+    xs, w = _pair(op, dtype, n)
+    y, gs = _run_sg(op, xs, w)
+    ty, tgs = _run_torch(op, xs, w)
     assert y.grad_fn.name() == ty.grad_fn.name() == CASES[op][3]
+    assert sorted(k for k in dir(y.grad_fn) if k.startswith("_saved_")) == \
+        sorted(k for k in dir(ty.grad_fn) if k.startswith("_saved_"))
     assert y.dtype.name == str(ty.dtype).split(".")[1]
     assert_close(y, ty, terms=VALUE_TERMS)
-    assert_close(g, tg, terms=GRAD_TERMS)
+    for g, tg in zip(gs, tgs):
+        assert_close(g, tg, terms=GRAD_TERMS)
 
 
 @pytest.mark.parametrize("op", sorted(CASES))
 def test_second_derivatives_match_torch(op, cpu_backend):
-    x, w = _pair(op, np.float64, 12, seed=3)
-    t = sg.tensor(x, requires_grad=True)
-    (g,) = sg.autograd.grad((CASES[op][0](sg, t) * sg.tensor(w)).sum(), t, create_graph=True)
-    (gg,) = sg.autograd.grad(g.sum(), t)
-    tt = torch.tensor(x, requires_grad=True)
-    (tg,) = torch.autograd.grad((CASES[op][1](tt) * torch.tensor(w)).sum(), tt,
-                                create_graph=True)
-    (tgg,) = torch.autograd.grad(tg.sum(), tt)
-    assert_close(g, tg, terms=GRAD_TERMS)
-    assert_close(gg, tgg, terms=SECOND_TERMS)
+    (xs, w) = _pair(op, np.float64, 12, seed=3)
+    xs = tuple(x[6:] for x in xs)  # away from the sampled specials (the origin of atan2)
+    w = w[6:]
+    ts = [sg.tensor(x, requires_grad=True) for x in xs]
+    gs = sg.autograd.grad((CASES[op][0](sg, *ts) * sg.tensor(w)).sum(), ts, create_graph=True)
+    ggs = sg.autograd.grad(sum(g.sum() for g in gs), ts)
+    tts = [torch.tensor(x, requires_grad=True) for x in xs]
+    tgs = torch.autograd.grad((CASES[op][1](*tts) * torch.tensor(w)).sum(), tts,
+                              create_graph=True)
+    tggs = torch.autograd.grad(sum(g.sum() for g in tgs), tts)
+    for g, tg, gg, tgg in zip(gs, tgs, ggs, tggs):
+        assert_close(g, tg, terms=GRAD_TERMS)
+        assert_close(gg, tgg, terms=SECOND_TERMS)
 
 
 @pytest.mark.parametrize("op", [o for o in sorted(CASES) if hasattr(torch, o + "_")])
 def test_inplace_forms_match_torch(op):
-    x, w = _pair(op, np.float64, 8)
+    (x,), w = _pair(op, np.float64, 8)
     a = sg.tensor(x, requires_grad=True)
     b = a * 1.0
     getattr(b, op + "_")()
@@ -116,12 +144,14 @@ def test_inplace_forms_match_torch(op):
 
 @pytest.mark.parametrize("op", sorted(CASES))
 def test_verify_exact_and_local(op):
-    x, _ = _pair(op, np.float64, 6, seed=5)
-    t = sg.tensor(x.reshape(2, 3), requires_grad=True)
-    rep = sg.verify((CASES[op][0](sg, t) * t).sum(), names={"x": t}, mode="exact")
+    xs, _ = _pair(op, np.float64, 12, seed=5)
+    ts = [sg.tensor(x[6:].reshape(2, 3), requires_grad=True) for x in xs]
+    names = {f"x{i}": t for i, t in enumerate(ts)}
+    rep = sg.verify((CASES[op][0](sg, *ts) * ts[0]).sum(), names=names, mode="exact")
     assert rep.ok and rep.mode == "exact", str(rep)
-    big = sg.tensor(_pair(op, np.float64, 600, seed=6)[0].reshape(20, 30), requires_grad=True)
-    rep = sg.verify(CASES[op][0](sg, big).sum(), names={"big": big}, mode="local")
+    bigs = [sg.tensor(x.reshape(20, 30), requires_grad=True)
+            for x in _pair(op, np.float64, 600, seed=6)[0]]
+    rep = sg.verify(CASES[op][0](sg, *bigs).sum(), mode="local")
     assert rep.ok and rep.mode == "local", str(rep)
 
 
@@ -129,5 +159,5 @@ def test_verify_exact_and_local(op):
 def test_the_rule_audit_proves_the_backward(op):
     from symgrad.symbolic.audit import audit_rules
 
-    (row,) = audit_rules([op])
+    (row,) = audit_rules([op.split("_")[0] if op != "softplus_beta" else "softplus"])
     assert row.status == "proved", row.detail

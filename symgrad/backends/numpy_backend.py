@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import math
 
 import numpy as np
@@ -161,26 +162,12 @@ class NumpyBackend:
         np.copyto(dst, src, casting="unsafe")
 
     @staticmethod
-    def add_(dst, src):
-        np.add(dst, src, out=dst, casting="unsafe")
-
-    @staticmethod
     def add_scaled_(dst, src, alpha):
-        """``dst += alpha * src`` (torch's ``add_(other, alpha=)``), alpha in dst's dtype."""
+        """``dst += alpha * src`` (torch's ``add_(other, alpha=)``), alpha in dst's dtype: an
+        axpy, like matmul a linear-algebra kernel rather than an op's math."""
         np.add(dst, np.multiply(src, dst.dtype.type(alpha)), out=dst, casting="unsafe")
 
-    @staticmethod
-    def sub_(dst, src):
-        np.subtract(dst, src, out=dst, casting="unsafe")
-
-    @staticmethod
-    def mul_(dst, src):
-        np.multiply(dst, src, out=dst, casting="unsafe")
-
-    @staticmethod
-    def div_(dst, src):
-        with np.errstate(all="ignore"):
-            np.true_divide(dst, src, out=dst, casting="unsafe")
+    # add_, sub_, mul_, div_ (``dst op= src``) are generated from the stanzas below the class
 
     @staticmethod
     def shares_memory(a, b) -> bool:
@@ -269,5 +256,43 @@ def numpy_backward(op: str):
     return staticmethod(kernel)
 
 
+#: The language's arithmetic operators as NumPy ufuncs (for in-place ``out=`` forms).
+_OPERATOR_UFUNCS = {ast.Add: np.add, ast.Sub: np.subtract, ast.Mult: np.multiply,
+                    ast.Div: np.true_divide}
+
+
+def numpy_inplace(kernel: str):
+    """``be.<kernel>_(dst, src)``: ``dst = dst <op> src`` in place with no temporary, for
+    a stanza whose forward is one arithmetic operator on its two inputs (``a + b``)."""
+    scalar = next(s for s in OPS.values() if s.kernel == kernel).scalar
+    tree = ast.parse(scalar.forward, mode="eval").body
+    ufunc = _OPERATOR_UFUNCS[type(tree.op)]
+    assert [n.id for n in (tree.left, tree.right)] == list(scalar.inputs)
+    quiet = _may_warn(scalar.forward, scalar.calls())
+
+    def fn(dst, src):
+        if quiet:
+            with np.errstate(all="ignore"):
+                ufunc(dst, src, out=dst, casting="unsafe")
+        else:
+            ufunc(dst, src, out=dst, casting="unsafe")
+
+    fn.__name__ = kernel + "_"
+    fn.__doc__ = f"``dst = {scalar.forward}`` in place (generated from the {kernel} stanza)."
+    return staticmethod(fn)
+
+
+def _one_operator(kernel: str) -> bool:
+    scalar = next(s for s in OPS.values() if s.kernel == kernel).scalar
+    if len(scalar.inputs) != 2 or ";" in scalar.forward:
+        return False
+    tree = ast.parse(scalar.forward, mode="eval").body
+    return len(scalar.inputs) == 2 and not scalar.params and isinstance(tree, ast.BinOp) \
+        and type(tree.op) in _OPERATOR_UFUNCS and isinstance(tree.left, ast.Name) \
+        and isinstance(tree.right, ast.Name)
+
+
 for _kernel in scalar_kernels():
     setattr(NumpyBackend, _kernel, numpy_kernel(_kernel))
+    if _one_operator(_kernel):
+        setattr(NumpyBackend, _kernel + "_", numpy_inplace(_kernel))

@@ -150,7 +150,8 @@ _unary("reciprocal", "ReciprocalBackward0", Scalar("1 / x", "-g * y * y"))
 # sum is 0 (grads 0 at the origin, not NaN); hypot reads its result
 _ATAN2_R = "d = a * a + b * b; r = where(d == 0, 0.0, 1 / d); "
 _binary("atan2", "Atan2Backward0", Scalar(
-    "atan2(a, b)", (_ATAN2_R + "g * b * r", _ATAN2_R + "g * -a * r"), inputs=_AB),
+    "atan2(a, b)", (_ATAN2_R + "g * b * r", _ATAN2_R + "g * -a * r"),
+    meaning="where(a * a + b * b == 0, 0, atan2(a, b))", inputs=_AB),
     dtype_rule="promote_float")
 _binary("hypot", "HypotBackward0", Scalar("hypot(a, b)", ("g * a / y", "g * b / y"),
                                           meaning="sqrt(a * a + b * b)", inputs=_AB),

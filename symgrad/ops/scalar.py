@@ -152,18 +152,36 @@ class Scalar:
 
 
 def source(name: str, params: tuple[str, ...], text: str, rename: dict | None = None,
-           prelude: tuple[tuple[str, str], ...] = ()) -> str:
+           prelude: tuple[tuple[str, str], ...] = (), equality_calls: bool = False) -> str:
     """The text of ``def name(*params)`` computing expression ``text``; ``prelude`` binds
-    names first with code of the caller's own (outside the checked language)."""
+    names first with code of the caller's own (outside the checked language);
+    ``equality_calls`` writes ``a == b`` / ``a != b`` as ``_eq(a, b)`` / ``_ne(a, b)``."""
     lets, result = _parse(text, tuple(rename or ()) + params)
     if rename:
         result = _rename(result, rename)
         lets = [(rename.get(n, n), _rename(e, rename)) for n, e in lets]
+    if equality_calls:
+        result = _equality_calls(result)
+        lets = [(n, _equality_calls(e)) for n, e in lets]
     lets = list(prelude) + lets
     lines = [f"def {name}({', '.join(params)}):"]
     lines += [f"    {n} = {e}" for n, e in lets]
     lines.append(f"    return {result}")
     return "\n".join(lines) + "\n"
+
+
+class _EqualityCalls(ast.NodeTransformer):
+    def visit_Compare(self, node):
+        self.generic_visit(node)
+        if len(node.ops) == 1 and isinstance(node.ops[0], (ast.Eq, ast.NotEq)):
+            fn = "_eq" if isinstance(node.ops[0], ast.Eq) else "_ne"
+            return ast.Call(ast.Name(fn, ast.Load()), [node.left, node.comparators[0]], [])
+        return node
+
+
+def _equality_calls(text: str) -> str:
+    """SymPy's ``==`` compares structure (a Python bool); the math needs ``Eq``."""
+    return ast.unparse(_EqualityCalls().visit(ast.parse(text, mode="eval")))
 
 
 def _rename(text: str, mapping: dict) -> str:
@@ -181,7 +199,7 @@ def build(name: str, params: tuple[str, ...], text: str, namespace: dict,
     ``inspect.getsource`` show the generated line."""
     if name in FUNCTIONS or name in namespace:
         raise ValueError(f"{name!r} would shadow a name the expression calls")
-    src = source(name, params, text, rename, prelude)
+    src = source(name, params, text, rename, prelude, equality_calls="_eq" in namespace)
     filename = f"<symgrad scalar {name}>"
     linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
     glb = dict(namespace)
@@ -234,4 +252,5 @@ def sympy_namespace(sp) -> dict:
     out["hypot"] = lambda a, b: sp.sqrt(a * a + b * b)
     out["pow"] = lambda a, b: a ** b
     out["where"] = lambda c, a, b: sp.Piecewise((a, c), (b, True))
+    out["_eq"], out["_ne"] = sp.Eq, sp.Ne  # ``==`` on SymPy objects is structural
     return out

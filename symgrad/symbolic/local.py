@@ -127,14 +127,33 @@ def _decided_derivative(spec, params, in_vals, idx, positions, k):
 MPMATH_RETRY_LIMIT = 4096
 
 
+#: inputs beyond these magnitudes may overflow or underflow inside a float64 derivative
+#: with a finite, wrong result (hypot's ``b / sqrt(a**2 + b**2)`` at 1e200 is b/inf = 0)
+EXTREME_ABOVE, EXTREME_BELOW = 2.0 ** 250, 2.0 ** -250
+
+
+def _extreme_inputs(in_vals, shape) -> np.ndarray:
+    """Elements where some float input is huge or tiny (not zero): re-evaluated exactly."""
+    out = np.zeros(shape, dtype=bool)
+    for x in in_vals:
+        if isinstance(x, np.ndarray) and x.dtype.kind == "f":
+            a = np.abs(x.astype(np.float64))
+            hit = np.isfinite(a) & ((a > EXTREME_ABOVE) | ((a < EXTREME_BELOW) & (a > 0)))
+            if hit.any():
+                out |= np.broadcast_to(hit, shape)
+    return out
+
+
 def _fix_nonfinite(g, params, in_vals, k, dv, positions, where=None):
-    """Re-evaluate with mpmath the elements where float64 NumPy gave nan/inf.
+    """Re-evaluate with mpmath the elements where float64 NumPy gave nan/inf, or whose
+    inputs are extreme.
 
     NumPy overflows where the derivative itself is finite (sigmoid's
-    ``exp(-x)/(1 + exp(-x))**2`` at x = -800 is inf/inf = nan); mpmath's exponent range is
-    unbounded, so only a derivative that is really infinite or undefined there stays so.
+    ``exp(-x)/(1 + exp(-x))**2`` at x = -800 is inf/inf = nan; hypot's ``b/sqrt(a**2 + b**2)``
+    at 1e200 is b/inf = 0); mpmath's exponent range is unbounded, so only a derivative that
+    is really infinite or undefined there stays so.
     """
-    bad = ~np.isfinite(dv)
+    bad = ~np.isfinite(dv) | _extreme_inputs(in_vals, dv.shape)
     if where is not None:
         bad &= np.broadcast_to(where, dv.shape)
     if not bad.any():
