@@ -323,6 +323,17 @@ def test_fallback_reasons(case):
     assert step.stats["fallbacks"]
 
 
+def test_a_compiled_step_inside_a_compiled_step_is_traced_through():
+    step, eager, c, e = _pair(lambda ps: sg.optim.SGD(ps, lr=0.1, momentum=0.9))
+    outer, outer_e = sg.compile(lambda x, y: step(x, y) * 2), (lambda x, y: eager(x, y) * 2)
+    step(*_data(4))  # the inner step compiled on its own first
+    eager(*_data(4))
+    for _ in range(3):
+        assert_close(outer(*_data(4)), outer_e(*_data(4)), terms=_terms((4, 16, 3), 4))
+    _assert_same_state(c, e, 4, (4, 16, 3))
+    assert outer.stats["traces"] == 1 and not outer.stats["fallbacks"]
+
+
 def test_cuda_arguments_fall_back():
     from symgrad.compile.guards import signature
 

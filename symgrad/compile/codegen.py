@@ -1,7 +1,8 @@
-"""Program -> one Python module: ``make(K)`` returns ``run(A, L, H)`` over NumPy arrays.
+"""Program -> one Python module: ``make(K)`` returns ``run(A, L, E, H)`` on NumPy arrays.
 
 ``A`` holds fn's tensor arguments' arrays, ``L`` the leaves' arrays then the optimizer
-state arrays (in ``Layout`` order), ``H`` the optimizer hyperparameters read each call (an
+state arrays (in ``Layout`` order), ``E`` the incoming ``.grad`` arrays the code reads
+(None where a leaf has none), ``H`` the optimizer hyperparameters read each call (an
 LR scheduler may change them). Buffers are allocated once in ``make``; gradients land in
 persistent buffers the caller exposes as the leaves' ``.grad``. The module text depends
 only on the traced program (shapes, dtypes, ops), so it is written to a file named by its
@@ -62,6 +63,8 @@ class _Ctx:
     def __init__(self, backend) -> None:
         self.backend = backend
         self.constants: dict[str, Any] = {}
+        #: lines of ``make`` allocating buffers and their flat views
+        self.allocs: list[str] = []
         self.buffers: list[str] = []
         self.helpers: dict[str, str] = {}
         self.plan = None
@@ -83,15 +86,13 @@ class _Ctx:
         name = f"{prefix}{v.index}"
         if name not in self.buffers:
             self.buffers.append(name)
-            self.constants.setdefault("__alloc__", []).append(
-                f"{name} = np.empty({v.shape!r}, np.{v.dtype.name})")
+            self.allocs.append(f"{name} = np.empty({v.shape!r}, np.{v.dtype.name})")
         return name
 
     def alloc(self, line: str) -> None:
         """A line of ``make`` (buffer allocation, flat view), once."""
-        alloc = self.constants.setdefault("__alloc__", [])
-        if line not in alloc:
-            alloc.append(line)
+        if line not in self.allocs:
+            self.allocs.append(line)
 
     def bind(self, obj, hint: str) -> str:
         name = self._ids.get(id(obj))
@@ -211,8 +212,7 @@ def _fused_backward(group, need: set, grads: dict, values: dict, ctx: _Ctx,
     results = []
     for x in outputs:
         b = ctx.buf(x, "gb")
-        if f"{b}f = {b}.reshape(-1)" not in ctx.constants["__alloc__"]:
-            ctx.constants["__alloc__"].append(f"{b}f = {b}.reshape(-1)")
+        ctx.alloc(f"{b}f = {b}.reshape(-1)")
         args.append(f"{b}f")
         results.append((x, b))
     lines.append(f"{name}({', '.join(args)})")
@@ -261,16 +261,6 @@ def _matmul_into(expr: str, out: str) -> str | None:
     for head in ("np.matmul(", "np.add.reduce("):
         if expr.startswith(head) and _closing(expr, len(head) - 1) == len(expr) - 1:
             return f"{expr[:-1]}, out={out})"
-    return None
-
-
-def _value(ops, root, idx):
-    if root.index == idx:
-        return root
-    for c in ops:
-        for x in c.inputs:
-            if isinstance(x, Value) and x.index == idx:
-                return x
     return None
 
 
@@ -344,10 +334,7 @@ def _step(k: int, event: Step, opt, leaves: dict, ctx: _Ctx, lines: list, grad_s
 
 
 def _flat(ctx: _Ctx, buf: str) -> str:
-    alloc = ctx.constants.setdefault("__alloc__", [])
-    line = f"{buf}f = {buf}.reshape(-1)"
-    if line not in alloc:
-        alloc.append(line)
+    ctx.alloc(f"{buf}f = {buf}.reshape(-1)")
     return f"{buf}f"
 
 
@@ -393,8 +380,7 @@ def generate(program: Program, backend) -> Generated:
     outs = _result_names(program.result)
     body.append(f"return ({''.join(n + ', ' for n in outs)})")
     text = _module_text(program, ctx, layout, body, groups)
-    consts = {k: v for k, v in ctx.constants.items() if k != "__alloc__"}
-    return Generated(text, consts, layout, groups.kernels)
+    return Generated(text, ctx.constants, layout, groups.kernels)
 
 
 def _result_names(result) -> list[str]:
@@ -416,17 +402,15 @@ def _module_text(program: Program, ctx: _Ctx, layout: Layout, body: list, groups
              *(f"{n} = MATH[{n!r}]" for n in sorted(MATH_NAMES)), ""]
     lines += fuse.module_text(groups)
     if groups.kernels:
-        lines += ["#: each fused kernel and its dtype: compiled (or loaded from disk) at load",
+        lines += ["#: each kernel, its dtype and argument kinds: compiled (or loaded from disk)"
+                  " at load",
                   "KERNELS = [" + ", ".join(f"({k}, {d!r}, {c!r})" for k, d, c in groups.kernels)
                   + "]", ""]
     for text in ctx.helpers.values():
         lines += [text]
     lines += ["", "def make(K):"]
-    for name in ctx.constants:
-        if name != "__alloc__":
-            lines.append(f"    {name} = K[{name!r}]")
-    for alloc in ctx.constants.get("__alloc__", []):
-        lines.append(f"    {alloc}")
+    lines += [f"    {name} = K[{name!r}]" for name in ctx.constants]
+    lines += [f"    {alloc}" for alloc in ctx.allocs]
     lines += ["", "    def run(A, L, E, H):"]
     if args:
         lines.append(f"        {', '.join(v.name for v in args)}, = A")

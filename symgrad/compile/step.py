@@ -17,6 +17,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from ..autograd import function as _fn
 from ..backends import backend_for
 from ..tensor import Tensor
 from . import fuse, loader
@@ -47,6 +48,8 @@ class Entry:
         self._opts = {k: e.opt for k, e in enumerate(program.events) if isinstance(e, Step)}
         self._bound: list = []
         self._result = program.result
+        #: copies of the traced call's tensor arguments (step.verify replays on them)
+        self.example: list = []
         #: each optimizer's param lists as traced: a group added or a list replaced retraces
         self._param_lists = {k: [(id(g["params"]), len(g["params"]))
                                  for g in ref().param_groups] for k, ref in self._opts.items()}
@@ -155,6 +158,8 @@ class CompiledStep:
         self._full_warned = False
 
     def __call__(self, *args):
+        if _fn._profiler is not None:  # being traced (a compiled step calling this one) or
+            return self.fn(*args)      # profiled: run the ops so they are seen
         key, reason = signature(args)
         if key is None:
             return self._eager(reason, args)
