@@ -36,6 +36,21 @@ NUMPY_MATH = {"exp": np.exp, "log": np.log, "sin": np.sin, "cos": np.cos, "tanh"
               "pow": _pow, "pi": math.pi}
 
 
+#: The language's arithmetic operators as NumPy ufuncs (for in-place ``out=`` forms).
+_OPERATOR_UFUNCS = {ast.Add: np.add, ast.Sub: np.subtract, ast.Mult: np.multiply,
+                    ast.Div: np.true_divide}
+
+
+def _one_operator(kernel: str) -> bool:
+    scalar = next(s for s in OPS.values() if s.kernel == kernel).scalar
+    if len(scalar.inputs) != 2 or ";" in scalar.forward:
+        return False
+    tree = ast.parse(scalar.forward, mode="eval").body
+    return len(scalar.inputs) == 2 and not scalar.params and isinstance(tree, ast.BinOp) \
+        and type(tree.op) in _OPERATOR_UFUNCS and isinstance(tree.left, ast.Name) \
+        and isinstance(tree.right, ast.Name)
+
+
 def _quiet(fn):
     """NumPy warns on log(-1) or 1/0; PyTorch silently gives nan/inf, so do we."""
 
@@ -188,6 +203,11 @@ def numpy_kernel(kernel: str):
     the input's dtype (``maximum(x, 0)`` on bools)."""
     spec = next(s for s in OPS.values() if s.kernel == kernel)
     scalar = spec.scalar
+    if _one_operator(kernel) and spec.dtype_rule != "same":
+        # ``a + b`` is the ufunc itself (no Python frame around it: a scalar graph's
+        # every node calls one)
+        ufunc = _OPERATOR_UFUNCS[type(ast.parse(scalar.forward, mode="eval").body.op)]
+        return staticmethod(_quiet(ufunc) if _may_warn(scalar.forward, set()) else ufunc)
     fn = build(kernel + "_forward", scalar.inputs + scalar.params, scalar.forward, NUMPY_MATH)
     if spec.dtype_rule == "same":
         plain = fn
@@ -256,11 +276,6 @@ def numpy_backward(op: str):
     return staticmethod(kernel)
 
 
-#: The language's arithmetic operators as NumPy ufuncs (for in-place ``out=`` forms).
-_OPERATOR_UFUNCS = {ast.Add: np.add, ast.Sub: np.subtract, ast.Mult: np.multiply,
-                    ast.Div: np.true_divide}
-
-
 def numpy_inplace(kernel: str):
     """``be.<kernel>_(dst, src)``: ``dst = dst <op> src`` in place with no temporary, for
     a stanza whose forward is one arithmetic operator on its two inputs (``a + b``)."""
@@ -280,16 +295,6 @@ def numpy_inplace(kernel: str):
     fn.__name__ = kernel + "_"
     fn.__doc__ = f"``dst = {scalar.forward}`` in place (generated from the {kernel} stanza)."
     return staticmethod(fn)
-
-
-def _one_operator(kernel: str) -> bool:
-    scalar = next(s for s in OPS.values() if s.kernel == kernel).scalar
-    if len(scalar.inputs) != 2 or ";" in scalar.forward:
-        return False
-    tree = ast.parse(scalar.forward, mode="eval").body
-    return len(scalar.inputs) == 2 and not scalar.params and isinstance(tree, ast.BinOp) \
-        and type(tree.op) in _OPERATOR_UFUNCS and isinstance(tree.left, ast.Name) \
-        and isinstance(tree.right, ast.Name)
 
 
 for _kernel in scalar_kernels():

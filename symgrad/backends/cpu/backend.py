@@ -28,6 +28,7 @@ does not cover (broadcasting, mixed dtypes, integers) goes to NumPy or to the fo
 
 from __future__ import annotations
 
+import linecache
 import os
 import sys
 import threading
@@ -36,7 +37,7 @@ import numpy as np
 
 from ...ops import OPS
 from ..base import column_major, fused_from_stanza, scalar_kernels
-from ..numpy_backend import NUMPY_MATH, NumpyBackend, numpy_backward, saved_layout
+from ..numpy_backend import NUMPY_MATH, NumpyBackend, numpy_backward, numpy_rule, saved_layout
 from . import rules
 
 __all__ = ["CpuBackend", "PARALLEL_MIN", "FUSED_MIN", "empty_pool", "load_kernels",
@@ -370,44 +371,19 @@ def _stanza_backward(op: str):
                            [spec.saved.index(name_of[v]) for v in values],
                            [spec.saved.index(p) for p in ps])
 
-    def kernel(grad, needed, *saved):
-        if type(grad) is not np.ndarray or grad.dtype not in _FLOATS:
-            return None
-        for k in params:
-            if type(saved[k]) not in (int, float, bool):
-                return None
-        shape, dt, n = grad.shape, grad.dtype, grad.size
-        same = True
-        for k in reads:
-            v = saved[k]
-            if type(v) is not np.ndarray:
-                same = False  # a Python number (``x * 2.5``)
-            elif v.dtype != (np.bool_ if k in masks else dt):
-                return None  # mixed dtypes: the formulas, with their promotions
-            elif v.shape != shape:
-                if _broadcast_shape(v.shape, shape) != shape:
-                    return None  # broadcast the other way: the formulas
-                same = False
-
-        if same and n == 1:
-            out = [None] * n_inputs
-            try:
-                for i, r, p in layout:
-                    if needed[i]:
-                        out[i] = _new(grad, one[i](grad.item(), *(saved[k].item() for k in r),
-                                                   *(saved[k] for k in p)))
-            except (ArithmeticError, ValueError):  # math raises where NumPy gives inf/nan
-                return None
-            return tuple(out)
+    def bulk(grad, needed, same, *saved):
+        """Past the checks, more than one element: Numba loops or NumPy rules."""
         mask = tuple(i for i, _, _ in layout if needed[i])
         if not mask:
             return None
+        n = grad.size
         if not same or n < FUSED_MIN or mask not in loops \
                 or not all(saved[k].flags.c_contiguous for k in reads):
             return np_kernel(grad, needed, *saved)
         name, values, ps = loops[mask]
         g, sg = _grad(grad, grad)
         outs = [_empty(grad) for _ in mask]
+        dt = grad.dtype
         _run(name, n, g, *(_flat(saved[k]) for k in values), *(dt.type(saved[k]) for k in ps),
              *(_flat(o) for o in outs), sg)
         out = [None] * n_inputs
@@ -415,8 +391,60 @@ def _stanza_backward(op: str):
             out[i] = o
         return tuple(out)
 
-    kernel.__name__ = op + "_backward"
-    kernel.__doc__ = f"Fused backward of {op}: its stanza's grads in one pass."
+    # The checks and the one-element path run for every node of a scalar graph: generated
+    # per op with its operands unrolled (a generic loop over them cost ~15% of a 10-op chain)
+    args = [f"s{k}" for k in range(len(spec.saved))]
+    lines = [f"def {op}_backward(grad, needed, {', '.join(args)}):",
+             "    if type(grad) is not _nd or grad.dtype not in _FLOATS:",
+             "        return None"]
+    for k in params:
+        lines += [f"    if type(s{k}) not in _NUMBERS:", "        return None"]
+    lines.append("    same = True")
+    for k in reads:
+        want = "_BOOL" if k in masks else "grad.dtype"
+        lines += [f"    if type(s{k}) is not _nd:",
+                  "        same = False  # a Python number (``x * 2.5``)",
+                  f"    elif s{k}.dtype != {want}:",
+                  "        return None  # mixed dtypes: the formulas, with their promotions",
+                  f"    elif s{k}.shape != grad.shape:",
+                  f"        if _broadcast_shape(s{k}.shape, grad.shape) != grad.shape:",
+                  "            return None  # broadcast the other way: the formulas",
+                  "        same = False"]
+    lines += ["    if same and grad.size == 1:", "        gv = grad.item()"]
+    lines += [f"        v{k} = s{k}.item()" for k in reads]
+    lines.append("        try:")
+    for i, r, p in layout:
+        call = ", ".join(["gv"] + [f"v{k}" for k in r] + [f"s{k}" for k in p])
+        lines.append(f"            o{i} = _new(grad, _rule{i}({call})) if needed[{i}] else None")
+    lines += ["        except (ArithmeticError, ValueError):  # math raises where NumPy gives "
+              "inf/nan", "            return None"]
+    has = {i for i, _, _ in layout}
+    lines.append("        return (" + "".join(f"o{i}, " if i in has else "None, "
+                                            for i in range(n_inputs)) + ")")
+    # small or broadcasting: the NumPy rules, unrolled too
+    lines.append("    if not same or grad.size < _mod.FUSED_MIN:")
+    for i, r, p in layout:
+        call = ", ".join(["grad"] + [f"s{k}" for k in r] + [f"s{k}" for k in p])
+        lines += [f"        o{i} = _np{i}({call}) if needed[{i}] else None",
+                  f"        if o{i} is not None:",
+                  f"            if type(o{i}) is not _nd:",
+                  f"                o{i} = _np.asarray(o{i})",
+                  f"            if o{i}.dtype != grad.dtype:  # bool factors widen in NumPy",
+                  f"                o{i} = o{i}.astype(grad.dtype)"]
+    lines.append("        return (" + "".join(f"o{i}, " if i in has else "None, "
+                                            for i in range(n_inputs)) + ")")
+    lines.append(f"    return _bulk(grad, needed, same, {', '.join(args)})")
+    namespace = {"_nd": np.ndarray, "_np": np, "_mod": sys.modules[__name__],
+                 **{f"_np{i}": numpy_rule(op, i) for i in has},
+                 "_FLOATS": _FLOATS, "_NUMBERS": (int, float, bool),
+                 "_BOOL": np.dtype(np.bool_), "_broadcast_shape": _broadcast_shape,
+                 "_new": _new, "_bulk": bulk, **{f"_rule{i}": f for i, f in one.items()}}
+    src = "\n".join(lines) + "\n"
+    filename = f"<symgrad cpu {op}_backward>"
+    linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
+    exec(compile(src, filename, "exec"), namespace)  # noqa: S102 - generated from the stanza
+    kernel = namespace[op + "_backward"]
+    kernel.__doc__ = f"Fused backward of {op}: its stanza's grads in one pass (generated)."
     return staticmethod(kernel)
 
 
