@@ -199,3 +199,9 @@ __all__ = [
     "clamp_max_",
     "func", "vmap", "Generator", "compile",
 ]
+
+# -- convolution and pooling (issue 21): the functions torch also has at top level
+from .nn._conv_functional import conv1d, conv2d  # noqa: E402
+from .nn._conv_functional import max_pool2d_values as max_pool2d  # noqa: E402
+
+__all__ += ["conv1d", "conv2d", "max_pool2d"]

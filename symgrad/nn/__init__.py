@@ -37,3 +37,8 @@ __all__ = ["Module", "Parameter", "Linear", "Sequential", "ModuleList", "ModuleD
            "Sigmoid", "SiLU", "Softplus", "Softmax", "LogSoftmax", "MSELoss", "BCEWithLogitsLoss",
            "CrossEntropyLoss", "NLLLoss", "L1Loss", "SmoothL1Loss", "HuberLoss", "BCELoss",
            "KLDivLoss", "functional", "init", "utils"]
+
+# -- convolution and pooling (issue 21)
+from .conv import AdaptiveAvgPool2d, AvgPool2d, Conv1d, Conv2d, MaxPool2d  # noqa: E402
+
+__all__ += ["Conv1d", "Conv2d", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d"]

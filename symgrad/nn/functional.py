@@ -523,3 +523,15 @@ def kl_div(input: Tensor, target: Tensor, size_average=None, reduce=None,
     if reduction == "batchmean" and input.ndim != 0:
         out = out / input.shape[0]
     return out
+
+
+# -- convolution and pooling (issue 21)
+from ._conv_functional import (  # noqa: E402
+    adaptive_avg_pool2d,
+    avg_pool2d,
+    conv1d,
+    conv2d,
+    max_pool2d,
+)
+
+__all__ += ["conv1d", "conv2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d"]

@@ -18,3 +18,6 @@ from .registry import OPS, check_complete, register
 from .spec import STRUCTURAL, OpSpec
 
 __all__ = ["OPS", "OpSpec", "STRUCTURAL", "check_complete", "register"]
+
+# -- convolution and pooling (issue 21)
+from . import conv, pool  # noqa: E402,F401

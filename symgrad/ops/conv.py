@@ -1,0 +1,239 @@
+"""Convolution (``ConvolutionBackward0``) lowered onto one gather and one matrix product.
+
+im2col is a ``be.getitem`` of the flattened input with an index array computed here in
+NumPy (validated by construction: every entry is in range, padding points at one extra
+zero appended to the input), so the forward runs unchanged on every backend, and on the
+SymPy backend it *is* the convolution's exact meaning (``STRUCTURAL``). The columns are
+laid out ``(groups, C/groups * prod(kernel), N * prod(out))``, so one BLAS product (a
+batched one per group) gives the output channels-first.
+
+The backward formulas are differentiable tensor ops (create_graph works): the input
+gradient is col2im, the scatter-add (``index_backward``) of ``weight^T @ grad``; the
+weight gradient is ``grad @ columns^T`` with the columns gathered again from the saved
+input (torch saves the input, not the columns); the bias gradient is a sum.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from math import prod
+
+import numpy as np
+
+from .. import _tensor_layer as _tl
+from .registry import OPS, register
+from .spec import STRUCTURAL, OpSpec
+
+
+def _apply(name, inputs, params):
+    return _tl.apply(OPS[name], inputs, params)
+
+
+@dataclass(frozen=True)
+class ConvPlan:
+    """The geometry of one convolution: output sizes and the im2col index."""
+
+    groups: int
+    out_channels: int
+    rows: int  # C/groups * prod(kernel): the inner dimension of the product
+    cols: int  # N * prod(out): one column per output position of every image
+    out_spatial: tuple[int, ...]
+    numel: int  # elements of the input
+    padded: bool  # does the index point at the appended zero (element ``numel``)?
+    index: np.ndarray  # int64, (groups * rows * cols,), entries in [0, numel]
+
+
+def conv_out_size(size: int, k: int, s: int, p: int, d: int) -> int:
+    return (size + 2 * p - d * (k - 1) - 1) // s + 1
+
+
+def _window_positions(size, out, k, s, p, d):
+    """(k, out) input positions of each kernel tap at each output, and whether inside."""
+    pos = np.arange(k)[:, None] * d + np.arange(out)[None, :] * s - p
+    return pos, (pos >= 0) & (pos < size)
+
+
+@lru_cache(maxsize=16)
+def conv_plan(in_shape: tuple, weight_shape: tuple, stride: tuple, padding: tuple,
+              dilation: tuple, groups: int) -> ConvPlan:
+    """The im2col index of a convolution (cached: a training loop repeats its shapes)."""
+    n, c = in_shape[:2]
+    spatial, kernel = in_shape[2:], weight_shape[2:]
+    dims = len(spatial)
+    out = tuple(conv_out_size(*a) for a in zip(spatial, kernel, stride, padding, dilation))
+    plane_strides = [prod(spatial[i + 1:]) for i in range(dims)]
+    # plane offset of every (kernel tap..., output position...) pair
+    plane = np.zeros(kernel + out, dtype=np.int64)
+    valid = np.ones(kernel + out, dtype=bool)
+    for i in range(dims):
+        pos, ok = _window_positions(spatial[i], out[i], kernel[i], stride[i], padding[i],
+                                    dilation[i])
+        shape = [1] * (2 * dims)
+        shape[i], shape[dims + i] = kernel[i], out[i]
+        plane = plane + pos.reshape(shape) * plane_strides[i]
+        valid = valid & ok.reshape(shape)
+    hw = prod(spatial)
+    numel = n * c * hw
+    cg = c // groups
+    # (groups, C/groups, kernel..., N, out...)
+    chan = np.arange(c, dtype=np.int64).reshape((groups, cg) + (1,) * (2 * dims + 1))
+    batch = np.arange(n, dtype=np.int64).reshape((1, 1) + (1,) * dims + (n,) + (1,) * dims)
+    plane_b = plane.reshape((1, 1) + kernel + (1,) + out)
+    valid_b = valid.reshape(plane_b.shape)
+    index = np.where(valid_b, (batch * c + chan) * hw + plane_b, numel)
+    index = np.ascontiguousarray(index, dtype=np.int64).reshape(-1)
+    index.setflags(write=False)
+    return ConvPlan(groups, weight_shape[0], cg * prod(kernel), n * prod(out), out, numel,
+                    not bool(valid.all()), index)
+
+
+def _full(v, n: int) -> tuple:
+    """A saved stride/padding/dilation for every dim (torch saves ``[1]`` as given)."""
+    return tuple(v) * n if len(v) == 1 else tuple(v)
+
+
+def _plan(input_shape, weight_shape, stride, padding, dilation, groups) -> ConvPlan:
+    n = len(input_shape) - 2
+    return conv_plan(tuple(input_shape), tuple(weight_shape), _full(stride, n),
+                     _full(padding, n), _full(dilation, n), int(groups))
+
+
+# -- forward ----------------------------------------------------------------------------------
+def gather_columns(be, x, plan) -> object:
+    """im2col on the backend: ``(groups, rows, cols)`` (padding reads an appended zero)."""
+    flat = be.reshape(x, (plan.numel,))
+    if plan.padded:
+        flat = be.concatenate([flat, be.full((1,), 0, x.dtype)], 0)
+    cols = be.getitem(flat, (plan.index,))
+    return be.reshape(cols, (plan.groups, plan.rows, plan.cols))
+
+
+def _conv_forward(be, input, weight, bias, stride, padding, dilation, transposed,
+                  output_padding, groups, bias_sym_sizes_opt):
+    plan = _plan(input.shape, weight.shape, stride, padding, dilation, groups)
+    cols = gather_columns(be, input, plan)
+    o, g = plan.out_channels, plan.groups
+    if g == 1:
+        out = be.matmul(be.reshape(weight, (o, plan.rows)), be.reshape(cols, (plan.rows,
+                                                                              plan.cols)))
+    else:
+        out = be.matmul(be.reshape(weight, (g, o // g, plan.rows)), cols)
+        out = be.reshape(out, (o, plan.cols))
+    if bias is not None:
+        out = be.add(out, be.reshape(bias, (o, 1)))
+    n = input.shape[0]
+    out = be.reshape(out, (o, n) + plan.out_spatial)
+    return be.copy(be.transpose(out, (1, 0) + tuple(range(2, 2 + len(plan.out_spatial)))))
+
+
+# -- backward (differentiable tensor ops) -----------------------------------------------------
+def _grad_columns(grad, plan):
+    """grad (N, O, out...) as (groups, O/groups, N * prod(out)), the product's layout."""
+    n, o = grad.shape[0], grad.shape[1]
+    g2 = grad.reshape(n, o, -1).permute(1, 0, 2)
+    return g2.reshape(plan.groups, o // plan.groups, plan.cols)
+
+
+def columns_of(x, plan):
+    """im2col of the tensor ``x`` in differentiable ops (its backward is col2im)."""
+    from .indexing import index
+
+    flat = x.reshape(-1)
+    if plan.padded:  # one zero appended: slice_backward writes flat into zeros(numel + 1)
+        flat = _apply("slice_backward", (flat,), {"input_sizes": (plan.numel + 1,), "dim": 0,
+                                                   "start": 0, "end": plan.numel, "step": 1})
+    return index(flat, (plan.index,)).reshape(plan.groups, plan.rows, plan.cols)
+
+
+def columns_to_image(cols, plan, sizes):
+    """col2im: the scatter-add of ``cols`` back onto an input of ``sizes``."""
+    extra = 1 if plan.padded else 0
+    flat = _apply("index_backward", (cols.reshape(-1),),
+                  {"indices": (plan.index,), "input_sizes": (plan.numel + extra,)})
+    if extra:
+        flat = flat[:plan.numel]
+    return flat.reshape(tuple(sizes))
+
+
+def conv_input_grad(grad, input, weight, stride, padding, dilation, groups):
+    plan = _plan(input.shape, weight.shape, stride, padding, dilation, groups)
+    g2 = _grad_columns(grad, plan)
+    o = plan.out_channels
+    if plan.groups == 1:
+        cols = weight.reshape(o, plan.rows).t().mm(g2.reshape(o, plan.cols))
+    else:
+        cols = weight.reshape(plan.groups, o // plan.groups, plan.rows).transpose(1, 2).bmm(g2)
+    return columns_to_image(cols, plan, input.shape)
+
+
+def conv_weight_grad(grad, input, weight, stride, padding, dilation, groups):
+    plan = _plan(input.shape, weight.shape, stride, padding, dilation, groups)
+    g2 = _grad_columns(grad, plan)
+    cols = columns_of(input, plan)
+    if plan.groups == 1:
+        gw = g2.reshape(plan.out_channels, plan.cols).mm(cols.reshape(plan.rows, plan.cols).t())
+    else:
+        gw = g2.bmm(cols.transpose(1, 2))
+    return gw.reshape(tuple(weight.shape))
+
+
+def conv_bias_grad(grad):
+    return grad.sum([0] + list(range(2, grad.ndim)))
+
+
+_SAVED = ("input", "weight", "stride", "padding", "dilation", "transposed", "output_padding",
+          "groups", "bias_sym_sizes_opt")
+
+
+def _formula(which):
+    """One formula per input, each naming every saved operand (torch saves them all)."""
+    def formula(grad, input, weight, stride, padding, dilation, transposed, output_padding,
+                groups, bias_sym_sizes_opt):
+        if which == "bias":
+            return conv_bias_grad(grad)
+        fn = conv_input_grad if which == "input" else conv_weight_grad
+        return fn(grad, input, weight, stride, padding, dilation, groups)
+
+    return formula
+
+
+register(OpSpec(
+    "convolution", "ConvolutionBackward0", ("input", "weight", "bias"), _conv_forward,
+    {"input": _formula("input"), "weight": _formula("weight"), "bias": _formula("bias")},
+    STRUCTURAL, dtype_rule="same",
+    doc="conv1d/conv2d (bias may be None: no edge); im2col gather + matmul."))
+
+
+# -- constant_pad_nd: padding='same' with an even total pads the input first, as torch -----
+def _pad_region(pad, ndim):
+    """Slices of the padded tensor that hold the input (pad: last dim first, pairs)."""
+    region = [slice(None)] * ndim
+    for i in range(len(pad) // 2):
+        d = ndim - 1 - i
+        region[d] = (pad[2 * i], pad[2 * i + 1])
+    return region
+
+
+def _constant_pad_forward(be, self, pad, value=0):
+    region = _pad_region(pad, self.ndim)
+    shape = tuple(s if isinstance(r, slice) else s + r[0] + r[1]
+                  for s, r in zip(self.shape, region))
+    out = be.full(shape, value, self.dtype)
+    index = tuple(r if isinstance(r, slice) else slice(r[0], r[0] + s)
+                  for s, r in zip(self.shape, region))
+    be.setitem(out, index, self)
+    return out
+
+
+def _constant_pad_grad(grad, pad):
+    region = _pad_region(pad, grad.ndim)
+    index = tuple(r if isinstance(r, slice) else slice(r[0], grad.shape[d] - r[1])
+                  for d, r in enumerate(region))
+    return _tl.getitem(grad, index)
+
+
+register(OpSpec(
+    "constant_pad_nd", "ConstantPadNdBackward0", ("self",), _constant_pad_forward,
+    {"self": lambda grad, pad: _constant_pad_grad(grad, pad)},
+    STRUCTURAL, dtype_rule="same", doc="non-negative constant padding (F.pad's 'constant')."))
