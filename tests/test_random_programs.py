@@ -576,3 +576,79 @@ def test_each_generator_alone_matches_torch(name):
         _check(b.steps)
 
     run()
+
+
+# -- convolution and pooling (issue 21)
+def _gen_convolution(b):
+    """conv1d on a batched (N, C, L) pool tensor, or conv2d on an unbatched (C, H, W) one."""
+    i = b.pick(lambda t: t.ndim == 3 and 0 not in t.shape, make=lambda: (2, 2, 3))
+    t = b.shadow[i]
+    two_d = b.draw(st.booleans())
+    c = t.shape[0] if two_d else t.shape[1]
+    spatial = tuple(t.shape[1:]) if two_d else (t.shape[2],)
+    groups = b.draw(st.sampled_from([g for g in (1, 2, 3) if c % g == 0]))
+    stride, dilation = b.draw(st.integers(1, 2)), b.draw(st.integers(1, 2))
+    padding = b.draw(st.integers(0, 1))
+    k = b.draw(st.integers(1, 2))
+    if any(s + 2 * padding < dilation * (k - 1) + 1 for s in spatial):
+        k = 1
+    w = b.leaf((groups * b.draw(st.integers(1, 2)), c // groups) + (k,) * len(spatial))
+    bias = b.leaf((b.shadow[w].shape[0],)) if b.draw(st.booleans()) else None
+
+    def fn(L, P):
+        conv = L.nn.functional.conv2d if two_d else L.nn.functional.conv1d
+        return conv(P[i], P[w], None if bias is None else P[bias], stride, padding, dilation,
+                    groups)
+
+    b.op("convolution", fn)
+
+
+def _gen_same_pad(b):
+    """padding='same' with an even kernel pads the input first (ConstantPadNdBackward0)."""
+    i = b.pick(lambda t: t.ndim == 3 and 0 not in t.shape, make=lambda: (2, 2, 3))
+    w = b.leaf((2, b.shadow[i].shape[1], 2))
+
+    def fn(L, P):
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # torch: "may require a padded copy"
+            return L.nn.functional.conv1d(P[i], P[w], padding="same")
+
+    b.op("constant_pad_nd", fn)
+
+
+def _gen_pool(name):
+    """Pooling of an unbatched (C, H, W) pool tensor, window at most 2 (pads <= half)."""
+    def gen(b):
+        i = b.pick(lambda t: t.ndim == 3 and 0 not in t.shape, make=lambda: (2, 3, 3))
+        h, w = b.shadow[i].shape[1:]
+        k = b.draw(st.integers(1, min(2, h, w)))
+        stride, pad = b.draw(st.integers(1, 2)), b.draw(st.integers(0, k // 2))
+        ceil = b.draw(st.booleans())
+        if name == "max_pool2d_with_indices":
+            b.op(name, lambda L, P: L.nn.functional.max_pool2d(P[i], k, stride, pad,
+                                                               ceil_mode=ceil))
+        elif name == "avg_pool2d":
+            include = b.draw(st.booleans())
+            b.op(name, lambda L, P: L.nn.functional.avg_pool2d(
+                P[i], k, stride, pad, ceil_mode=ceil, count_include_pad=include))
+        else:
+            size = (b.draw(st.integers(1, h)), b.draw(st.integers(1, w)))
+            b.op(name, lambda L, P: L.nn.functional.adaptive_avg_pool2d(P[i], size))
+    return gen
+
+
+GENERATORS.update({
+    "convolution": _gen_convolution, "constant_pad_nd": _gen_same_pad,
+    **{n: _gen_pool(n) for n in ("max_pool2d_with_indices", "avg_pool2d",
+                                 "adaptive_avg_pool2d")},
+})
+NAMES = sorted(GENERATORS)
+
+
+@pytest.mark.parametrize("name", ["convolution", "constant_pad_nd", "max_pool2d_with_indices",
+                                  "avg_pool2d", "adaptive_avg_pool2d"])
+def test_each_conv_pool_generator_alone_matches_torch(name):
+    """The generators above, each alone (the parametrized list above predates them)."""
+    test_each_generator_alone_matches_torch(name)

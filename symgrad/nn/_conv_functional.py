@@ -138,7 +138,6 @@ def _convolution(input, weight, bias, stride, padding, dilation, groups, dims: i
                 warnings.warn("Using padding='same' with even kernel lengths and odd dilation "
                               "may require a zero-padded copy of the input be created",
                               UserWarning, stacklevel=3)
-                _check_conv(input, weight, bias, full_stride, padding, full_dilation, groups)
                 input = apply(_PAD, (input,), {"pad": pad_nd, "value": 0})
         else:
             raise RuntimeError(f"Invalid padding string: '{padding}'")

@@ -535,3 +535,15 @@ def _vanishes_numerically(d, values, G) -> bool:
         if abs(r) > 1e-9:
             return False
     return True
+
+
+# -- convolution and pooling (issue 21)
+EXAMPLES.update({
+    "convolution": lambda x, y: _nnf().conv1d(x.unsqueeze(0), y[:, 0:2].reshape(2, 1, 2),
+                                              y[:, 2], padding=1, groups=2),
+    "constant_pad_nd": lambda x, y: _sg_ops("constant_pad_nd", (x,), {"pad": (1, 2, 0, 1)}),
+    "max_pool2d_with_indices": lambda x, y: _nnf().max_pool2d(x.unsqueeze(0), 2, 1, 1),
+    "avg_pool2d": lambda x, y: _nnf().avg_pool2d(x.unsqueeze(0), 2, 1, 1, ceil_mode=True,
+                                                  count_include_pad=False),
+    "adaptive_avg_pool2d": lambda x, y: _nnf().adaptive_avg_pool2d(x.unsqueeze(0), (2, 2)),
+})
