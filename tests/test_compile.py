@@ -17,6 +17,7 @@ import sys
 import textwrap
 import warnings
 
+import numpy as np
 import pytest
 from _tolerance import assert_close
 
@@ -395,12 +396,28 @@ def test_the_step_keeps_no_tensor_alive_by_itself():
         gc.enable()
 
 
-def test_verify_returns_an_ok_report():
-    step, _, _, _ = _pair(lambda ps: sg.optim.SGD(ps, lr=0.1), nn.Tanh)
+@pytest.mark.parametrize("act", [nn.Tanh, ComposedGELU])
+def test_verify_returns_an_ok_report(act):
+    step, _, (model, _), _ = _pair(lambda ps: sg.optim.Adam(ps, lr=1e-2), act)
     x, y = _data(4)
     step(x, y)
+    before = [p.detach().numpy().copy() for p in model.parameters()]
     report = step.verify()
     assert report.ok, report
+    for p, b in zip(model.parameters(), before):  # verify has no side effect
+        assert np.array_equal(p.detach().numpy(), b)
+
+
+def test_verify_catches_generated_code_that_disagrees(monkeypatch):
+    from symgrad.compile import rules
+
+    step, _, _, _ = _pair(lambda ps: sg.optim.SGD(ps, lr=0.1), nn.Tanh)
+    monkeypatch.setitem(rules._RULES, "addmm", lambda c, ctx, g: {
+        0: g, 1: f"np.matmul({g}, {ctx.ref(c.inputs[2])}.T)",
+        2: f"(2 * np.matmul({ctx.ref(c.inputs[1])}.T, {g}))"})  # a wrong weight gradient
+    step(*_data(4))
+    with pytest.raises(RuntimeError, match="disagrees with eager"):
+        step.verify()
 
 
 _CHILD = textwrap.dedent("""
