@@ -215,6 +215,27 @@ def test_fused_elementwise_chain_matches_eager():
     assert "@njit" in step.source() and "fused_0_0(" in step.source()
 
 
+def test_fused_backward_loops_are_proved_against_sympy(monkeypatch):
+    sg.manual_seed(3)
+    w = sg.randn(6, 5, requires_grad=True)
+    step = sg.compile(_chain_fn(w, sg.optim.SGD([w], lr=0.01)))
+    step(sg.randn(6, 5))
+    assert step.verify().ok
+    assert step.stats["proofs"] and set(step.stats["proofs"].values()) <= {
+        "proved", "checked at 16 points"}
+
+    from symgrad.compile import fuse
+    from symgrad.compile.prove import prove_plan
+
+    wrong = dict(fuse._LOCAL, mul=("{g} * {b}", "{g} * {b}"))  # d(a*b)/db = b: wrong
+    monkeypatch.setattr(fuse, "_LOCAL", wrong)
+    bad = sg.compile(_chain_fn(w, sg.optim.SGD([w], lr=0.01)))
+    bad(sg.randn(6, 5))
+    entry = bad._entries()[-1]
+    with pytest.raises(AssertionError, match="differs from SymPy"):
+        prove_plan(entry.module, entry.generated.plan)
+
+
 def test_new_batch_size_retraces_and_stays_equal():
     step, eager, c, e = _pair(lambda ps: sg.optim.SGD(ps, lr=0.1, momentum=0.9))
     sizes = (4, 16, 3)

@@ -227,7 +227,8 @@ class CompiledStep:
         """Prove the latest signature's step: ``sg.verify`` on its traced forward, replayed
         on copies of the current parameters and of the traced call's arguments (no side
         effects), and the generated code's gradients compared with the eager engine's on
-        that replay (a disagreement raises RuntimeError). Returns the verifier's Report;
+        that replay, and each fused backward loop proved against SymPy's derivative
+        (``stats["proofs"]``); a disagreement raises RuntimeError. Returns the Report;
         keywords go to ``sg.verify`` (``mode="auto"`` picks local checks on big shapes)."""
         from .replay import check_generated, replay
 
@@ -245,4 +246,10 @@ class CompiledStep:
         if problems:
             raise RuntimeError("sg.compile: the generated step disagrees with eager: "
                                + "; ".join(problems))
+        from .prove import prove_plan
+
+        try:
+            self.stats["proofs"] = prove_plan(entry.module, entry.generated.plan)
+        except AssertionError as exc:
+            raise RuntimeError(f"sg.compile: a fused backward loop is wrong: {exc}") from None
         return report
