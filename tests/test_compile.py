@@ -17,6 +17,7 @@ import sys
 import textwrap
 import warnings
 
+import numpy as np
 import pytest
 from _tolerance import assert_close
 
@@ -214,6 +215,27 @@ def test_fused_elementwise_chain_matches_eager():
     assert "@njit" in step.source() and "fused_0_0(" in step.source()
 
 
+def test_fused_backward_loops_are_proved_against_sympy(monkeypatch):
+    sg.manual_seed(3)
+    w = sg.randn(6, 5, requires_grad=True)
+    step = sg.compile(_chain_fn(w, sg.optim.SGD([w], lr=0.01)))
+    step(sg.randn(6, 5))
+    assert step.verify().ok
+    assert step.stats["proofs"] and set(step.stats["proofs"].values()) <= {
+        "proved", "checked at 16 points"}
+
+    from symgrad.compile import fuse
+    from symgrad.compile.prove import prove_plan
+
+    wrong = dict(fuse._LOCAL, mul=("{g} * {b}", "{g} * {b}"))  # d(a*b)/db = b: wrong
+    monkeypatch.setattr(fuse, "_LOCAL", wrong)
+    bad = sg.compile(_chain_fn(w, sg.optim.SGD([w], lr=0.01)))
+    bad(sg.randn(6, 5))
+    entry = bad._entries()[-1]
+    with pytest.raises(AssertionError, match="differs from SymPy"):
+        prove_plan(entry.module, entry.generated.plan)
+
+
 def test_new_batch_size_retraces_and_stays_equal():
     step, eager, c, e = _pair(lambda ps: sg.optim.SGD(ps, lr=0.1, momentum=0.9))
     sizes = (4, 16, 3)
@@ -395,12 +417,28 @@ def test_the_step_keeps_no_tensor_alive_by_itself():
         gc.enable()
 
 
-def test_verify_returns_an_ok_report():
-    step, _, _, _ = _pair(lambda ps: sg.optim.SGD(ps, lr=0.1), nn.Tanh)
+@pytest.mark.parametrize("act", [nn.Tanh, ComposedGELU])
+def test_verify_returns_an_ok_report(act):
+    step, _, (model, _), _ = _pair(lambda ps: sg.optim.Adam(ps, lr=1e-2), act)
     x, y = _data(4)
     step(x, y)
+    before = [p.detach().numpy().copy() for p in model.parameters()]
     report = step.verify()
     assert report.ok, report
+    for p, b in zip(model.parameters(), before):  # verify has no side effect
+        assert np.array_equal(p.detach().numpy(), b)
+
+
+def test_verify_catches_generated_code_that_disagrees(monkeypatch):
+    from symgrad.compile import rules
+
+    step, _, _, _ = _pair(lambda ps: sg.optim.SGD(ps, lr=0.1), nn.Tanh)
+    monkeypatch.setitem(rules._RULES, "addmm", lambda c, ctx, g: {
+        0: g, 1: f"np.matmul({g}, {ctx.ref(c.inputs[2])}.T)",
+        2: f"(2 * np.matmul({ctx.ref(c.inputs[1])}.T, {g}))"})  # a wrong weight gradient
+    step(*_data(4))
+    with pytest.raises(RuntimeError, match="disagrees with eager"):
+        step.verify()
 
 
 _CHILD = textwrap.dedent("""

@@ -71,12 +71,6 @@ KNOWN_GAPS: dict[tuple[str, str], str] = {
     ("to_cuda", "audit"): "no entry in symgrad/symbolic/audit.py EXAMPLES (a copy across "
                           "devices; audit.py belongs to the verifier work)",
     ("to_cpu", "audit"): "as to_cuda",
-    # the CUDA backend has fused backwards for the elementwise ops only; on cuda the engine
-    # runs these ops' tensor-op formulas (OpSpec.fused_backward is optional per backend)
-    ("addmm", "fused:cuda"): "no fused addmm backward kernel on cuda yet",
-    ("mse_loss", "fused:cuda"): "no fused mse_loss backward kernel on cuda yet",
-    ("softmax", "fused:cuda"): "no fused softmax backward kernel on cuda yet",
-    ("log_softmax", "fused:cuda"): "no fused log_softmax backward kernel on cuda yet",
 }
 
 

@@ -51,6 +51,7 @@ class Generated:
     constants: dict
     layout: Layout
     fused: list
+    plan: Any = None
 
 
 _HYPER = {"sgd": ("lr", "momentum", "weight_decay"),
@@ -203,6 +204,7 @@ def _fused_backward(group, need: set, grads: dict, values: dict, ctx: _Ctx,
         return
     name = f"{group.name}_b{len(ctx.plan.kernels)}"
     text, outputs = fuse.backward_kernel(group, seeds, need, ctx.plan.helpers, name)
+    ctx.plan.backward_kernels.append((name, group, seeds, outputs))
     ctx.plan.kernel_text += text
     ctx.plan.kernels.append((name, group.calls[0].outputs[0].dtype.name, "a" * (
         len(group.inputs) + len(group.calls) + len(seeds) + len(outputs))))
@@ -380,7 +382,7 @@ def generate(program: Program, backend) -> Generated:
     outs = _result_names(program.result)
     body.append(f"return ({''.join(n + ', ' for n in outs)})")
     text = _module_text(program, ctx, layout, body, groups)
-    return Generated(text, ctx.constants, layout, groups.kernels)
+    return Generated(text, ctx.constants, layout, groups.kernels, groups)
 
 
 def _result_names(result) -> list[str]:

@@ -65,6 +65,8 @@ class Plan:
     kernels: list = field(default_factory=list)
     kernel_text: list = field(default_factory=list)
     helpers: dict = field(default_factory=dict)
+    #: (name, group, seeds, outputs) of each fused backward loop, for prove.py
+    backward_kernels: list = field(default_factory=list)
 
 
 def _fusible(call: OpCall) -> bool:

@@ -8,12 +8,14 @@ under ``record()``: a graph with every value, and no side effect on the model.
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..autograd.function import apply
 from ..autograd.record import record
 from ..tensor import Tensor
 from .graph import Backward, OpCall, Program, Value
 
-__all__ = ["replay"]
+__all__ = ["replay", "check_generated"]
 
 
 def replay(program: Program, example: list) -> tuple[Tensor, dict]:
@@ -47,3 +49,31 @@ def replay(program: Program, example: list) -> tuple[Tensor, dict]:
                 for v, t in zip(event.outputs, out if isinstance(out, tuple) else (out,)):
                     tensors[v.index] = t
     raise RuntimeError("the compiled step has no backward() to verify")
+
+
+def check_generated(program: Program, example: list, make, constants: dict, layout,
+                    arrays: list, hyper: list) -> list[str]:
+    """Run a fresh instance of the generated code on copies of everything and compare its
+    gradients with the eager engine's on the replayed graph; returns the disagreements
+    (empty: they agree within float rounding). Only for programs with one backward."""
+    if sum(isinstance(e, Backward) for e in program.events) != 1:
+        return []
+    root, names = replay(program, example)
+    root.backward()
+    run, buffers = make(constants)
+    tensors = [example[v.slot].copy() for kind, v in program.args if kind == "tensor"]
+    run(tensors, [a.copy() for a in arrays], [None] * len(layout.entry_grads), hyper)
+    terms = len(program.events) + max((max(v.shape, default=1) for v in program.values),
+                                      default=1)
+    problems = []
+    for slot, name in layout.final_grads.items():
+        leaf = names.get(f"leaf{slot}")
+        if name is None or leaf is None or leaf.grad is None:
+            continue
+        want, got = leaf.grad._data, buffers[name]
+        bound = 4 * terms * np.finfo(want.dtype).eps * max(float(np.abs(want).max()), 1e-30)
+        err = float(np.abs(got - want).max())
+        if not err <= bound:
+            problems.append(f"gradient of leaf {slot}: generated code differs from eager by "
+                            f"{err:.3g} (bound {bound:.3g})")
+    return problems

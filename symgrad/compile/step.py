@@ -40,6 +40,7 @@ class Entry:
         self.program = program
         self.generated = gen
         self.layout = gen.layout
+        self.module = module
         self.run, grad_buffers = module.make(gen.constants)
         by_slot = {v.slot: v for v in program.values if v.kind == "leaf"}
         self._leaf_values = [by_slot[s] for s in self.layout.leaves]
@@ -223,10 +224,13 @@ class CompiledStep:
         return "\n\n".join(e.generated.text for e in entries)
 
     def verify(self, **kwargs):
-        """``sg.verify`` on the traced forward of the latest signature, replayed on copies
-        of the current parameters (no optimizer step, no side effects); returns its Report.
-        Keywords go to ``sg.verify`` (``mode="auto"`` picks local checks on big shapes)."""
-        from .replay import replay
+        """Prove the latest signature's step: ``sg.verify`` on its traced forward, replayed
+        on copies of the current parameters and of the traced call's arguments (no side
+        effects), and the generated code's gradients compared with the eager engine's on
+        that replay, and each fused backward loop proved against SymPy's derivative
+        (``stats["proofs"]``); a disagreement raises RuntimeError. Returns the Report;
+        keywords go to ``sg.verify`` (``mode="auto"`` picks local checks on big shapes)."""
+        from .replay import check_generated, replay
 
         entries = self._entries()
         if not entries:
@@ -235,4 +239,17 @@ class CompiledStep:
         root, names = replay(entry.program, entry.example)
         # symgrad.verify is the public, lazy entry to the verifier (it sits above the core,
         # which may not import it); the package is loaded whenever a step exists
-        return sys.modules["symgrad"].verify(root, names=names, **kwargs)
+        report = sys.modules["symgrad"].verify(root, names=names, **kwargs)
+        arrays, _, hyper = entry._gather()
+        problems = check_generated(entry.program, entry.example, entry.module.make,
+                                   entry.generated.constants, entry.layout, arrays, hyper)
+        if problems:
+            raise RuntimeError("sg.compile: the generated step disagrees with eager: "
+                               + "; ".join(problems))
+        from .prove import prove_plan
+
+        try:
+            self.stats["proofs"] = prove_plan(entry.module, entry.generated.plan)
+        except AssertionError as exc:
+            raise RuntimeError(f"sg.compile: a fused backward loop is wrong: {exc}") from None
+        return report

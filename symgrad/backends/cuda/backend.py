@@ -299,6 +299,50 @@ def _unary_backward(op: str):
     return staticmethod(kernel)
 
 
+_FUSED_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _softmax_rows_backward(grad, dim, y, *, log: bool):
+    """softmax's (``log=False``) or log_softmax's backward over ``dim`` of any layout; None
+    (the tensor-op formulas) unless grad and the saved result are float arrays alike."""
+    if not (_is_array(grad) and _is_array(y) and grad.shape == y.shape
+            and grad.dtype == y.dtype and y.dtype in _FUSED_FLOATS):
+        return None
+    if not isinstance(dim, (int, np.integer)) or isinstance(dim, bool):
+        return None
+    if y.ndim == 0:
+        return (_ew("b_zero", [grad], grad.dtype),)
+    from ...ops._ints import norm  # a saved dim: validated; negative ones as unsigned 64-bit
+
+    d = norm(dim, y.ndim)
+    out = _new(y.shape, y.dtype)
+    kept = [i for i in range(y.ndim) if i != d]
+    kshape = tuple(y.shape[i] for i in kept) or (1,)
+
+    def kst(x):
+        return tuple(x.estrides[i] for i in kept) or (0,)
+
+    K.softmax_rows_backward(log, out.buf, kst(out), out.estrides[d], grad.buf, grad.offset,
+                            kst(grad), grad.estrides[d], y.buf, y.offset, kst(y),
+                            y.estrides[d], kshape, _prod(kshape), y.shape[d])
+    return (out,)
+
+
+def _t2(x: CudaArray) -> CudaArray:
+    """The transpose of a 2-D array: a view."""
+    return _view(x, x.shape[::-1], x.estrides[::-1], x.offset)
+
+
+def _column_major(sizes, strides):
+    """``symgrad.ops.linalg.column_major`` on saved sym sizes/strides; None if not 2-D."""
+    if not (isinstance(sizes, (tuple, list)) and isinstance(strides, (tuple, list))
+            and len(sizes) == 2 and len(strides) == 2):
+        return None
+    from ...ops.linalg import column_major
+
+    return column_major(tuple(sizes), tuple(strides))
+
+
 def _norm_axes(axis, ndim) -> tuple:
     if axis is None:
         return tuple(range(ndim))
@@ -583,6 +627,82 @@ class CudaBackend:
                           _kshape(grad.shape), [(out.buf, 0, None)], ops)
             return (None, out, None) if need_a else (None, None, out)
         return None
+
+    # -- fused backward of softmax / log_softmax and the nn ops (addmm, mse_loss) ---------------
+    @staticmethod
+    def softmax_backward(grad, needed, dim, result):
+        """``(g - sum(g*y, dim)) * y``: one launch, a block per row along ``dim``."""
+        return _softmax_rows_backward(grad, dim, result, log=False)
+
+    @staticmethod
+    def log_softmax_backward(grad, needed, dim, result):
+        """``g - exp(y) * sum(g, dim)``: one launch, a block per row along ``dim``."""
+        return _softmax_rows_backward(grad, dim, result, log=True)
+
+    @staticmethod
+    def addmm_backward(grad, needed, alpha, beta, mat1, mat1_sym_sizes, mat1_sym_strides,
+                       mat2, mat2_sym_sizes, mat2_sym_strides):
+        """nn.Linear's backward: the three formulas of ``addmm`` straight on the matmul
+        kernel (mm's layout rule included), without building tensor ops."""
+        if not _is_array(grad) or grad.ndim != 2 or grad.dtype not in _FUSED_FLOATS \
+                or type(alpha) not in (int, float) or type(beta) not in (int, float):
+            return None
+        for m, need in ((mat1, needed[2]), (mat2, needed[1])):
+            if m is None:
+                if need:
+                    return None
+            elif not _is_array(m) or m.ndim != 2 or m.dtype != grad.dtype:
+                return None
+        cm1 = _column_major(mat1_sym_sizes, mat1_sym_strides) if needed[1] else False
+        cm2 = _column_major(mat2_sym_sizes, mat2_sym_strides) if needed[2] else False
+        if cm1 is None or cm2 is None:
+            return None
+        mm, t = CudaBackend.matmul, _t2
+        g_self = g_mat1 = g_mat2 = None
+        if needed[0]:
+            g_self = grad if beta == 1 else CudaBackend.mul(grad, beta)
+        if needed[1]:
+            if cm1:
+                g_mat1 = t(mm(mat2, t(grad)))
+            else:
+                g_mat1 = mm(grad, t(mat2))
+            if alpha != 1:
+                g_mat1 = CudaBackend.mul(g_mat1, alpha)
+        if needed[2]:
+            if cm2:
+                g_mat2 = t(mm(t(grad), mat1))
+            else:
+                g_mat2 = mm(t(mat1), grad)
+            if alpha != 1:
+                g_mat2 = CudaBackend.mul(g_mat2, alpha)
+        return (g_self, g_mat1, g_mat2)
+
+    @staticmethod
+    def mse_loss_backward(grad, needed, reduction, self, target):
+        """``(self - target) * (grad * scale)`` and its negation (target's) in one launch."""
+        if not _is_array(grad) or grad.dtype not in _FUSED_FLOATS:
+            return None
+        for x in (self, target):
+            if not _is_array(x) or x.dtype != grad.dtype:
+                return None
+        need_s, need_t = needed[0], needed[1]
+        if not (need_s or need_t):
+            return (None, None)
+        if reduction == 1 and self.size == 0:
+            return None  # the formulas' behaviour for a mean over nothing
+        scale = 2.0 / self.size if reduction == 1 else 2.0  # 1: torch's Reduction::Mean
+        shape = tuple(np.broadcast_shapes(self.shape, target.shape, grad.shape))
+        ops = [_operand(self, shape), _operand(target, shape), _operand(grad, shape),
+               (K.CONST, grad.dtype.type(scale))]
+        if need_s and need_t:
+            gs, gt = _new(shape, grad.dtype), _new(shape, grad.dtype)
+            K.elementwise("b_mse2", gs.size, _kshape(shape),
+                          [(gs.buf, 0, None), (gt.buf, 0, None)], ops)
+            return gs, gt
+        out = _new(shape, grad.dtype)
+        K.elementwise("b_mse" if need_s else "b_mse_neg", out.size, _kshape(shape),
+                      [(out.buf, 0, None)], ops)
+        return (out, None) if need_s else (None, out)
 
     # -- reductions --------------------------------------------------------------------------------
     @staticmethod

@@ -26,7 +26,7 @@ from ...ops.elementwise import scalar_ops
 from ...ops.scalar import build
 
 __all__ = ["SIM", "stats", "elementwise", "reduce_rows", "arg_reduce_rows", "matmul",
-           "gather", "scatter", "arange", "random", "error_flag"]
+           "gather", "scatter", "arange", "random", "error_flag", "softmax_rows_backward"]
 
 SIM = bool(config.ENABLE_CUDASIM)
 
@@ -217,6 +217,19 @@ def _b_where_left(g, c):
 
 def _b_where_right(g, c):
     return g * 0 if c else g
+
+
+def _b_mse(s, t, g, c):
+    return (s - t) * (g * c)
+
+
+def _b_mse_neg(s, t, g, c):
+    return -((s - t) * (g * c))
+
+
+def _b_mse2(s, t, g, c):
+    d = (s - t) * (g * c)
+    return d, -d
 
 
 _f_sign_d = _device(_f_sign)
@@ -502,6 +515,75 @@ def arg_reduce_rows(op: str, out, a, ao, kshape, kstr, rshape, rstr, rows, K) ->
         kernel = _ARG_CACHE[key] = _build_arg_reduce(op, dt)
     launch(kernel, min(rows, RED_MAX_BLOCKS), RED_TPB, out, rows, K, a, ao, kshape, kstr,
            rshape, rstr)
+
+
+# -- softmax / log_softmax backward: one block per row, sum then write -------------------
+_SMB_CACHE: dict = {}
+
+
+def _build_softmax_rows_backward(dt: np.dtype, log: bool):
+    TPB = RED_TPB
+    T = _numba_type(dt)
+    ZERO = dt.type(0)
+
+    def kernel(out, okst, orr, g, go, gkst, gr, y, yo, ykst, yr, kshape, rows, K):
+        sm = cuda.shared.array(TPB, T)
+        t = cuda.threadIdx.x
+        row = cuda.blockIdx.x
+        while row < rows:
+            gb = go + _off(row, kshape, gkst)
+            yb = yo + _off(row, kshape, ykst)
+            ob = _off(row, kshape, okst)
+            acc = ZERO
+            k = t
+            while k < K:  # the same strided pass and tree as reduce_rows' "sum"
+                if log:
+                    acc = acc + g[gb + k * gr]
+                else:
+                    acc = acc + g[gb + k * gr] * y[yb + k * yr]
+                k += TPB
+            sm[t] = acc
+            cuda.syncthreads()
+            s = TPB // 2
+            while s > 0:
+                if t < s:
+                    sm[t] = sm[t] + sm[t + s]
+                cuda.syncthreads()
+                s //= 2
+            total = sm[0]
+            cuda.syncthreads()  # every thread has read the sum before the next row's pass
+            k = t
+            while k < K:
+                gv = g[gb + k * gr]
+                yv = y[yb + k * yr]
+                if log:
+                    out[ob + k * orr] = gv - _exp(yv) * total
+                else:
+                    out[ob + k * orr] = (gv - total) * yv
+                k += TPB
+            row += cuda.gridDim.x
+
+    kernel.__name__ = f"{'log_' if log else ''}softmax_rows_backward_{dt.name}"
+    return _jit(kernel)
+
+
+def softmax_rows_backward(log: bool, out, okst, orr, g, go, gkst, gr, y, yo, ykst, yr,
+                          kshape, rows, K) -> None:
+    """Per row (one block each) of a softmax over one dim: ``s = sum(g * y)`` then
+    ``out = (g - s) * y``; with ``log``: ``s = sum(g)`` then ``out = g - exp(y) * s``.
+
+    ``kshape``: the kept dims (rows = their product); ``*kst``: each operand's strides over
+    them; ``gr``/``yr``/``orr``: the strides along the softmax dim of length ``K``.
+    """
+    if rows == 0 or K == 0:
+        return
+    dt = np.dtype(out.dtype)
+    key = (dt, log)
+    kernel = _SMB_CACHE.get(key)
+    if kernel is None:
+        kernel = _SMB_CACHE[key] = _build_softmax_rows_backward(dt, log)
+    launch(kernel, min(rows, RED_MAX_BLOCKS), RED_TPB, out, okst, orr, g, go, gkst, gr, y,
+           yo, ykst, yr, kshape, rows, K)
 
 
 # -- matmul: shared-memory tiles, a register block per thread, batched over grid z ----------
