@@ -33,12 +33,11 @@ def _check_tensor(x, fn: str, arg: str, pos: int) -> None:
                         f"{type(x).__name__}")
 
 
-def _ints(v, name: str, n: int) -> tuple[int, ...]:
-    """The value torch saves: an int becomes n of it, a list of one stays one (it stands
-    for all n dims, as in torch's expand_param_if_needed)."""
-    if isinstance(v, int):
-        return (int(v),) * n
-    vals = [int(x) for x in v]
+def _ints(v, name: str, n: int, dims: int) -> tuple[int, ...]:
+    """The value torch saves: an int becomes ``dims`` of it (the function's own count), a
+    list of one stays one (it stands for all n dims of the weight, as in torch's
+    expand_param_if_needed)."""
+    vals = [int(v)] * dims if isinstance(v, int) else [int(x) for x in v]
     if len(vals) not in (1, n):
         raise RuntimeError(f"expected {name} to be a single integer value or a list of {n} "
                            f"values to match the convolution dimensions, but got "
@@ -122,7 +121,7 @@ def _convolution(input, weight, bias, stride, padding, dilation, groups, dims: i
         raise RuntimeError(f"Expected {dims + 1}D (unbatched) or {dims + 2}D (batched) input "
                            f"to {name}, but got input of size: {_size_str(input.shape)}")
     k = max(weight.ndim - 2, 1)
-    stride, dilation = _ints(stride, "stride", k), _ints(dilation, "dilation", k)
+    stride, dilation = _ints(stride, "stride", k, dims), _ints(dilation, "dilation", k, dims)
     full_stride, full_dilation = _full(stride, k), _full(dilation, k)
     groups = int(groups)
     unbatched = input.ndim == dims + 1
@@ -142,7 +141,7 @@ def _convolution(input, weight, bias, stride, padding, dilation, groups, dims: i
         else:
             raise RuntimeError(f"Invalid padding string: '{padding}'")
     else:
-        padding = _ints(padding, "padding", k)
+        padding = _ints(padding, "padding", k, dims)
     _check_conv(input, weight, bias, full_stride, _full(padding, k), full_dilation, groups)
     params = {"stride": stride, "padding": tuple(padding), "dilation": dilation,
               "transposed": False, "output_padding": tuple(output_padding), "groups": groups,
