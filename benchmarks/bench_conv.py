@@ -5,8 +5,9 @@
 LeNet's two convolutions on a batch of 64: 6x1x5x5 on 64x1x28x28 images and 16x6x5x5 on
 64x6x12x12, float32, with a bias; one step is ``conv2d`` then ``backward`` of a fixed
 output gradient (input, weight and bias gradients). Target (issue 21): <= 1.5x torch.
-Each library runs in its own process with the thread pools fixed to 2 threads (as
-bench_core.py, whose Timer retries windows with other CPU load); best of repeats.
+Each library runs in its own process with the thread pools fixed to 2 threads
+(``SYMGRAD_BENCH_THREADS`` changes it), as bench_core.py, whose Timer retries windows with
+other CPU load; best of repeats.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-THREADS = "2"
+THREADS = os.environ.get("SYMGRAD_BENCH_THREADS", "2")
 #: (name, input shape, weight shape)
 CASES = [("conv1 6x1x5x5 on 64x1x28x28", (64, 1, 28, 28), (6, 1, 5, 5)),
          ("conv2 16x6x5x5 on 64x6x12x12", (64, 6, 12, 12), (16, 6, 5, 5))]
@@ -101,7 +102,7 @@ def main() -> None:
         print(json.dumps(res))
         return
     s, tch = res["symgrad"], res["torch"]
-    print(f"{'conv2d, float32, 2 threads':44} {'symgrad':>9} {'torch':>9} {'ratio':>7}  target")
+    print(f"{f'conv2d, float32, {THREADS} threads':44} {'symgrad':>9} {'torch':>9} {'ratio':>7}  target")
     for name, _, _ in CASES:
         for key, label in (("fwd_bwd_ms", "fwd+bwd, ms"), ("fwd_ms", "fwd no_grad, ms")):
             a, b = s[name][key], tch[name][key]

@@ -1,22 +1,24 @@
-"""Convolution (``ConvolutionBackward0``) lowered onto one gather and one matrix product.
+"""Convolution (``ConvolutionBackward0``) lowered onto strided slices and one matrix product.
 
-im2col is a ``be.getitem`` of the flattened input with an index array computed here in
-NumPy (validated by construction: every entry is in range, padding points at one extra
-zero appended to the input), so the forward runs unchanged on every backend, and on the
-SymPy backend it *is* the convolution's exact meaning (``STRUCTURAL``). The columns are
-laid out ``(groups, C/groups * prod(kernel), N * prod(out))``, so one BLAS product (a
-batched one per group) gives the output channels-first.
+im2col is one basic slice per kernel tap of the (zero-padded) input, channels first, and
+a ``be.stack`` of them: the columns come out laid out ``(groups, C/groups * prod(kernel),
+N * prod(out))``, so one BLAS product (a batched one per group) gives the output channels
+first. Only backend kernels are used, so the forward runs unchanged on every backend, and
+on the SymPy backend it *is* the convolution's exact meaning (``STRUCTURAL``).
 
 The backward formulas are differentiable tensor ops (create_graph works): the input
-gradient is col2im, the scatter-add (``index_backward``) of ``weight^T @ grad``; the
-weight gradient is ``grad @ columns^T`` with the columns gathered again from the saved
-input (torch saves the input, not the columns); the bias gradient is a sum.
+gradient is col2im, the scatter-add (``index_backward``) of ``weight^T @ grad`` with an
+index array computed here in NumPy (every entry in range by construction; padding points
+at one extra element that is dropped); the weight gradient is ``grad @ columns^T`` with
+the columns sliced again from the saved input (torch saves the input, not the columns);
+the bias gradient is a sum.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import product
 from math import prod
 
 import numpy as np
@@ -42,6 +44,8 @@ class ConvPlan:
     numel: int  # elements of the input
     padded: bool  # does the index point at the appended zero (element ``numel``)?
     index: np.ndarray  # int64, (groups * rows * cols,), entries in [0, numel]
+    padding: tuple[int, ...]  # per spatial dim, both sides
+    taps: tuple[tuple[slice, ...], ...]  # per kernel tap: its slices of the padded input
 
 
 def conv_out_size(size: int, k: int, s: int, p: int, d: int) -> int:
@@ -84,8 +88,11 @@ def conv_plan(in_shape: tuple, weight_shape: tuple, stride: tuple, padding: tupl
     index = np.where(valid_b, (batch * c + chan) * hw + plane_b, numel)
     index = np.ascontiguousarray(index, dtype=np.int64).reshape(-1)
     index.setflags(write=False)
+    per_dim = [[slice(i * d, i * d + s * (o - 1) + 1, s) for i in range(k)]
+               for k, s, d, o in zip(kernel, stride, dilation, out)]
+    taps = tuple(product(*per_dim))
     return ConvPlan(groups, weight_shape[0], cg * prod(kernel), n * prod(out), out, numel,
-                    not bool(valid.all()), index)
+                    not bool(valid.all()), index, tuple(padding), taps)
 
 
 def _full(v, n: int) -> tuple:
@@ -101,12 +108,20 @@ def _plan(input_shape, weight_shape, stride, padding, dilation, groups) -> ConvP
 
 # -- forward ----------------------------------------------------------------------------------
 def gather_columns(be, x, plan) -> object:
-    """im2col on the backend: ``(groups, rows, cols)`` (padding reads an appended zero)."""
-    flat = be.reshape(x, (plan.numel,))
-    if plan.padded:
-        flat = be.concatenate([flat, be.full((1,), 0, x.dtype)], 0)
-    cols = be.getitem(flat, (plan.index,))
-    return be.reshape(cols, (plan.groups, plan.rows, plan.cols))
+    """im2col on the backend: ``(groups, rows, cols)``, one slice per kernel tap."""
+    dims = len(plan.out_spatial)
+    xt = be.transpose(x, (1, 0) + tuple(range(2, 2 + dims)))  # channels first
+    if any(plan.padding):
+        sizes = tuple(s + 2 * p for s, p in zip(xt.shape[2:], plan.padding))
+        xp = be.full(tuple(xt.shape[:2]) + sizes, 0, x.dtype)
+        be.setitem(xp, _ALL2 + tuple(slice(p, p + s) for p, s in zip(plan.padding,
+                                                                      xt.shape[2:])), xt)
+        xt = xp
+    taps = [be.getitem(xt, _ALL2 + tap) for tap in plan.taps]
+    return be.reshape(be.stack(taps, 1), (plan.groups, plan.rows, plan.cols))
+
+
+_ALL2 = (slice(None), slice(None))
 
 
 def _conv_forward(be, input, weight, bias, stride, padding, dilation, transposed,
@@ -136,14 +151,18 @@ def _grad_columns(grad, plan):
 
 
 def columns_of(x, plan):
-    """im2col of the tensor ``x`` in differentiable ops (its backward is col2im)."""
-    from .indexing import index
+    """im2col of the tensor ``x`` in differentiable ops (slices, stack; constant_pad_nd)."""
+    from .shape import list_spec
 
-    flat = x.reshape(-1)
-    if plan.padded:  # one zero appended: slice_backward writes flat into zeros(numel + 1)
-        flat = _apply("slice_backward", (flat,), {"input_sizes": (plan.numel + 1,), "dim": 0,
-                                                   "start": 0, "end": plan.numel, "step": 1})
-    return index(flat, (plan.index,)).reshape(plan.groups, plan.rows, plan.cols)
+    dims = len(plan.out_spatial)
+    xt = x.permute((1, 0) + tuple(range(2, 2 + dims)))
+    if any(plan.padding):
+        pad = tuple(p for q in reversed(plan.padding) for p in (q, q))
+        xt = _apply("constant_pad_nd", (xt,), {"pad": pad, "value": 0})
+    taps = [_tl.getitem(xt, _ALL2 + tap) for tap in plan.taps]
+    cols = taps[0].unsqueeze(1) if len(taps) == 1 else \
+        _tl.apply(list_spec("stack", len(taps)), tuple(taps), {"dim": 1})
+    return cols.reshape(plan.groups, plan.rows, plan.cols)
 
 
 def columns_to_image(cols, plan, sizes):
