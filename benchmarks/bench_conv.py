@@ -102,7 +102,8 @@ def main() -> None:
         print(json.dumps(res))
         return
     s, tch = res["symgrad"], res["torch"]
-    print(f"{f'conv2d, float32, {THREADS} threads':44} {'symgrad':>9} {'torch':>9} {'ratio':>7}  target")
+    title = f"conv2d, float32, {THREADS} threads"
+    print(f"{title:44} {'symgrad':>9} {'torch':>9} {'ratio':>7}  target")
     for name, _, _ in CASES:
         for key, label in (("fwd_bwd_ms", "fwd+bwd, ms"), ("fwd_ms", "fwd no_grad, ms")):
             a, b = s[name][key], tch[name][key]

@@ -375,3 +375,23 @@ def test_lenet_forward_and_gradients_match_torch(cpu_backend):
         assert_close(p.grad, q.grad, terms=2 * (8 * 576 + 256), scale=magnitude(q.grad) + 1,
                      msg=name)
     assert _graph(y.grad_fn, y) == _graph(yt.grad_fn, yt)
+
+
+def test_no_reference_cycles_in_a_cnn_graph(no_gc):
+    """Freed by reference counting alone, create_graph included (double backward)."""
+    import gc
+    import weakref
+
+    def run():
+        net = _lenet(sg)
+        x = sg.randn(2, 1, 28, 28, requires_grad=True)
+        loss = F.avg_pool2d(net[:3](x), 2, padding=1).sum() + net(x).sum()
+        (gx,) = sg.autograd.grad(loss, (x,), create_graph=True)
+        gx.sum().backward()
+        return weakref.ref(net[0].weight), weakref.ref(loss.grad_fn)
+
+    run()
+    gc.collect()  # first use: imports and kernel compilation keep their own objects
+    refs = run()
+    assert all(r() is None for r in refs)
+    assert gc.collect() == 0
