@@ -395,3 +395,25 @@ def test_no_reference_cycles_in_a_cnn_graph(no_gc):
     refs = run()
     assert all(r() is None for r in refs)
     assert gc.collect() == 0
+
+
+def test_strided_views_integers_and_empty_batches_match_torch(cpu_backend):
+    rng = np.random.default_rng(6)
+    a, wa = rng.uniform(-1, 1, (2, 7, 7, 4)), rng.uniform(-1, 1, (3, 3, 3, 4))
+    x, w = sg.tensor(a, requires_grad=True), sg.tensor(wa, requires_grad=True)
+    xt, wt = torch.tensor(a, requires_grad=True), torch.tensor(wa, requires_grad=True)
+    y = F.conv2d(x.permute(0, 3, 1, 2), w.permute(0, 3, 1, 2), stride=2, padding=1)
+    yt = TF.conv2d(xt.permute(0, 3, 1, 2), wt.permute(0, 3, 1, 2), stride=2, padding=1)
+    y.sum().backward()
+    yt.sum().backward()
+    for ours, theirs in ((y, yt), (x.grad, xt.grad), (w.grad, wt.grad)):
+        assert_close(ours, theirs, terms=40, scale=40)
+    xi, wi = rng.integers(-3, 3, (2, 4, 5, 5)), rng.integers(-3, 3, (2, 4, 2, 2))
+    out = F.conv2d(sg.tensor(xi), sg.tensor(wi))
+    assert out.dtype is sg.int64
+    assert np.array_equal(out.numpy(), TF.conv2d(torch.tensor(xi), torch.tensor(wi)).numpy())
+    for ours, theirs in ((F.conv2d(sg.zeros(0, 4, 5, 5), sg.zeros(2, 4, 2, 2)),
+                          TF.conv2d(torch.zeros(0, 4, 5, 5), torch.zeros(2, 4, 2, 2))),
+                         (F.max_pool2d(sg.zeros(0, 2, 4, 4), 2),
+                          TF.max_pool2d(torch.zeros(0, 2, 4, 4), 2))):
+        assert tuple(ours.shape) == tuple(theirs.shape)
