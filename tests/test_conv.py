@@ -235,6 +235,8 @@ ERRORS = {
     "pool zero dilation": lambda L, f: f.max_pool2d(_x(L), 2, dilation=0),
     "pool rank": lambda L, f: f.max_pool2d(L.zeros(7, 7), 2),
     "pool kernel length": lambda L, f: f.max_pool2d(_x(L), (2, 2, 2)),
+    "pool pad and dilation": lambda L, f: f.max_pool2d(L.zeros(1, 1, 1, 1), (1, 2), 1, (0, 2),
+                                                       dilation=(1, 3)),
     "avg pad": lambda L, f: f.avg_pool2d(_x(L), 3, padding=2),
     "avg too small": lambda L, f: f.avg_pool2d(L.zeros(1, 1, 2, 2), 3),
     "avg rank": lambda L, f: f.avg_pool2d(L.zeros(7, 7), 2),

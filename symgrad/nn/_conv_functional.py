@@ -209,6 +209,10 @@ def _check_pool(input: Tensor, kernel, stride, padding, dilation, ceil_mode, max
     shape = tuple(input.shape)
     if input.ndim not in (3, 4) or any(s == 0 for s in shape[-3:]):
         raise RuntimeError("non-empty 3D or 4D (batch mode) tensor expected for input")
+    if kernel[1] // 2 < padding[1] or kernel[0] // 2 < padding[0]:
+        raise RuntimeError(f"pad should be smaller than or equal to half of kernel size, but "
+                           f"got padW = {padding[1]}, padH = {padding[0]}, kW = {kernel[1]}, "
+                           f"kH = {kernel[0]}")
     out = [pool_out_size(*a, ceil_mode) for a in zip(shape[-2:], kernel, stride, padding,
                                                      dilation)]
     if out[0] < 1 or out[1] < 1:

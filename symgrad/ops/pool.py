@@ -83,6 +83,8 @@ def max_pool_plan(shape, kernel, stride, padding, dilation, ceil_mode) -> PoolPl
     # and the first index of it are unchanged (torch's padding is at most half a window)
     first = np.take_along_axis(plane, np.argmax(valid, axis=-1)[..., None], -1)
     plane = np.where(valid, plane, first)
+    # every index in range whatever the arguments (the checks leave no all-padding window)
+    plane = np.clip(plane, 0, max(prod(spatial) - 1, 0))
     hw = prod(spatial)
     index = _expand_planes(plane, np.ones_like(valid), planes, hw, 0)
     flat_plane = np.ascontiguousarray(np.broadcast_to(plane, (planes,) + plane.shape))
