@@ -311,7 +311,8 @@ def test_untraceable_fn_falls_back_with_a_warning():
         assert_close(p, q, terms=_terms((4, 16, 3), 4))
 
 
-@pytest.mark.parametrize("case", ["hook", "anomaly", "inplace", "amsgrad", "arg_type"])
+@pytest.mark.parametrize("case", ["hook", "anomaly", "inplace", "amsgrad", "arg_type",
+                                  "setitem", "init"])
 def test_fallback_reasons(case):
     model = _mlp()
     opt = (sg.optim.Adam(model.parameters(), amsgrad=True) if case == "amsgrad"
@@ -324,6 +325,11 @@ def test_fallback_reasons(case):
         if case == "inplace":
             out = out * 1
             out.mul_(2)
+        if case == "setitem":
+            out = out * 1
+            out[0] = 0.0
+        if case == "init":
+            nn.init.zeros_(model[0].bias)
         loss = F.mse_loss(out, y)
         loss.backward()
         opt.step()
@@ -333,7 +339,8 @@ def test_fallback_reasons(case):
         model[0].register_forward_hook(lambda *a: None)
     step = sg.compile(fn)
     match = {"hook": "hooks", "anomaly": "anomaly", "inplace": "in-place",
-             "amsgrad": "amsgrad", "arg_type": "argument 2"}[case]
+             "amsgrad": "amsgrad", "arg_type": "argument 2", "setitem": "in-place indexing",
+             "init": "nn.init"}[case]
     with pytest.warns(UserWarning, match=match):
         if case == "anomaly":
             with sg.autograd.detect_anomaly():
@@ -490,3 +497,79 @@ def test_disk_cache_second_process_compiles_nothing(tmp_path):
     assert first["kernels"] >= 1 and first["compiled"] >= 1
     assert second["kernels"] == first["kernels"]
     assert second["compiled"] == 0 and second["loaded"] == first["kernels"]
+
+
+def _fuzz_fn(steps, leaves, weights):
+    """fn of a random program: leaves (parameters) and loss weights live outside it."""
+    def fn():
+        for x in leaves:
+            x.grad = None
+        pool, it = [], iter(leaves)
+        for step in steps:
+            pool.append(next(it) if step[0] == "leaf" else step[2](sg, pool))
+        loss = None
+        for t, w in zip(pool, weights):
+            if w is not None and t.requires_grad:
+                term = (t * w).sum()
+                loss = term if loss is None else loss + term
+        if loss is not None:
+            loss.backward()
+        return tuple(pool)
+
+    return fn
+
+
+def test_random_programs_compiled_equal_eager():
+    """Programs drawn from the whole op registry (tests/test_random_programs.py's drawers):
+    compiled or fallen back, every call gives eager's values and leaf gradients."""
+    pytest.importorskip("hypothesis")
+    pytest.importorskip("torch")
+    from _tolerance import magnitude
+    from hypothesis import HealthCheck, Phase, given, reject, settings
+    from hypothesis import strategies as st
+    from test_random_programs import EXTRA, GENERATORS, NAMES, Builder
+
+    @settings(derandomize=True, max_examples=int(os.environ.get("SYMGRAD_COMPILE_FUZZ", 60)),
+              deadline=None, database=None, phases=(Phase.explicit, Phase.generate),
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                     HealthCheck.filter_too_much])
+    @given(st.data())
+    def run(data):
+        b = Builder(data)
+        try:
+            for _ in range(data.draw(st.integers(1, 3))):
+                b.leaf(b.shape())
+            for _ in range(data.draw(st.integers(1, 6))):
+                if data.draw(st.integers(0, 9)) == 0:
+                    data.draw(st.sampled_from(EXTRA))(b)
+                else:
+                    GENERATORS[data.draw(st.sampled_from(NAMES))](b)
+        except RuntimeError:  # a drawer's rare invalid program (not what is tested here)
+            reject()
+        rng = np.random.default_rng(5)
+        weights = [sg.tensor(rng.uniform(-1, 1, tuple(t.shape)), dtype=t.dtype)
+                   if t.dtype.is_floating_point else None for t in b.shadow]
+        arrays = [s[1] for s in b.steps if s[0] == "leaf"]
+        sides = []
+        for _ in range(2):
+            leaves = [sg.tensor(a.copy(), requires_grad=True) for a in arrays]
+            sides.append((leaves, _fuzz_fn(b.steps, leaves, weights)))
+        (leaves_c, fn_c), (leaves_e, fn_e) = sides
+        step = sg.compile(fn_c)
+        n = sum(max(int(np.prod(t.shape)), 1) for t in b.shadow) + len(b.steps)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # fallbacks are expected for many programs
+            for _ in range(3):
+                got, want = step(), fn_e()
+                pool = magnitude(*[t.detach().numpy() for t in want])
+                for x, y in zip(got, want):
+                    assert tuple(x.shape) == tuple(y.shape) and x.dtype == y.dtype
+                    assert_close(x, y, terms=n, scale=max(magnitude(y.detach().numpy()), pool))
+                for k, (p, q) in enumerate(zip(leaves_c, leaves_e)):
+                    assert (p.grad is None) == (q.grad is None), f"leaf {k}"
+                    if q.grad is not None:
+                        assert_close(p.grad, q.grad, terms=2 * n,
+                                     scale=max(magnitude(q.grad.numpy()), pool),
+                                     msg=f"leaf {k}")
+
+    run()

@@ -11,6 +11,7 @@ hash and Numba's ``cache=True`` finds its fused kernels again in the next proces
 
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,11 +75,18 @@ class _Ctx:
         self._ids: dict[int, str] = {}
 
     def ref(self, x) -> str:
+        """Code for an operand: a value's name, a literal, or a bound constant (dtypes,
+        slices: anything whose repr is not a Python literal)."""
         if isinstance(x, Value):
             return x.name
         if isinstance(x, float) and not np.isfinite(x):
             return f"float({str(x)!r})"
-        return repr(x)
+        try:
+            if ast.literal_eval(repr(x)) == x:
+                return repr(x)
+        except (ValueError, SyntaxError, TypeError):
+            pass
+        return self.bind(x, "const")
 
     def dtype(self, v: Value) -> str:
         return f"np.{v.dtype.name}"
@@ -213,7 +221,8 @@ def _fused_backward(group, need: set, grads: dict, values: dict, ctx: _Ctx,
     args += [f"flat({grads[v.index]})" for v in seeds]
     results = []
     for x in outputs:
-        b = ctx.buf(x, "gb")
+        b = ctx.buf(x, f"gb{len(ctx.plan.backward_kernels)}_")  # one per loop: a value may get
+        # gradients from two runs
         ctx.alloc(f"{b}f = {b}.reshape(-1)")
         args.append(f"{b}f")
         results.append((x, b))
@@ -426,4 +435,4 @@ def _module_text(program: Program, ctx: _Ctx, layout: Layout, body: list, groups
 
 
 MATH_NAMES = ("exp", "log", "sin", "cos", "tanh", "sqrt", "abs", "sign", "where", "maximum",
-              "log1p", "expm1", "erf")
+              "log1p", "expm1", "erf", "pi")

@@ -12,17 +12,18 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 
-from ..ops.scalar import FUNCTIONS, source
+from ..ops.scalar import source
 from .graph import OpCall, Program, Value
+from .runtime import scalar_names
 
 __all__ = ["plan", "call_code", "cache_stats", "warm"]
 
 _ARITH = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 #: the scalar functions the generated module binds for Numba (PRELUDE)
 VOCABULARY = frozenset({"exp", "log", "sin", "cos", "tanh", "sqrt", "abs", "sign", "where",
-                        "maximum", "log1p", "expm1", "erf"})
+                        "maximum", "log1p", "expm1", "erf", "pi"})
 #: the scalar vocabulary under the names the generated module binds for Numba
-_RENAME = {f: f"m_{f}" for f in FUNCTIONS if f in VOCABULARY}
+_RENAME = {f: f"m_{f}" for f in VOCABULARY}
 
 PRELUDE = [
     "import math",
@@ -39,7 +40,7 @@ PRELUDE = [
     "m_maximum = njit(inline='always', **_J)(_maximum)",
     "m_abs = abs",
     *(f"m_{f} = math.{f}" for f in ("exp", "log", "sin", "cos", "tanh", "sqrt", "log1p",
-                                    "expm1", "erf")),
+                                    "expm1", "erf", "pi")),
     "",
 ]
 
@@ -88,7 +89,7 @@ def _fusible(call: OpCall) -> bool:
     s = spec.scalar
     return (s is not None and len(spec.inputs) == 1 and not s.params and not call.params
             and isinstance(call.inputs[0], Value) and isinstance(s.grad, str)
-            and (s.calls("forward") | s.calls("grad")) <= VOCABULARY)
+            and scalar_names(s) <= VOCABULARY)
 
 
 #: transcendental unary ops whose forward runs as NumPy's SIMD ufunc (30x faster per element

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from ..ops._ints import norm, norms
 from .graph import OpCall, Value
-from .runtime import MATH
+from .runtime import MATH, scalar_names
 
 __all__ = ["forward_code", "backward_code", "has_backward", "BROADCASTING", "UFUNCS"]
 
@@ -291,7 +291,7 @@ def has_backward(call: OpCall) -> bool:
         return True
     scalar = spec.scalar
     return (scalar is not None and len(spec.inputs) == 1 and isinstance(scalar.grad, str)
-            and not scalar.params and scalar.calls("grad") <= set(MATH))
+            and not scalar.params and scalar_names(scalar) <= set(MATH))
 
 
 def backward_code(call: OpCall, ctx, g: str) -> dict[int, str]:

@@ -16,6 +16,7 @@ from typing import Any
 
 from ..autograd import function as _fn
 from ..autograd.anomaly_mode import _anomaly
+from ..nn import init as _init
 from ..nn.modules import Module
 from ..optim.adam import Adam
 from ..optim.optimizer import Optimizer
@@ -81,7 +82,9 @@ class Tracer:
         self._values: dict[int, Any] = {}  # id(tensor) -> Value
         self._alive: list = []  # keeps traced tensors alive so ids stay unique
         self._leaf_slots: dict[int, int] = {}
-        self._born: weakref.WeakSet = weakref.WeakSet()
+        #: id -> weakref of every tensor made during the run (not a WeakSet: its membership
+        #: test compares with ==, which is an op on tensors)
+        self._born: dict[int, weakref.ref] = {}
         self._quiet = 0  # > 0 inside backward / optimizer calls: their ops are not fn's
         for i, a in enumerate(args):
             if isinstance(a, Tensor):
@@ -110,7 +113,8 @@ class Tracer:
         v = self._values.get(id(t))
         if v is not None:
             return v
-        if t in self._born:
+        born = self._born.get(id(t))
+        if born is not None and born() is t:
             self.fail("a tensor made inside fn outside the traced ops (a creation function, "
                       ".grad, .detach(), optimizer state)")
         elif t._grad_fn is not None:
@@ -252,7 +256,7 @@ class Tracer:
 
         def _wrap(cls, *a, **k):
             t = orig_wrap(cls, *a, **k)
-            tracer._born.add(t)
+            tracer._born[id(t)] = weakref.ref(t)
             return t
 
         patches.put(Tensor, "_wrap", classmethod(_wrap))
@@ -270,6 +274,23 @@ class Tracer:
             return orig_hooks(module, args, kwargs)
 
         patches.put(Module, "_call_with_hooks", _call_with_hooks)
+        # writes into a tensor's array that do not pass apply: x[i] = v, nn.init
+        orig_setitem = Tensor.__setitem__
+
+        def _setitem(t, index, value):
+            if not tracer._quiet:
+                tracer.fail("x[index] = value (in-place indexing)")
+            return orig_setitem(t, index, value)
+
+        patches.put(Tensor, "__setitem__", _setitem)
+        orig_write = _init._write
+
+        def _write(tensor, values):
+            if not tracer._quiet:
+                tracer.fail("an nn.init initializer inside fn (writes in place)")
+            return orig_write(tensor, values)
+
+        patches.put(_init, "_write", _write)
 
 
 def _value_read(tracer, name, original):
