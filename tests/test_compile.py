@@ -230,6 +230,12 @@ def test_fused_backward_loops_are_proved_against_sympy(monkeypatch):
     wrong = dict(fuse._LOCAL, mul=("{g} * {b}", "{g} * {b}"))  # d(a*b)/db = b: wrong
     monkeypatch.setattr(fuse, "_LOCAL", wrong)
     bad = sg.compile(_chain_fn(w, sg.optim.SGD([w], lr=0.01)))
+    with pytest.warns(UserWarning, match="differs from eager's on the traced call"):
+        bad(sg.randn(6, 5))  # the self-check after generation catches it first
+    assert not bad._entries()
+    monkeypatch.setattr(sys.modules["symgrad.compile.step"], "self_check",
+                        lambda *a: None)
+    bad = sg.compile(_chain_fn(w, sg.optim.SGD([w], lr=0.01)))
     bad(sg.randn(6, 5))
     entry = bad._entries()[-1]
     with pytest.raises(AssertionError, match="differs from SymPy"):
@@ -363,6 +369,23 @@ def test_a_compiled_step_inside_a_compiled_step_is_traced_through():
     assert outer.stats["traces"] == 1 and not outer.stats["fallbacks"]
 
 
+def test_generated_code_that_disagrees_with_the_traced_call_falls_back(monkeypatch):
+    """The self-check: a wrong rule (or an unseen side effect) never reaches a second call."""
+    from symgrad.compile import rules
+
+    monkeypatch.setitem(rules.RULES, "mse_loss", lambda c, ctx, g: {
+        0: f"(({ctx.ref(c.inputs[0])} - {ctx.ref(c.inputs[1])}) * {g})"})  # missing 2/n
+    step, eager, c, e = _pair(lambda ps: sg.optim.SGD(ps, lr=0.1))
+    with pytest.warns(UserWarning, match="differs from eager's on the traced call"):
+        step(*_data(4))
+    eager(*_data(4))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(2):
+            assert_close(step(*_data(4)), eager(*_data(4)), terms=_terms((4, 16, 3), 3))
+    _assert_same_state(c, e, 3, (4, 16, 3))
+
+
 def test_cuda_arguments_fall_back():
     from symgrad.compile.guards import signature
 
@@ -439,8 +462,9 @@ def test_verify_returns_an_ok_report(act):
 def test_verify_catches_generated_code_that_disagrees(monkeypatch):
     from symgrad.compile import rules
 
+    monkeypatch.setattr(sys.modules["symgrad.compile.step"], "self_check", lambda *a: None)
     step, _, _, _ = _pair(lambda ps: sg.optim.SGD(ps, lr=0.1), nn.Tanh)
-    monkeypatch.setitem(rules._RULES, "addmm", lambda c, ctx, g: {
+    monkeypatch.setitem(rules.RULES, "addmm", lambda c, ctx, g: {
         0: g, 1: f"np.matmul({g}, {ctx.ref(c.inputs[2])}.T)",
         2: f"(2 * np.matmul({ctx.ref(c.inputs[1])}.T, {g}))"})  # a wrong weight gradient
     step(*_data(4))

@@ -20,7 +20,7 @@ import numpy as np
 from ..ops.scalar import source
 from . import fuse
 from .graph import Backward, OpCall, Program, Step, Value, ZeroGrad
-from .rules import BROADCASTING, backward_code, forward_code, has_backward
+from .rules import BROADCASTING, RULES, backward_code, forward_code, has_backward
 
 __all__ = ["Generated", "Unsupported", "generate"]
 
@@ -126,10 +126,13 @@ class _Ctx:
         call = self.producer.get(x.index) if isinstance(x, Value) else None
         return call is not None and call.spec.name == "t" and len(x.shape) == 2
 
-    def scalar_grad(self, spec) -> str:
-        name = f"grad_{spec.name}"
+    def scalar_grad(self, spec, i: int) -> str:
+        """A NumPy helper computing the stanza's ``Scalar.grads[i]`` on arrays."""
+        sc = spec.scalar
+        name = f"grad_{spec.name}_{i}".replace("[", "_").replace("]", "")
         if name not in self.helpers:
-            self.helpers[name] = source(name, ("g", "x", "y"), spec.scalar.grad)
+            self.helpers[name] = source(name, ("g",) + sc.inputs + ("y",) + sc.params,
+                                        sc.grads[i])
         return name
 
 
@@ -184,7 +187,7 @@ def _backward(ops: list, root: Value, ctx: _Ctx, lines: list, grad_state: dict,
             lines.append(f"g{out.index} = {g}")
             g = f"g{out.index}"
         g = g if g.isidentifier() else f"({g})"
-        bcast = BROADCASTING.get(call.spec.name, ())
+        bcast = BROADCASTING.get(call.spec.name, "all" if call.spec.name not in RULES else ())
         for pos, x in enumerate(call.inputs):
             if not isinstance(x, Value) or x.index not in need:
                 continue
@@ -435,4 +438,4 @@ def _module_text(program: Program, ctx: _Ctx, layout: Layout, body: list, groups
 
 
 MATH_NAMES = ("exp", "log", "sin", "cos", "tanh", "sqrt", "abs", "sign", "where", "maximum",
-              "log1p", "expm1", "erf", "pi")
+              "log1p", "expm1", "erf", "pi", "minimum", "pow", "atan2", "hypot")

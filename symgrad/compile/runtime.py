@@ -65,7 +65,8 @@ def _sign(x):
 MATH = {"exp": np.exp, "log": np.log, "sin": np.sin, "cos": np.cos, "tanh": np.tanh,
         "sqrt": np.sqrt, "abs": np.abs, "sign": _sign, "where": np.where,
         "maximum": np.maximum, "log1p": np.log1p, "expm1": np.expm1,
-        "erf": np.vectorize(math.erf, otypes=[float]), "pi": math.pi}
+        "erf": np.vectorize(math.erf, otypes=[float]), "pi": math.pi,
+        "minimum": np.minimum, "pow": np.power, "atan2": np.arctan2, "hypot": np.hypot}
 
 
 def scalar_names(scalar) -> set:
@@ -78,4 +79,4 @@ def scalar_names(scalar) -> set:
         tree = ast.parse("\n".join(part.strip() for part in text.split(";")))
         bound = {t.id for n in ast.walk(tree) if isinstance(n, ast.Assign) for t in n.targets}
         names |= {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} - bound
-    return names - set(scalar.inputs) - {"g", "y"}
+    return names - set(scalar.inputs) - set(scalar.params) - {"g", "y"}

@@ -24,6 +24,7 @@ from . import fuse, loader
 from .codegen import Generated, Unsupported, generate
 from .graph import Program, Step
 from .guards import signature
+from .selfcheck import self_check
 from .trace import trace
 
 __all__ = ["CompiledStep"]
@@ -203,7 +204,10 @@ class CompiledStep:
                 entry = Entry(program, gen, module)
                 entry._gather()  # binds the arrays; raises _Stale if they cannot be used
                 entry.example = [a._data.copy() if isinstance(a, Tensor) else a for a in args]
-                self._cache[key] = entry
+                reason = self_check(entry, args, result)
+                program.before = {}
+                if reason is None:
+                    self._cache[key] = entry
             except (Unsupported, _Stale) as exc:
                 reason = str(exc)
         if reason is not None:

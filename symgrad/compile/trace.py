@@ -123,6 +123,9 @@ class Tracer:
             self.fail("CUDA tensors: sg.compile is CPU-only in this version")
         slot = len(self.program.leaves)
         self.program.leaves.append(weakref.ref(t))
+        # the values before fn touched them, for the self-check of the generated code
+        self.program.before[("leaf", slot)] = t._data.copy()
+        self.program.before[("grad", slot)] = None if t._grad is None else t._grad._data.copy()
         v = self.program.new_value(t._data.shape, t._data.dtype, t._requires_grad, "leaf", slot)
         self._leaf_slots[id(t)] = slot
         self._bind(t, v)
@@ -237,7 +240,13 @@ class Tracer:
             else:
                 kind = "adam" if isinstance(opt, Adam) else "sgd"
                 groups = [[self.leaf(p).slot for p in g["params"]] for g in opt.param_groups]
+                k = len(self.program.events)
                 self.program.events.append(Step(kind, weakref.ref(opt), groups))
+                for g, slots in zip(opt.param_groups, groups):
+                    for p, slot in zip(g["params"], slots):
+                        for key, value in opt.state.get(p, {}).items():
+                            if isinstance(value, Tensor):
+                                self.program.before[(k, slot, key)] = value._data.copy()
         return self._quietly(original, opt, closure)
 
     def install(self, patches: _Patches) -> None:
