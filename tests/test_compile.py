@@ -252,6 +252,21 @@ def test_new_batch_size_retraces_and_stays_equal():
     assert step.stats["traces"] == 2  # both signatures stay cached
 
 
+def test_a_full_cache_runs_new_signatures_eagerly_with_a_warning():
+    model = _mlp()
+    opt = sg.optim.SGD(model.parameters(), lr=0.1)
+    model_e = copy.deepcopy(model)
+    opt_e = sg.optim.SGD(model_e.parameters(), lr=0.1)
+    step = sg.compile(cache_size=1)(_step_fn(model, opt))
+    eager = _step_fn(model_e, opt_e)
+    assert_close(step(*_data(4)), eager(*_data(4)))
+    with pytest.warns(UserWarning, match="cache_size"):
+        got = step(*_data(5))
+    assert_close(got, eager(*_data(5)), terms=_terms((4, 16, 3), 2))
+    _assert_same_state((model, opt), (model_e, opt_e), 2, (4, 16, 3))
+    assert step.stats["traces"] == 1
+
+
 def test_lr_change_is_read_each_call():
     step, eager, c, e = _pair(lambda ps: sg.optim.SGD(ps, lr=0.1, momentum=0.5))
     data = _data(4)
