@@ -333,7 +333,7 @@ def test_untraceable_fn_falls_back_with_a_warning():
 
 
 @pytest.mark.parametrize("case", ["hook", "anomaly", "inplace", "amsgrad", "arg_type",
-                                  "setitem", "init"])
+                                  "setitem", "init", "kwargs"])
 def test_fallback_reasons(case):
     model = _mlp()
     opt = (sg.optim.Adam(model.parameters(), amsgrad=True) if case == "amsgrad"
@@ -361,13 +361,15 @@ def test_fallback_reasons(case):
     step = sg.compile(fn)
     match = {"hook": "hooks", "anomaly": "anomaly", "inplace": "in-place",
              "amsgrad": "amsgrad", "arg_type": "argument 2", "setitem": "in-place indexing",
-             "init": "nn.init"}[case]
+             "init": "nn.init", "kwargs": "keyword"}[case]
     with pytest.warns(UserWarning, match=match):
         if case == "anomaly":
             with sg.autograd.detect_anomaly():
                 step(x, y)
         elif case == "arg_type":
             step(x, y, object())  # a non-tensor, non-scalar argument
+        elif case == "kwargs":
+            step(x, y=y)
         else:
             step(x, y)
     assert step.stats["fallbacks"]

@@ -159,7 +159,10 @@ class CompiledStep:
         self.stats: dict[str, Any] = {"traces": 0, "compile_s": 0.0, "fallbacks": []}
         self._full_warned = False
 
-    def __call__(self, *args):
+    def __call__(self, *args, **kwargs):
+        if kwargs:
+            self._warn("keyword arguments (pass them positionally)")
+            return self.fn(*args, **kwargs)
         if _fn._profiler is not None:  # being traced (a compiled step calling this one) or
             return self.fn(*args)      # profiled: run the ops so they are seen
         key, reason = signature(args)
