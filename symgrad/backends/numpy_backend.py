@@ -220,7 +220,10 @@ def numpy_kernel(kernel: str):
         # every node calls one)
         ufunc = _OPERATOR_UFUNCS[type(ast.parse(scalar.forward, mode="eval").body.op)]
         return staticmethod(_quiet(ufunc) if _may_warn(scalar.forward, set()) else ufunc)
-    fn = build(kernel + "_forward", scalar.inputs + scalar.params, scalar.forward, NUMPY_MATH)
+    # constants folded to Python floats: NumPy's float64 scalars (np.sqrt(2)) would promote
+    # a float32 array to float64, where torch computes in float32
+    fn = build(kernel + "_forward", scalar.inputs + scalar.params, scalar.forward, NUMPY_MATH,
+               fold_constants=constant_value)
     if spec.dtype_rule == "same":
         plain = fn
 
@@ -244,7 +247,7 @@ def numpy_rule(op: str, index: int):
     """``rule(g, <values grad ``index`` reads>, <params>)``: the stanza's grad on arrays."""
     scalar = OPS[op].scalar
     fn = build(f"{op}_np_rule_{index}", ("g",) + scalar.reads(index) + scalar.param_reads(index),
-               scalar.grads[index], NUMPY_MATH)
+               scalar.grads[index], NUMPY_MATH, fold_constants=constant_value)
     return _quiet(fn) if _may_warn(scalar.grads[index], scalar.calls("grad")) else fn
 
 

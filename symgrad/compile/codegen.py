@@ -229,7 +229,7 @@ def _fused_backward(group, need: set, grads: dict, values: dict, ctx: _Ctx,
         ctx.alloc(f"{b}f = {b}.reshape(-1)")
         args.append(f"{b}f")
         results.append((x, b))
-    lines.append(f"{name}({', '.join(args)})")
+    lines += fuse.launch(group.calls, f"{name}({', '.join(args)})")
     for x, b in results:
         values[x.index] = x
         if x.index in grads:

@@ -116,6 +116,28 @@ def fused_from_stanza() -> tuple[str, ...]:
     return tuple(n for n, s in OPS.items() if s.scalar is not None and s.fused_backward)
 
 
+def grad_masks(op: str) -> list[tuple[int, ...]]:
+    """The subsets of an op's inputs a backend generates a fused backward for (every
+    non-empty subset of the inputs with a grad): ``<op>_b<mask>``, e.g. ``mul_b11``."""
+    grads = [i for i, t in enumerate(OPS[op].scalar.grads) if t is not None]
+    return [tuple(i for k, i in enumerate(grads) if bits >> k & 1)
+            for bits in range(1, 1 << len(grads))]
+
+
+def grad_mask_name(op: str, mask: tuple[int, ...]) -> str:
+    n = len(OPS[op].scalar.inputs)
+    return f"{op}_b" + "".join("1" if i in mask else "0" for i in range(n))
+
+
+def grad_mask_args(op: str, mask: tuple[int, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(values, params) the grads of ``mask`` read after ``g``, in the stanza's order."""
+    scalar = OPS[op].scalar
+    reads = set().union(*(scalar.reads(i) for i in mask))
+    params = set().union(*(scalar.param_reads(i) for i in mask))
+    return (tuple(v for v in scalar.inputs + ("y",) if v in reads),
+            tuple(p for p in scalar.params if p in params))
+
+
 def unary_fused_backward() -> tuple[str, ...]:
     """Unary ops whose whole backward is ``grad`` and one saved array through a scalar rule."""
     return tuple(n for n in scalar_ops(1) if OPS[n].scalar.operand is not None)

@@ -153,12 +153,13 @@ class Scalar:
 
 def source(name: str, params: tuple[str, ...], text: str, rename: dict | None = None,
            prelude: tuple[tuple[str, str], ...] = (), equality_calls: bool = False,
-           fold_constants: bool = False) -> str:
+           fold_constants=None) -> str:
     """The text of ``def name(*params)`` computing expression ``text``; ``prelude`` binds
     names first with code of the caller's own (outside the checked language);
     ``equality_calls`` writes ``a == b`` / ``a != b`` as ``_eq(a, b)`` / ``_ne(a, b)``;
     ``fold_constants`` writes each variable-free part (``sqrt(2) / 2``, ``pi``) as
-    ``_constant('<its text>', grad)``, so the caller decides how constants are computed."""
+    ``_constant('<its text>', grad)`` (``"grad"``: the caller's namespace decides how the
+    constant is computed), or, given a callable, as the Python float it returns."""
     lets, result = _parse(text, tuple(rename or ()) + params)
     if rename:
         result = _rename(result, rename)
@@ -168,8 +169,8 @@ def source(name: str, params: tuple[str, ...], text: str, rename: dict | None = 
         lets = [(n, _equality_calls(e)) for n, e in lets]
     if fold_constants:
         variables = set(params) | {n for n, _ in lets}
-        result = _fold_constants(result, variables)
-        lets = [(n, _fold_constants(e, variables)) for n, e in lets]
+        result = _fold_constants(result, variables, fold_constants)
+        lets = [(n, _fold_constants(e, variables, fold_constants)) for n, e in lets]
     lets = list(prelude) + lets
     lines = [f"def {name}({', '.join(params)}):"]
     lines += [f"    {n} = {e}" for n, e in lets]
@@ -192,8 +193,9 @@ def _equality_calls(text: str) -> str:
 
 
 class _FoldConstants(ast.NodeTransformer):
-    def __init__(self, variables: set) -> None:
+    def __init__(self, variables: set, fold) -> None:
         self.variables = variables
+        self.fold = fold
 
     def _constant(self, node) -> bool:
         return not isinstance(node, ast.Constant) and not any(
@@ -202,13 +204,17 @@ class _FoldConstants(ast.NodeTransformer):
 
     def visit(self, node):
         if isinstance(node, ast.expr) and self._constant(node):
+            if callable(self.fold):
+                value = float(self.fold(ast.unparse(node)))
+                return ast.parse(repr(value), mode="eval").body  # -x parses as a UnaryOp
             return ast.Call(ast.Name("_constant", ast.Load()),
-                            [ast.Constant(ast.unparse(node)), ast.Name("grad", ast.Load())], [])
+                            [ast.Constant(ast.unparse(node)), ast.Name(self.fold, ast.Load())],
+                            [])
         return super().visit(node)
 
 
-def _fold_constants(text: str, variables: set) -> str:
-    tree = _FoldConstants(variables).visit(ast.parse(text, mode="eval"))
+def _fold_constants(text: str, variables: set, fold) -> str:
+    tree = _FoldConstants(variables, fold).visit(ast.parse(text, mode="eval"))
     return ast.unparse(tree)
 
 
@@ -222,7 +228,7 @@ def _rename(text: str, mapping: dict) -> str:
 
 def build(name: str, params: tuple[str, ...], text: str, namespace: dict,
           rename: dict | None = None, prelude: tuple[tuple[str, str], ...] = (),
-          fold_constants: bool = False):
+          fold_constants=None):
     """Compile expression ``text`` into a function ``name(*params)`` whose calls resolve in
     ``namespace``. Its source is kept in ``linecache``, so tracebacks and
     ``inspect.getsource`` show the generated line."""
@@ -246,7 +252,7 @@ def tensor_formula(op: str, scalar: Scalar, namespace: dict, names: tuple[str, .
     params = ("grad",) + tuple(rename[v] for v in scalar.reads(index)) \
         + scalar.param_reads(index) + tuple(extra)
     fn = build(f"{op}_backward_formula_{index}", params, scalar.grads[index], namespace,
-               rename=rename, fold_constants=True)
+               rename=rename, fold_constants="grad")
     return fn
 
 

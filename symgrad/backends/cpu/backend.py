@@ -36,6 +36,7 @@ import threading
 import numpy as np
 
 from ...ops import OPS
+from ...ops.elementwise import grad_mask_args, grad_mask_name, grad_masks
 from ..base import column_major, fused_from_stanza, scalar_kernels
 from ..numpy_backend import NUMPY_MATH, NumpyBackend, numpy_backward, numpy_rule, saved_layout
 from . import rules
@@ -367,9 +368,9 @@ def _stanza_backward(op: str):
     loops = {}
     if rules.backward_loop(op):
         name_of = {**dict(zip(spec.scalar.inputs, spec.inputs)), "y": "result"}
-        for mask in rules.backward_masks(op):
-            values, ps = rules.backward_loop_args(op, mask)
-            loops[mask] = (rules.backward_loop_name(op, mask),
+        for mask in grad_masks(op):
+            values, ps = grad_mask_args(op, mask)
+            loops[mask] = (grad_mask_name(op, mask),
                            [spec.saved.index(name_of[v]) for v in values],
                            [spec.saved.index(p) for p in ps])
 
