@@ -9,7 +9,7 @@ import itertools
 import numpy as np
 import pytest
 from _tolerance import assert_close
-from test_scalar_stanzas import PARAMS, SAVED_ONLY, _arrays, _params, _stanza
+from test_scalar_stanzas import PARAMS, SAVED_ONLY, _arrays, _params
 
 import symgrad as sg
 from symgrad.backends import get_backend
