@@ -215,6 +215,25 @@ def test_fused_elementwise_chain_matches_eager():
     assert "@njit" in step.source() and "fused_0_0(" in step.source()
 
 
+def test_large_runs_use_parallel_loops(monkeypatch):
+    from symgrad.backends.cpu import backend
+
+    monkeypatch.setattr(backend, "PARALLEL_MIN", 16)  # the (6, 5) chain counts as large
+    sg.manual_seed(3)
+    w = sg.randn(6, 5, requires_grad=True)
+    w_e = sg.tensor(w.detach().numpy().copy(), requires_grad=True)
+    opt, opt_e = sg.optim.SGD([w], lr=0.01), sg.optim.SGD([w_e], lr=0.01)
+    step, eager = sg.compile(_chain_fn(w, opt)), _chain_fn(w_e, opt_e)
+    x = sg.randn(6, 5)
+    for i in range(3):
+        got, want = step(x), eager(x)
+        terms = (i + 1) * (12 + 30)
+        assert_close(got, want, terms=terms, scale=abs(want.detach().numpy()) * 30)
+        assert_close(w, w_e, terms=terms)
+    src = step.source()
+    assert "in prange(" in src and "parallel=True" in src and "_parallel_lock" in src
+
+
 def test_fused_backward_loops_are_proved_against_sympy(monkeypatch):
     sg.manual_seed(3)
     w = sg.randn(6, 5, requires_grad=True)
