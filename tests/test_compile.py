@@ -215,6 +215,25 @@ def test_fused_elementwise_chain_matches_eager():
     assert "@njit" in step.source() and "fused_0_0(" in step.source()
 
 
+def test_large_runs_use_parallel_loops(monkeypatch):
+    from symgrad.backends.cpu import backend
+
+    monkeypatch.setattr(backend, "PARALLEL_MIN", 16)  # the (6, 5) chain counts as large
+    sg.manual_seed(3)
+    w = sg.randn(6, 5, requires_grad=True)
+    w_e = sg.tensor(w.detach().numpy().copy(), requires_grad=True)
+    opt, opt_e = sg.optim.SGD([w], lr=0.01), sg.optim.SGD([w_e], lr=0.01)
+    step, eager = sg.compile(_chain_fn(w, opt)), _chain_fn(w_e, opt_e)
+    x = sg.randn(6, 5)
+    for i in range(3):
+        got, want = step(x), eager(x)
+        terms = (i + 1) * (12 + 30)
+        assert_close(got, want, terms=terms, scale=abs(want.detach().numpy()) * 30)
+        assert_close(w, w_e, terms=terms)
+    src = step.source()
+    assert "in prange(" in src and "parallel=True" in src and "_parallel_lock" in src
+
+
 def test_fused_backward_loops_are_proved_against_sympy(monkeypatch):
     sg.manual_seed(3)
     w = sg.randn(6, 5, requires_grad=True)
@@ -230,6 +249,12 @@ def test_fused_backward_loops_are_proved_against_sympy(monkeypatch):
     wrong = dict(fuse._LOCAL, mul=("{g} * {b}", "{g} * {b}"))  # d(a*b)/db = b: wrong
     monkeypatch.setattr(fuse, "_LOCAL", wrong)
     bad = sg.compile(_chain_fn(w, sg.optim.SGD([w], lr=0.01)))
+    with pytest.warns(UserWarning, match="differs from eager's on the traced call"):
+        bad(sg.randn(6, 5))  # the self-check after generation catches it first
+    assert not bad._entries()
+    monkeypatch.setattr(sys.modules["symgrad.compile.step"], "self_check",
+                        lambda *a: None)
+    bad = sg.compile(_chain_fn(w, sg.optim.SGD([w], lr=0.01)))
     bad(sg.randn(6, 5))
     entry = bad._entries()[-1]
     with pytest.raises(AssertionError, match="differs from SymPy"):
@@ -244,6 +269,21 @@ def test_new_batch_size_retraces_and_stays_equal():
     assert step.stats["traces"] == 2
     _run_both(step, eager, c, e, _data(8, seed=3), sizes, steps=2)
     assert step.stats["traces"] == 2  # both signatures stay cached
+
+
+def test_a_full_cache_runs_new_signatures_eagerly_with_a_warning():
+    model = _mlp()
+    opt = sg.optim.SGD(model.parameters(), lr=0.1)
+    model_e = copy.deepcopy(model)
+    opt_e = sg.optim.SGD(model_e.parameters(), lr=0.1)
+    step = sg.compile(cache_size=1)(_step_fn(model, opt))
+    eager = _step_fn(model_e, opt_e)
+    assert_close(step(*_data(4)), eager(*_data(4)))
+    with pytest.warns(UserWarning, match="cache_size"):
+        got = step(*_data(5))
+    assert_close(got, eager(*_data(5)), terms=_terms((4, 16, 3), 2))
+    _assert_same_state((model, opt), (model_e, opt_e), 2, (4, 16, 3))
+    assert step.stats["traces"] == 1
 
 
 def test_lr_change_is_read_each_call():
@@ -311,7 +351,8 @@ def test_untraceable_fn_falls_back_with_a_warning():
         assert_close(p, q, terms=_terms((4, 16, 3), 4))
 
 
-@pytest.mark.parametrize("case", ["hook", "anomaly", "inplace", "amsgrad", "arg_type"])
+@pytest.mark.parametrize("case", ["hook", "anomaly", "inplace", "amsgrad", "arg_type",
+                                  "setitem", "init", "kwargs"])
 def test_fallback_reasons(case):
     model = _mlp()
     opt = (sg.optim.Adam(model.parameters(), amsgrad=True) if case == "amsgrad"
@@ -324,6 +365,11 @@ def test_fallback_reasons(case):
         if case == "inplace":
             out = out * 1
             out.mul_(2)
+        if case == "setitem":
+            out = out * 1
+            out[0] = 0.0
+        if case == "init":
+            nn.init.zeros_(model[0].bias)
         loss = F.mse_loss(out, y)
         loss.backward()
         opt.step()
@@ -333,13 +379,16 @@ def test_fallback_reasons(case):
         model[0].register_forward_hook(lambda *a: None)
     step = sg.compile(fn)
     match = {"hook": "hooks", "anomaly": "anomaly", "inplace": "in-place",
-             "amsgrad": "amsgrad", "arg_type": "argument 2"}[case]
+             "amsgrad": "amsgrad", "arg_type": "argument 2", "setitem": "in-place indexing",
+             "init": "nn.init", "kwargs": "keyword"}[case]
     with pytest.warns(UserWarning, match=match):
         if case == "anomaly":
             with sg.autograd.detect_anomaly():
                 step(x, y)
         elif case == "arg_type":
             step(x, y, object())  # a non-tensor, non-scalar argument
+        elif case == "kwargs":
+            step(x, y=y)
         else:
             step(x, y)
     assert step.stats["fallbacks"]
@@ -354,6 +403,23 @@ def test_a_compiled_step_inside_a_compiled_step_is_traced_through():
         assert_close(outer(*_data(4)), outer_e(*_data(4)), terms=_terms((4, 16, 3), 4))
     _assert_same_state(c, e, 4, (4, 16, 3))
     assert outer.stats["traces"] == 1 and not outer.stats["fallbacks"]
+
+
+def test_generated_code_that_disagrees_with_the_traced_call_falls_back(monkeypatch):
+    """The self-check: a wrong rule (or an unseen side effect) never reaches a second call."""
+    from symgrad.compile import rules
+
+    monkeypatch.setitem(rules.RULES, "mse_loss", lambda c, ctx, g: {
+        0: f"(({ctx.ref(c.inputs[0])} - {ctx.ref(c.inputs[1])}) * {g})"})  # missing 2/n
+    step, eager, c, e = _pair(lambda ps: sg.optim.SGD(ps, lr=0.1))
+    with pytest.warns(UserWarning, match="differs from eager's on the traced call"):
+        step(*_data(4))
+    eager(*_data(4))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(2):
+            assert_close(step(*_data(4)), eager(*_data(4)), terms=_terms((4, 16, 3), 3))
+    _assert_same_state(c, e, 3, (4, 16, 3))
 
 
 def test_cuda_arguments_fall_back():
@@ -432,8 +498,9 @@ def test_verify_returns_an_ok_report(act):
 def test_verify_catches_generated_code_that_disagrees(monkeypatch):
     from symgrad.compile import rules
 
+    monkeypatch.setattr(sys.modules["symgrad.compile.step"], "self_check", lambda *a: None)
     step, _, _, _ = _pair(lambda ps: sg.optim.SGD(ps, lr=0.1), nn.Tanh)
-    monkeypatch.setitem(rules._RULES, "addmm", lambda c, ctx, g: {
+    monkeypatch.setitem(rules.RULES, "addmm", lambda c, ctx, g: {
         0: g, 1: f"np.matmul({g}, {ctx.ref(c.inputs[2])}.T)",
         2: f"(2 * np.matmul({ctx.ref(c.inputs[1])}.T, {g}))"})  # a wrong weight gradient
     step(*_data(4))
@@ -490,3 +557,79 @@ def test_disk_cache_second_process_compiles_nothing(tmp_path):
     assert first["kernels"] >= 1 and first["compiled"] >= 1
     assert second["kernels"] == first["kernels"]
     assert second["compiled"] == 0 and second["loaded"] == first["kernels"]
+
+
+def _fuzz_fn(steps, leaves, weights):
+    """fn of a random program: leaves (parameters) and loss weights live outside it."""
+    def fn():
+        for x in leaves:
+            x.grad = None
+        pool, it = [], iter(leaves)
+        for step in steps:
+            pool.append(next(it) if step[0] == "leaf" else step[2](sg, pool))
+        loss = None
+        for t, w in zip(pool, weights):
+            if w is not None and t.requires_grad:
+                term = (t * w).sum()
+                loss = term if loss is None else loss + term
+        if loss is not None:
+            loss.backward()
+        return tuple(pool)
+
+    return fn
+
+
+def test_random_programs_compiled_equal_eager():
+    """Programs drawn from the whole op registry (tests/test_random_programs.py's drawers):
+    compiled or fallen back, every call gives eager's values and leaf gradients."""
+    pytest.importorskip("hypothesis")
+    pytest.importorskip("torch")
+    from _tolerance import magnitude
+    from hypothesis import HealthCheck, Phase, given, reject, settings
+    from hypothesis import strategies as st
+    from test_random_programs import EXTRA, GENERATORS, NAMES, Builder
+
+    @settings(derandomize=True, max_examples=int(os.environ.get("SYMGRAD_COMPILE_FUZZ", 60)),
+              deadline=None, database=None, phases=(Phase.explicit, Phase.generate),
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                     HealthCheck.filter_too_much])
+    @given(st.data())
+    def run(data):
+        b = Builder(data)
+        try:
+            for _ in range(data.draw(st.integers(1, 3))):
+                b.leaf(b.shape())
+            for _ in range(data.draw(st.integers(1, 6))):
+                if data.draw(st.integers(0, 9)) == 0:
+                    data.draw(st.sampled_from(EXTRA))(b)
+                else:
+                    GENERATORS[data.draw(st.sampled_from(NAMES))](b)
+        except RuntimeError:  # a drawer's rare invalid program (not what is tested here)
+            reject()
+        rng = np.random.default_rng(5)
+        weights = [sg.tensor(rng.uniform(-1, 1, tuple(t.shape)), dtype=t.dtype)
+                   if t.dtype.is_floating_point else None for t in b.shadow]
+        arrays = [s[1] for s in b.steps if s[0] == "leaf"]
+        sides = []
+        for _ in range(2):
+            leaves = [sg.tensor(a.copy(), requires_grad=True) for a in arrays]
+            sides.append((leaves, _fuzz_fn(b.steps, leaves, weights)))
+        (leaves_c, fn_c), (leaves_e, fn_e) = sides
+        step = sg.compile(fn_c)
+        n = sum(max(int(np.prod(t.shape)), 1) for t in b.shadow) + len(b.steps)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # fallbacks are expected for many programs
+            for _ in range(3):
+                got, want = step(), fn_e()
+                pool = magnitude(*[t.detach().numpy() for t in want])
+                for x, y in zip(got, want):
+                    assert tuple(x.shape) == tuple(y.shape) and x.dtype == y.dtype
+                    assert_close(x, y, terms=n, scale=max(magnitude(y.detach().numpy()), pool))
+                for k, (p, q) in enumerate(zip(leaves_c, leaves_e)):
+                    assert (p.grad is None) == (q.grad is None), f"leaf {k}"
+                    if q.grad is not None:
+                        assert_close(p.grad, q.grad, terms=2 * n,
+                                     scale=max(magnitude(q.grad.numpy()), pool),
+                                     msg=f"leaf {k}")
+
+    run()

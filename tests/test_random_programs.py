@@ -407,6 +407,17 @@ GENERATORS = {
         L.nn.functional.softplus(x, beta=beta, threshold=threshold)))(
         b.draw(st.sampled_from([1, 0.5, 2.0])), b.draw(st.sampled_from([20, 1.0, 0.0])))),
     "atan2": _binary("atan2", lambda L, x, y: L.atan2(x, y)),
+    "gelu": _simple("gelu", lambda b, t: lambda L, x: L.nn.functional.gelu(x)),
+    "gelu_tanh": _simple("gelu_tanh", lambda b, t: lambda L, x: L.nn.functional.gelu(
+        x, approximate="tanh")),
+    "leaky_relu": _simple("leaky_relu", lambda b, t: (lambda s: lambda L, x: (
+        L.nn.functional.leaky_relu(x, s)))(b.draw(st.sampled_from([0.01, 0.2, -0.5])))),
+    "elu": _simple("elu", lambda b, t: (lambda a: lambda L, x: L.nn.functional.elu(x, a))(
+        b.draw(st.sampled_from([1.0, 0.5])))),
+    "logsigmoid": _simple("logsigmoid", lambda b, t: lambda L, x: L.nn.functional.logsigmoid(x)),
+    "hardtanh": _simple("hardtanh", lambda b, t: (lambda lo, hi: lambda L, x: (
+        L.nn.functional.hardtanh(x, lo, hi)))(b.draw(st.sampled_from([-1.0, -0.3])),
+                                              b.draw(st.sampled_from([1.0, 0.4])))),
     "hypot": _binary("hypot", lambda L, x, y: L.hypot(x, y)),
     "add": _binary("add", lambda L, x, y: L.add(x, y, alpha=1.5)),
     "sub": _binary("sub", lambda L, x, y: x - y),

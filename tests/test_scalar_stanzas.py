@@ -33,7 +33,13 @@ POSITIVE = {"log", "sqrt", "pow", "pow_tensor", "reciprocal"}
 #: sample values of the params, per op
 PARAMS = {"pow": [{"exponent": 3}, {"exponent": 2.5}, {"exponent": 0}],
           "softplus": [{"beta": 1, "threshold": 20}, {"beta": 2.0, "threshold": 1.0}],
-          "addcmul": [{"value": 0.5}]}
+          "addcmul": [{"value": 0.5}],
+          "leaky_relu": [{"negative_slope": 0.01}, {"negative_slope": -0.5}],
+          "elu": [{"alpha": 1.0, "scale": 1, "input_scale": 1},
+                  {"alpha": 0.7, "scale": 1.5, "input_scale": 0.5}],
+          "hardtanh": [{"min_val": -1.0, "max_val": 1.0}, {"min_val": -0.6, "max_val": 2.0}]}
+#: op arguments saved but not read by the scalar math
+SAVED_ONLY = {"gelu": {"approximate": "none"}, "gelu_tanh": {"approximate": "tanh"}}
 
 
 def _stanza(kernel: str):
@@ -196,7 +202,7 @@ def test_fused_backward_equals_the_formulas(op, dtype, n):
     spec, cpu = OPS[op], get_backend("cpu")
     xs = _arrays(spec.kernel or op, dtype, n=n, seed=n)
     params = PARAMS.get(op, [{}])[-1]
-    values = dict(zip(spec.inputs, xs)) | params
+    values = dict(zip(spec.inputs, xs)) | params | SAVED_ONLY.get(op, {})
     if "result" in spec.saved:
         values["result"] = getattr(get_backend("numpy"), spec.kernel or op)(*xs, **params)
     saved = {p: values[p] for p in spec.saved}

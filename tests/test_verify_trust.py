@@ -182,16 +182,12 @@ def test_timeout_is_honoured_on_every_graph_shape(kind, mode):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_auto_picks_exact_only_where_it_is_fast(kind):
-    import time
-
     y = _graph(kind)
-    t = time.perf_counter()
     rep = sg.verify(y)
-    took = time.perf_counter() - t
     assert rep.ok and not rep.timed_out, str(rep)
-    # the fused softmax over 64x65 would take minutes in exact mode: auto runs local
+    # the fused softmax over 64x65 would take minutes in exact mode: auto runs local (the
+    # choice is made from the graph's cost model, not from a clock: no timing asserted)
     assert rep.mode == ("local" if kind == "softmax" else "exact")
-    assert took < 30  # a guard only: about 1-2 s each on a quiet machine
 
 
 def test_exact_cost_counts_fused_ops_by_their_dim():

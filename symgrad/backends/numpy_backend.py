@@ -51,6 +51,17 @@ def _one_operator(kernel: str) -> bool:
         and isinstance(tree.right, ast.Name)
 
 
+_CONSTANTS: dict = {}
+
+
+def constant_value(expression: str) -> float:
+    """A variable-free scalar expression in float64 (cached: formulas ask per call)."""
+    value = _CONSTANTS.get(expression)
+    if value is None:
+        value = _CONSTANTS[expression] = float(build("_const", (), expression, NUMPY_MATH)())
+    return value
+
+
 def _quiet(fn):
     """NumPy warns on log(-1) or 1/0; PyTorch silently gives nan/inf, so do we."""
 
@@ -189,9 +200,10 @@ class NumpyBackend:
         return np.may_share_memory(a, b)
 
     @staticmethod
-    def constant(name: str) -> float:
-        """A constant of the scalar vocabulary (``pi``), as tensor formulas read it."""
-        return float(NUMPY_MATH[name])
+    def constant(expression: str) -> float:
+        """A variable-free expression of the scalar language (``2 / sqrt(pi)``) as tensor
+        formulas read it: the float64 the generated kernels compute."""
+        return constant_value(expression)
 
 
 def numpy_kernel(kernel: str):
@@ -208,12 +220,15 @@ def numpy_kernel(kernel: str):
         # every node calls one)
         ufunc = _OPERATOR_UFUNCS[type(ast.parse(scalar.forward, mode="eval").body.op)]
         return staticmethod(_quiet(ufunc) if _may_warn(scalar.forward, set()) else ufunc)
-    fn = build(kernel + "_forward", scalar.inputs + scalar.params, scalar.forward, NUMPY_MATH)
+    # constants folded to Python floats: NumPy's float64 scalars (np.sqrt(2)) would promote
+    # a float32 array to float64, where torch computes in float32
+    fn = build(kernel + "_forward", scalar.inputs + scalar.params, scalar.forward, NUMPY_MATH,
+               fold_constants=constant_value)
     if spec.dtype_rule == "same":
         plain = fn
 
-        def fn(x, *params):
-            out = plain(x, *params)
+        def fn(x, *params, **kw):
+            out = plain(x, *params, **kw)
             return out if out.dtype == x.dtype else out.astype(x.dtype, copy=False)
 
     if _may_warn(scalar.forward, scalar.calls()):
@@ -232,7 +247,7 @@ def numpy_rule(op: str, index: int):
     """``rule(g, <values grad ``index`` reads>, <params>)``: the stanza's grad on arrays."""
     scalar = OPS[op].scalar
     fn = build(f"{op}_np_rule_{index}", ("g",) + scalar.reads(index) + scalar.param_reads(index),
-               scalar.grads[index], NUMPY_MATH)
+               scalar.grads[index], NUMPY_MATH, fold_constants=constant_value)
     return _quiet(fn) if _may_warn(scalar.grads[index], scalar.calls("grad")) else fn
 
 

@@ -144,10 +144,10 @@ class SympyBackend:
         return obj(np.frompyfunc(lambda *xs: fn(*xs, **params), len(arrays), 1)(
             *[obj(a) for a in arrays]))
 
-    def constant(self, name):
-        """A constant of the scalar vocabulary, exact (``pi``): a 0-d object array."""
+    def constant(self, expression):
+        """A variable-free scalar expression (``2 / sqrt(pi)``), exact: a 0-d object array."""
         out = np.empty((), dtype=object)
-        out[()] = sympy_namespace(self.sp)[name]
+        out[()] = build("_const", (), expression, sympy_namespace(self.sp))()
         return out
 
     def _where(self, c, a, b):

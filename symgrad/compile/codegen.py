@@ -11,6 +11,7 @@ hash and Numba's ``cache=True`` finds its fused kernels again in the next proces
 
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +20,7 @@ import numpy as np
 from ..ops.scalar import source
 from . import fuse
 from .graph import Backward, OpCall, Program, Step, Value, ZeroGrad
-from .rules import BROADCASTING, backward_code, forward_code, has_backward
+from .rules import BROADCASTING, RULES, backward_code, forward_code, has_backward
 
 __all__ = ["Generated", "Unsupported", "generate"]
 
@@ -74,11 +75,18 @@ class _Ctx:
         self._ids: dict[int, str] = {}
 
     def ref(self, x) -> str:
+        """Code for an operand: a value's name, a literal, or a bound constant (dtypes,
+        slices: anything whose repr is not a Python literal)."""
         if isinstance(x, Value):
             return x.name
         if isinstance(x, float) and not np.isfinite(x):
             return f"float({str(x)!r})"
-        return repr(x)
+        try:
+            if ast.literal_eval(repr(x)) == x:
+                return repr(x)
+        except (ValueError, SyntaxError, TypeError):
+            pass
+        return self.bind(x, "const")
 
     def dtype(self, v: Value) -> str:
         return f"np.{v.dtype.name}"
@@ -118,10 +126,13 @@ class _Ctx:
         call = self.producer.get(x.index) if isinstance(x, Value) else None
         return call is not None and call.spec.name == "t" and len(x.shape) == 2
 
-    def scalar_grad(self, spec) -> str:
-        name = f"grad_{spec.name}"
+    def scalar_grad(self, spec, i: int) -> str:
+        """A NumPy helper computing the stanza's ``Scalar.grads[i]`` on arrays."""
+        sc = spec.scalar
+        name = f"grad_{spec.name}_{i}".replace("[", "_").replace("]", "")
         if name not in self.helpers:
-            self.helpers[name] = source(name, ("g", "x", "y"), spec.scalar.grad)
+            self.helpers[name] = source(name, ("g",) + sc.inputs + ("y",) + sc.params,
+                                        sc.grads[i])
         return name
 
 
@@ -176,7 +187,7 @@ def _backward(ops: list, root: Value, ctx: _Ctx, lines: list, grad_state: dict,
             lines.append(f"g{out.index} = {g}")
             g = f"g{out.index}"
         g = g if g.isidentifier() else f"({g})"
-        bcast = BROADCASTING.get(call.spec.name, ())
+        bcast = BROADCASTING.get(call.spec.name, "all" if call.spec.name not in RULES else ())
         for pos, x in enumerate(call.inputs):
             if not isinstance(x, Value) or x.index not in need:
                 continue
@@ -213,11 +224,12 @@ def _fused_backward(group, need: set, grads: dict, values: dict, ctx: _Ctx,
     args += [f"flat({grads[v.index]})" for v in seeds]
     results = []
     for x in outputs:
-        b = ctx.buf(x, "gb")
+        b = ctx.buf(x, f"gb{len(ctx.plan.backward_kernels)}_")  # one per loop: a value may get
+        # gradients from two runs
         ctx.alloc(f"{b}f = {b}.reshape(-1)")
         args.append(f"{b}f")
         results.append((x, b))
-    lines.append(f"{name}({', '.join(args)})")
+    lines += fuse.launch(group.calls, f"{name}({', '.join(args)})")
     for x, b in results:
         values[x.index] = x
         if x.index in grads:
@@ -426,4 +438,4 @@ def _module_text(program: Program, ctx: _Ctx, layout: Layout, body: list, groups
 
 
 MATH_NAMES = ("exp", "log", "sin", "cos", "tanh", "sqrt", "abs", "sign", "where", "maximum",
-              "log1p", "expm1", "erf")
+              "log1p", "expm1", "erf", "pi", "minimum", "pow", "atan2", "hypot")

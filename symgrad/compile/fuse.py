@@ -12,23 +12,26 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 
-from ..ops.scalar import FUNCTIONS, source
+from ..ops.scalar import source
 from .graph import OpCall, Program, Value
+from .runtime import scalar_names
 
 __all__ = ["plan", "call_code", "cache_stats", "warm"]
 
 _ARITH = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 #: the scalar functions the generated module binds for Numba (PRELUDE)
 VOCABULARY = frozenset({"exp", "log", "sin", "cos", "tanh", "sqrt", "abs", "sign", "where",
-                        "maximum", "log1p", "expm1", "erf"})
+                        "maximum", "log1p", "expm1", "erf", "pi"})
 #: the scalar vocabulary under the names the generated module binds for Numba
-_RENAME = {f: f"m_{f}" for f in FUNCTIONS if f in VOCABULARY}
+_RENAME = {f: f"m_{f}" for f in VOCABULARY}
 
 PRELUDE = [
     "import math",
     "",
-    "from numba import njit",
+    "from numba import njit, prange",
     "",
+    "import symgrad.backends.cpu.kernels  # noqa: F401  (picks the threading layer first)",
+    "from symgrad.backends.cpu import backend as _cpu_backend",
     "from symgrad.backends.cpu.rules import maximum as _maximum",
     "from symgrad.backends.cpu.rules import sign as _sign",
     "from symgrad.backends.cpu.rules import where as _where",
@@ -39,7 +42,7 @@ PRELUDE = [
     "m_maximum = njit(inline='always', **_J)(_maximum)",
     "m_abs = abs",
     *(f"m_{f} = math.{f}" for f in ("exp", "log", "sin", "cos", "tanh", "sqrt", "log1p",
-                                    "expm1", "erf")),
+                                    "expm1", "erf", "pi")),
     "",
 ]
 
@@ -88,7 +91,7 @@ def _fusible(call: OpCall) -> bool:
     s = spec.scalar
     return (s is not None and len(spec.inputs) == 1 and not s.params and not call.params
             and isinstance(call.inputs[0], Value) and isinstance(s.grad, str)
-            and (s.calls("forward") | s.calls("grad")) <= VOCABULARY)
+            and scalar_names(s) <= VOCABULARY)
 
 
 #: transcendental unary ops whose forward runs as NumPy's SIMD ufunc (30x faster per element
@@ -171,13 +174,37 @@ def _segment_inputs(calls: list) -> list:
     return inputs
 
 
+def parallel(calls: list) -> bool:
+    """Runs of at least the CPU backend's PARALLEL_MIN elements use every core (``prange``,
+    launched under the backend's lock: the workqueue threading layer is not thread-safe)."""
+    from ..backends.cpu import backend
+
+    n = 1
+    for s in calls[0].outputs[0].shape:
+        n *= s
+    return n >= backend.PARALLEL_MIN
+
+
+def _head(name: str, params: list, calls: list, size: str) -> list[str]:
+    par = parallel(calls)
+    return ["@njit(parallel=True, **_J)" if par else "@njit(**_J)",
+            f"def {name}({', '.join(params)}):",
+            f"    for k in {'prange' if par else 'range'}({size}.size):"]
+
+
+def launch(calls: list, call: str) -> list[str]:
+    """The line calling a kernel of ``calls``' run (under the lock when parallel)."""
+    if parallel(calls):
+        return ["with _cpu_backend._parallel_lock:", f"    {call}"]
+    return [call]
+
+
 def _kernel(name: str, calls: list, helpers: dict) -> tuple[list[str], int]:
     inputs = _segment_inputs(calls)
     dt = calls[0].outputs[0].dtype.name
     outs = [c.outputs[0] for c in calls]
     params = [f"i{v.index}" for v in inputs] + [f"o{v.index}" for v in outs]
-    lines = ["@njit(**_J)", f"def {name}({', '.join(params)}):",
-             f"    for k in range(o{outs[0].index}.size):"]
+    lines = _head(name, params, calls, f"o{outs[0].index}")
     lines += [f"        t{v.index} = i{v.index}[k]" for v in inputs]
     for c in calls:
         args = [f"t{x.index}" if isinstance(x, Value) else f"np.{dt}({float(x)!r})"
@@ -215,7 +242,7 @@ def call_code(group: Group, ctx) -> list[str]:
             ins = [f"{ctx.buf(v)}f" if v.index in made else f"{v.name}.reshape(-1)"
                    for v in _segment_inputs(calls)]
             flats = [f"{ctx.buf(v)}f" for v in outs]
-            lines.append(f"{name}({', '.join(ins + flats)})")
+            lines += launch(calls, f"{name}({', '.join(ins + flats)})")
         made.update(v.index for v in outs)
         lines += [f"{v.name} = {ctx.buf(v)}" for v in outs]
     return lines
@@ -295,9 +322,9 @@ def backward_kernel(group: Group, seeds: list, need: set, helpers: dict, name: s
     made = [c.outputs[0] for c in group.calls]
     params = ([f"i{v.index}" for v in group.inputs] + [f"o{v.index}" for v in made]
               + [f"e{v.index}" for v in seeds] + [f"r{v.index}" for v in outputs])
-    lines = ["@njit(**_J)", f"def {name}({', '.join(params)}):"]
-    lines += [f"    s{v.index} = 1 if e{v.index}.size > 1 else 0" for v in seeds]
-    lines.append(f"    for k in range(o{made[0].index}.size):")
+    head = _head(name, params, group.calls, f"o{made[0].index}")
+    lines = head[:2] + [f"    s{v.index} = 1 if e{v.index}.size > 1 else 0" for v in seeds]
+    lines.append(head[2])
     body = [f"t{v.index} = i{v.index}[k]" for v in group.inputs]
     body += [f"t{v.index} = o{v.index}[k]" for v in made]
     acc = set()

@@ -81,6 +81,10 @@ class Program:
     args: list = field(default_factory=list)
     #: fn's result: a nested structure of Values / python constants ("tuple", [...]) etc.
     result: Any = None
+    #: copies of the leaves, their .grad and the optimizer state as they were before fn
+    #: changed them (("leaf", slot), ("grad", slot), (step event, slot, key)); used once by
+    #: the self-check after generation, then dropped
+    before: dict = field(default_factory=dict)
 
     def new_value(self, shape, dtype, requires_grad: bool, kind: str, slot: int = -1) -> Value:
         v = Value(len(self.values), tuple(shape), np.dtype(dtype), bool(requires_grad), kind,

@@ -60,7 +60,7 @@ def _vocabulary(sp) -> dict:
     return {"_cmp": cmp, "where": where, "exp": sp.exp, "log": sp.log, "sin": sp.sin,
             "cos": sp.cos, "tanh": sp.tanh, "sqrt": sp.sqrt, "abs": sp.Abs, "sign": sp.sign,
             "maximum": sp.Max, "log1p": lambda x: sp.log(1 + x),
-            "expm1": lambda x: sp.exp(x) - 1, "erf": sp.erf}
+            "expm1": lambda x: sp.exp(x) - 1, "erf": sp.erf, "pi": sp.pi}
 
 
 def _run(text: str, namespace: dict) -> None:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from ..ops._ints import norm, norms
 from .graph import OpCall, Value
-from .runtime import MATH
+from .runtime import MATH, scalar_names
 
 __all__ = ["forward_code", "backward_code", "has_backward", "BROADCASTING", "UFUNCS"]
 
@@ -262,23 +262,44 @@ def _nll_ok(c) -> bool:
 
 
 def _scalar_rule(c, ctx, g):
-    fn = ctx.scalar_grad(c.spec)
-    x = ctx.ref(c.inputs[0])
-    return {0: f"{fn}({g}, {x}, {c.outputs[0].name})"}
+    """Any op with a ``Scalar`` stanza: its ``grads`` texts, on arrays (broadcast gradients
+    are summed back by the caller)."""
+    sc = c.spec.scalar
+    args = ", ".join([ctx.ref(x) for x in c.inputs] + [c.outputs[0].name]
+                     + [ctx.ref(c.params[p]) for p in sc.params])
+    return {i: f"{ctx.scalar_grad(c.spec, i)}({g}, {args})"
+            for i, text in enumerate(sc.grads) if text is not None}
 
 
-_RULES: dict[str, Callable] = {
+def _mv(c, ctx, g):
+    a, v = (ctx.ref(x) for x in c.inputs)
+    return {0: f"np.outer({g}, {v})", 1: f"np.matmul({a}.T, {g})"}
+
+
+def _dot(c, ctx, g):
+    a, b = (ctx.ref(x) for x in c.inputs)
+    return {0: f"({g} * {b})", 1: f"({g} * {a})"}
+
+
+def _bmm(c, ctx, g):
+    a, b = (ctx.ref(x) for x in c.inputs)
+    return {0: f"np.matmul({g}, np.swapaxes({b}, 1, 2))",
+            1: f"np.matmul(np.swapaxes({a}, 1, 2), {g})"}
+
+
+RULES: dict[str, Callable] = {
     "add": _add, "sub": _sub, "rsub": _rsub, "mul": _mul, "div": _div, "pow": _pow,
     "mm": _mm, "addmm": _addmm, "sum": _sum, "sum_dim": _sum_dim, "mean": _mean,
     "mean_dim": _mean_dim, "t": _t, "transpose": _transpose, "permute": _permute,
     "expand": _expand, "clone": _identity, "alias": _identity, "to_copy": _to_copy,
     "mse_loss": _mse, "log_softmax": _log_softmax, "softmax": _softmax, "nll_loss": _nll,
+    "mv": _mv, "dot": _dot, "bmm": _bmm,
     "mul_scalar": lambda c, ctx, g: {0: _scaled(g, c.params.get("other", c.inputs[-1]))},
     "div_scalar": lambda c, ctx, g: {0: f"({g} / {c.params.get('other', c.inputs[-1])!r})"},
 }
 for _name in ("view", "reshape_alias", "unsafe_view", "unsqueeze", "squeeze", "squeeze_",
               "squeeze_all", "squeeze_dims"):
-    _RULES[_name] = _reshape
+    RULES[_name] = _reshape
 
 
 def has_backward(call: OpCall) -> bool:
@@ -287,17 +308,17 @@ def has_backward(call: OpCall) -> bool:
         return _nll_ok(call)
     if spec.name in ("mul_scalar", "div_scalar"):
         return False  # their scalar operand's place varies; eager-only until needed
-    if spec.name in _RULES:
+    if spec.name in RULES:
         return True
-    scalar = spec.scalar
-    return (scalar is not None and len(spec.inputs) == 1 and isinstance(scalar.grad, str)
-            and not scalar.params and scalar.calls("grad") <= set(MATH))
+    sc = spec.scalar
+    return (sc is not None and len(sc.inputs) == len(call.inputs) and bool(sc.grads)
+            and set(call.params) == set(sc.params) and scalar_names(sc) <= set(MATH))
 
 
 def backward_code(call: OpCall, ctx, g: str) -> dict[int, str]:
     """{input position: gradient expression} for the inputs of ``call``."""
     spec = call.spec
-    rule = _RULES.get(spec.name)
+    rule = RULES.get(spec.name)
     if rule is None:
         rule = _scalar_rule
     return rule(call, ctx, g)

@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-__all__ = ["sum_to", "nll_grad", "as_out", "flat", "MATH"]
+__all__ = ["sum_to", "nll_grad", "as_out", "flat", "scalar_names", "MATH"]
 
 
 def sum_to(g: np.ndarray, shape: tuple) -> np.ndarray:
@@ -65,4 +65,18 @@ def _sign(x):
 MATH = {"exp": np.exp, "log": np.log, "sin": np.sin, "cos": np.cos, "tanh": np.tanh,
         "sqrt": np.sqrt, "abs": np.abs, "sign": _sign, "where": np.where,
         "maximum": np.maximum, "log1p": np.log1p, "expm1": np.expm1,
-        "erf": np.vectorize(math.erf, otypes=[float])}
+        "erf": np.vectorize(math.erf, otypes=[float]), "pi": math.pi,
+        "minimum": np.minimum, "pow": np.power, "atan2": np.arctan2, "hypot": np.hypot}
+
+
+def scalar_names(scalar) -> set:
+    """Every free name a stanza's forward and grad texts read (vocabulary and constants),
+    so a stanza using one this module lacks is not compiled from its text."""
+    import ast
+
+    names: set = set()
+    for text in (scalar.forward,) + tuple(t for t in scalar.grads if t):
+        tree = ast.parse("\n".join(part.strip() for part in text.split(";")))
+        bound = {t.id for n in ast.walk(tree) if isinstance(n, ast.Assign) for t in n.targets}
+        names |= {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} - bound
+    return names - set(scalar.inputs) - set(scalar.params) - {"g", "y"}

@@ -24,6 +24,7 @@ from . import fuse, loader
 from .codegen import Generated, Unsupported, generate
 from .graph import Program, Step
 from .guards import signature
+from .selfcheck import self_check
 from .trace import trace
 
 __all__ = ["CompiledStep"]
@@ -158,7 +159,10 @@ class CompiledStep:
         self.stats: dict[str, Any] = {"traces": 0, "compile_s": 0.0, "fallbacks": []}
         self._full_warned = False
 
-    def __call__(self, *args):
+    def __call__(self, *args, **kwargs):
+        if kwargs:
+            self._warn("keyword arguments (pass them positionally)")
+            return self.fn(*args, **kwargs)
         if _fn._profiler is not None:  # being traced (a compiled step calling this one) or
             return self.fn(*args)      # profiled: run the ops so they are seen
         key, reason = signature(args)
@@ -203,7 +207,10 @@ class CompiledStep:
                 entry = Entry(program, gen, module)
                 entry._gather()  # binds the arrays; raises _Stale if they cannot be used
                 entry.example = [a._data.copy() if isinstance(a, Tensor) else a for a in args]
-                self._cache[key] = entry
+                reason = self_check(entry, args, result)
+                program.before = {}
+                if reason is None:
+                    self._cache[key] = entry
             except (Unsupported, _Stale) as exc:
                 reason = str(exc)
         if reason is not None:

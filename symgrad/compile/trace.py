@@ -16,6 +16,7 @@ from typing import Any
 
 from ..autograd import function as _fn
 from ..autograd.anomaly_mode import _anomaly
+from ..nn import init as _init
 from ..nn.modules import Module
 from ..optim.adam import Adam
 from ..optim.optimizer import Optimizer
@@ -81,7 +82,9 @@ class Tracer:
         self._values: dict[int, Any] = {}  # id(tensor) -> Value
         self._alive: list = []  # keeps traced tensors alive so ids stay unique
         self._leaf_slots: dict[int, int] = {}
-        self._born: weakref.WeakSet = weakref.WeakSet()
+        #: id -> weakref of every tensor made during the run (not a WeakSet: its membership
+        #: test compares with ==, which is an op on tensors)
+        self._born: dict[int, weakref.ref] = {}
         self._quiet = 0  # > 0 inside backward / optimizer calls: their ops are not fn's
         for i, a in enumerate(args):
             if isinstance(a, Tensor):
@@ -110,7 +113,8 @@ class Tracer:
         v = self._values.get(id(t))
         if v is not None:
             return v
-        if t in self._born:
+        born = self._born.get(id(t))
+        if born is not None and born() is t:
             self.fail("a tensor made inside fn outside the traced ops (a creation function, "
                       ".grad, .detach(), optimizer state)")
         elif t._grad_fn is not None:
@@ -119,6 +123,9 @@ class Tracer:
             self.fail("CUDA tensors: sg.compile is CPU-only in this version")
         slot = len(self.program.leaves)
         self.program.leaves.append(weakref.ref(t))
+        # the values before fn touched them, for the self-check of the generated code
+        self.program.before[("leaf", slot)] = t._data.copy()
+        self.program.before[("grad", slot)] = None if t._grad is None else t._grad._data.copy()
         v = self.program.new_value(t._data.shape, t._data.dtype, t._requires_grad, "leaf", slot)
         self._leaf_slots[id(t)] = slot
         self._bind(t, v)
@@ -233,7 +240,13 @@ class Tracer:
             else:
                 kind = "adam" if isinstance(opt, Adam) else "sgd"
                 groups = [[self.leaf(p).slot for p in g["params"]] for g in opt.param_groups]
+                k = len(self.program.events)
                 self.program.events.append(Step(kind, weakref.ref(opt), groups))
+                for g, slots in zip(opt.param_groups, groups):
+                    for p, slot in zip(g["params"], slots):
+                        for key, value in opt.state.get(p, {}).items():
+                            if isinstance(value, Tensor):
+                                self.program.before[(k, slot, key)] = value._data.copy()
         return self._quietly(original, opt, closure)
 
     def install(self, patches: _Patches) -> None:
@@ -252,7 +265,7 @@ class Tracer:
 
         def _wrap(cls, *a, **k):
             t = orig_wrap(cls, *a, **k)
-            tracer._born.add(t)
+            tracer._born[id(t)] = weakref.ref(t)
             return t
 
         patches.put(Tensor, "_wrap", classmethod(_wrap))
@@ -270,6 +283,23 @@ class Tracer:
             return orig_hooks(module, args, kwargs)
 
         patches.put(Module, "_call_with_hooks", _call_with_hooks)
+        # writes into a tensor's array that do not pass apply: x[i] = v, nn.init
+        orig_setitem = Tensor.__setitem__
+
+        def _setitem(t, index, value):
+            if not tracer._quiet:
+                tracer.fail("x[index] = value (in-place indexing)")
+            return orig_setitem(t, index, value)
+
+        patches.put(Tensor, "__setitem__", _setitem)
+        orig_write = _init._write
+
+        def _write(tensor, values):
+            if not tracer._quiet:
+                tracer.fail("an nn.init initializer inside fn (writes in place)")
+            return orig_write(tensor, values)
+
+        patches.put(_init, "_write", _write)
 
 
 def _value_read(tracer, name, original):

@@ -4,15 +4,20 @@ from __future__ import annotations
 
 from . import functional, init, utils
 from .modules import (
+    ELU,
+    GELU,
     BCELoss,
     BCEWithLogitsLoss,
     CrossEntropyLoss,
     Flatten,
+    Hardtanh,
     HuberLoss,
     Identity,
     KLDivLoss,
     L1Loss,
+    LeakyReLU,
     Linear,
+    LogSigmoid,
     LogSoftmax,
     Module,
     ModuleDict,
@@ -34,7 +39,8 @@ from .parameter import Parameter
 
 __all__ = ["Module", "Parameter", "Linear", "Sequential", "ModuleList", "ModuleDict",
            "ParameterList", "ParameterDict", "Identity", "Flatten", "ReLU", "Tanh",
-           "Sigmoid", "SiLU", "Softplus", "Softmax", "LogSoftmax", "MSELoss", "BCEWithLogitsLoss",
+           "Sigmoid", "SiLU", "Softplus", "GELU", "LeakyReLU", "ELU", "LogSigmoid",
+           "Hardtanh", "Softmax", "LogSoftmax", "MSELoss", "BCEWithLogitsLoss",
            "CrossEntropyLoss", "NLLLoss", "L1Loss", "SmoothL1Loss", "HuberLoss", "BCELoss",
            "KLDivLoss", "functional", "init", "utils"]
 

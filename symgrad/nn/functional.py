@@ -11,6 +11,7 @@ from __future__ import annotations
 import warnings
 
 from .. import functional as _F
+from .._tensor_layer import TORCH_NAMES
 from ..autograd.function import apply
 from ..ops import OPS
 from ..tensor import Tensor
@@ -107,23 +108,84 @@ def sigmoid(input: Tensor) -> Tensor:
 
 def silu(input: Tensor, inplace: bool = False) -> Tensor:
     """``x * sigmoid(x)`` (``SiluBackward0``). ``inplace=True`` computes out of place."""
-    if not isinstance(input, Tensor):
-        raise TypeError(f"silu(): argument 'input' (position 1) must be Tensor, not "
-                        f"{type(input).__name__}")
+    _require_tensor("silu", input)
     return apply(OPS["silu"], (input,))
 
 
 def softplus(input: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
     """``log(1 + exp(beta x)) / beta``, ``x`` where ``beta x > threshold`` (torch's
     numerics; ``SoftplusBackward0`` saves beta, self and threshold)."""
-    if not isinstance(input, Tensor):
-        raise TypeError(f"softplus(): argument 'input' (position 1) must be Tensor, not "
-                        f"{type(input).__name__}")
-    for name, value in (("beta", beta), ("threshold", threshold)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise TypeError(f"softplus(): argument '{name}' must be Number, not "
-                            f"{type(value).__name__}")
+    _require_tensor("softplus", input)
+    _require_number("softplus", "beta", beta)
+    _require_number("softplus", "threshold", threshold)
     return apply(OPS["softplus"], (input,), {"beta": beta, "threshold": threshold})
+
+
+def _require_tensor(fn: str, input) -> None:
+    if not isinstance(input, Tensor):
+        raise TypeError(f"{fn}(): argument 'input' (position 1) must be Tensor, not "
+                        f"{type(input).__name__}")
+
+
+def _require_number(fn: str, name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{fn}(): argument '{name}' must be Number, not "
+                        f"{type(value).__name__}")
+
+
+#: torch's kernel names in its "not implemented for 'Long'" errors
+_KERNEL_NAMES = {"gelu": "GeluKernelImpl", "gelu_tanh": "GeluKernelImpl",
+                 "leaky_relu": "leaky_relu_cpu", "elu": "elu_cpu",
+                 "logsigmoid": "log_sigmoid_cpu"}
+
+
+def _activation(op: str, input: Tensor, **params) -> Tensor:
+    """An activation op; those torch computes on floating tensors only refuse others with
+    torch's message."""
+    if op in _KERNEL_NAMES and not input.dtype.is_floating_point:
+        raise NotImplementedError(f'"{_KERNEL_NAMES[op]}" not implemented for '
+                                  f"'{TORCH_NAMES.get(input.dtype.name, input.dtype.name)}'")
+    return apply(OPS[op], (input,), params)
+
+
+def gelu(input: Tensor, approximate: str = "none") -> Tensor:
+    """``x * Phi(x)``; ``approximate="tanh"`` is torch's tanh form (``GeluBackward0``)."""
+    _require_tensor("gelu", input)
+    if approximate not in ("none", "tanh"):
+        raise RuntimeError("approximate argument must be either none or tanh.")
+    return _activation("gelu" if approximate == "none" else "gelu_tanh", input,
+                       approximate=approximate)
+
+
+def leaky_relu(input: Tensor, negative_slope: float = 0.01, inplace: bool = False) -> Tensor:
+    """``x`` above 0, ``negative_slope * x`` below. ``inplace=True`` computes out of place."""
+    _require_tensor("leaky_relu", input)
+    _require_number("leaky_relu", "negative_slope", negative_slope)
+    return _activation("leaky_relu", input, negative_slope=negative_slope)
+
+
+def elu(input: Tensor, alpha: float = 1.0, inplace: bool = False) -> Tensor:
+    """``x`` above 0, ``alpha * (exp(x) - 1)`` below (``EluBackward0``, scale 1)."""
+    _require_tensor("elu", input)
+    _require_number("elu", "alpha", alpha)
+    return _activation("elu", input, alpha=alpha, scale=1, input_scale=1)
+
+
+def logsigmoid(input: Tensor) -> Tensor:
+    """``log(sigmoid(x))`` without overflow (``LogSigmoidBackward0``)."""
+    _require_tensor("logsigmoid", input)
+    return _activation("logsigmoid", input)
+
+
+def hardtanh(input: Tensor, min_val: float = -1.0, max_val: float = 1.0,
+             inplace: bool = False) -> Tensor:
+    """``clamp(x, min_val, max_val)``; the gradient passes strictly inside the bounds."""
+    _require_tensor("hardtanh", input)
+    _require_number("hardtanh", "min_val", min_val)
+    _require_number("hardtanh", "max_val", max_val)
+    if min_val > max_val:
+        raise ValueError("min_val cannot be greater than max_val")
+    return _activation("hardtanh", input, min_val=min_val, max_val=max_val)
 
 
 def softmax(input: Tensor, dim: int | None = None, dtype=None) -> Tensor:

@@ -1,6 +1,7 @@
 """Every op, defined once. Importing this package fills ``OPS``."""
 
 from . import (  # noqa: F401
+               activation,  # gelu, leaky_relu, elu, logsigmoid, hardtanh
                device,  # to_cuda / to_cpu (ToCopyBackward0)
                elementwise,
                indexing,

@@ -26,11 +26,11 @@ _TENSOR_MATH["sign"] = lambda t: t.sign()
 _TENSOR_MATH["sigmoid"] = lambda t: t.sigmoid()
 
 
-def _constant(name: str, like):
-    """A named constant in a tensor formula: the float on numeric devices (folded in float64,
-    as in the generated kernels), the backend's exact value on the symbolic device (so the
-    rule audit proves erf's ``2 / sqrt(pi)``)."""
-    value = _tl.backend_for(like._device.type).constant(name)
+def _constant(expression: str, like):
+    """A constant part of a tensor formula (``2 / sqrt(pi)``), computed by the backend of
+    the gradient's device: a float on numeric devices (as the generated kernels fold it),
+    exact on the symbolic device, so the rule audit proves erf's and gelu's rules."""
+    value = _tl.backend_for(like._device.type).constant(expression)
     return value if isinstance(value, float) else _tl.Tensor._wrap(value, like._device)
 
 
@@ -47,11 +47,15 @@ def _tensor_where(c, a, b):
 _TENSOR_MATH["where"] = _tensor_where
 
 
-def _forward(name: str, kernel: str, inputs: tuple[str, ...], defaults: dict):
+def _forward(name: str, kernel: str, inputs: tuple[str, ...], defaults: dict,
+             unused: tuple[str, ...] = ()):
     """``forward(be, <inputs>, <params>=default)`` calling ``be.<kernel>``; the signature is
-    explicit because graph readers take the op's parameters and defaults from it."""
+    explicit because graph readers take the op's parameters and defaults from it. Params in
+    ``unused`` are recorded (and saved) but not the kernel's."""
 
     def forward(be, *args, **params):
+        for p in unused:
+            params.pop(p, None)
         return getattr(be, kernel)(*args, **params)
 
     P = inspect.Parameter
@@ -65,19 +69,22 @@ def _forward(name: str, kernel: str, inputs: tuple[str, ...], defaults: dict):
 def elementwise(name: str, grad_fn: str | None, scalar: Scalar, *,
                 inputs: tuple[str, ...] = ("self",), defaults: dict | None = None,
                 grads: dict | None = None, sympy=None, forward=None, kernel: str = "",
-                dtype_rule: str = "float", fused: bool = True, **kw) -> OpSpec:
+                dtype_rule: str = "float", fused: bool = True,
+                saved_params: tuple[str, ...] = (), **kw) -> OpSpec:
     """An elementwise op from its scalar math: each backend generates the kernel
     ``be.<name>`` from ``scalar.forward`` (and, with ``fused``, ``be.<name>_backward`` from
     its grads); the tensor-op backward formulas and the SymPy meaning are built here from the
     same expressions. ``grads``/``sympy`` given explicitly replace the built ones where the
-    op's tensor-level rule has more than the scalar math (add's ``alpha``)."""
+    op's tensor-level rule has more than the scalar math (add's ``alpha``). ``saved_params``
+    are op arguments torch saves that the scalar math does not read (gelu's
+    ``approximate``, which picks the stanza)."""
     if grads is None:
-        grads = {n: tensor_formula(name, scalar, _TENSOR_MATH, inputs, i)
+        grads = {n: tensor_formula(name, scalar, _TENSOR_MATH, inputs, i, saved_params)
                  for i, n in enumerate(inputs) if scalar.grads and scalar.grads[i] is not None}
     if sympy is None and grad_fn is not None:
         sympy = sympy_meaning(name, scalar)
     kernel = kernel or name
-    forward = forward or _forward(name, kernel, inputs, defaults or {})
+    forward = forward or _forward(name, kernel, inputs, defaults or {}, saved_params)
     return register(OpSpec(name, grad_fn, inputs, forward, grads, sympy, dtype_rule=dtype_rule,
                            scalar=scalar, kernel=kernel, fused_backward=(name + "_backward")
                            if fused and grad_fn is not None else None, **kw))
@@ -107,6 +114,28 @@ def fused_from_stanza() -> tuple[str, ...]:
     """Ops whose fused backward ``be.<op>_backward(grad, needed, *saved)`` backends generate
     from the stanza's grads (the saved operands in ``OpSpec.saved`` order)."""
     return tuple(n for n, s in OPS.items() if s.scalar is not None and s.fused_backward)
+
+
+def grad_masks(op: str) -> list[tuple[int, ...]]:
+    """The subsets of an op's inputs a backend generates a fused backward for (every
+    non-empty subset of the inputs with a grad): ``<op>_b<mask>``, e.g. ``mul_b11``."""
+    grads = [i for i, t in enumerate(OPS[op].scalar.grads) if t is not None]
+    return [tuple(i for k, i in enumerate(grads) if bits >> k & 1)
+            for bits in range(1, 1 << len(grads))]
+
+
+def grad_mask_name(op: str, mask: tuple[int, ...]) -> str:
+    n = len(OPS[op].scalar.inputs)
+    return f"{op}_b" + "".join("1" if i in mask else "0" for i in range(n))
+
+
+def grad_mask_args(op: str, mask: tuple[int, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(values, params) the grads of ``mask`` read after ``g``, in the stanza's order."""
+    scalar = OPS[op].scalar
+    reads = set().union(*(scalar.reads(i) for i in mask))
+    params = set().union(*(scalar.param_reads(i) for i in mask))
+    return (tuple(v for v in scalar.inputs + ("y",) if v in reads),
+            tuple(p for p in scalar.params if p in params))
 
 
 def unary_fused_backward() -> tuple[str, ...]:

@@ -152,10 +152,14 @@ class Scalar:
 
 
 def source(name: str, params: tuple[str, ...], text: str, rename: dict | None = None,
-           prelude: tuple[tuple[str, str], ...] = (), equality_calls: bool = False) -> str:
+           prelude: tuple[tuple[str, str], ...] = (), equality_calls: bool = False,
+           fold_constants=None) -> str:
     """The text of ``def name(*params)`` computing expression ``text``; ``prelude`` binds
     names first with code of the caller's own (outside the checked language);
-    ``equality_calls`` writes ``a == b`` / ``a != b`` as ``_eq(a, b)`` / ``_ne(a, b)``."""
+    ``equality_calls`` writes ``a == b`` / ``a != b`` as ``_eq(a, b)`` / ``_ne(a, b)``;
+    ``fold_constants`` writes each variable-free part (``sqrt(2) / 2``, ``pi``) as
+    ``_constant('<its text>', grad)`` (``"grad"``: the caller's namespace decides how the
+    constant is computed), or, given a callable, as the Python float it returns."""
     lets, result = _parse(text, tuple(rename or ()) + params)
     if rename:
         result = _rename(result, rename)
@@ -163,6 +167,10 @@ def source(name: str, params: tuple[str, ...], text: str, rename: dict | None = 
     if equality_calls:
         result = _equality_calls(result)
         lets = [(n, _equality_calls(e)) for n, e in lets]
+    if fold_constants:
+        variables = set(params) | {n for n, _ in lets}
+        result = _fold_constants(result, variables, fold_constants)
+        lets = [(n, _fold_constants(e, variables, fold_constants)) for n, e in lets]
     lets = list(prelude) + lets
     lines = [f"def {name}({', '.join(params)}):"]
     lines += [f"    {n} = {e}" for n, e in lets]
@@ -184,6 +192,32 @@ def _equality_calls(text: str) -> str:
     return ast.unparse(_EqualityCalls().visit(ast.parse(text, mode="eval")))
 
 
+class _FoldConstants(ast.NodeTransformer):
+    def __init__(self, variables: set, fold) -> None:
+        self.variables = variables
+        self.fold = fold
+
+    def _constant(self, node) -> bool:
+        return not isinstance(node, ast.Constant) and not any(
+            isinstance(n, ast.Name) and (n.id in self.variables or (
+                n.id in FUNCTIONS and n is node)) for n in ast.walk(node))
+
+    def visit(self, node):
+        if isinstance(node, ast.expr) and self._constant(node):
+            if callable(self.fold):
+                value = float(self.fold(ast.unparse(node)))
+                return ast.parse(repr(value), mode="eval").body  # -x parses as a UnaryOp
+            return ast.Call(ast.Name("_constant", ast.Load()),
+                            [ast.Constant(ast.unparse(node)), ast.Name(self.fold, ast.Load())],
+                            [])
+        return super().visit(node)
+
+
+def _fold_constants(text: str, variables: set, fold) -> str:
+    tree = _FoldConstants(variables, fold).visit(ast.parse(text, mode="eval"))
+    return ast.unparse(tree)
+
+
 def _rename(text: str, mapping: dict) -> str:
     tree = ast.parse(text, mode="eval")
     for node in ast.walk(tree):
@@ -193,13 +227,15 @@ def _rename(text: str, mapping: dict) -> str:
 
 
 def build(name: str, params: tuple[str, ...], text: str, namespace: dict,
-          rename: dict | None = None, prelude: tuple[tuple[str, str], ...] = ()):
+          rename: dict | None = None, prelude: tuple[tuple[str, str], ...] = (),
+          fold_constants=None):
     """Compile expression ``text`` into a function ``name(*params)`` whose calls resolve in
     ``namespace``. Its source is kept in ``linecache``, so tracebacks and
     ``inspect.getsource`` show the generated line."""
     if name in FUNCTIONS or name in namespace:
         raise ValueError(f"{name!r} would shadow a name the expression calls")
-    src = source(name, params, text, rename, prelude, equality_calls="_eq" in namespace)
+    src = source(name, params, text, rename, prelude, equality_calls="_eq" in namespace,
+                 fold_constants=fold_constants)
     filename = f"<symgrad scalar {name}>"
     linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
     glb = dict(namespace)
@@ -208,18 +244,16 @@ def build(name: str, params: tuple[str, ...], text: str, namespace: dict,
 
 
 def tensor_formula(op: str, scalar: Scalar, namespace: dict, names: tuple[str, ...] = ("self",),
-                   index: int = 0):
+                   index: int = 0, extra: tuple[str, ...] = ()):
     """The OpSpec backward formula ``(grad, <saved>...) -> tensor`` of input ``index``
-    from ``scalar.grads[index]``; ``names`` are the OpSpec's input names."""
+    from ``scalar.grads[index]``; ``names`` are the OpSpec's input names. ``extra``
+    parameters are taken and ignored, so the op saves them (as torch does)."""
     rename = {**VARIABLES, **dict(zip(scalar.inputs, names))}
     params = ("grad",) + tuple(rename[v] for v in scalar.reads(index)) \
-        + scalar.param_reads(index)
-    # a constant is the formula's own value on its gradient's device: the exact one on the
-    # symbolic device, where the audit runs the formula (``namespace["_constant"]``)
-    prelude = tuple((c, f"_constant({c!r}, grad)") for c in CONSTANTS
-                    if c in _names(scalar.grads[index]))
-    return build(f"{op}_backward_formula_{index}", params, scalar.grads[index], namespace,
-                 rename=rename, prelude=prelude)
+        + scalar.param_reads(index) + tuple(extra)
+    fn = build(f"{op}_backward_formula_{index}", params, scalar.grads[index], namespace,
+               rename=rename, fold_constants="grad")
+    return fn
 
 
 def sympy_meaning(op: str, scalar: Scalar):
@@ -233,7 +267,8 @@ def sympy_meaning(op: str, scalar: Scalar):
         if fn is None:
             fn = built[id(sp)] = build(f"{op}_meaning", scalar.inputs + scalar.params, text,
                                        sympy_namespace(sp))
-        return fn(*xs, **params)
+        # an op's other recorded arguments (gelu's ``approximate``) are not the math's
+        return fn(*xs, **{p: v for p, v in params.items() if p in scalar.params})
 
     meaning.__name__ = f"{op}_meaning"
     meaning.expression = text

@@ -19,6 +19,7 @@ import time
 import mpmath
 import numpy as np
 
+from ..backends.numpy_backend import NUMPY_MATH
 from ..backends.sympy_backend import SympyBackend, obj
 from . import _engine as E
 from ._common import (  # noqa: F401  (BOUND_FACTOR re-exported: defined here before)
@@ -213,12 +214,11 @@ def _heaviside(at_zero):
                                        np.where(np.asarray(x) < 0, 0.0, at_zero))
 
 
+# NumPy has no erf ufunc (lambdify would pick math.erf, which takes one float)
 _NP_EXTRA = {"DiracDelta": lambda x, *k: np.zeros_like(np.asarray(x, dtype=float)),
-             "Heaviside": _heaviside(0.5), "sign": np.sign}
-_NP_H0 = {"DiracDelta": _NP_EXTRA["DiracDelta"], "Heaviside": _heaviside(0.0),
-          "sign": np.sign}
-_NP_H1 = {"DiracDelta": _NP_EXTRA["DiracDelta"], "Heaviside": _heaviside(1.0),
-          "sign": np.sign}
+             "Heaviside": _heaviside(0.5), "sign": np.sign, "erf": NUMPY_MATH["erf"]}
+_NP_H0 = {**_NP_EXTRA, "Heaviside": _heaviside(0.0)}
+_NP_H1 = {**_NP_EXTRA, "Heaviside": _heaviside(1.0)}
 
 
 def _formula(spec, f, xs, positions):

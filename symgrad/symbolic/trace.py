@@ -163,14 +163,14 @@ _KERNELS = {"exp": "exp", "log": "log", "sin": "sin", "cos": "cos", "tanh": "tan
             "power": "pow", "float_power": "pow", "maximum": "maximum", "minimum": "minimum",
             "fmax": "maximum", "fmin": "minimum", "greater": "gt", "greater_equal": "ge",
             "less": "lt", "less_equal": "le", "equal": "eq", "not_equal": "ne",
-            "matmul": "matmul", "sign": "sign", "reciprocal": "reciprocal"}
+            "matmul": "matmul", "sign": "sign", "reciprocal": "reciprocal",
+            "log1p": "log1p", "expm1": "expm1", "arctan2": "atan2", "hypot": "hypot"}
 #: NumPy ufunc -> f(engine, *xs) elementwise
 _ELEMENTWISE = {
     "tan": lambda sp, x: sp.tan(x), "arctan": lambda sp, x: sp.atan(x),
     "arcsin": lambda sp, x: sp.asin(x), "arccos": lambda sp, x: sp.acos(x),
     "sinh": lambda sp, x: sp.sinh(x), "cosh": lambda sp, x: sp.cosh(x),
     "arctanh": lambda sp, x: sp.atanh(x), "arcsinh": lambda sp, x: sp.asinh(x),
-    "log1p": lambda sp, x: sp.log(1 + x), "expm1": lambda sp, x: sp.exp(x) - 1,
     "log2": lambda sp, x: sp.log(x) / sp.log(2), "log10": lambda sp, x: sp.log(x) / sp.log(10),
     "exp2": lambda sp, x: 2 ** x, "square": lambda sp, x: x * x,
     "cbrt": lambda sp, x: x ** sp.Rational(1, 3), "positive": lambda sp, x: x,

@@ -375,7 +375,13 @@ def test_fused_backward_kernels_equal_the_tensor_formulas():
     assert_close(_h(gb), -g * x / (y * y), terms=3)  # products and a quotient: no cancellation
     ga, gb = B.mul_backward(g._data, (True, True), y._data, x._data)
     assert_close(_h(ga), g * y)
-    assert B.tanh_backward(g._data, (True,), dev(4, dtype=np.float64)._data) is None
+    # a saved operand that broadcasts to the gradient is read by strides; one that does not,
+    # or of another dtype, is declined (the tensor-op formulas run)
+    (out,) = B.tanh_backward(g._data, (True,), r[0]._data)
+    assert_close(_h(out), OPS["tanh"].grads["self"](g, result=r[0]), terms=3,
+                 scale=np.abs(hg) * (1 + hr[0] * hr[0]))
+    assert B.tanh_backward(g._data, (True,), dev(5, dtype=np.float64)._data) is None
+    assert B.tanh_backward(g._data, (True,), dev(3, 4, dtype=np.float32)._data) is None
 
 
 def test_profiler_device_column_says_unavailable_under_the_simulator():

@@ -36,6 +36,7 @@ import threading
 import numpy as np
 
 from ...ops import OPS
+from ...ops.elementwise import grad_mask_args, grad_mask_name, grad_masks
 from ..base import column_major, fused_from_stanza, scalar_kernels
 from ..numpy_backend import NUMPY_MATH, NumpyBackend, numpy_backward, numpy_rule, saved_layout
 from . import rules
@@ -283,9 +284,11 @@ def _binary(name: str, ref):
     return staticmethod(kernel)
 
 
-def _nary(name: str, ref):
-    """Three or more same-shape float inputs (addcmul): one pass from FUSED_MIN, no
-    temporaries; anything else goes to the reference."""
+def _nary(name: str, ref, threshold=lambda: FUSED_MIN):
+    """Same-shape float inputs with number params (addcmul, leaky_relu): one pass from
+    ``threshold()`` elements, no temporaries; anything else goes to the reference. Three
+    inputs win from FUSED_MIN (temporaries saved); one input only from PARALLEL_MIN (NumPy's
+    single ufunc pass is as fast on one core)."""
     body = name + "_f"
     scalar = next(s for s in OPS.values() if s.kernel == name).scalar
     n_in, names = len(scalar.inputs), scalar.params
@@ -294,7 +297,7 @@ def _nary(name: str, ref):
         xs = args[:n_in]
         params = args[n_in:] + tuple(kw[p] for p in names[len(args) - n_in:] if p in kw)
         x = xs[0]
-        if type(x) is np.ndarray and x.size >= FUSED_MIN and len(params) == len(names) \
+        if type(x) is np.ndarray and x.size >= threshold() and len(params) == len(names) \
                 and _same(*xs) and all(type(p) in (int, float) for p in params):
             out = _empty(x)
             _run(body, x.size, *(_flat(a) for a in xs), *(x.dtype.type(p) for p in params),
@@ -365,9 +368,9 @@ def _stanza_backward(op: str):
     loops = {}
     if rules.backward_loop(op):
         name_of = {**dict(zip(spec.scalar.inputs, spec.inputs)), "y": "result"}
-        for mask in rules.backward_masks(op):
-            values, ps = rules.backward_loop_args(op, mask)
-            loops[mask] = (rules.backward_loop_name(op, mask),
+        for mask in grad_masks(op):
+            values, ps = grad_mask_args(op, mask)
+            loops[mask] = (grad_mask_name(op, mask),
                            [spec.saved.index(name_of[v]) for v in values],
                            [spec.saved.index(p) for p in ps])
 
@@ -628,8 +631,12 @@ for _kernel in scalar_kernels():
     _ref, _arity = getattr(_R, _kernel), len(next(
         s for s in OPS.values() if s.kernel == _kernel).inputs)
     if rules.forward_loop(_kernel):
-        _make = _unary if _arity == 1 else _binary if _arity == 2 else _nary
-        setattr(CpuBackend, _kernel, _make(_kernel, _ref))
+        if _arity == 1 and OPS[_kernel].scalar.params:
+            _method = _nary(_kernel, _ref, threshold=lambda: PARALLEL_MIN)
+        else:
+            _method = (_unary if _arity == 1 else _binary if _arity == 2 else _nary)(
+                _kernel, _ref)
+        setattr(CpuBackend, _kernel, _method)
     elif _arity == 1 and _lone_call(OPS[_kernel].scalar) in _QUIET_DOMAIN:
         setattr(CpuBackend, _kernel, _one_value_fast(_kernel, _ref))
 for _op in fused_from_stanza():  # the fused backward rules OpSpec.fused_backward names

@@ -74,7 +74,13 @@ import numpy as np  # noqa: E402
 from numba import njit, prange  # noqa: E402
 
 from ...ops import OPS  # noqa: E402
-from ...ops.elementwise import fused_from_stanza, scalar_kernels  # noqa: E402
+from ...ops.elementwise import (  # noqa: E402
+    fused_from_stanza,
+    grad_mask_args,
+    grad_mask_name,
+    grad_masks,
+    scalar_kernels,
+)
 from ...ops.scalar import source  # noqa: E402
 from . import rules  # noqa: E402
 
@@ -331,10 +337,10 @@ def _backward_loop(op: str) -> list[str]:
         if text is not None:
             lines.append(source(f"{op}_rule_{i}", ("g",) + scalar.reads(i)
                                 + scalar.param_reads(i), text))
-    for mask in rules.backward_masks(op):
-        values, params = rules.backward_loop_args(op, mask)
+    for mask in grad_masks(op):
+        values, params = grad_mask_args(op, mask)
         outs = tuple(f"o{i}" for i in mask)
-        lines.append(f"def {rules.backward_loop_name(op, mask)}"
+        lines.append(f"def {grad_mask_name(op, mask)}"
                      f"({', '.join(('g',) + values + params + outs)}, sg):")
         for gi, guard in (("g[i]", "if sg:"), ("g[0]", "else:")):
             lines += [f"    {guard}", f"        for i in prange(o{mask[0]}.size):"]
@@ -361,7 +367,7 @@ def _generated_source() -> tuple[str, list[str], list[str]]:
     for op in fused_from_stanza():
         if rules.backward_loop(op):
             lines += _backward_loop(op)
-            names += [rules.backward_loop_name(op, m) for m in rules.backward_masks(op)]
+            names += [grad_mask_name(op, m) for m in grad_masks(op)]
             helpers += [f"{op}_rule_{i}" for i, t in enumerate(OPS[op].scalar.grads)
                         if t is not None]
     return "\n".join(lines), names, helpers

@@ -69,28 +69,5 @@ def scalar_rule(op: str, index: int):
                  scalar.grads[index], PY_MATH)
 
 
-def backward_masks(op: str) -> list[tuple[int, ...]]:
-    """The input subsets a fused backward loop exists for (every non-empty subset of the
-    inputs with a grad): loop ``<op>_b<mask>``, e.g. ``mul_b11``, ``mul_b01``."""
-    grads = [i for i, t in enumerate(OPS[op].scalar.grads) if t is not None]
-    return [tuple(i for k, i in enumerate(grads) if bits >> k & 1)
-            for bits in range(1, 1 << len(grads))]
-
-
-def backward_loop_name(op: str, mask: tuple[int, ...]) -> str:
-    n = len(OPS[op].scalar.inputs)
-    return f"{op}_b" + "".join("1" if i in mask else "0" for i in range(n))
-
-
-def backward_loop_args(op: str, mask: tuple[int, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(values, params) a backward loop reads after ``g``, in the stanza's order."""
-    scalar = OPS[op].scalar
-    reads = set().union(*(scalar.reads(i) for i in mask))
-    params = set().union(*(scalar.param_reads(i) for i in mask))
-    return (tuple(v for v in scalar.inputs + ("y",) if v in reads),
-            tuple(p for p in scalar.params if p in params))
-
-
-__all__ = ["LIBM", "PY_MATH", "backward_loop", "backward_loop_args", "backward_loop_name",
-           "backward_masks", "forward_loop", "maximum", "minimum", "scalar_rule", "sign",
-           "where"]
+__all__ = ["LIBM", "PY_MATH", "backward_loop", "forward_loop", "maximum", "minimum",
+           "scalar_rule", "sign", "where"]

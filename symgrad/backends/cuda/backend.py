@@ -17,8 +17,15 @@ import operator
 import numpy as np
 
 from ...ops import OPS
-from ...ops.elementwise import scalar_ops
-from ..base import UNARY_FUSED_BACKWARD, view_strides
+from ...ops.elementwise import (
+    fused_from_stanza,
+    grad_mask_args,
+    grad_mask_name,
+    grad_masks,
+    scalar_kernels,
+)
+from ..base import view_strides
+from ..numpy_backend import NumpyBackend, constant_value
 from . import allocator
 from . import kernels as K
 
@@ -254,48 +261,100 @@ def _ew_into(fn: str, dst: CudaArray, xs) -> None:
     K.elementwise(fn, dst.size, _kshape(shape), outs, ops)
 
 
-def _unary_float(name: str):
-    def kernel(x):
-        dt = x.dtype if x.dtype.kind == "f" else np.dtype(np.float64)
-        return _ew(name, [x], dt, compute_dtype=dt)
-
-    kernel.__name__ = name
-    return staticmethod(kernel)
-
-
-def _unary_same(name: str):
-    def kernel(x):
-        return _ew(name, [x], x.dtype)
-
-    kernel.__name__ = name
-    return staticmethod(kernel)
-
-
-def _binary(name: str, *, compare: bool = False, true_div: bool = False):
-    def kernel(a, b):
-        dt = _result_dtype(a, b)
-        if true_div and dt.kind != "f":
-            dt = np.dtype(np.float64)
-        return _ew(name, [a, b], np.dtype(np.bool_) if compare else dt, compute_dtype=dt)
-
-    kernel.__name__ = name
-    return staticmethod(kernel)
-
-
 def _same(*arrays) -> bool:
     first = arrays[0]
     return all(_is_array(a) and a.shape == first.shape and a.dtype == first.dtype
                for a in arrays)
 
 
-def _unary_backward(op: str):
-    def kernel(grad, needed, saved):
-        if not (_is_array(grad) and _same(grad, saved)):
+def _stanza_kernel(kernel: str):
+    """``be.<kernel>(*inputs, *params)`` from the op's stanza: one launch of the generated
+    device function, in the dtype the op's ``dtype_rule`` gives (torch's promotion)."""
+    spec = K._stanza_of(kernel)
+    sc, rule = spec.scalar, spec.dtype_rule
+    n, names = len(sc.inputs), sc.params
+    int_pow = "pow" in sc.calls()
+
+    def method(*args, **kw):
+        xs = list(args[:n])
+        params = list(args[n:]) + [kw[p] for p in names[len(args) - n:] if p in kw]
+        typed = xs[1:] if rule == "where" else xs + params  # where's condition is a mask
+        dt = _result_dtype(*typed)
+        if rule == "float":
+            dt = dt if dt.kind == "f" else np.dtype(np.float64)
+        elif rule == "promote_float" and dt.kind != "f":
+            dt = np.dtype(np.float64)
+        out_dt = {"same": xs[0].dtype if _is_array(xs[0]) else dt,
+                  "bool": np.dtype(np.bool_), "bool_compare": np.dtype(np.bool_)}.get(rule, dt)
+        fn = kernel
+        if int_pow and dt.kind in "iu":
+            if any(not _is_array(v) and v < 0 for v in xs[1:] + params):
+                raise RuntimeError("Integers to negative integer powers are not allowed.")
+            fn = kernel + "@int"
+        return _ew(fn, xs + params, out_dt, compute_dtype=None if rule == "same" else dt)
+
+    method.__name__ = kernel
+    method.__doc__ = f"{kernel}: ``{sc.forward}`` in one launch (generated from its stanza)."
+    return staticmethod(method)
+
+
+def _broadcasts_to(shape: tuple, target: tuple) -> bool:
+    try:
+        return np.broadcast_shapes(shape, target) == target
+    except ValueError:
+        return False
+
+
+def _stanza_backward(op: str):
+    """``be.<op>_backward(grad, needed, *saved)``: the needed grads of the op's stanza in one
+    launch (operands broadcast by strides, as in the forward); None (the tensor-op formulas)
+    for other dtypes or a saved operand that does not broadcast to the gradient."""
+    spec = OPS[op]
+    sc = spec.scalar
+    name_of = {**dict(zip(sc.inputs, spec.inputs)), "y": "result"}
+    masks = {}
+    for mask in grad_masks(op):
+        values, params = grad_mask_args(op, mask)
+        masks[mask] = ("b_" + grad_mask_name(op, mask),
+                       [spec.saved.index(name_of[v]) for v in values],
+                       [spec.saved.index(p) for p in params])
+    conditions = {spec.saved.index(n) for n, t in zip(spec.inputs, sc.grads)
+                  if t is None and n in spec.saved}
+    grads = [i for i, t in enumerate(sc.grads) if t is not None]
+
+    def kernel(grad, needed, *saved):
+        if not _is_array(grad) or grad.dtype not in _FUSED_FLOATS:
             return None
-        return (_ew("b_" + op, [grad, saved], grad.dtype),)
+        mask = tuple(i for i in grads if needed[i])
+        if not mask:
+            return None
+        fn, values, params = masks[mask]
+        shape, dt = grad.shape, grad.dtype
+        operands = [_operand(grad, shape)]
+        for k in values:
+            v = saved[k]
+            if _is_array(v):
+                want = np.dtype(np.bool_) if k in conditions else dt
+                if v.dtype != want or not _broadcasts_to(v.shape, shape):
+                    return None
+                operands.append(_operand(v, shape))
+            elif isinstance(v, (bool, int, float)):
+                operands.append((K.CONST, dt.type(v)))
+            else:
+                return None
+        for k in params:
+            if not isinstance(saved[k], (bool, int, float)):
+                return None
+            operands.append((K.CONST, dt.type(saved[k])))
+        outs = [_new(shape, dt) for _ in mask]
+        K.elementwise(fn, grad.size, _kshape(shape), [(o.buf, 0, None) for o in outs], operands)
+        result = [None] * len(spec.inputs)
+        for i, o in zip(mask, outs):
+            result[i] = o
+        return tuple(result)
 
     kernel.__name__ = op + "_backward"
-    kernel.__doc__ = f"Fused backward of {op}: one launch over grad and the saved operand."
+    kernel.__doc__ = f"Fused backward of {op}: its stanza's grads in one launch (generated)."
     return staticmethod(kernel)
 
 
@@ -311,7 +370,7 @@ def _softmax_rows_backward(grad, dim, y, *, log: bool):
     if not isinstance(dim, (int, np.integer)) or isinstance(dim, bool):
         return None
     if y.ndim == 0:
-        return (_ew("b_zero", [grad], grad.dtype),)
+        return (_ew("zero", [grad], grad.dtype),)
     from ...ops._ints import norm  # a saved dim: validated; negative ones as unsigned 64-bit
 
     d = norm(dim, y.ndim)
@@ -514,119 +573,8 @@ class CudaBackend:
     name = "cuda"
     device_type = "cuda"
 
-    # -- elementwise forward ---------------------------------------------------------------------
-    # the unary math ops (neg, exp, ...) are set below the class, one launch each of the
-    # device function generated from the op's stanza (kernels.FUNCS)
-
-    @staticmethod
-    def logical_not(x):
-        return _ew("logical_not", [x], np.bool_)
-
-    add = _binary("add")
-    sub = _binary("sub")
-    mul = _binary("mul")
-    div = _binary("div", true_div=True)
-    gt = _binary("gt", compare=True)
-    ge = _binary("ge", compare=True)
-    lt = _binary("lt", compare=True)
-    le = _binary("le", compare=True)
-    eq = _binary("eq", compare=True)
-    ne = _binary("ne", compare=True)
-    maximum = _binary("maximum")
-    minimum = _binary("minimum")
-    logical_or = _binary("logical_or", compare=True)
-    logical_and = _binary("logical_and", compare=True)
-
-    @staticmethod
-    def pow(a, b):  # noqa: A003
-        dt = _result_dtype(a, b)
-        if dt.kind in "iu":
-            if not _is_array(b) and b < 0:
-                raise RuntimeError("Integers to negative integer powers are not allowed.")
-            return _ew("ipow", [a, b], dt, compute_dtype=dt)
-        return _ew("pow", [a, b], dt, compute_dtype=dt)
-
-    @staticmethod
-    def addcmul(x, t1, t2, value=1):
-        """``x + value * t1 * t2`` in one launch."""
-        dt = _result_dtype(x, t1, t2, value)
-        return _ew("addcmul", [x, t1, t2, value], dt, compute_dtype=dt)
-
-    @staticmethod
-    def where(cond, a, b):
-        dt = _result_dtype(a, b)
-        return _ew("where", [cond, a, b], dt, compute_dtype=dt)
-
-    # -- fused backward rules (OpSpec.fused_backward names them; the unary ones of
-    # base.UNARY_FUSED_BACKWARD are set below the class) ----------------------------------------
-
-    @staticmethod
-    def neg_backward(grad, needed):
-        return (_ew("b_neg", [grad], grad.dtype),)
-
-    @staticmethod
-    def sign_backward(grad, needed):
-        return (_ew("b_zero", [grad], grad.dtype),)
-
-    @staticmethod
-    def pow_backward(grad, needed, exponent, self):
-        if not _same(grad, self) or not isinstance(exponent, (int, float)) \
-                or isinstance(exponent, bool) or grad.dtype.kind != "f":
-            return None
-        if exponent == 0:
-            return (_ew("b_zero", [grad], grad.dtype),)
-        e = grad.dtype.type(exponent)
-        return (_ew("b_pow", [grad, self, e], grad.dtype),)
-
-    @staticmethod
-    def mul_backward(grad, needed, other, self):
-        """``grad*other`` and ``grad*self`` in one launch when shapes agree."""
-        need_a, need_b = needed[0], needed[1]
-        if need_a and need_b and _same(grad, self, other):
-            ga, gb = _new(grad.shape, grad.dtype), _new(grad.shape, grad.dtype)
-            K.elementwise("b_mul2", grad.size, _kshape(grad.shape),
-                          [(ga.buf, 0, None), (gb.buf, 0, None)],
-                          [_operand(grad, grad.shape), _operand(self, grad.shape),
-                           _operand(other, grad.shape)])
-            return ga, gb
-        return None
-
-    @staticmethod
-    def div_backward(grad, needed, other, self):
-        """``grad/other`` and ``-grad*self/other**2`` in one launch when shapes agree."""
-        need_a, need_b = needed[0], needed[1]
-        if not (need_b and _same(grad, self, other)):
-            return None
-        ops = [_operand(grad, grad.shape), _operand(self, grad.shape),
-               _operand(other, grad.shape)]
-        gb = _new(grad.shape, grad.dtype)
-        if need_a:
-            ga = _new(grad.shape, grad.dtype)
-            K.elementwise("b_div2", grad.size, _kshape(grad.shape),
-                          [(ga.buf, 0, None), (gb.buf, 0, None)], ops)
-            return ga, gb
-        K.elementwise("b_div_other", grad.size, _kshape(grad.shape), [(gb.buf, 0, None)], ops)
-        return None, gb
-
-    @staticmethod
-    def where_backward(grad, needed, condition):
-        """Route grad left where the condition holds, right elsewhere, in one launch."""
-        c = condition
-        if not _is_array(c) or c.dtype != np.bool_ or c.shape != grad.shape:
-            return None
-        need_a, need_b = needed[1], needed[2]
-        ops = [_operand(grad, grad.shape), _operand(c, grad.shape)]
-        if need_a and need_b:
-            ga, gb = _new(grad.shape, grad.dtype), _new(grad.shape, grad.dtype)
-            K.elementwise("b_where2", grad.size, _kshape(grad.shape),
-                          [(ga.buf, 0, None), (gb.buf, 0, None)], ops)
-            return None, ga, gb
-        if need_a or need_b:
-            out = _new(grad.shape, grad.dtype)
-            K.elementwise("b_where_left" if need_a else "b_where_right", grad.size,
-                          _kshape(grad.shape), [(out.buf, 0, None)], ops)
-            return (None, out, None) if need_a else (None, None, out)
-        return None
+    # -- elementwise kernels and their fused backwards are generated from the op stanzas
+    # below the class (``_stanza_kernel``, ``_stanza_backward``) -------------------------------
 
     # -- fused backward of softmax / log_softmax and the nn ops (addmm, mse_loss) ---------------
     @staticmethod
@@ -1005,36 +953,32 @@ class CudaBackend:
         src = _coerce(src)
         _ew_into("identity" if dst.dtype != np.bool_ else "to_bool", dst, [src])
 
-    @staticmethod
-    def add_(dst, src):
-        _ew_into("add", dst, [dst, src])
+    constant = staticmethod(constant_value)
 
     @staticmethod
     def add_scaled_(dst, src, alpha):
         _ew_into("add", dst, [dst, CudaBackend.mul(src, dst.dtype.type(alpha))])
 
     @staticmethod
-    def sub_(dst, src):
-        _ew_into("sub", dst, [dst, src])
-
-    @staticmethod
-    def mul_(dst, src):
-        _ew_into("mul", dst, [dst, src])
-
-    @staticmethod
-    def div_(dst, src):
-        _ew_into("div", dst, [dst, src])
-
-    @staticmethod
     def shares_memory(a, b) -> bool:
         return _is_array(a) and _is_array(b) and a.block is b.block
 
 
-for _op in scalar_ops(1):
-    _make = _unary_float if OPS[_op].dtype_rule == "float" else _unary_same
-    setattr(CudaBackend, _op, _make(_op))
-for _op in UNARY_FUSED_BACKWARD:  # the fused backward rules OpSpec.fused_backward names
-    setattr(CudaBackend, _op + "_backward", _unary_backward(_op))
+def _stanza_inplace(kernel: str):
+    def method(dst, src):
+        _ew_into(kernel, dst, [dst, src])
+
+    method.__name__ = kernel + "_"
+    method.__doc__ = f"``dst = {kernel}(dst, src)`` in place, one launch."
+    return staticmethod(method)
+
+
+for _kernel in scalar_kernels():
+    setattr(CudaBackend, _kernel, _stanza_kernel(_kernel))
+    if hasattr(NumpyBackend, _kernel + "_"):  # the in-place forms the reference has
+        setattr(CudaBackend, _kernel + "_", _stanza_inplace(_kernel))
+for _op in fused_from_stanza():  # the fused backward rules OpSpec.fused_backward names
+    setattr(CudaBackend, _op + "_backward", _stanza_backward(_op))
 
 
 class _EventTimer:

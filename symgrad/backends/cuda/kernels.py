@@ -22,7 +22,13 @@ import numpy as np
 from numba import config, cuda
 
 from ...ops import OPS
-from ...ops.elementwise import scalar_ops
+from ...ops.elementwise import (
+    fused_from_stanza,
+    grad_mask_args,
+    grad_mask_name,
+    grad_masks,
+    scalar_kernels,
+)
 from ...ops.scalar import build
 
 __all__ = ["SIM", "stats", "elementwise", "reduce_rows", "arg_reduce_rows", "matmul",
@@ -66,8 +72,9 @@ else:  # pragma: no cover
     _exp, _log, _sin, _cos, _tanh, _sqrt, _pow = (math.exp, math.log, math.sin, math.cos,
                                                   math.tanh, math.sqrt, math.pow)
 # libm on the GPU; under the simulator NumPy's ufuncs (``math.erf`` there: NumPy has none)
-_log1p, _expm1, _erf = (np.log1p, np.expm1, math.erf) if SIM else (math.log1p, math.expm1,
-                                                                    math.erf)
+_log1p, _expm1, _erf, _atan2, _hypot = (
+    (np.log1p, np.expm1, math.erf, np.arctan2, np.hypot) if SIM
+    else (math.log1p, math.expm1, math.erf, math.atan2, math.hypot))
 
 
 @_device
@@ -86,43 +93,38 @@ def _f_identity(x):
     return x
 
 
-def _f_sign(x):
-    if x > 0:
-        return x * 0 + 1
-    if x < 0:
-        return x * 0 - 1
-    return x  # 0 and NaN
-
-
-def _f_logical_not(x):
-    return not x
-
-
 def _f_to_bool(x):
     return x != 0
 
 
-def _f_add(a, b):
-    return a + b
+def _f_zero(x):
+    return x * 0
 
 
-def _f_sub(a, b):
-    return a - b
+# -- the scalar vocabulary's own helpers (symgrad/ops/scalar.py), as device functions ---------
+def _v_sign(x):
+    """torch.sign: 0 for +-0, NaN for NaN."""
+    if x > 0:
+        return x * 0 + 1
+    if x < 0:
+        return x * 0 - 1
+    return x
 
 
-def _f_mul(a, b):
-    return a * b
+def _v_where(c, a, b):
+    return a if c else b
 
 
-def _f_div(a, b):
-    return a / b
+def _v_maximum(a, b):
+    return a if (a > b or a != a) else b  # NaN-propagating, as torch.maximum
 
 
-def _f_pow(a, b):
-    return _pow(a, b)
+def _v_minimum(a, b):
+    return a if (a < b or a != a) else b
 
 
-def _f_ipow(a, b):
+def _v_ipow(a, b):
+    """``pow`` on integers (by squaring; a negative exponent is refused before launch)."""
     r = a * 0 + 1
     base = a
     e = b
@@ -134,91 +136,7 @@ def _f_ipow(a, b):
     return r
 
 
-def _f_gt(a, b):
-    return a > b
-
-
-def _f_ge(a, b):
-    return a >= b
-
-
-def _f_lt(a, b):
-    return a < b
-
-
-def _f_le(a, b):
-    return a <= b
-
-
-def _f_eq(a, b):
-    return a == b
-
-
-def _f_ne(a, b):
-    return a != b
-
-
-def _f_maximum(a, b):
-    return a if (a > b or a != a) else b  # NaN-propagating, as torch.maximum
-
-
-def _f_minimum(a, b):
-    return a if (a < b or a != a) else b
-
-
-def _f_logical_or(a, b):
-    return (a != 0) or (b != 0)
-
-
-def _f_logical_and(a, b):
-    return (a != 0) and (b != 0)
-
-
-def _f_where(c, a, b):
-    return a if c else b
-
-
-def _f_addcmul(x, t1, t2, v):
-    return x + v * t1 * t2
-
-
-# fused backward rules (the tensor-op formulas of symgrad/ops/elementwise.py, one pass)
-def _b_neg(g):
-    return -g
-
-
-def _b_zero(g):
-    return g * 0
-
-
-def _b_pow(g, x, e):
-    return g * e * _pow(x, e - 1)
-
-
-def _b_mul2(g, a, b):
-    return g * b, g * a
-
-
-def _b_div2(g, a, b):
-    return g / b, -g * a / (b * b)
-
-
-def _b_div_other(g, a, b):
-    return -g * a / (b * b)
-
-
-def _b_where2(g, c):
-    return (g if c else g * 0), (g * 0 if c else g)
-
-
-def _b_where_left(g, c):
-    return g if c else g * 0
-
-
-def _b_where_right(g, c):
-    return g * 0 if c else g
-
-
+# -- fused backward of losses (not elementwise stanzas: their own rules) ----------------------
 def _b_mse(s, t, g, c):
     return (s - t) * (g * c)
 
@@ -232,25 +150,58 @@ def _b_mse2(s, t, g, c):
     return d, -d
 
 
-_f_sign_d = _device(_f_sign)
+
 
 #: name -> device function; ``elementwise`` builds kernels around these.
-FUNCS = {(name[3:] if name.startswith("_f_") else "b_" + name[3:]): _device(fn)
+FUNCS = {name[3:] if name.startswith("_f_") else "b_" + name[3:]: _device(fn)
          for name, fn in list(globals().items())
-         if name.startswith(("_f_", "_b_")) and callable(fn) and name != "_f_sign_d"}
+         if name.startswith(("_f_", "_b_")) and callable(fn)}
 
-#: The scalar-math vocabulary (symgrad/ops/scalar.py) as device functions.
+#: The scalar-math vocabulary (symgrad/ops/scalar.py) as device functions; ``INT_MATH`` is
+#: the same for integer operands (``pow`` by squaring: libm's pow is a float function).
 CUDA_MATH = {"exp": _exp, "log": _log, "sin": _sin, "cos": _cos, "tanh": _tanh,
-             "sqrt": _sqrt, "abs": abs, "sign": _f_sign_d, "where": FUNCS["where"],
-             "maximum": FUNCS["maximum"], "log1p": _log1p, "expm1": _expm1, "erf": _erf}
+             "sqrt": _sqrt, "abs": abs, "sign": _device(_v_sign), "where": _device(_v_where),
+             "maximum": _device(_v_maximum), "minimum": _device(_v_minimum), "log1p": _log1p,
+             "expm1": _expm1, "erf": _erf, "atan2": _atan2, "hypot": _hypot, "pow": _pow,
+             "pi": math.pi}
+INT_MATH = {**CUDA_MATH, "pow": _device(_v_ipow)}
 
-# The unary math ops from their stanzas: ``<op>`` (forward) and ``b_<op>`` (fused backward).
-for _op in scalar_ops(1):
-    _scalar_math = OPS[_op].scalar
-    FUNCS[_op] = _device(build(f"_f_{_op}", ("x",), _scalar_math.forward, CUDA_MATH))
-    if _scalar_math.operand is not None:
-        FUNCS["b_" + _op] = _device(build(f"_b_{_op}", ("g", _scalar_math.operand),
-                                          _scalar_math.grad, CUDA_MATH))
+
+def _stanza_of(kernel: str):
+    return next(s for s in OPS.values() if s.kernel == kernel)
+
+
+# The elementwise kernels from the op stanzas: ``FUNCS[kernel]`` (and ``FUNCS[kernel +
+# "@int"]`` where the stanza calls pow), and per fused op and subset of needed inputs
+# ``FUNCS["b_" + grad_mask_name(op, mask)]`` returning the mask's grads.
+for _kernel in scalar_kernels():
+    _sc = _stanza_of(_kernel).scalar
+    _params = _sc.inputs + _sc.params
+    FUNCS[_kernel] = _device(build(f"_f_{_kernel}", _params, _sc.forward, CUDA_MATH))
+    if "pow" in _sc.calls():
+        FUNCS[_kernel + "@int"] = _device(build(f"_fi_{_kernel}", _params, _sc.forward,
+                                                INT_MATH))
+
+
+def _backward_functions(op: str) -> None:
+    sc = OPS[op].scalar
+    rules = {i: _device(build(f"_r_{op}_{i}", ("g",) + sc.reads(i) + sc.param_reads(i),
+                              text, CUDA_MATH))
+             for i, text in enumerate(sc.grads) if text is not None}
+    for mask in grad_masks(op):
+        values, params = grad_mask_args(op, mask)
+        name = "b_" + grad_mask_name(op, mask)
+        calls = ", ".join(f"_r{i}(g{''.join(', ' + v for v in sc.reads(i) + sc.param_reads(i))})"
+                          for i in mask)
+        src = (f"def _{name}({', '.join(('g',) + values + params)}):\n"
+               f"    return {calls}\n")  # one grad: a value; several: a tuple
+        namespace = {f"_r{i}": rules[i] for i in mask}
+        exec(compile(src, f"<symgrad cuda {name}>", "exec"), namespace)  # noqa: S102
+        FUNCS[name] = _device(namespace["_" + name])
+
+
+for _op in fused_from_stanza():
+    _backward_functions(_op)
 
 
 # -- elementwise ----------------------------------------------------------------------------
@@ -361,7 +312,7 @@ def _init_value(op: str, dt: np.dtype):
 def _combine(op):
     if op in ("sum", "mean"):
         return FUNCS["add"]
-    return FUNCS["maximum" if op == "max" else "minimum"]
+    return CUDA_MATH["maximum" if op == "max" else "minimum"]
 
 
 def _build_reduce(op: str, acc_dtype: np.dtype, mean: bool):

@@ -1,0 +1,92 @@
+"""The generated code replays the traced call before it is trusted.
+
+The first call ran ``fn`` eagerly from some state (parameters, ``.grad``, optimizer
+state) to another. Here a fresh instance of the generated module runs from copies of the
+first state (taken by the tracer as it met each tensor; optimizer state that eager created
+during the call starts as zeros, which the update formulas treat as eager's first step
+does) and must arrive at the second: parameters, gradients, optimizer state and the
+returned values. A disagreement or an exception means a compile bug or a side effect the
+tracer did not see; the signature then runs eagerly, with a warning.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..tensor import Tensor
+
+__all__ = ["self_check"]
+
+
+def _close(got: np.ndarray, want: np.ndarray, terms: int, scale: float) -> bool:
+    if got.shape != want.shape:
+        return False
+    if want.dtype.kind != "f":
+        return bool(np.array_equal(got, want))
+    bound = 8 * terms * np.finfo(want.dtype).eps * scale
+    finite = np.isfinite(want)
+    same_special = np.array_equal(np.isnan(got), np.isnan(want)) and np.array_equal(
+        got[~finite & ~np.isnan(want)], want[~finite & ~np.isnan(want)])
+    return same_special and bool(np.all(np.abs(got[finite] - want[finite]) <= bound))
+
+
+def _magnitude(*arrays) -> float:
+    m = 0.0
+    for a in arrays:
+        if a is not None and a.size and a.dtype.kind == "f":
+            f = np.abs(a[np.isfinite(a)])
+            if f.size:
+                m = max(m, float(f.max()))
+    return m or 1.0
+
+
+def self_check(entry, args: tuple, result) -> str | None:
+    """None if the generated code reproduces the traced call, else what differed."""
+    program, layout = entry.program, entry.layout
+    before = program.before
+    leaves = [before[("leaf", v.slot)].copy() for v in entry._leaf_values]
+    state = []
+    for k, slot, key in layout.state:
+        old = before.get((k, slot, key))
+        if old is None:  # made by eager's first step: zeros are its starting point
+            like = before[("leaf", slot)]
+            old = np.zeros((), np.float32) if key == "step" else np.zeros_like(like)
+        state.append(old.copy())
+    grads = [before[("grad", s)] for s in layout.entry_grads]
+    _, _, hyper = entry._gather()
+    run, buffers = entry.module.make(entry.generated.constants)
+    tensors = [a._data for a in args if isinstance(a, Tensor)]
+    try:
+        outs = run(tensors, leaves + state, [None if g is None else g.copy() for g in grads],
+                   hyper)
+    except Exception as exc:  # a compile bug: say so, and stay eager
+        return f"the generated code failed on the traced call: {type(exc).__name__}: {exc}"
+    terms = len(program.events) + max((max(v.shape, default=1) for v in program.values),
+                                      default=1)
+    checks = []
+    for v, got in zip(entry._leaf_values, leaves):
+        want = entry._leaf(v.slot)._data
+        checks.append((f"parameter {v.slot}", got, want, before[("leaf", v.slot)]))
+    for (k, slot, key), got in zip(layout.state, state):
+        opt = entry._opts[k]()
+        want = opt.state[entry._leaf(slot)][key]._data
+        checks.append((f"optimizer state {key} of parameter {slot}", got, want, None))
+    for slot, name in layout.final_grads.items():
+        g = entry._leaf(slot)._grad
+        if (name is None) != (g is None):
+            return f"parameter {slot}'s .grad is set in one and not the other"
+        if name is not None:
+            checks.append((f"gradient of parameter {slot}", buffers[name], g._data, None))
+    for i, (got, want) in enumerate(zip(outs, _flat(result))):
+        if isinstance(want, Tensor):
+            checks.append((f"returned value {i}", np.asarray(got), want._data, None))
+    for what, got, want, extra in checks:
+        if not _close(np.asarray(got), want, terms, _magnitude(want, extra)):
+            return f"{what} differs from eager's on the traced call"
+    return None
+
+
+def _flat(x) -> list:
+    if isinstance(x, (tuple, list)):
+        return [y for item in x for y in _flat(item)]
+    return [x] if isinstance(x, Tensor) else []
