@@ -34,7 +34,7 @@ def _apply(name, inputs, params):
 
 @dataclass(frozen=True)
 class ConvPlan:
-    """The geometry of one convolution: output sizes and the im2col index."""
+    """The geometry of one convolution: output sizes and the slices of each kernel tap."""
 
     groups: int
     out_channels: int
@@ -42,10 +42,15 @@ class ConvPlan:
     cols: int  # N * prod(out): one column per output position of every image
     out_spatial: tuple[int, ...]
     numel: int  # elements of the input
-    padded: bool  # does the index point at the appended zero (element ``numel``)?
-    index: np.ndarray  # int64, (groups * rows * cols,), entries in [0, numel]
+    padded: bool  # does a tap read padding (col2im's index then points at ``numel``)?
     padding: tuple[int, ...]  # per spatial dim, both sides
     taps: tuple[tuple[slice, ...], ...]  # per kernel tap: its slices of the padded input
+    key: tuple  # conv_plan's arguments, for col2im_index
+
+    @property
+    def index(self) -> np.ndarray:
+        """col2im's int64 index (groups * rows * cols,), entries in [0, numel]."""
+        return col2im_index(*self.key)
 
 
 def conv_out_size(size: int, k: int, s: int, p: int, d: int) -> int:
@@ -58,16 +63,10 @@ def _window_positions(size, out, k, s, p, d):
     return pos, (pos >= 0) & (pos < size)
 
 
-@lru_cache(maxsize=16)
-def conv_plan(in_shape: tuple, weight_shape: tuple, stride: tuple, padding: tuple,
-              dilation: tuple, groups: int) -> ConvPlan:
-    """The im2col index of a convolution (cached: a training loop repeats its shapes)."""
-    n, c = in_shape[:2]
-    spatial, kernel = in_shape[2:], weight_shape[2:]
+def _plane(spatial, kernel, out, stride, padding, dilation):
+    """In-plane offset and validity of every (kernel tap..., output position...) pair."""
     dims = len(spatial)
-    out = tuple(conv_out_size(*a) for a in zip(spatial, kernel, stride, padding, dilation))
     plane_strides = [prod(spatial[i + 1:]) for i in range(dims)]
-    # plane offset of every (kernel tap..., output position...) pair
     plane = np.zeros(kernel + out, dtype=np.int64)
     valid = np.ones(kernel + out, dtype=bool)
     for i in range(dims):
@@ -77,22 +76,47 @@ def conv_plan(in_shape: tuple, weight_shape: tuple, stride: tuple, padding: tupl
         shape[i], shape[dims + i] = kernel[i], out[i]
         plane = plane + pos.reshape(shape) * plane_strides[i]
         valid = valid & ok.reshape(shape)
+    return plane, valid
+
+
+@lru_cache(maxsize=16)
+def conv_plan(in_shape: tuple, weight_shape: tuple, stride: tuple, padding: tuple,
+              dilation: tuple, groups: int) -> ConvPlan:
+    """The geometry of a convolution (cached: a training loop repeats its shapes)."""
+    n, c = in_shape[:2]
+    spatial, kernel = in_shape[2:], weight_shape[2:]
+    out = tuple(conv_out_size(*a) for a in zip(spatial, kernel, stride, padding, dilation))
+    padded = any(i * d - p < 0 or (o - 1) * s + i * d - p >= size
+                 for size, k, s, p, d, o in zip(spatial, kernel, stride, padding, dilation, out)
+                 for i in range(k))
+    per_dim = [[slice(i * d, i * d + s * (o - 1) + 1, s) for i in range(k)]
+               for k, s, d, o in zip(kernel, stride, dilation, out)]
+    return ConvPlan(groups, weight_shape[0], c // groups * prod(kernel), n * prod(out), out,
+                    n * c * prod(spatial), padded, tuple(padding), tuple(product(*per_dim)),
+                    (in_shape, weight_shape, stride, padding, dilation, groups))
+
+
+@lru_cache(maxsize=8)
+def col2im_index(in_shape: tuple, weight_shape: tuple, stride: tuple, padding: tuple,
+                 dilation: tuple, groups: int) -> np.ndarray:
+    """For every column entry, the flat input element it came from (``numel``: padding),
+    laid out (groups, C/groups, kernel..., N, out...) as the columns; built only when an
+    input gradient is asked for."""
+    n, c = in_shape[:2]
+    spatial, kernel = in_shape[2:], weight_shape[2:]
+    dims = len(spatial)
+    out = tuple(conv_out_size(*a) for a in zip(spatial, kernel, stride, padding, dilation))
+    plane, valid = _plane(spatial, kernel, out, stride, padding, dilation)
     hw = prod(spatial)
-    numel = n * c * hw
     cg = c // groups
-    # (groups, C/groups, kernel..., N, out...)
     chan = np.arange(c, dtype=np.int64).reshape((groups, cg) + (1,) * (2 * dims + 1))
     batch = np.arange(n, dtype=np.int64).reshape((1, 1) + (1,) * dims + (n,) + (1,) * dims)
     plane_b = plane.reshape((1, 1) + kernel + (1,) + out)
     valid_b = valid.reshape(plane_b.shape)
-    index = np.where(valid_b, (batch * c + chan) * hw + plane_b, numel)
+    index = np.where(valid_b, (batch * c + chan) * hw + plane_b, n * c * hw)
     index = np.ascontiguousarray(index, dtype=np.int64).reshape(-1)
     index.setflags(write=False)
-    per_dim = [[slice(i * d, i * d + s * (o - 1) + 1, s) for i in range(k)]
-               for k, s, d, o in zip(kernel, stride, dilation, out)]
-    taps = tuple(product(*per_dim))
-    return ConvPlan(groups, weight_shape[0], cg * prod(kernel), n * prod(out), out, numel,
-                    not bool(valid.all()), index, tuple(padding), taps)
+    return index
 
 
 def _full(v, n: int) -> tuple:
