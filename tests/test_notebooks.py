@@ -113,6 +113,18 @@ def test_finding_a_wrong_gradient():
     assert [n["name"] for n in bad][:1] == ["SoftplusBackward"]
 
 
+def test_cnn():
+    nb = execute("08_cnn.ipynb")
+    out = all_text(nb)
+    assert "verified: True local" in out
+    assert "ConvolutionBackward0" in out and "MaxPool2DWithIndicesBackward0" in out
+    g = graphs(nb)[-1]
+    assert g["agreement"]["ok"] is True
+    names = [n["name"] for n in g["nodes"]]
+    assert names.count("ConvolutionBackward0") == 2
+    assert names.count("MaxPool2DWithIndicesBackward0") == 2
+
+
 def test_checking_pytorch_models():
     out = all_text(execute("07_checking_pytorch_models.ipynb"))
     pytest.importorskip("torch", reason="the notebook's torch part needs PyTorch")
