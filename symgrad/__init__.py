@@ -199,3 +199,24 @@ __all__ = [
     "clamp_max_",
     "func", "vmap", "Generator", "compile",
 ]
+
+# -- tensor functions and normalisation (issue 21) ---------------------------------------------
+from . import linalg  # noqa: E402
+from .tensor_functions import (  # noqa: E402
+    cumprod,
+    cumsum,
+    flip,
+    gather,
+    index_add,
+    index_select,
+    masked_fill,
+    norm,
+    scatter,
+    scatter_add,
+    std,
+    take_along_dim,
+    var,
+)
+
+__all__ += ["linalg", "gather", "scatter", "scatter_add", "take_along_dim", "index_select",
+            "index_add", "masked_fill", "cumsum", "cumprod", "flip", "var", "std", "norm"]
