@@ -205,3 +205,24 @@ from .nn._conv_functional import conv1d, conv2d  # noqa: E402
 from .nn._conv_functional import max_pool2d_values as max_pool2d  # noqa: E402
 
 __all__ += ["conv1d", "conv2d", "max_pool2d"]
+
+# -- tensor functions and normalisation (issue 21) ---------------------------------------------
+from . import linalg  # noqa: E402
+from .tensor_functions import (  # noqa: E402
+    cumprod,
+    cumsum,
+    flip,
+    gather,
+    index_add,
+    index_select,
+    masked_fill,
+    norm,
+    scatter,
+    scatter_add,
+    std,
+    take_along_dim,
+    var,
+)
+
+__all__ += ["linalg", "gather", "scatter", "scatter_add", "take_along_dim", "index_select",
+            "index_add", "masked_fill", "cumsum", "cumprod", "flip", "var", "std", "norm"]

@@ -1142,3 +1142,14 @@ BoolTensor = _legacy_type("BoolTensor", _dt.bool_)
 # The layers below (ops' backward formulas, autograd, the op functions) reach the Tensor
 # class and its factory through this one registration point; they never import this module.
 _tl.provide(Tensor=Tensor, tensor=tensor, DT_OF=_DT_OF, backend_for=_backend_for)
+
+
+# -- tensor functions and normalisation (issue 21) ---------------------------------------------
+def _install_tensor_functions() -> None:
+    from . import tensor_functions as _TF
+
+    for _name in _TF.METHODS:
+        setattr(Tensor, _name, getattr(_TF, _name))
+
+
+_install_tensor_functions()

@@ -34,6 +34,11 @@ NOT_DRAWN_HERE |= {"uniform_", "normal_", "random_", "random_to_", "random_from_
 # binary_cross_entropy raises unless its input is within [0, 1], which a pool holding nan
 # cannot promise; tests/test_losses_api.py compares it with torch (graph, values, grads).
 NOT_DRAWN_HERE |= {"binary_cross_entropy"}
+# -- tensor functions and normalisation (issue 21): index tensors and dims need matching
+# shapes; tests/test_tensor_functions.py and tests/test_norm_layers.py compare with torch.
+NOT_DRAWN_HERE |= {"gather", "scatter", "scatter_value", "scatter_add", "index_select",
+                   "index_add", "cumsum", "cumprod", "flip", "var", "std",
+                   "linalg_vector_norm"}
 
 
 class Builder:

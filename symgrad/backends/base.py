@@ -21,7 +21,9 @@ Array = Any
 ELEMENTWISE = scalar_kernels()
 STRUCTURAL = ("sum", "mean", "amax", "amin", "argmax", "argmin", "matmul", "reshape",
               "transpose", "broadcast_to", "getitem", "setitem", "cast", "copy",
-              "index_put", "concatenate", "stack", "full", "arange", "from_host", "to_host")
+              "index_put", "concatenate", "stack", "full", "arange", "from_host", "to_host",
+              # -- issue 21 tensor functions
+              "cumsum", "cumprod", "sort")
 KERNELS = ELEMENTWISE + STRUCTURAL
 
 

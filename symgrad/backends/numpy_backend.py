@@ -205,6 +205,32 @@ class NumpyBackend:
         formulas read it: the float64 the generated kernels compute."""
         return constant_value(expression)
 
+    # -- issue 21 tensor functions: scans and sorting along one axis --------------------------
+    @staticmethod
+    def cumsum(x, axis):
+        return np.cumsum(x, axis=axis)
+
+    @staticmethod
+    def cumprod(x, axis):
+        return np.cumprod(x, axis=axis)
+
+    @staticmethod
+    def sort(x, axis, descending=False):
+        """(values, int64 indices) along ``axis``, stable; NaN sorts as the largest, and
+        ties keep their order in both directions (torch's ``stable=True``)."""
+        return sort_by_keys(x, x, axis, descending)
+
+
+def sort_by_keys(x, keys, axis, descending):
+    """``x`` sorted along ``axis`` by the NumPy array ``keys`` (stable): (values, indices)."""
+    if descending:
+        n = keys.shape[axis]
+        idx = (n - 1) - np.flip(np.argsort(np.flip(keys, axis), axis=axis, kind="stable"), axis)
+    else:
+        idx = np.argsort(keys, axis=axis, kind="stable")
+    idx = idx.astype(np.int64)
+    return np.take_along_axis(x, idx, axis=axis), idx
+
 
 def numpy_kernel(kernel: str):
     """``be.<kernel>(*inputs, *params)`` from the op's ``Scalar.forward``, on whole arrays

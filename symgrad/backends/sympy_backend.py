@@ -531,6 +531,29 @@ class SympyBackend:
     def shares_memory(a, b) -> bool:
         return np.may_share_memory(a, b)
 
+    # -- issue 21 tensor functions: scans and sorting along one axis --------------------------
+    def cumsum(self, x, axis):
+        return obj(np.cumsum(obj(x), axis=axis))
+
+    def cumprod(self, x, axis):
+        self._probe(x)
+        return obj(np.cumprod(obj(x), axis=axis))
+
+    def sort(self, x, axis, descending=False):
+        """Ordered by the recorded values (a valuation), as argmax decides its index."""
+        from .numpy_backend import sort_by_keys
+
+        self._probe(x)
+        x = obj(x)
+        if _has_symbols(x):
+            if self.valuation is None:
+                raise Undecidable("sort of symbols needs values")
+            keys = np.frompyfunc(lambda v: float(self.valuation(v)), 1, 1)(x).astype(float)
+        else:
+            keys = x.astype(float)
+        values, idx = sort_by_keys(x, keys, axis, descending)
+        return obj(values), idx
+
     def __getattr__(self, name):
         """Kernels added to the NumPy backend later: elementwise ones via their OpSpec."""
         from ..ops import OPS

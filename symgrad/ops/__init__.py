@@ -4,6 +4,7 @@ from . import (  # noqa: F401
                activation,  # gelu, leaky_relu, elu, logsigmoid, hardtanh
                device,  # to_cuda / to_cpu (ToCopyBackward0)
                elementwise,
+               gather,  # gather, scatter, index_select, index_add (issue 21)
                indexing,
                inplace,  # noqa: F401  (zero_, fill_, copy_)
                linalg,
@@ -12,8 +13,10 @@ from . import (  # noqa: F401
                movement,
                nn,
                reduce,
+               scan,  # cumsum, cumprod, flip (issue 21)
                shape,  # (registration)
                softmax,
+               stats,  # var, std, linalg_vector_norm (issue 21)
 )
 from .registry import OPS, check_complete, register
 from .spec import STRUCTURAL, OpSpec

@@ -381,9 +381,11 @@ def _structural_jtv(g, graph, in_vals, v_list, engine, engine_name, rng, sample,
                     continue
                 for s, p in E.partials(e, engine_name).items():
                     if s in symset:
-                        pv = float(p) if E.is_atom(p) else float(ev(p))
+                        # a number, or an expression (a bare symbol too: d(a*b)/da = b)
+                        number = E.is_atom(p) and not E.is_symbol(p)
+                        pv = float(p) if number else float(ev(p))
                         acc[s] += float(vflat[j]) * pv
-                        mag[s] += abs(float(vflat[j])) * (abs(pv) if E.is_atom(p)
+                        mag[s] += abs(float(vflat[j])) * (abs(pv) if number
                                                           else float(E.abs_value(ev, p)))
                         cnt[s] += 1
         vals = np.array([float(acc[s]) for s in syms], dtype=np.float64)

@@ -980,6 +980,25 @@ for _kernel in scalar_kernels():
 for _op in fused_from_stanza():  # the fused backward rules OpSpec.fused_backward names
     setattr(CudaBackend, _op + "_backward", _stanza_backward(_op))
 
+    # -- issue 21 tensor functions: scans and sorting along one axis --------------------------
+    # Staged through the host for now (one copy each way): correct on every device, and the
+    # ops that use them (cumsum, cumprod, sort, topk) are rare in a training step.
+    @staticmethod
+    def cumsum(x, axis):
+        return CudaBackend.from_host(np.cumsum(CudaBackend.to_host(x), axis=axis))
+
+    @staticmethod
+    def cumprod(x, axis):
+        return CudaBackend.from_host(np.cumprod(CudaBackend.to_host(x), axis=axis))
+
+    @staticmethod
+    def sort(x, axis, descending=False):
+        from ..numpy_backend import sort_by_keys
+
+        host = CudaBackend.to_host(x)
+        values, idx = sort_by_keys(host, host, axis, descending)
+        return CudaBackend.from_host(values), CudaBackend.from_host(idx)
+
 
 class _EventTimer:
     """A pair of CUDA events: recorded at creation and at ``elapsed_ns``."""

@@ -1,0 +1,281 @@
+"""Public tensor functions of issue 21: gather/scatter/index_select/index_add/masked_fill/
+take_along_dim, cumsum/cumprod, var/std, norm and linalg.vector_norm, flip.
+
+Each function checks its arguments with torch's wording (index dtype, index range, dims,
+shapes) so that nothing unchecked reaches a kernel, then applies the op's spec
+(symgrad/ops/gather.py, scan.py, stats.py). tensor.py binds them as Tensor methods where
+torch has them (``METHODS``); symgrad/__init__.py exports ``FUNCTIONS``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from . import dtypes as _dt
+from ._tensor_layer import TensorBase
+from ._tensor_layer import wrap_dim as _wrap_dim
+from .autograd.function import apply
+from .ops import OPS
+from .ops._ints import u64, u64s
+
+if TYPE_CHECKING:
+    from .tensor import Tensor
+
+
+def _host(t) -> np.ndarray:
+    return np.asarray(t.detach().cpu().numpy())
+
+
+def _index_dtype(fn: str, index, wording: str = "int32/int64") -> None:
+    if not isinstance(index, TensorBase):
+        raise TypeError(f"{fn}(): argument 'index' must be Tensor, not {type(index).__name__}")
+    if index.dtype is not _dt.int64:
+        raise RuntimeError(f"{fn}(): Expected dtype {wording} for index")
+
+
+def _in_range(index, size: int, dim: int) -> None:
+    """torch's ``index I is out of bounds for dimension D with size S``."""
+    if index.numel() == 0:
+        return
+    values = _host(index)
+    bad = values[(values < 0) | (values >= size)]
+    if bad.size:
+        raise RuntimeError(f"index {int(bad.reshape(-1)[0])} is out of bounds for dimension "
+                           f"{dim} with size {size}")
+
+
+def _same_rank_and_extent(fn: str, x, index, d: int, other=None) -> None:
+    if index.ndim != max(x.ndim, 1) and not (x.ndim == 0 and index.ndim == 0):
+        raise RuntimeError("Index tensor must have the same number of dimensions as "
+                           f"{'input' if fn == 'gather' else 'self'} tensor")
+    for k in range(index.ndim):
+        if k != d and x.ndim and index.shape[k] > x.shape[k]:
+            raise RuntimeError(f"Size does not match at dimension {k} expected index "
+                               f"{list(index.shape)} to be no larger than self "
+                               f"{list(x.shape)} apart from dimension {d}")
+        if other is not None and other.ndim and index.shape[k] > other.shape[k]:
+            raise RuntimeError(f"Size does not match at dimension {k} expected index "
+                               f"{list(index.shape)} to be no larger than src "
+                               f"{list(other.shape)}")
+
+
+# -- gather / scatter --------------------------------------------------------------------------
+def gather(input: Tensor, dim: int, index: Tensor, *, sparse_grad: bool = False) -> Tensor:
+    """``out[i][j] = input[index[i][j]][j]`` (dim 0), torch.gather."""
+    d = _wrap_dim(dim, input.ndim)
+    _index_dtype("gather", index)
+    _same_rank_and_extent("gather", input, index, d)
+    _in_range(index, input.shape[d] if input.ndim else 1, d)
+    return apply(OPS["gather"], (input,), {"dim": u64(dim), "index": index,
+                                          "sparse_grad": bool(sparse_grad)})
+
+
+def _scatter_checks(fn: str, input, dim, index, src=None) -> int:
+    d = _wrap_dim(dim, input.ndim)
+    _index_dtype(fn, index)
+    if src is not None and src.dtype is not input.dtype:
+        raise RuntimeError("scatter(): Expected self.dtype to be equal to src.dtype")
+    _same_rank_and_extent(fn, input, index, d, src)
+    _in_range(index, input.shape[d] if input.ndim else 1, d)
+    return d
+
+
+def scatter(input: Tensor, dim: int, index: Tensor, src: Any = None, *, value: Any = None,
+            reduce: str | None = None) -> Tensor:
+    """``out[index[i][j]][j] = src[i][j]`` (dim 0); ``src`` may be a number (``value``)."""
+    if reduce is not None:
+        raise NotImplementedError("scatter(reduce=...) is not implemented; use scatter_add")
+    if src is None:
+        src = value
+    if isinstance(src, TensorBase):
+        _scatter_checks("scatter", input, dim, index, src)
+        return apply(OPS["scatter"], (input, src), {"dim": u64(dim), "index": index})
+    _scatter_checks("scatter", input, dim, index)
+    return apply(OPS["scatter_value"], (input,), {"dim": u64(dim), "index": index,
+                                                 "value": src})
+
+
+def scatter_add(input: Tensor, dim: int, index: Tensor, src: Tensor) -> Tensor:
+    """``out[index[i][j]][j] += src[i][j]`` (dim 0): repeated indices add up."""
+    _scatter_checks("scatter_add", input, dim, index, src)
+    return apply(OPS["scatter_add"], (input, src), {"dim": u64(dim), "index": index})
+
+
+def take_along_dim(input: Tensor, indices: Tensor, dim: int | None = None) -> Tensor:
+    """gather with the two tensors broadcast except along ``dim`` (GatherBackward0)."""
+    _index_dtype("take_along_dim", indices, "int64")
+    if dim is None:
+        return gather(input.reshape(-1), 0, indices.reshape(-1))
+    d = _wrap_dim(dim, input.ndim)
+    if indices.ndim != input.ndim:
+        raise RuntimeError("torch.take_along_dim(): input and indices should have the same "
+                           f"number of dimensions, but got {input.ndim} dimensions for input, "
+                           f"and {indices.ndim} dimensions for indices")
+    shape_i = list(input.shape)
+    shape_x = list(indices.shape)
+    shape_i[d] = shape_x[d] = 1
+    common = list(np.broadcast_shapes(tuple(shape_i), tuple(shape_x)))
+    x_shape, i_shape = list(common), list(common)
+    x_shape[d], i_shape[d] = input.shape[d], indices.shape[d]
+    x = input if list(input.shape) == x_shape else input.expand(*x_shape)
+    i = indices if list(indices.shape) == i_shape else indices.expand(*i_shape)
+    return gather(x, dim, i)
+
+
+# -- index_select / index_add / masked_fill ---------------------------------------------------
+def _vector_index(fn: str, index) -> None:
+    _index_dtype(fn, index, "int32 or int64")
+    if index.ndim > 1:
+        raise IndexError(f"{fn}(): Index is supposed to be a vector")
+
+
+def index_select(input: Tensor, dim: int, index: Tensor) -> Tensor:
+    d = _wrap_dim(dim, input.ndim)
+    _vector_index("index_select", index)
+    if index.numel():
+        values = _host(index)
+        size = input.shape[d] if input.ndim else 1
+        if ((values < 0) | (values >= size)).any():
+            raise IndexError("index out of range in self")
+    return apply(OPS["index_select"], (input,), {"dim": u64(dim), "index": index})
+
+
+def index_add(input: Tensor, dim: int, index: Tensor, source: Tensor, *,
+              alpha: Any = 1) -> Tensor:
+    """``input`` with ``alpha * source`` added at ``index`` along ``dim`` (repeats add up)."""
+    d = _wrap_dim(dim, input.ndim)
+    _index_dtype("index_add_", index, "int32 or int64")
+    if index.ndim > 1:
+        raise IndexError("index_add_(): Index is supposed to be a vector")
+    n = source.shape[d] if source.ndim else 1
+    if index.numel() != n:
+        raise RuntimeError(f"index_add_(): Number of indices ({index.numel()}) should be equal "
+                           f"to source.size(dim): ({n}), for dim: {d}")
+    _in_range(index, input.shape[d] if input.ndim else 1, d)
+    return apply(OPS["index_add"], (input, source),
+                 {"dim": u64(dim), "index": index, "alpha": alpha, "source_dim": source.ndim})
+
+
+def masked_fill(input: Tensor, mask: Tensor, value: Any) -> Tensor:
+    """``input`` with ``value`` where ``mask`` is True (a number or a 0-dim tensor)."""
+    if mask.dtype is not _dt.bool_:
+        from ._tensor_layer import CPP_NAMES
+
+        raise RuntimeError("masked_fill_ only supports boolean masks, but got mask with dtype "
+                           f"{CPP_NAMES.get(mask.dtype.name, mask.dtype.name)}")
+    if isinstance(value, TensorBase):
+        if value.ndim:
+            raise RuntimeError("masked_fill_ only supports a 0-dimensional value tensor, but "
+                               f"got tensor with {value.ndim} dimension(s).")
+        if value.requires_grad:
+            raise NotImplementedError("masked_fill with a value tensor that requires grad "
+                                      "(MaskedFillBackward1) is not implemented")
+        value = value.item()
+    if tuple(np.broadcast_shapes(tuple(mask.shape), tuple(input.shape))) != tuple(input.shape):
+        mask = mask.expand(*np.broadcast_shapes(tuple(mask.shape), tuple(input.shape)))
+    return apply(OPS["masked_fill"], (input,), {"mask": mask, "value": value})
+
+
+# -- cumsum / cumprod / flip -------------------------------------------------------------------
+def _scan(name: str, input, dim, dtype):
+    _wrap_dim(dim, input.ndim)
+    if dtype is None:
+        dtype = input.dtype if input.dtype.is_floating_point else _dt.int64
+    return apply(OPS[name], (input,), {"dim": u64(dim), "dtype": dtype})
+
+
+def cumsum(input: Tensor, dim: int, *, dtype: Any = None) -> Tensor:
+    return _scan("cumsum", input, dim, dtype)
+
+
+def cumprod(input: Tensor, dim: int, *, dtype: Any = None) -> Tensor:
+    return _scan("cumprod", input, dim, dtype)
+
+
+def _int_tuple(dims) -> tuple[int, ...]:
+    return (int(dims),) if isinstance(dims, (int, np.integer)) else tuple(int(d) for d in dims)
+
+
+def flip(input: Tensor, *dims) -> Tensor:
+    dims = _int_tuple(dims[0] if len(dims) == 1 else dims)
+    seen = set()
+    for d in dims:
+        w = _wrap_dim(d, input.ndim)
+        if w in seen:
+            raise RuntimeError(f"dim {w} appears multiple times in the list of dims")
+        seen.add(w)
+    return apply(OPS["flip"], (input,), {"dims": u64s(dims)})
+
+
+# -- var / std / norm --------------------------------------------------------------------------
+def _reduction_dims(dim, ndim):
+    if dim is None:
+        return None
+    dims = _int_tuple(dim)
+    for d in dims:
+        _wrap_dim(d, ndim)
+    return u64s(dims)
+
+
+def _var_args(fn: str, input, dim, unbiased, correction, keepdim):
+    if not input.dtype.is_floating_point:
+        raise RuntimeError("std and var only support floating point and complex dtypes")
+    if isinstance(dim, bool):  # var(unbiased: bool) legacy overload
+        dim, unbiased = None, dim
+    if unbiased is not None and correction is not None:
+        raise TypeError(f"{fn}() received an invalid combination of arguments - got both "
+                        "unbiased and correction")
+    if correction is None:
+        correction = 1 if unbiased is None or unbiased else 0
+    return {"dim": _reduction_dims(dim, input.ndim), "correction": correction,
+            "keepdim": bool(keepdim)}
+
+
+def var(input: Tensor, dim: Any = None, unbiased: bool | None = None, keepdim: bool = False,
+        *, correction: Any = None) -> Tensor:
+    return apply(OPS["var"], (input,), _var_args("var", input, dim, unbiased, correction,
+                                                keepdim))
+
+
+def std(input: Tensor, dim: Any = None, unbiased: bool | None = None, keepdim: bool = False,
+        *, correction: Any = None) -> Tensor:
+    return apply(OPS["std"], (input,), _var_args("std", input, dim, unbiased, correction,
+                                                keepdim))
+
+
+def vector_norm(x: Tensor, ord: Any = 2, dim: Any = None, keepdim: bool = False,  # noqa: A002
+                *, dtype: Any = None) -> Tensor:
+    """torch.linalg.vector_norm: ord 2, 1, inf, -inf, 0 or any real p."""
+    if not x.dtype.is_floating_point:
+        raise RuntimeError("linalg.vector_norm: Expected a floating point or complex tensor "
+                           f"as input. Got {_dt_name(x.dtype)}")
+    if dtype is not None:
+        x = x.to(dtype)
+    return apply(OPS["linalg_vector_norm"], (x,), {"ord": float(ord), "dim": _reduction_dims(
+        dim, x.ndim), "keepdim": bool(keepdim)})
+
+
+def _dt_name(d) -> str:
+    from ._tensor_layer import TORCH_NAMES
+
+    return TORCH_NAMES.get(d.name, d.name)
+
+
+def norm(input: Tensor, p: Any = "fro", dim: Any = None, keepdim: bool = False,
+         dtype: Any = None) -> Tensor:
+    """Tensor.norm / torch.norm for vector norms (``p`` a number or "fro" over any dims)."""
+    if p == "fro" or p is None:
+        p = 2
+    if isinstance(p, str):
+        raise NotImplementedError(f"norm(p={p!r}): only vector norms are implemented")
+    return vector_norm(input, p, dim, keepdim, dtype=dtype)
+
+
+
+#: Tensor methods (torch.Tensor has each of these names)
+METHODS = ("gather", "scatter", "scatter_add", "take_along_dim", "index_select", "index_add",
+           "masked_fill", "cumsum", "cumprod", "flip", "var", "std", "norm")
+#: top-level functions (torch has each of these names)
+FUNCTIONS = METHODS
