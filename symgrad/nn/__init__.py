@@ -43,3 +43,8 @@ __all__ = ["Module", "Parameter", "Linear", "Sequential", "ModuleList", "ModuleD
            "Hardtanh", "Softmax", "LogSoftmax", "MSELoss", "BCEWithLogitsLoss",
            "CrossEntropyLoss", "NLLLoss", "L1Loss", "SmoothL1Loss", "HuberLoss", "BCELoss",
            "KLDivLoss", "functional", "init", "utils"]
+
+# -- attention (issue 21)
+from .multihead_attention import MultiheadAttention  # noqa: E402
+
+__all__ += ["MultiheadAttention"]

@@ -585,3 +585,7 @@ def kl_div(input: Tensor, target: Tensor, size_average=None, reduce=None,
     if reduction == "batchmean" and input.ndim != 0:
         out = out / input.shape[0]
     return out
+
+
+# -- attention (issue 21)
+from .attention import scaled_dot_product_attention  # noqa: E402, F401
