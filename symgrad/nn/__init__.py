@@ -48,3 +48,8 @@ __all__ = ["Module", "Parameter", "Linear", "Sequential", "ModuleList", "ModuleD
 from .conv import AdaptiveAvgPool2d, AvgPool2d, Conv1d, Conv2d, MaxPool2d  # noqa: E402
 
 __all__ += ["Conv1d", "Conv2d", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d"]
+
+# -- attention (issue 21)
+from .multihead_attention import MultiheadAttention  # noqa: E402
+
+__all__ += ["MultiheadAttention"]

@@ -597,3 +597,6 @@ from ._conv_functional import (  # noqa: E402
 )
 
 __all__ += ["conv1d", "conv2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d"]
+
+# -- attention (issue 21)
+from .attention import scaled_dot_product_attention  # noqa: E402, F401

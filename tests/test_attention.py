@@ -1,0 +1,266 @@
+"""scaled_dot_product_attention and MultiheadAttention against torch, from the same numbers."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from _tolerance import assert_close, magnitude
+
+import symgrad as sg
+
+DTYPES = ["float32", "float64"]
+# softmax (exp, max, sum) + scaling + mask add + the chain rule's extra roundings
+CHAIN = 16
+
+
+def _leaves(torch, rng, dtype: str, *shapes):
+    """The same random leaves in both libraries (requires_grad)."""
+    arrays = [rng.standard_normal(s).astype(dtype) for s in shapes]
+    ours = [sg.tensor(a, requires_grad=True) for a in arrays]
+    theirs = [torch.tensor(a, requires_grad=True) for a in arrays]
+    return ours, theirs
+
+
+def _backward(out, torch_out, rng):
+    """Backpropagate the same random upstream gradient through both results."""
+    g = rng.standard_normal(tuple(torch_out.shape)).astype(str(torch_out.dtype)[6:])
+    (out * sg.tensor(g)).sum().backward()
+    (torch_out * __import__("torch").tensor(g)).sum().backward()
+
+
+def _mask_pair(torch, kind: str, rng, shape, dtype: str):
+    """A bool or float mask (one fully masked row for the bool one) in both libraries."""
+    if kind == "none":
+        return None, None
+    if kind == "bool":
+        keep = rng.random(shape) > 0.3
+        keep[..., 0, :] = False  # a fully masked row: zeros, not NaN
+        keep[..., 1, :] = True
+        return sg.tensor(keep), torch.tensor(keep)
+    m = rng.standard_normal(shape).astype(dtype)
+    return sg.tensor(m), torch.tensor(m)
+
+
+SDPA_SHAPES = [
+    # query, key, value, mask shape
+    ((2, 3, 4, 5), (2, 3, 6, 5), (2, 3, 6, 7), (4, 6)),
+    ((3, 4), (2, 5, 4), (2, 5, 3), (2, 3, 5)),
+    ((1, 2, 5, 3), (2, 1, 5, 3), (2, 2, 5, 4), (2, 1, 5, 5)),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shapes", SDPA_SHAPES, ids=["4d", "broadcast-q", "broadcast-batch"])
+@pytest.mark.parametrize("mask", ["none", "bool", "float"])
+def test_sdpa_values_and_gradients_match_torch(torch, cpu_backend, dtype, shapes, mask):
+    rng = np.random.default_rng(0)
+    (q, k, v), (tq, tk, tv) = _leaves(torch, rng, dtype, *shapes[:3])
+    m, tm = _mask_pair(torch, mask, rng, shapes[3], dtype)
+    out = sg.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=m)
+    expected = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, attn_mask=tm)
+    terms = CHAIN + shapes[0][-1] + shapes[1][-2]
+    assert_close(out, expected, terms=terms, scale=magnitude(expected, tv))
+    _backward(out, expected, rng)
+    for ours, theirs in ((q, tq), (k, tk), (v, tv)):
+        assert_close(ours.grad, theirs.grad, terms=2 * terms,
+                     scale=magnitude(theirs.grad, tq, tk, tv))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kw", [{"is_causal": True}, {"scale": 0.3}, {"scale": -0.5},
+                                {"is_causal": True, "scale": 2.0}],
+                         ids=["causal", "scale", "negative-scale", "causal-scale"])
+def test_sdpa_causal_and_scale_match_torch(torch, cpu_backend, dtype, kw):
+    rng = np.random.default_rng(1)
+    (q, k, v), (tq, tk, tv) = _leaves(torch, rng, dtype, (2, 2, 4, 3), (2, 2, 6, 3),
+                                      (2, 2, 6, 5))
+    out = sg.nn.functional.scaled_dot_product_attention(q, k, v, **kw)
+    expected = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, **kw)
+    assert_close(out, expected, terms=CHAIN + 9, scale=magnitude(expected, tv))
+    _backward(out, expected, rng)
+    for ours, theirs in ((q, tq), (k, tk), (v, tv)):
+        assert_close(ours.grad, theirs.grad, terms=2 * (CHAIN + 9),
+                     scale=magnitude(theirs.grad, tq, tk, tv))
+
+
+def test_sdpa_grouped_query_attention_matches_torch(torch):
+    rng = np.random.default_rng(2)
+    (q, k, v), (tq, tk, tv) = _leaves(torch, rng, "float64", (2, 4, 3, 5), (2, 2, 6, 5),
+                                      (2, 2, 6, 5))
+    out = sg.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    expected = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, enable_gqa=True)
+    assert_close(out, expected, terms=CHAIN + 11, scale=magnitude(expected, tv))
+    _backward(out, expected, rng)
+    assert_close(k.grad, tk.grad, terms=2 * (CHAIN + 11),
+                 scale=magnitude(tk.grad, tq, tk, tv))
+
+
+def test_sdpa_fully_masked_rows_are_zero_with_zero_gradient(cpu_backend):
+    q = sg.randn(1, 3, 4, requires_grad=True)
+    keep = sg.tensor([[True, True], [False, False], [True, False]])
+    out = sg.nn.functional.scaled_dot_product_attention(q, sg.randn(1, 2, 4), sg.randn(1, 2, 4),
+                                                        attn_mask=keep)
+    assert (out[0, 1] == 0).all().item()
+    out.sum().backward()
+    assert not np.isnan(q.grad.numpy()).any()
+    assert (q.grad[0, 1] == 0).all().item() and (q.grad[0, 2] == 0).all().item()
+
+
+@pytest.mark.parametrize("p", [0.3, 0.7])
+def test_sdpa_dropout_is_seeded_and_keeps_the_expected_fraction(p):
+    def run():
+        sg.manual_seed(5)
+        q, k, v = sg.ones(1, 64, 8), sg.ones(1, 64, 8), sg.ones(1, 64, 8)
+        return sg.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=p)
+
+    a, b = run(), run()
+    assert sg.equal(a, b)  # reproducible from manual_seed
+    # every weight is 1/64 before dropout; kept ones are scaled by 1/(1 - p), so the mean
+    # output stays 1 and the kept fraction is near 1 - p (64*64 Bernoulli draws)
+    assert abs(a.mean().item() - 1.0) < 4 * math.sqrt(p / (1 - p) / 64 / 64) * 8
+    no_drop = sg.nn.functional.scaled_dot_product_attention(sg.ones(1, 4, 8), sg.ones(1, 4, 8),
+                                                            sg.ones(1, 4, 8), dropout_p=0.0)
+    assert sg.equal(no_drop, sg.ones(1, 4, 8))
+
+
+@pytest.mark.parametrize("args, kw", [
+    (((2, 3, 4), (2, 5, 4), (2, 6, 4)), {}),
+    (((4,), (4,), (4,)), {}),
+    (((2, 3, 4), (2, 5, 4), (2, 5, 4)), {"attn_mask": "bool", "is_causal": True}),
+    (((2, 3, 4), (2, 5, 4), (2, 5, 4)), {"dropout_p": 1.5}),
+    (((2, 3, 4), (2, 5, 4), (2, 5, 4)), {"value_dtype": "float64"}),
+], ids=["lengths", "rank", "causal-and-mask", "dropout", "dtypes"])
+def test_sdpa_errors_as_torch(torch, args, kw):
+    kw = dict(kw)
+    vdtype = kw.pop("value_dtype", "float32")
+    if kw.get("attn_mask") == "bool":
+        kw["attn_mask"] = np.ones((3, 5), dtype=bool)
+    arrays = [np.ones(s, dtype="float32") for s in args]
+    arrays[2] = arrays[2].astype(vdtype)
+    messages = []
+    for lib in (sg, torch):
+        kwl = {n: (lib.tensor(x) if isinstance(x, np.ndarray) else x) for n, x in kw.items()}
+        with pytest.raises(RuntimeError) as err:
+            lib.nn.functional.scaled_dot_product_attention(*map(lib.tensor, arrays), **kwl)
+        messages.append(str(err.value))
+    assert messages[0] == messages[1]
+
+
+# -- MultiheadAttention ---------------------------------------------------------------------
+
+def _mha_pair(torch, dtype: str, embed_dim=8, num_heads=2, **kw):
+    """A torch MultiheadAttention and a symgrad one loaded from its state dict."""
+    torch.manual_seed(0)
+    theirs = torch.nn.MultiheadAttention(embed_dim, num_heads, **kw).to(getattr(torch, dtype))
+    with torch.no_grad():  # torch zeroes the biases; make them count
+        for name, p in theirs.named_parameters():
+            if "bias" in name:
+                p.uniform_(-0.5, 0.5)
+    ours = sg.nn.MultiheadAttention(embed_dim, num_heads, **kw).to(getattr(sg, dtype))
+    state = {k: sg.tensor(v.detach().numpy()) for k, v in theirs.state_dict().items()}
+    ours.load_state_dict(state)
+    return ours, theirs
+
+
+def _compare_mha_grads(ours, theirs, leaves, torch_leaves, terms):
+    for a, b in zip(leaves, torch_leaves):
+        assert_close(a.grad, b.grad, terms=terms, scale=magnitude(b.grad, *torch_leaves))
+    params = dict(ours.named_parameters())
+    for name, p in theirs.named_parameters():
+        assert_close(params[name].grad, p.grad, terms=terms,
+                     scale=magnitude(p.grad, *torch_leaves))
+
+
+MHA_CASES = [
+    # batch_first, need_weights, average, key_padding, attn_mask kind, batched
+    (False, True, True, False, "none", True),
+    (True, True, False, True, "bool", True),
+    (False, False, True, True, "float", True),
+    (True, False, True, False, "bool", True),
+    (False, True, True, True, "none", False),
+    (False, False, True, False, "float", False),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.filterwarnings("ignore:Support for mismatched key_padding_mask")
+@pytest.mark.parametrize("case", MHA_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_mha_values_and_gradients_match_torch(torch, cpu_backend, dtype, case):
+    batch_first, need_weights, average, padding, mask_kind, batched = case
+    ours, theirs = _mha_pair(torch, dtype, batch_first=batch_first)
+    rng = np.random.default_rng(3)
+    L, S, N, E = 4, 5, 3, 8
+
+    def shaped(length):
+        if not batched:
+            return (length, E)
+        return (N, length, E) if batch_first else (length, N, E)
+
+    leaves, tleaves = _leaves(torch, rng, dtype, shaped(L), shaped(S), shaped(S))
+    kw, tkw = {"need_weights": need_weights, "average_attn_weights": average}, {}
+    tkw.update(kw)
+    if padding:
+        pad = np.zeros((N, S) if batched else (S,), dtype=bool)
+        pad[..., -1] = True
+        kw["key_padding_mask"], tkw["key_padding_mask"] = sg.tensor(pad), torch.tensor(pad)
+    if mask_kind != "none":
+        m, tm = _mask_pair(torch, mask_kind, rng, (L, S), dtype)
+        if mask_kind == "bool":  # MultiheadAttention: True = not allowed; keep rows alive
+            m, tm = sg.tensor(~tm.numpy()), ~tm
+            m, tm = m & sg.tensor(np.arange(S) != 0), tm & torch.tensor(np.arange(S) != 0)
+        kw["attn_mask"], tkw["attn_mask"] = m, tm
+    out, weights = ours(*leaves, **kw)
+    t_out, t_weights = theirs(*tleaves, **tkw)
+    terms = CHAIN + 3 * E + S
+    assert_close(out, t_out, terms=terms, scale=magnitude(t_out, *tleaves))
+    if need_weights:
+        assert_close(weights, t_weights, terms=terms)
+    else:
+        assert weights is None and t_weights is None
+    _backward(out, t_out, rng)
+    _compare_mha_grads(ours, theirs, leaves, tleaves, 3 * terms)
+
+
+def test_mha_separate_kdim_vdim_and_no_bias_match_torch(torch, cpu_backend):
+    ours, theirs = _mha_pair(torch, "float64", kdim=3, vdim=5, bias=False)
+    assert list(ours.state_dict()) == list(theirs.state_dict())
+    rng = np.random.default_rng(4)
+    leaves, tleaves = _leaves(torch, rng, "float64", (4, 2, 8), (6, 2, 3), (6, 2, 5))
+    out, w = ours(*leaves)
+    t_out, t_w = theirs(*tleaves)
+    assert_close(out, t_out, terms=CHAIN + 30, scale=magnitude(t_out, *tleaves))
+    assert_close(w, t_w, terms=CHAIN + 30)
+    _backward(out, t_out, rng)
+    _compare_mha_grads(ours, theirs, leaves, tleaves, 3 * (CHAIN + 30))
+
+
+def test_mha_self_attention_is_causal_matches_torch(torch):
+    ours, theirs = _mha_pair(torch, "float64", batch_first=True)
+    rng = np.random.default_rng(6)
+    (x,), (tx,) = _leaves(torch, rng, "float64", (2, 5, 8))
+    causal = np.triu(np.ones((5, 5), dtype=bool), 1)
+    for need_weights in (True, False):
+        out, _ = ours(x, x, x, attn_mask=sg.tensor(causal), is_causal=True,
+                      need_weights=need_weights)
+        t_out, _ = theirs(tx, tx, tx, attn_mask=torch.tensor(causal), is_causal=True,
+                          need_weights=need_weights)
+        assert_close(out, t_out, terms=CHAIN + 30, scale=magnitude(t_out, tx))
+
+
+def test_mha_state_dict_keys_and_init_follow_torch(torch):
+    mha = sg.nn.MultiheadAttention(8, 2)
+    t = torch.nn.MultiheadAttention(8, 2)
+    assert list(mha.state_dict()) == list(t.state_dict())
+    assert [tuple(p.shape) for p in mha.parameters()] == [tuple(p.shape) for p in t.parameters()]
+    assert (mha.in_proj_bias == 0).all().item() and (mha.out_proj.bias == 0).all().item()
+    bound = math.sqrt(6.0 / (8 + 24))  # xavier_uniform_ on (3E, E)
+    assert mha.in_proj_weight.abs().max().item() <= bound
+
+
+def test_mha_refuses_what_it_does_not_implement():
+    with pytest.raises(NotImplementedError, match="add_bias_kv"):
+        sg.nn.MultiheadAttention(8, 2, add_bias_kv=True)
+    with pytest.raises(AssertionError, match="divisible"):
+        sg.nn.MultiheadAttention(8, 3)
