@@ -146,6 +146,11 @@ _MORE = {
                                                  nn.Linear(8, 2)), lambda o, y: F.l1_loss(o, y)),
     "softmax": (lambda: nn.Sequential(nn.Linear(12, 8), nn.Softmax(dim=1), nn.Linear(8, 2)),
                 lambda o, y: F.mse_loss(o, y)),
+    "slice-select-cat-stack-clamp": (
+        lambda: nn.Sequential(nn.Linear(12, 8), nn.Tanh(), nn.Linear(8, 4)),
+        lambda o, y: (sg.cat([o[:, 1:3], o[:, :2].clamp(-0.3, 0.4)], 1)[:, :2]
+                      - sg.stack([y[:, 0], o[:, 3].clamp_min(-0.2)], 1)).pow(2).mean()
+        + o[1].sum()),
     "sum-dim-mean-dim-pow": (lambda: nn.Sequential(nn.Linear(12, 8), nn.Tanh(), nn.Linear(8, 2)),
                              lambda o, y: ((o - y) ** 2).sum(dim=1).mean()
                              + o.mean(dim=0).sum() / 7),

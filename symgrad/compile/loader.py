@@ -54,5 +54,9 @@ def load(text: str):
     spec = importlib.util.spec_from_file_location(modname, path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[modname] = mod
-    spec.loader.exec_module(mod)
+    try:
+        spec.loader.exec_module(mod)
+    except BaseException:
+        del sys.modules[modname]  # never leave a half-run module to be found later
+        raise
     return mod

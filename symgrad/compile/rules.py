@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from ..ops._ints import norm, norms
 from .graph import OpCall, Value
-from .runtime import MATH, scalar_names
+from .runtime import MATH, scalar_names, view_grad_ok
 
 __all__ = ["forward_code", "backward_code", "has_backward", "BROADCASTING", "UFUNCS"]
 
@@ -271,6 +271,39 @@ def _scalar_rule(c, ctx, g):
             for i, text in enumerate(sc.grads) if text is not None}
 
 
+def _clamp(c, ctx, g):
+    x = ctx.ref(c.inputs[0])
+    lo, hi = c.params.get("min"), c.params.get("max")
+    masks = ([f"({x} >= {ctx.ref(lo)})"] if lo is not None else []) + \
+        ([f"({x} <= {ctx.ref(hi)})"] if hi is not None else [])
+    return {0: f"({g} * ({' & '.join(masks)}))"}
+
+
+def _cat(c, ctx, g):
+    sizes = c.params["_sizes"]
+    d = norm(c.params["dim"], len(c.outputs[0].shape))
+    out, start = {}, 0
+    for i, n in enumerate(sizes):
+        if n is None:
+            continue
+        region = (slice(None),) * d + (slice(start, start + n),)
+        out[i] = f"{g}[{ctx.ref(region)}]"
+        start += n
+    return out
+
+
+def _stack(c, ctx, g):
+    d = norm(c.params["dim"], len(c.outputs[0].shape))
+    return {i: f"np.take({g}, {i}, axis={d})" for i in range(len(c.inputs))}
+
+
+def _view_grad(c, ctx, g):
+    x = c.inputs[0]
+    fwd, be = ctx.bind(c.spec.forward, f"fwd_{c.spec.name}"), ctx.bind(ctx.backend, "be")
+    return {0: f"view_grad({fwd}, {be}, {x.shape!r}, {ctx.dtype(x)}, {g}, "
+               f"{ctx.bind(dict(c.params), 'kw')})"}
+
+
 def _mv(c, ctx, g):
     a, v = (ctx.ref(x) for x in c.inputs)
     return {0: f"np.outer({g}, {v})", 1: f"np.matmul({a}.T, {g})"}
@@ -293,7 +326,11 @@ RULES: dict[str, Callable] = {
     "mean_dim": _mean_dim, "t": _t, "transpose": _transpose, "permute": _permute,
     "expand": _expand, "clone": _identity, "alias": _identity, "to_copy": _to_copy,
     "mse_loss": _mse, "log_softmax": _log_softmax, "softmax": _softmax, "nll_loss": _nll,
-    "mv": _mv, "dot": _dot, "bmm": _bmm,
+    "mv": _mv, "dot": _dot, "bmm": _bmm, "clamp": _clamp,
+    "clamp_min": lambda c, ctx, g: {0: f"({g} * ({ctx.ref(c.inputs[0])} >= "
+                                       f"{ctx.ref(c.params['min'])}))"},
+    "clamp_max": lambda c, ctx, g: {0: f"({g} * ({ctx.ref(c.inputs[0])} <= "
+                                       f"{ctx.ref(c.params['max'])}))"},
     "mul_scalar": lambda c, ctx, g: {0: _scaled(g, c.params.get("other", c.inputs[-1]))},
     "div_scalar": lambda c, ctx, g: {0: f"({g} / {c.params.get('other', c.inputs[-1])!r})"},
 }
@@ -302,10 +339,19 @@ for _name in ("view", "reshape_alias", "unsafe_view", "unsqueeze", "squeeze", "s
     RULES[_name] = _reshape
 
 
-def has_backward(call: OpCall) -> bool:
+#: view ops whose gradient is ``view_grad`` (probed per call site by ``view_grad_ok``)
+_VIEW_GRAD = frozenset({"slice", "select"})
+
+
+def has_backward(call: OpCall, backend=None) -> bool:
     spec = call.spec
     if spec.name == "nll_loss":
         return _nll_ok(call)
+    if spec.name in ("cat", "stack") or spec.name.startswith(("cat[", "stack[")):
+        return all(isinstance(x, Value) for x in call.inputs)
+    if spec.name in _VIEW_GRAD:
+        return backend is not None and isinstance(call.inputs[0], Value) and view_grad_ok(
+            spec.forward, backend, call.inputs[0].shape, dict(call.params))
     if spec.name in ("mul_scalar", "div_scalar"):
         return False  # their scalar operand's place varies; eager-only until needed
     if spec.name in RULES:
@@ -320,5 +366,12 @@ def backward_code(call: OpCall, ctx, g: str) -> dict[int, str]:
     spec = call.spec
     rule = RULES.get(spec.name)
     if rule is None:
-        rule = _scalar_rule
+        if spec.name in _VIEW_GRAD:
+            rule = _view_grad
+        elif spec.name.startswith("cat"):
+            rule = _cat
+        elif spec.name.startswith("stack"):
+            rule = _stack
+        else:
+            rule = _scalar_rule
     return rule(call, ctx, g)

@@ -11,7 +11,8 @@ import math
 
 import numpy as np
 
-__all__ = ["sum_to", "nll_grad", "as_out", "flat", "scalar_names", "MATH"]
+__all__ = ["sum_to", "nll_grad", "as_out", "flat", "scalar_names", "view_grad",
+           "view_grad_ok", "MATH"]
 
 
 def sum_to(g: np.ndarray, shape: tuple) -> np.ndarray:
@@ -49,6 +50,26 @@ def flat(x: np.ndarray) -> np.ndarray:
     if x.ndim and not any(x.strides):
         return x[(0,) * x.ndim].reshape(1)
     return np.ascontiguousarray(x).reshape(-1)
+
+
+def view_grad(forward, be, shape: tuple, dtype, g: np.ndarray, params: dict) -> np.ndarray:
+    """The gradient of a view op (slice, select, basic indexing ...): zeros of the input's
+    shape with ``g`` added into the view the op's own forward takes of them."""
+    out = np.zeros(shape, dtype)
+    forward(be, out, **params)[...] += g
+    return out
+
+
+def view_grad_ok(forward, be, shape: tuple, params: dict) -> bool:
+    """Does ``forward`` take a writable view without repeated elements (so ``view_grad``
+    is its gradient)? Probed once, at generation, on an array of distinct numbers."""
+    probe = np.arange(int(np.prod(shape)), dtype=np.float64).reshape(shape)
+    try:
+        v = forward(be, probe, **params)
+    except Exception:
+        return False
+    return (isinstance(v, np.ndarray) and v.flags.writeable and v.size > 0
+            and np.shares_memory(v, probe) and np.unique(v).size == v.size)
 
 
 def as_out(x, dtype) -> np.ndarray:

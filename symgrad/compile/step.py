@@ -202,8 +202,12 @@ class CompiledStep:
         if program is not None:
             try:
                 gen = generate(program, backend_for("cpu"))
-                module = loader.load(gen.text)
-                fuse.warm(module)
+                try:
+                    module = loader.load(gen.text)
+                    fuse.warm(module)
+                except Exception as exc:  # a compile bug: say so, and stay eager
+                    raise Unsupported(f"the generated code did not load ({type(exc).__name__}:"
+                                      f" {exc})") from None
                 entry = Entry(program, gen, module)
                 entry._gather()  # binds the arrays; raises _Stale if they cannot be used
                 entry.example = [a._data.copy() if isinstance(a, Tensor) else a for a in args]
