@@ -17,6 +17,8 @@ Loaded only by the verifier (``import symgrad`` never imports SymPy).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ..ops import OPS
@@ -132,8 +134,10 @@ class SympyBackend:
         """An elementwise kernel from its stanza's ``Scalar`` meaning, element by element."""
         spec = _STANZA_OF[kernel]
         scalar = spec.scalar
-        if not scalar.linear:
-            self._probe(*arrays)
+        if self.linear_probe and not scalar.linear:
+            symbolic = tuple(i for i, a in enumerate(arrays) if _has_symbols(a))
+            if symbolic and _nonlinear_in(kernel, symbolic):
+                raise Nonlinear
         fn = self._unary_cache.get(kernel)
         if fn is None:
             namespace = sympy_namespace(self.sp)
@@ -447,11 +451,6 @@ class SympyBackend:
             x[index] = obj(values) if isinstance(values, np.ndarray) else values
         return x
 
-    def addcmul(self, x, t1, t2, value=1):
-        self._probe(t1, t2, nonlinear_if=2)
-        prod = self.mul(t1, t2)
-        return self.add(x, prod if value == 1 else self.mul(prod, value))
-
     @staticmethod
     def where(cond, a, b):
         return obj(np.where(np.asarray(cond, dtype=bool), obj(a), obj(b)))
@@ -571,6 +570,23 @@ class SympyBackend:
         raise AttributeError(f"SympyBackend has no kernel {name!r}")
 
 
+@functools.cache
+def _nonlinear_in(kernel: str, symbolic: tuple[int, ...]) -> bool:
+    """Is the stanza's meaning nonlinear when the inputs at ``symbolic`` are symbols (some
+    second partial among them is nonzero)? ``x + value * t1 * t2`` is linear in x, and in
+    t1 or t2 alone, not in both. Decided once per kernel and pattern, on free symbols."""
+    import sympy
+
+    scalar = _STANZA_OF[kernel].scalar
+    xs = sympy.symbols(f"v0:{len(scalar.inputs)}", real=True)
+    ps = sympy.symbols(f"p0:{len(scalar.params)}", real=True)
+    namespace = sympy_namespace(sympy)
+    f = build(kernel + "_probe", scalar.inputs + scalar.params,
+              scalar.meaning or scalar.forward, namespace)(*xs, *ps)
+    return any(sympy.diff(f, xs[i], xs[j]) != 0
+               for i in symbolic for j in symbolic if i <= j)
+
+
 def _scalar_method(kernel: str):
     def method(self, *args, **params):
         n = len(_STANZA_OF[kernel].scalar.inputs)
@@ -585,8 +601,10 @@ def _scalar_method(kernel: str):
 
 #: kernel -> the op whose stanza defines it
 _STANZA_OF = {s.kernel: s for s in OPS.values() if s.kernel is not None}
-# Kernels the class defines itself decide branches, ties and linearity element by element
-# (arithmetic, comparisons, selections); the rest come from the stanzas' meanings.
+# Kernels the class defines itself are the vocabulary on symbols: the operators (+ - * /,
+# comparisons, logical ones), pow, and maximum/minimum/where, which decide branches and
+# PyTorch's ties at recorded values and evaluate lazily in probe mode; every op's math
+# (exp, addcmul, atan2, softplus, ...) comes from its stanza's meaning.
 for _kernel in scalar_kernels():
     if _kernel not in SympyBackend.__dict__:
         setattr(SympyBackend, _kernel, _scalar_method(_kernel))
