@@ -594,7 +594,7 @@ def test_random_programs_compiled_equal_eager():
     from hypothesis import strategies as st
     from test_random_programs import EXTRA, GENERATORS, NAMES, Builder
 
-    @settings(derandomize=True, max_examples=int(os.environ.get("SYMGRAD_COMPILE_FUZZ", 60)),
+    @settings(derandomize=True, max_examples=int(os.environ.get("SYMGRAD_COMPILE_FUZZ", 30)),
               deadline=None, database=None, phases=(Phase.explicit, Phase.generate),
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                      HealthCheck.filter_too_much])
