@@ -48,6 +48,10 @@ class Layout:
 
 @dataclass
 class Generated:
+    """One signature's module: its text, the objects ``make(K)`` receives, where its
+    arrays come from, its kernels (name, dtype, argument kinds) and the fusion plan (read
+    by ``prove.py``)."""
+
     text: str
     constants: dict
     layout: Layout
