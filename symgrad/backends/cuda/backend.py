@@ -963,23 +963,6 @@ class CudaBackend:
     def shares_memory(a, b) -> bool:
         return _is_array(a) and _is_array(b) and a.block is b.block
 
-
-def _stanza_inplace(kernel: str):
-    def method(dst, src):
-        _ew_into(kernel, dst, [dst, src])
-
-    method.__name__ = kernel + "_"
-    method.__doc__ = f"``dst = {kernel}(dst, src)`` in place, one launch."
-    return staticmethod(method)
-
-
-for _kernel in scalar_kernels():
-    setattr(CudaBackend, _kernel, _stanza_kernel(_kernel))
-    if hasattr(NumpyBackend, _kernel + "_"):  # the in-place forms the reference has
-        setattr(CudaBackend, _kernel + "_", _stanza_inplace(_kernel))
-for _op in fused_from_stanza():  # the fused backward rules OpSpec.fused_backward names
-    setattr(CudaBackend, _op + "_backward", _stanza_backward(_op))
-
     # -- issue 21 tensor functions: scans and sorting along one axis --------------------------
     # Staged through the host for now (one copy each way): correct on every device, and the
     # ops that use them (cumsum, cumprod, sort, topk) are rare in a training step.
@@ -999,6 +982,22 @@ for _op in fused_from_stanza():  # the fused backward rules OpSpec.fused_backwar
         values, idx = sort_by_keys(host, host, axis, descending)
         return CudaBackend.from_host(values), CudaBackend.from_host(idx)
 
+
+def _stanza_inplace(kernel: str):
+    def method(dst, src):
+        _ew_into(kernel, dst, [dst, src])
+
+    method.__name__ = kernel + "_"
+    method.__doc__ = f"``dst = {kernel}(dst, src)`` in place, one launch."
+    return staticmethod(method)
+
+
+for _kernel in scalar_kernels():
+    setattr(CudaBackend, _kernel, _stanza_kernel(_kernel))
+    if hasattr(NumpyBackend, _kernel + "_"):  # the in-place forms the reference has
+        setattr(CudaBackend, _kernel + "_", _stanza_inplace(_kernel))
+for _op in fused_from_stanza():  # the fused backward rules OpSpec.fused_backward names
+    setattr(CudaBackend, _op + "_backward", _stanza_backward(_op))
 
 class _EventTimer:
     """A pair of CUDA events: recorded at creation and at ``elapsed_ns``."""
