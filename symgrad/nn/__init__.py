@@ -37,3 +37,8 @@ __all__ = ["Module", "Parameter", "Linear", "Sequential", "ModuleList", "ModuleD
            "Sigmoid", "SiLU", "Softplus", "Softmax", "LogSoftmax", "MSELoss", "BCEWithLogitsLoss",
            "CrossEntropyLoss", "NLLLoss", "L1Loss", "SmoothL1Loss", "HuberLoss", "BCELoss",
            "KLDivLoss", "functional", "init", "utils"]
+
+# -- tensor functions and normalisation (issue 21) ---------------------------------------------
+from .norm_layers import BatchNorm1d, BatchNorm2d, Dropout, Embedding, LayerNorm  # noqa: E402
+
+__all__ += ["LayerNorm", "BatchNorm1d", "BatchNorm2d", "Dropout", "Embedding"]

@@ -523,3 +523,9 @@ def kl_div(input: Tensor, target: Tensor, size_average=None, reduce=None,
     if reduction == "batchmean" and input.ndim != 0:
         out = out / input.shape[0]
     return out
+
+
+# -- tensor functions and normalisation (issue 21) ---------------------------------------------
+from .norm_functional import batch_norm, dropout, embedding, layer_norm  # noqa: E402
+
+__all__ += ["layer_norm", "batch_norm", "dropout", "embedding"]
