@@ -273,8 +273,9 @@ def _record(spec, inputs, params, outputs) -> None:
             saved[name] = params.get(name)
         elif how is _INPUT:
             x = inputs[j]
+            # an optional tensor input left out (layer_norm's weight=None) reads back None
             saved[name] = SavedTensor(x, False) if isinstance(x, Tensor) else \
-                _WrappedScalar(x, _scalar_dtype(x))
+                None if x is None else _WrappedScalar(x, _scalar_dtype(x))
         elif how is _OUTPUT:
             saved[name] = SavedTensor(outputs[j], True, j)
         elif how is _UNUSED:

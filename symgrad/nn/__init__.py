@@ -53,3 +53,8 @@ __all__ += ["Conv1d", "Conv2d", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d"]
 from .multihead_attention import MultiheadAttention  # noqa: E402
 
 __all__ += ["MultiheadAttention"]
+
+# -- tensor functions and normalisation (issue 21) ---------------------------------------------
+from .norm_layers import BatchNorm1d, BatchNorm2d, Dropout, Embedding, LayerNorm  # noqa: E402
+
+__all__ += ["LayerNorm", "BatchNorm1d", "BatchNorm2d", "Dropout", "Embedding"]

@@ -600,3 +600,8 @@ __all__ += ["conv1d", "conv2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d
 
 # -- attention (issue 21)
 from .attention import scaled_dot_product_attention  # noqa: E402, F401
+
+# -- tensor functions and normalisation (issue 21) ---------------------------------------------
+from .norm_functional import batch_norm, dropout, embedding, layer_norm  # noqa: E402
+
+__all__ += ["layer_norm", "batch_norm", "dropout", "embedding"]

@@ -12,6 +12,7 @@ from . import (  # noqa: F401
                minmax,
                movement,
                nn,
+               norm,  # layer_norm, batch_norm, embedding (issue 21)
                reduce,
                scan,  # cumsum, cumprod, flip (issue 21)
                shape,  # (registration)
