@@ -26,6 +26,8 @@ vocabulary (NumPy ufuncs, ``math`` inside Numba loops, CUDA device functions, Sy
 from __future__ import annotations
 
 import ast
+import functools
+import inspect
 import linecache
 from dataclasses import dataclass, field
 
@@ -53,8 +55,10 @@ def _lines(text: str) -> str:
     return "\n".join(part.strip() for part in text.split(";"))
 
 
-def _parse(text: str, variables: tuple[str, ...]) -> tuple[list[tuple[str, str]], str]:
-    """Split ``"a = ...; b = ...; expr"`` into bindings and the result; check the vocabulary."""
+@functools.lru_cache(maxsize=1024)
+def _parse(text: str, variables: tuple[str, ...]) -> tuple[tuple[tuple[str, str], ...], str]:
+    """Split ``"a = ...; b = ...; expr"`` into bindings and the result; check the vocabulary.
+    Cached: every stanza's texts are parsed by each backend's generator."""
     tree = ast.parse(_lines(text))
     *lets, last = tree.body
     if not isinstance(last, ast.Expr) or not all(
@@ -73,16 +77,19 @@ def _parse(text: str, variables: tuple[str, ...]) -> tuple[list[tuple[str, str]]
                 raise ValueError(f"{text!r}: unknown name {node.id!r}")
         if isinstance(stmt, ast.Assign):
             known.add(stmt.targets[0].id)
-    return ([(s.targets[0].id, ast.unparse(s.value)) for s in lets], ast.unparse(last.value))
+    return (tuple((s.targets[0].id, ast.unparse(s.value)) for s in lets),
+            ast.unparse(last.value))
 
 
-def _names(text: str) -> set[str]:
-    return {n.id for n in ast.walk(ast.parse(_lines(text))) if isinstance(n, ast.Name)}
+@functools.lru_cache(maxsize=1024)
+def _names(text: str) -> frozenset[str]:
+    return frozenset(n.id for n in ast.walk(ast.parse(_lines(text))) if isinstance(n, ast.Name))
 
 
-def _calls(text: str) -> set[str]:
-    return {n.func.id for n in ast.walk(ast.parse(_lines(text)))
-            if isinstance(n, ast.Call)}
+@functools.lru_cache(maxsize=1024)
+def _calls(text: str) -> frozenset[str]:
+    return frozenset(n.func.id for n in ast.walk(ast.parse(_lines(text)))
+                     if isinstance(n, ast.Call))
 
 
 @dataclass(frozen=True)
@@ -148,7 +155,7 @@ class Scalar:
         """Functions the forward (or, with "grad", any of the grads) calls."""
         if which == "grad":
             return set().union(*(_calls(t) for t in self.grads if t is not None))
-        return _calls(getattr(self, which))
+        return set(_calls(getattr(self, which)))
 
 
 def source(name: str, params: tuple[str, ...], text: str, rename: dict | None = None,
@@ -171,7 +178,7 @@ def source(name: str, params: tuple[str, ...], text: str, rename: dict | None = 
         variables = set(params) | {n for n, _ in lets}
         result = _fold_constants(result, variables, fold_constants)
         lets = [(n, _fold_constants(e, variables, fold_constants)) for n, e in lets]
-    lets = list(prelude) + lets
+    lets = list(prelude) + list(lets)
     lines = [f"def {name}({', '.join(params)}):"]
     lines += [f"    {n} = {e}" for n, e in lets]
     lines.append(f"    return {result}")
@@ -251,9 +258,35 @@ def tensor_formula(op: str, scalar: Scalar, namespace: dict, names: tuple[str, .
     rename = {**VARIABLES, **dict(zip(scalar.inputs, names))}
     params = ("grad",) + tuple(rename[v] for v in scalar.reads(index)) \
         + scalar.param_reads(index) + tuple(extra)
-    fn = build(f"{op}_backward_formula_{index}", params, scalar.grads[index], namespace,
-               rename=rename, fold_constants="grad")
-    return fn
+    return LazyFunction(f"{op}_backward_formula_{index}", params, lambda: build(
+        f"{op}_backward_formula_{index}", params, scalar.grads[index], namespace,
+        rename=rename, fold_constants="grad"))
+
+
+class LazyFunction:
+    """A generated function compiled on its first call, with its signature known before (the
+    OpSpec reads a formula's parameters to derive the saved operands): compiling every
+    stanza's formulas at import cost ~30 ms of ``import symgrad``."""
+
+    def __init__(self, name: str, params: tuple[str, ...], make) -> None:
+        P = inspect.Parameter
+        self.__name__ = self.__qualname__ = name
+        self.__signature__ = inspect.Signature([P(p, P.POSITIONAL_OR_KEYWORD) for p in params])
+        self._make = make
+        self._fn = None
+
+    def __call__(lazy, /, *args, **kwargs):  # noqa: N805  (formulas take ``self=``)
+        fn = lazy._fn
+        if fn is None:
+            fn = lazy._fn = lazy._make()
+        return fn(*args, **kwargs)
+
+    @property
+    def function(self):
+        """The compiled function (``inspect.getsource`` shows its generated text)."""
+        if self._fn is None:
+            self._fn = self._make()
+        return self._fn
 
 
 def sympy_meaning(op: str, scalar: Scalar):

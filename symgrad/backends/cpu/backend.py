@@ -639,7 +639,23 @@ for _kernel in scalar_kernels():
         setattr(CpuBackend, _kernel, _method)
     elif _arity == 1 and _lone_call(OPS[_kernel].scalar) in _QUIET_DOMAIN:
         setattr(CpuBackend, _kernel, _one_value_fast(_kernel, _ref))
+def _built_on_first_call(name: str, make):
+    """A class attribute that builds the real kernel on its first call and puts it in its
+    place (generating every op's fused backward at import cost ~50 ms of ``import symgrad``;
+    the engine looks kernels up per node, so later calls go straight to the built one)."""
+
+    def first_call(*args):
+        kernel = make()
+        setattr(CpuBackend, name, kernel)
+        return kernel.__func__(*args)
+
+    first_call.__name__ = name
+    first_call.__doc__ = f"{name}: generated from the op's stanza on first use."
+    return staticmethod(first_call)
+
+
 for _op in fused_from_stanza():  # the fused backward rules OpSpec.fused_backward names
-    setattr(CpuBackend, _op + "_backward", _stanza_backward(_op))
+    setattr(CpuBackend, _op + "_backward", _built_on_first_call(
+        _op + "_backward", lambda _op=_op: _stanza_backward(_op)))
 
 _Self = CpuBackend
