@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from _tolerance import assert_close, magnitude
+from _tolerance import SAFETY, assert_close, magnitude
 
 import symgrad as sg
 
@@ -264,3 +264,118 @@ def test_mha_refuses_what_it_does_not_implement():
         sg.nn.MultiheadAttention(8, 2, add_bias_kv=True)
     with pytest.raises(AssertionError, match="divisible"):
         sg.nn.MultiheadAttention(8, 3)
+
+
+# -- the verifier -----------------------------------------------------------------------------
+
+def test_verify_local_on_multihead_self_attention():
+    sg.manual_seed(0)
+    mha = sg.nn.MultiheadAttention(4, 2).double()
+    x = sg.randn(3, 2, 4, dtype=sg.float64, requires_grad=True)
+    for need_weights in (True, False):
+        out, _ = mha(x, x, x, need_weights=need_weights)
+        rep = sg.verify((out * out).sum(), mode="local")
+        assert rep.ok and rep.mode == "local", str(rep)
+
+
+def test_verify_exact_on_a_tiny_float_masked_attention():
+    sg.manual_seed(1)
+    q, k, v = (sg.randn(n, 2, dtype=sg.float64, requires_grad=True) for n in (2, 3, 3))
+    out = sg.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=sg.randn(2, 3).double(),
+                                                        scale=0.7)
+    rep = sg.verify((out * out).sum(), mode="exact")
+    assert rep.ok and rep.mode == "exact", str(rep)
+
+
+def test_verify_reports_the_minus_infinity_of_a_bool_mask_as_non_finite():
+    """torch's -inf mask is kept (values equal torch's); the verifier refuses -inf inputs."""
+    q, k, v = (sg.randn(2, 2, dtype=sg.float64, requires_grad=True) for _ in range(3))
+    out = sg.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    rep = sg.verify((out * out).sum(), mode="local")
+    assert not rep.ok and rep.status == "non-finite", str(rep)
+
+
+# -- a one-block transformer trained three AdamW steps --------------------------------------
+
+V, T, E, H = 7, 5, 8, 2
+
+
+def _transformer(lib, need_weights: bool):
+    """Embedding (Linear on one-hot), pre-norm attention and GELU MLP blocks, LM head."""
+
+    class LayerNorm(lib.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = lib.nn.Parameter(lib.ones(E, dtype=lib.float64))
+            self.bias = lib.nn.Parameter(lib.zeros(E, dtype=lib.float64))
+
+        def forward(self, x):
+            mean = x.mean(-1, keepdim=True)
+            var = ((x - mean) * (x - mean)).mean(-1, keepdim=True)
+            return (x - mean) / (var + 1e-5).sqrt() * self.weight + self.bias
+
+    class Block(lib.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = lib.nn.Linear(V, E, bias=False)
+            self.ln1, self.ln2 = LayerNorm(), LayerNorm()
+            self.attn = lib.nn.MultiheadAttention(E, H, batch_first=True)
+            self.mlp = lib.nn.Sequential(lib.nn.Linear(E, 4 * E), lib.nn.GELU(),
+                                         lib.nn.Linear(4 * E, E))
+            self.head = lib.nn.Linear(E, V)
+
+        def forward(self, onehot):
+            x = self.embed(onehot)
+            h = self.ln1(x)
+            x = x + self.attn(h, h, h, need_weights=need_weights)[0]
+            x = x + self.mlp(self.ln2(x))
+            return self.head(x)
+
+    return Block().double()
+
+
+def _compare_trained(ours, theirs, terms: int, lr: float, adam_eps: float = 1e-8) -> None:
+    """Parameters equal torch's, except the key bias: softmax ignores a shift of a row's
+    scores, so its gradient is zero up to rounding noise (~terms * eps), which AdamW turns
+    into steps of about ``lr * noise / adam_eps`` in either library."""
+    for name, p in theirs.named_parameters():
+        mine, p = ours.get_parameter(name).detach().numpy(), p.detach().numpy()
+        if name == "attn.in_proj_bias":
+            noise_step = lr * SAFETY * terms * np.finfo(np.float64).eps / adam_eps
+            assert np.abs(mine[E:2 * E] - p[E:2 * E]).max() <= 3 * noise_step
+            mine, p = np.delete(mine, np.s_[E:2 * E]), np.delete(p, np.s_[E:2 * E])
+        assert_close(mine, p, terms=terms, scale=max(magnitude(p), lr), msg=name)
+
+
+@pytest.mark.parametrize("need_weights", [True, False])
+def test_one_block_transformer_trains_as_torch_over_three_adamw_steps(torch, cpu_backend,
+                                                                       need_weights):
+    torch.manual_seed(0)
+    theirs = _transformer(torch, need_weights)
+    ours = _transformer(sg, need_weights)
+    ours.load_state_dict({k: sg.tensor(v.detach().numpy())
+                          for k, v in theirs.state_dict().items()})
+    rng = np.random.default_rng(7)
+    tokens = rng.integers(0, V, (2, T + 1))
+    onehot = np.eye(V)[tokens[:, :-1]]
+    targets = tokens[:, 1:].reshape(-1)
+    opt = sg.optim.AdamW(ours.parameters(), lr=0.01)
+    t_opt = torch.optim.AdamW(theirs.parameters(), lr=0.01)
+    terms = 0
+    for _ in range(3):
+        terms += CHAIN + 6 * E + T + V  # roundings one step adds along the longest chain
+        for model, optim, lib in ((ours, opt, sg), (theirs, t_opt, torch)):
+            optim.zero_grad()
+            logits = model(lib.tensor(onehot))
+            loss = lib.nn.functional.cross_entropy(logits.reshape(-1, V), lib.tensor(targets))
+            loss.backward()
+            optim.step()
+            if lib is sg:
+                our_loss = loss
+            else:
+                assert_close(our_loss, loss, terms=terms)
+        _compare_trained(ours, theirs, terms, lr=0.01)
+    logits = ours(sg.tensor(onehot))
+    loss = sg.nn.functional.cross_entropy(logits.reshape(-1, V), sg.tensor(targets))
+    rep = sg.verify(loss, mode="local")
+    assert rep.ok, str(rep)

@@ -12,6 +12,7 @@ import math
 
 from .. import creation
 from .. import functional as _F
+from ..autograd.record import record
 from ..dtypes import bool_
 from ..tensor import Tensor
 
@@ -55,8 +56,15 @@ def _safe_softmax(x: Tensor, dim: int) -> Tensor:
     """
     dead_rows = (x == _NEG_INF).all(dim=dim, keepdim=True)
     zeros = creation.zeros((), dtype=x.dtype, device=x.device)
-    out = _F.softmax(_F.where(dead_rows, zeros, x), dim)
-    return _F.where(dead_rows, zeros, out)
+    with record():  # the nodes keep the zeros (a temporary) for the verifier
+        out = _F.softmax(_F.where(dead_rows, zeros, x), dim)
+        return _F.where(dead_rows, zeros, out)
+
+
+def _add_mask(scores: Tensor, mask: Tensor) -> Tensor:
+    """``scores + mask``, the node keeping the (often temporary) mask for the verifier."""
+    with record():
+        return scores + mask
 
 
 def _dropout(x: Tensor, p: float) -> Tensor:
@@ -146,7 +154,7 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
     key, value = _repeat_heads(key, repeats), _repeat_heads(value, repeats)
     attn = _F.matmul(query, key.transpose(-2, -1) * scaling)
     if attn_mask is not None:
-        attn = attn + attn_mask
+        attn = _add_mask(attn, attn_mask)
     attn = _safe_softmax(attn, -1)
     if dropout_p > 0.0:
         attn = _dropout(attn, dropout_p)
