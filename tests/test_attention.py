@@ -131,11 +131,14 @@ def test_sdpa_dropout_is_seeded_and_keeps_the_expected_fraction(p):
     (((2, 3, 4), (2, 5, 4), (2, 5, 4)), {"attn_mask": "bool", "is_causal": True}),
     (((2, 3, 4), (2, 5, 4), (2, 5, 4)), {"dropout_p": 1.5}),
     (((2, 3, 4), (2, 5, 4), (2, 5, 4)), {"value_dtype": "float64"}),
-], ids=["lengths", "rank", "causal-and-mask", "dropout", "dtypes"])
+    (((2, 3, 4), (2, 5, 4), (2, 5, 4)), {"attn_mask": np.ones((3, 5))}),
+    (((2, 3, 4), (2, 5, 4), (2, 5, 4)), {"attn_mask": np.ones((3, 5), dtype=np.int64)}),
+], ids=["lengths", "rank", "causal-and-mask", "dropout", "dtypes", "mask-double",
+        "mask-long"])
 def test_sdpa_errors_as_torch(torch, args, kw):
     kw = dict(kw)
     vdtype = kw.pop("value_dtype", "float32")
-    if kw.get("attn_mask") == "bool":
+    if isinstance(kw.get("attn_mask"), str):
         kw["attn_mask"] = np.ones((3, 5), dtype=bool)
     arrays = [np.ones(s, dtype="float32") for s in args]
     arrays[2] = arrays[2].astype(vdtype)
@@ -257,6 +260,37 @@ def test_mha_state_dict_keys_and_init_follow_torch(torch):
     assert (mha.in_proj_bias == 0).all().item() and (mha.out_proj.bias == 0).all().item()
     bound = math.sqrt(6.0 / (8 + 24))  # xavier_uniform_ on (3E, E)
     assert mha.in_proj_weight.abs().max().item() <= bound
+
+
+def test_mha_dropout_is_seeded_in_training_and_off_in_eval():
+    mha = sg.nn.MultiheadAttention(8, 2, dropout=0.5)
+    x = sg.randn(4, 3, 8)
+
+    def run():
+        sg.manual_seed(3)
+        return mha(x, x, x)
+
+    (a, wa), (b, wb) = run(), run()
+    assert sg.equal(a, b) and sg.equal(wa, wb)
+    mha.eval()
+    out, weights = mha(x, x, x)
+    assert_close(weights.sum(-1), np.ones((3, 4), dtype="float32"), terms=8)
+
+
+def test_no_reference_cycles_in_attention(no_gc):
+    import gc
+    import weakref
+
+    mha = sg.nn.MultiheadAttention(8, 2)
+    x = sg.randn(4, 3, 8, requires_grad=True)
+    for need_weights in (True, False):
+        out, _ = mha(x, x, x, need_weights=need_weights,
+                     key_padding_mask=sg.tensor(np.eye(3, 4, dtype=bool)))
+        out.sum().backward()
+    ref = weakref.ref(mha.in_proj_weight)
+    del mha, out, x
+    assert ref() is None
+    assert gc.collect() == 0
 
 
 def test_mha_refuses_what_it_does_not_implement():

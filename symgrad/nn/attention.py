@@ -113,7 +113,7 @@ def _check_sdpa_inputs(query, key, value, attn_mask, dropout_p: float) -> None:
 
 def _dtype_name(t: Tensor) -> str:
     """The C++ scalar-type name torch prints in these messages (``float``, ``double``, ``bool``)."""
-    return {"float32": "float", "float64": "double", "int64": "long"}.get(
+    return {"float32": "float", "float64": "double", "int64": "long int"}.get(
         str(t.dtype).removeprefix("symgrad."), str(t.dtype).removeprefix("symgrad."))
 
 
