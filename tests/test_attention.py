@@ -256,6 +256,7 @@ def test_mha_state_dict_keys_and_init_follow_torch(torch):
     mha = sg.nn.MultiheadAttention(8, 2)
     t = torch.nn.MultiheadAttention(8, 2)
     assert list(mha.state_dict()) == list(t.state_dict())
+    assert repr(mha) == repr(t)
     assert [tuple(p.shape) for p in mha.parameters()] == [tuple(p.shape) for p in t.parameters()]
     assert (mha.in_proj_bias == 0).all().item() and (mha.out_proj.bias == 0).all().item()
     bound = math.sqrt(6.0 / (8 + 24))  # xavier_uniform_ on (3E, E)

@@ -21,6 +21,10 @@ from .parameter import Parameter
 __all__ = ["MultiheadAttention"]
 
 
+class NonDynamicallyQuantizableLinear(Linear):
+    """torch's name for MultiheadAttention's ``out_proj`` (a plain Linear; the repr shows it)."""
+
+
 def _check_mha_shapes(query: Tensor, key: Tensor, value: Tensor,
                       key_padding_mask: Tensor | None) -> bool:
     """torch's ``_mha_shape_check``: True for batched (3-D) input, False for unbatched (2-D)."""
@@ -99,7 +103,8 @@ class MultiheadAttention(Module):
         self._make_in_projection(bias, dtype)
         self.bias_k = self.bias_v = None
         self.add_zero_attn = add_zero_attn
-        self.out_proj = Linear(embed_dim, embed_dim, bias=bias, dtype=dtype)
+        self.out_proj = NonDynamicallyQuantizableLinear(embed_dim, embed_dim, bias=bias,
+                                                        dtype=dtype)
         self._reset_parameters()
         if device is not None:
             self.to(device)
