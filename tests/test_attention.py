@@ -85,6 +85,33 @@ def test_sdpa_causal_and_scale_match_torch(torch, cpu_backend, dtype, kw):
                      scale=magnitude(theirs.grad, tq, tk, tv))
 
 
+def _node_names(fn) -> list[str]:
+    seen, names, stack = set(), [], [fn]
+    while stack:
+        f = stack.pop()
+        if f is None or id(f) in seen:
+            continue
+        seen.add(id(f))
+        names.append(type(f).__name__)
+        stack.extend(n for n, _ in f.next_functions)
+    return sorted(names)
+
+
+def test_sdpa_records_the_nodes_of_torchs_math_path(torch):
+    """Value head dim != query head dim: torch takes its math path. The graphs have the same
+    nodes, except torch's fused ``_safe_softmax`` node, which symgrad composes."""
+    rng = np.random.default_rng(8)
+    (q, k, v), (tq, tk, tv) = _leaves(torch, rng, "float64", (2, 3, 4, 5), (2, 3, 6, 5),
+                                      (2, 3, 6, 7))
+    keep = np.ones((4, 6), dtype=bool)
+    ours = _node_names(sg.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=sg.tensor(keep)).grad_fn)
+    theirs = _node_names(torch.nn.functional.scaled_dot_product_attention(
+        tq, tk, tv, attn_mask=torch.tensor(keep)).grad_fn)
+    theirs.remove("SafeSoftmaxBackward0")
+    assert ours == sorted(theirs + ["SoftmaxBackward0", "WhereBackward0", "WhereBackward0"])
+
+
 def test_sdpa_grouped_query_attention_matches_torch(torch):
     rng = np.random.default_rng(2)
     (q, k, v), (tq, tk, tv) = _leaves(torch, rng, "float64", (2, 4, 3, 5), (2, 2, 6, 5),
