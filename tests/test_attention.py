@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from _tolerance import assert_close, magnitude
+from _tolerance import SAFETY, assert_close, magnitude
 
 import symgrad as sg
 
@@ -85,6 +85,33 @@ def test_sdpa_causal_and_scale_match_torch(torch, cpu_backend, dtype, kw):
                      scale=magnitude(theirs.grad, tq, tk, tv))
 
 
+def _node_names(fn) -> list[str]:
+    seen, names, stack = set(), [], [fn]
+    while stack:
+        f = stack.pop()
+        if f is None or id(f) in seen:
+            continue
+        seen.add(id(f))
+        names.append(type(f).__name__)
+        stack.extend(n for n, _ in f.next_functions)
+    return sorted(names)
+
+
+def test_sdpa_records_the_nodes_of_torchs_math_path(torch):
+    """Value head dim != query head dim: torch takes its math path. The graphs have the same
+    nodes, except torch's fused ``_safe_softmax`` node, which symgrad composes."""
+    rng = np.random.default_rng(8)
+    (q, k, v), (tq, tk, tv) = _leaves(torch, rng, "float64", (2, 3, 4, 5), (2, 3, 6, 5),
+                                      (2, 3, 6, 7))
+    keep = np.ones((4, 6), dtype=bool)
+    ours = _node_names(sg.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=sg.tensor(keep)).grad_fn)
+    theirs = _node_names(torch.nn.functional.scaled_dot_product_attention(
+        tq, tk, tv, attn_mask=torch.tensor(keep)).grad_fn)
+    theirs.remove("SafeSoftmaxBackward0")
+    assert ours == sorted(theirs + ["SoftmaxBackward0", "WhereBackward0", "WhereBackward0"])
+
+
 def test_sdpa_grouped_query_attention_matches_torch(torch):
     rng = np.random.default_rng(2)
     (q, k, v), (tq, tk, tv) = _leaves(torch, rng, "float64", (2, 4, 3, 5), (2, 2, 6, 5),
@@ -131,11 +158,14 @@ def test_sdpa_dropout_is_seeded_and_keeps_the_expected_fraction(p):
     (((2, 3, 4), (2, 5, 4), (2, 5, 4)), {"attn_mask": "bool", "is_causal": True}),
     (((2, 3, 4), (2, 5, 4), (2, 5, 4)), {"dropout_p": 1.5}),
     (((2, 3, 4), (2, 5, 4), (2, 5, 4)), {"value_dtype": "float64"}),
-], ids=["lengths", "rank", "causal-and-mask", "dropout", "dtypes"])
+    (((2, 3, 4), (2, 5, 4), (2, 5, 4)), {"attn_mask": np.ones((3, 5))}),
+    (((2, 3, 4), (2, 5, 4), (2, 5, 4)), {"attn_mask": np.ones((3, 5), dtype=np.int64)}),
+], ids=["lengths", "rank", "causal-and-mask", "dropout", "dtypes", "mask-double",
+        "mask-long"])
 def test_sdpa_errors_as_torch(torch, args, kw):
     kw = dict(kw)
     vdtype = kw.pop("value_dtype", "float32")
-    if kw.get("attn_mask") == "bool":
+    if isinstance(kw.get("attn_mask"), str):
         kw["attn_mask"] = np.ones((3, 5), dtype=bool)
     arrays = [np.ones(s, dtype="float32") for s in args]
     arrays[2] = arrays[2].astype(vdtype)
@@ -253,10 +283,42 @@ def test_mha_state_dict_keys_and_init_follow_torch(torch):
     mha = sg.nn.MultiheadAttention(8, 2)
     t = torch.nn.MultiheadAttention(8, 2)
     assert list(mha.state_dict()) == list(t.state_dict())
+    assert repr(mha) == repr(t)
     assert [tuple(p.shape) for p in mha.parameters()] == [tuple(p.shape) for p in t.parameters()]
     assert (mha.in_proj_bias == 0).all().item() and (mha.out_proj.bias == 0).all().item()
     bound = math.sqrt(6.0 / (8 + 24))  # xavier_uniform_ on (3E, E)
     assert mha.in_proj_weight.abs().max().item() <= bound
+
+
+def test_mha_dropout_is_seeded_in_training_and_off_in_eval():
+    mha = sg.nn.MultiheadAttention(8, 2, dropout=0.5)
+    x = sg.randn(4, 3, 8)
+
+    def run():
+        sg.manual_seed(3)
+        return mha(x, x, x)
+
+    (a, wa), (b, wb) = run(), run()
+    assert sg.equal(a, b) and sg.equal(wa, wb)
+    mha.eval()
+    out, weights = mha(x, x, x)
+    assert_close(weights.sum(-1), np.ones((3, 4), dtype="float32"), terms=8)
+
+
+def test_no_reference_cycles_in_attention(no_gc):
+    import gc
+    import weakref
+
+    mha = sg.nn.MultiheadAttention(8, 2)
+    x = sg.randn(4, 3, 8, requires_grad=True)
+    for need_weights in (True, False):
+        out, _ = mha(x, x, x, need_weights=need_weights,
+                     key_padding_mask=sg.tensor(np.eye(3, 4, dtype=bool)))
+        out.sum().backward()
+    ref = weakref.ref(mha.in_proj_weight)
+    del mha, out, x
+    assert ref() is None
+    assert gc.collect() == 0
 
 
 def test_mha_refuses_what_it_does_not_implement():
@@ -264,3 +326,118 @@ def test_mha_refuses_what_it_does_not_implement():
         sg.nn.MultiheadAttention(8, 2, add_bias_kv=True)
     with pytest.raises(AssertionError, match="divisible"):
         sg.nn.MultiheadAttention(8, 3)
+
+
+# -- the verifier -----------------------------------------------------------------------------
+
+def test_verify_local_on_multihead_self_attention():
+    sg.manual_seed(0)
+    mha = sg.nn.MultiheadAttention(4, 2).double()
+    x = sg.randn(3, 2, 4, dtype=sg.float64, requires_grad=True)
+    for need_weights in (True, False):
+        out, _ = mha(x, x, x, need_weights=need_weights)
+        rep = sg.verify((out * out).sum(), mode="local")
+        assert rep.ok and rep.mode == "local", str(rep)
+
+
+def test_verify_exact_on_a_tiny_float_masked_attention():
+    sg.manual_seed(1)
+    q, k, v = (sg.randn(n, 2, dtype=sg.float64, requires_grad=True) for n in (2, 3, 3))
+    out = sg.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=sg.randn(2, 3).double(),
+                                                        scale=0.7)
+    rep = sg.verify((out * out).sum(), mode="exact")
+    assert rep.ok and rep.mode == "exact", str(rep)
+
+
+def test_verify_reports_the_minus_infinity_of_a_bool_mask_as_non_finite():
+    """torch's -inf mask is kept (values equal torch's); the verifier refuses -inf inputs."""
+    q, k, v = (sg.randn(2, 2, dtype=sg.float64, requires_grad=True) for _ in range(3))
+    out = sg.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    rep = sg.verify((out * out).sum(), mode="local")
+    assert not rep.ok and rep.status == "non-finite", str(rep)
+
+
+# -- a one-block transformer trained three AdamW steps --------------------------------------
+
+V, T, E, H = 7, 5, 8, 2
+
+
+def _transformer(lib, need_weights: bool):
+    """Embedding (Linear on one-hot), pre-norm attention and GELU MLP blocks, LM head."""
+
+    class LayerNorm(lib.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = lib.nn.Parameter(lib.ones(E, dtype=lib.float64))
+            self.bias = lib.nn.Parameter(lib.zeros(E, dtype=lib.float64))
+
+        def forward(self, x):
+            mean = x.mean(-1, keepdim=True)
+            var = ((x - mean) * (x - mean)).mean(-1, keepdim=True)
+            return (x - mean) / (var + 1e-5).sqrt() * self.weight + self.bias
+
+    class Block(lib.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = lib.nn.Linear(V, E, bias=False)
+            self.ln1, self.ln2 = LayerNorm(), LayerNorm()
+            self.attn = lib.nn.MultiheadAttention(E, H, batch_first=True)
+            self.mlp = lib.nn.Sequential(lib.nn.Linear(E, 4 * E), lib.nn.GELU(),
+                                         lib.nn.Linear(4 * E, E))
+            self.head = lib.nn.Linear(E, V)
+
+        def forward(self, onehot):
+            x = self.embed(onehot)
+            h = self.ln1(x)
+            x = x + self.attn(h, h, h, need_weights=need_weights)[0]
+            x = x + self.mlp(self.ln2(x))
+            return self.head(x)
+
+    return Block().double()
+
+
+def _compare_trained(ours, theirs, terms: int, lr: float, adam_eps: float = 1e-8) -> None:
+    """Parameters equal torch's, except the key bias: softmax ignores a shift of a row's
+    scores, so its gradient is zero up to rounding noise (~terms * eps), which AdamW turns
+    into steps of about ``lr * noise / adam_eps`` in either library."""
+    for name, p in theirs.named_parameters():
+        mine, p = ours.get_parameter(name).detach().numpy(), p.detach().numpy()
+        if name == "attn.in_proj_bias":
+            noise_step = lr * SAFETY * terms * np.finfo(np.float64).eps / adam_eps
+            assert np.abs(mine[E:2 * E] - p[E:2 * E]).max() <= 3 * noise_step
+            mine, p = np.delete(mine, np.s_[E:2 * E]), np.delete(p, np.s_[E:2 * E])
+        assert_close(mine, p, terms=terms, scale=max(magnitude(p), lr), msg=name)
+
+
+@pytest.mark.parametrize("need_weights", [True, False])
+def test_one_block_transformer_trains_as_torch_over_three_adamw_steps(torch, cpu_backend,
+                                                                       need_weights):
+    torch.manual_seed(0)
+    theirs = _transformer(torch, need_weights)
+    ours = _transformer(sg, need_weights)
+    ours.load_state_dict({k: sg.tensor(v.detach().numpy())
+                          for k, v in theirs.state_dict().items()})
+    rng = np.random.default_rng(7)
+    tokens = rng.integers(0, V, (2, T + 1))
+    onehot = np.eye(V)[tokens[:, :-1]]
+    targets = tokens[:, 1:].reshape(-1)
+    opt = sg.optim.AdamW(ours.parameters(), lr=0.01)
+    t_opt = torch.optim.AdamW(theirs.parameters(), lr=0.01)
+    terms = 0
+    for _ in range(3):
+        terms += CHAIN + 6 * E + T + V  # roundings one step adds along the longest chain
+        for model, optim, lib in ((ours, opt, sg), (theirs, t_opt, torch)):
+            optim.zero_grad()
+            logits = model(lib.tensor(onehot))
+            loss = lib.nn.functional.cross_entropy(logits.reshape(-1, V), lib.tensor(targets))
+            loss.backward()
+            optim.step()
+            if lib is sg:
+                our_loss = loss
+            else:
+                assert_close(our_loss, loss, terms=terms)
+        _compare_trained(ours, theirs, terms, lr=0.01)
+    logits = ours(sg.tensor(onehot))
+    loss = sg.nn.functional.cross_entropy(logits.reshape(-1, V), sg.tensor(targets))
+    rep = sg.verify(loss, mode="local")
+    assert rep.ok, str(rep)

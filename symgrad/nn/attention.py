@@ -12,7 +12,10 @@ import math
 
 from .. import creation
 from .. import functional as _F
+from ..autograd.function import apply
+from ..autograd.record import record
 from ..dtypes import bool_
+from ..ops import OPS
 from ..tensor import Tensor
 
 __all__ = ["scaled_dot_product_attention"]
@@ -55,8 +58,15 @@ def _safe_softmax(x: Tensor, dim: int) -> Tensor:
     """
     dead_rows = (x == _NEG_INF).all(dim=dim, keepdim=True)
     zeros = creation.zeros((), dtype=x.dtype, device=x.device)
-    out = _F.softmax(_F.where(dead_rows, zeros, x), dim)
-    return _F.where(dead_rows, zeros, out)
+    with record():  # the nodes keep the zeros (a temporary) for the verifier
+        out = _F.softmax(_F.where(dead_rows, zeros, x), dim)
+        return _F.where(dead_rows, zeros, out)
+
+
+def _add_mask(scores: Tensor, mask: Tensor) -> Tensor:
+    """``scores + mask``, the node keeping the (often temporary) mask for the verifier."""
+    with record():
+        return scores + mask
 
 
 def _dropout(x: Tensor, p: float) -> Tensor:
@@ -65,6 +75,11 @@ def _dropout(x: Tensor, p: float) -> Tensor:
         return x * 0.0
     keep = creation.rand(tuple(x.shape), dtype=x.dtype, device=x.device) < (1.0 - p)
     return x * (keep.to(x.dtype) / (1.0 - p))
+
+
+def _mul_scalar(x: Tensor, factor: float) -> Tensor:
+    """aten's ``mul.Scalar`` (MulBackward1), which torch's C++ math path records."""
+    return apply(OPS["mul_scalar"], (x,), {"other": factor})
 
 
 def _repeat_heads(x: Tensor, repeats: int) -> Tensor:
@@ -105,7 +120,7 @@ def _check_sdpa_inputs(query, key, value, attn_mask, dropout_p: float) -> None:
 
 def _dtype_name(t: Tensor) -> str:
     """The C++ scalar-type name torch prints in these messages (``float``, ``double``, ``bool``)."""
-    return {"float32": "float", "float64": "double", "int64": "long"}.get(
+    return {"float32": "float", "float64": "double", "int64": "long int"}.get(
         str(t.dtype).removeprefix("symgrad."), str(t.dtype).removeprefix("symgrad."))
 
 
@@ -135,7 +150,7 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
         attn_mask = _additive_mask(attn_mask, query.dtype)
     negative = scale is not None and scale < 0
     scaling = math.sqrt(abs(scale) if scale is not None else 1.0 / math.sqrt(query.shape[-1]))
-    query = query * (-scaling if negative else scaling)
+    query = _mul_scalar(query, -scaling if negative else scaling)
     if is_causal:
         if attn_mask is not None:
             raise RuntimeError("_scaled_dot_product_attention: Explicit attn_mask should not "
@@ -144,9 +159,9 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
         attn_mask = _additive_mask(causal, query.dtype)
     repeats = _gqa_repeats(query, key, value, enable_gqa)
     key, value = _repeat_heads(key, repeats), _repeat_heads(value, repeats)
-    attn = _F.matmul(query, key.transpose(-2, -1) * scaling)
+    attn = _F.matmul(query, _mul_scalar(key.transpose(-2, -1), scaling))
     if attn_mask is not None:
-        attn = attn + attn_mask
+        attn = _add_mask(attn, attn_mask)
     attn = _safe_softmax(attn, -1)
     if dropout_p > 0.0:
         attn = _dropout(attn, dropout_p)

@@ -14,11 +14,15 @@ from .. import functional as _F
 from ..tensor import Tensor
 from . import functional as F
 from . import init
-from .attention import _canonical_mask, _dropout, scaled_dot_product_attention
+from .attention import _add_mask, _canonical_mask, _dropout, scaled_dot_product_attention
 from .modules import Linear, Module
 from .parameter import Parameter
 
 __all__ = ["MultiheadAttention"]
+
+
+class NonDynamicallyQuantizableLinear(Linear):
+    """torch's name for MultiheadAttention's ``out_proj`` (a plain Linear; the repr shows it)."""
 
 
 def _check_mha_shapes(query: Tensor, key: Tensor, value: Tensor,
@@ -99,7 +103,8 @@ class MultiheadAttention(Module):
         self._make_in_projection(bias, dtype)
         self.bias_k = self.bias_v = None
         self.add_zero_attn = add_zero_attn
-        self.out_proj = Linear(embed_dim, embed_dim, bias=bias, dtype=dtype)
+        self.out_proj = NonDynamicallyQuantizableLinear(embed_dim, embed_dim, bias=bias,
+                                                        dtype=dtype)
         self._reset_parameters()
         if device is not None:
             self.to(device)
@@ -187,7 +192,7 @@ class MultiheadAttention(Module):
         if key_padding_mask is not None:
             padding = key_padding_mask.reshape(bsz, 1, 1, src_len).expand(bsz, H, 1, src_len)
             padding = padding.reshape(bsz * H, 1, src_len)
-            attn_mask = padding if attn_mask is None else attn_mask + padding
+            attn_mask = padding if attn_mask is None else _add_mask(attn_mask, padding)
         dropout_p = self.dropout if self.training else 0.0
         if need_weights:
             out, weights = self._weighted(q, k, v, attn_mask, dropout_p, bsz, tgt_len)
@@ -210,7 +215,7 @@ class MultiheadAttention(Module):
         q_scaled = q * math.sqrt(1.0 / float(q.shape[-1]))
         scores = _F.bmm(q_scaled, k.transpose(-2, -1))
         if attn_mask is not None:
-            scores = attn_mask + scores  # torch: baddbmm(attn_mask, q_scaled, k^T)
+            scores = _add_mask(scores, attn_mask)  # torch: baddbmm(attn_mask, q_scaled, k^T)
         weights = _F.softmax(scores, dim=-1)
         if dropout_p > 0.0:
             weights = _dropout(weights, dropout_p)
