@@ -274,8 +274,88 @@ def norm(input: Tensor, p: Any = "fro", dim: Any = None, keepdim: bool = False,
 
 
 
+# -- sort / topk / tril / triu / roll / repeat / tile / outer ---------------------------------
+def sort(input: Tensor, dim: int = -1, descending: bool = False, stable: bool = False):
+    """(values, indices) along ``dim``; always stable (ties keep their order)."""
+    from . import return_types
+
+    _wrap_dim(dim, input.ndim)
+    values, indices = apply(OPS["sort"], (input,), {"dim": u64(dim),
+                                                   "descending": bool(descending)})
+    return return_types.sort(values, indices)
+
+
+def argsort(input: Tensor, dim: int = -1, descending: bool = False,
+            stable: bool = False) -> Tensor:
+    return sort(input, dim, descending).indices
+
+
+def topk(input: Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = True):  # noqa: A002
+    from . import return_types
+
+    d = _wrap_dim(dim, input.ndim)
+    size = input.shape[d] if input.ndim else 1
+    if not 0 <= k <= size:
+        raise RuntimeError("selected index k out of range")
+    values, indices = apply(OPS["topk"], (input,), {"k": int(k), "dim": u64(dim),
+                                                   "largest": bool(largest)})
+    return return_types.topk(values, indices)
+
+
+def _triangle(name: str, input, diagonal):
+    if input.ndim < 2:
+        raise RuntimeError(f"{name}: input tensor must have at least 2 dimensions")
+    return apply(OPS[name], (input,), {"diagonal": int(diagonal)})
+
+
+def tril(input: Tensor, diagonal: int = 0) -> Tensor:
+    return _triangle("tril", input, diagonal)
+
+
+def triu(input: Tensor, diagonal: int = 0) -> Tensor:
+    return _triangle("triu", input, diagonal)
+
+
+def roll(input: Tensor, shifts, dims=None) -> Tensor:
+    shifts = _int_tuple(shifts)
+    dims = () if dims is None else _int_tuple(dims)
+    if dims and len(shifts) != len(dims):
+        raise RuntimeError(f"shifts and dimensions must align. shifts: {len(shifts)}, dims:"
+                           f"{len(dims)}")
+    if not dims and len(shifts) != 1:
+        raise RuntimeError("roll: shifts and dims must have the same length when dims is empty")
+    for d in dims:
+        _wrap_dim(d, input.ndim)
+    return apply(OPS["roll"], (input,), {"shifts": u64s(shifts), "dims": u64s(dims)})
+
+
+def repeat(input: Tensor, *sizes) -> Tensor:
+    reps = _int_tuple(sizes[0] if len(sizes) == 1 and not isinstance(sizes[0], int)
+                      else sizes)
+    if len(reps) < input.ndim:
+        raise RuntimeError("Number of dimensions of repeat dims can not be smaller than number "
+                           "of dimensions of tensor")
+    return apply(OPS["repeat"], (input,), {"repeats": reps})
+
+
+def tile(input: Tensor, dims) -> Tensor:
+    reps = _int_tuple(dims)
+    reps = (1,) * (input.ndim - len(reps)) + reps
+    return repeat(input, reps)
+
+
+def outer(input: Tensor, vec2: Tensor) -> Tensor:
+    """``input[:, None] * vec2`` (torch records MulBackward0 over a view, as here)."""
+    if input.ndim != 1 or vec2.ndim != 1:
+        raise RuntimeError(f"outer: Expected 1-D argument self, but got {input.ndim}-D"
+                           if input.ndim != 1 else
+                           f"outer: Expected 1-D argument vec2, but got {vec2.ndim}-D")
+    return input.reshape(-1, 1) * vec2
+
+
 #: Tensor methods (torch.Tensor has each of these names)
 METHODS = ("gather", "scatter", "scatter_add", "take_along_dim", "index_select", "index_add",
-           "masked_fill", "cumsum", "cumprod", "flip", "var", "std", "norm")
-#: top-level functions (torch has each of these names)
-FUNCTIONS = METHODS
+           "masked_fill", "cumsum", "cumprod", "flip", "var", "std", "norm", "sort", "argsort",
+           "topk", "tril", "triu", "roll", "repeat", "tile", "outer")
+#: top-level functions (torch has each of these names; torch.repeat does not exist)
+FUNCTIONS = tuple(m for m in METHODS if m != "repeat")
