@@ -206,6 +206,7 @@ from .tensor_functions import (  # noqa: E402
     argsort,
     cumprod,
     cumsum,
+    einsum,
     flip,
     gather,
     index_add,
@@ -228,4 +229,4 @@ from .tensor_functions import (  # noqa: E402
 
 __all__ += ["linalg", "gather", "scatter", "scatter_add", "take_along_dim", "index_select",
             "index_add", "masked_fill", "cumsum", "cumprod", "flip", "var", "std", "norm",
-            "sort", "argsort", "topk", "tril", "triu", "roll", "tile", "outer"]
+            "sort", "argsort", "topk", "tril", "triu", "roll", "tile", "outer", "einsum"]

@@ -9,6 +9,7 @@ torch has them (``METHODS``); symgrad/__init__.py exports ``FUNCTIONS``.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -353,9 +354,73 @@ def outer(input: Tensor, vec2: Tensor) -> Tensor:
     return input.reshape(-1, 1) * vec2
 
 
+# -- einsum -----------------------------------------------------------------------------------
+def einsum(equation: str, *operands) -> Tensor:
+    """Any two-or-more-operand or single-operand contraction without ``...`` or a repeated
+    index within one operand, composed of sum / permute / reshape / bmm (torch likewise
+    records the underlying ops, not an einsum node)."""
+    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+        operands = tuple(operands[0])
+    eq = equation.replace(" ", "")
+    if "." in eq:
+        raise NotImplementedError("einsum: '...' (broadcast dims) is not implemented")
+    lhs, arrow, out = eq.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(operands):
+        raise RuntimeError(f"einsum(): {len(terms)} subscripts for {len(operands)} operands")
+    if not arrow:
+        letters = "".join(terms)
+        out = "".join(sorted(c for c in set(letters) if letters.count(c) == 1))
+    for t, x in zip(terms, operands):
+        if len(set(t)) != len(t):
+            raise NotImplementedError(f"einsum: a repeated index within one operand ({t!r}) "
+                                      "is not implemented")
+        if len(t) != x.ndim:
+            raise RuntimeError(f"einsum(): the number of subscripts in the equation ({len(t)}) "
+                               "does not match the number of dimensions "
+                               f"({x.ndim}) for operand {terms.index(t)} and no ellipsis "
+                               "was given")
+    acc, acc_idx = operands[0], terms[0]
+    for k in range(1, len(terms)):
+        later = out + "".join(terms[k + 1:])
+        acc, acc_idx = _contract(acc, acc_idx, operands[k], terms[k], later)
+    acc, acc_idx = _sum_unused(acc, acc_idx, out)
+    perm = tuple(acc_idx.index(c) for c in out)
+    return acc.permute(perm) if perm != tuple(range(len(perm))) else acc
+
+
+def _sum_unused(x, idx: str, keep: str):
+    dims = tuple(i for i, c in enumerate(idx) if c not in keep)
+    if not dims:
+        return x, idx
+    return x.sum(dims), "".join(c for c in idx if c in keep)
+
+
+def _contract(a, ai: str, b, bi: str, later: str):
+    a, ai = _sum_unused(a, ai, bi + later)
+    b, bi = _sum_unused(b, bi, ai + later)
+    batch = [c for c in ai if c in bi and c in later]
+    summed = [c for c in ai if c in bi and c not in later]
+    left = [c for c in ai if c not in bi]
+    right = [c for c in bi if c not in ai]
+    size = {**dict(zip(ai, a.shape)), **dict(zip(bi, b.shape))}
+
+    def n(cs):
+        return math.prod(size[c] for c in cs)
+
+    def arrange(x, xi, order):
+        perm = tuple(xi.index(c) for c in order)
+        return x.permute(perm) if perm != tuple(range(len(perm))) else x
+
+    a3 = arrange(a, ai, batch + left + summed).reshape(n(batch), n(left), n(summed))
+    b3 = arrange(b, bi, batch + summed + right).reshape(n(batch), n(summed), n(right))
+    out = a3.bmm(b3).reshape(tuple(size[c] for c in batch + left + right))
+    return out, "".join(batch + left + right)
+
+
 #: Tensor methods (torch.Tensor has each of these names)
 METHODS = ("gather", "scatter", "scatter_add", "take_along_dim", "index_select", "index_add",
            "masked_fill", "cumsum", "cumprod", "flip", "var", "std", "norm", "sort", "argsort",
            "topk", "tril", "triu", "roll", "repeat", "tile", "outer")
 #: top-level functions (torch has each of these names; torch.repeat does not exist)
-FUNCTIONS = tuple(m for m in METHODS if m != "repeat")
+FUNCTIONS = tuple(m for m in METHODS if m != "repeat") + ("einsum",)

@@ -83,6 +83,14 @@ CASES = {
     "repeat_new_dims": ((2, 3), lambda L, x: x.repeat(2, 1, 3)),
     "tile": ((3, 4), lambda L, x: L.tile(x, (2,))),
     "outer": ((2, 3), lambda L, x: L.outer(x[0], x[1])),
+    "einsum_mm": ((3, 4), lambda L, x: L.einsum("ij,kj->ik", x, x * 2)),
+    "einsum_bmm": ((2, 3, 3), lambda L, x: L.einsum("bij,bjk->bik", x, x.flip(0))),
+    "einsum_sum": ((3, 4), lambda L, x: L.einsum("ij->", x)),
+    "einsum_rowdot": ((3, 4), lambda L, x: L.einsum("ij,ij->i", x, x.flip(1))),
+    "einsum_transpose": ((3, 4), lambda L, x: L.einsum("ij->ji", x)),
+    "einsum_chain": ((3, 3), lambda L, x: L.einsum("ij,jk,kl->il", x, x.tril(), x * 3)),
+    "einsum_implicit": ((2, 3, 4), lambda L, x: L.einsum("bij,bkj", x, x + 1)),
+    "einsum_list": ((3, 4), lambda L, x: L.einsum("ijk->j", [x.reshape(2, 3, 2)])),
 }
 
 
@@ -155,6 +163,16 @@ def test_sort_indices_and_return_types(torch):
         sg.tensor(data).topk(9)
 
 
+def test_einsum_outer_product_and_errors(torch):
+    data = _input((2, 3), np.float64, seed=9)
+    res = [L.einsum("i,j->ij", L.tensor(data[0]), L.tensor(data[1])) for L in (sg, torch)]
+    assert_close(res[0], res[1], terms=1)
+    with pytest.raises(NotImplementedError, match="ellipsis|broadcast"):
+        sg.einsum("...ij->...ji", sg.ones(2, 3))
+    with pytest.raises(NotImplementedError, match="repeated index"):
+        sg.einsum("ii->i", sg.ones(2, 2))
+
+
 def test_saved_operands_read_back_like_torch(torch):
     x = sg.tensor(_input((3, 4), np.float64), requires_grad=True)
     idx = sg.tensor([[0, 1], [2, 3], [1, 1]])
@@ -218,7 +236,8 @@ def test_errors_have_torch_wording(k, torch):
                                   "var_dim", "std_all", "norm", "norm_p1_dim",
                                   "vector_norm_inf_dim", "vector_norm_p3", "flip_dims",
                                   "sort", "topk", "triu_batched", "roll_dims", "roll_flat",
-                                  "repeat_new_dims", "outer"])
+                                  "repeat_new_dims", "outer", "einsum_chain",
+                                  "einsum_implicit"])
 def test_verify_exact(name):
     data = _input(CASES[name][0], np.float64, seed=4)
     x = sg.tensor(data, requires_grad=True)
