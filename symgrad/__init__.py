@@ -209,20 +209,30 @@ __all__ += ["conv1d", "conv2d", "max_pool2d"]
 # -- tensor functions and normalisation (issue 21) ---------------------------------------------
 from . import linalg  # noqa: E402
 from .tensor_functions import (  # noqa: E402
+    argsort,
     cumprod,
     cumsum,
+    einsum,
     flip,
     gather,
     index_add,
     index_select,
     masked_fill,
     norm,
+    outer,
+    roll,
     scatter,
     scatter_add,
+    sort,
     std,
     take_along_dim,
+    tile,
+    topk,
+    tril,
+    triu,
     var,
 )
 
 __all__ += ["linalg", "gather", "scatter", "scatter_add", "take_along_dim", "index_select",
-            "index_add", "masked_fill", "cumsum", "cumprod", "flip", "var", "std", "norm"]
+            "index_add", "masked_fill", "cumsum", "cumprod", "flip", "var", "std", "norm",
+            "sort", "argsort", "topk", "tril", "triu", "roll", "tile", "outer", "einsum"]

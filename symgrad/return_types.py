@@ -20,3 +20,8 @@ def _make(name: str):
 
 max = _make("max")  # noqa: A001
 min = _make("min")  # noqa: A001
+
+# -- tensor functions and normalisation (issue 21)
+sort = _make("sort")
+topk = _make("topk")
+__all__ += ["sort", "topk"]

@@ -9,6 +9,7 @@ torch has them (``METHODS``); symgrad/__init__.py exports ``FUNCTIONS``.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -274,8 +275,152 @@ def norm(input: Tensor, p: Any = "fro", dim: Any = None, keepdim: bool = False,
 
 
 
+# -- sort / topk / tril / triu / roll / repeat / tile / outer ---------------------------------
+def sort(input: Tensor, dim: int = -1, descending: bool = False, stable: bool = False):
+    """(values, indices) along ``dim``; always stable (ties keep their order)."""
+    from . import return_types
+
+    _wrap_dim(dim, input.ndim)
+    values, indices = apply(OPS["sort"], (input,), {"dim": u64(dim),
+                                                   "descending": bool(descending)})
+    return return_types.sort(values, indices)
+
+
+def argsort(input: Tensor, dim: int = -1, descending: bool = False,
+            stable: bool = False) -> Tensor:
+    return sort(input, dim, descending).indices
+
+
+def topk(input: Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = True):  # noqa: A002
+    from . import return_types
+
+    d = _wrap_dim(dim, input.ndim)
+    size = input.shape[d] if input.ndim else 1
+    if not 0 <= k <= size:
+        raise RuntimeError("selected index k out of range")
+    values, indices = apply(OPS["topk"], (input,), {"k": int(k), "dim": u64(dim),
+                                                   "largest": bool(largest)})
+    return return_types.topk(values, indices)
+
+
+def _triangle(name: str, input, diagonal):
+    if input.ndim < 2:
+        raise RuntimeError(f"{name}: input tensor must have at least 2 dimensions")
+    return apply(OPS[name], (input,), {"diagonal": int(diagonal)})
+
+
+def tril(input: Tensor, diagonal: int = 0) -> Tensor:
+    return _triangle("tril", input, diagonal)
+
+
+def triu(input: Tensor, diagonal: int = 0) -> Tensor:
+    return _triangle("triu", input, diagonal)
+
+
+def roll(input: Tensor, shifts, dims=None) -> Tensor:
+    shifts = _int_tuple(shifts)
+    dims = () if dims is None else _int_tuple(dims)
+    if dims and len(shifts) != len(dims):
+        raise RuntimeError(f"shifts and dimensions must align. shifts: {len(shifts)}, dims:"
+                           f"{len(dims)}")
+    if not dims and len(shifts) != 1:
+        raise RuntimeError("roll: shifts and dims must have the same length when dims is empty")
+    for d in dims:
+        _wrap_dim(d, input.ndim)
+    return apply(OPS["roll"], (input,), {"shifts": u64s(shifts), "dims": u64s(dims)})
+
+
+def repeat(input: Tensor, *sizes) -> Tensor:
+    reps = _int_tuple(sizes[0] if len(sizes) == 1 and not isinstance(sizes[0], int)
+                      else sizes)
+    if len(reps) < input.ndim:
+        raise RuntimeError("Number of dimensions of repeat dims can not be smaller than number "
+                           "of dimensions of tensor")
+    return apply(OPS["repeat"], (input,), {"repeats": reps})
+
+
+def tile(input: Tensor, dims) -> Tensor:
+    reps = _int_tuple(dims)
+    reps = (1,) * (input.ndim - len(reps)) + reps
+    return repeat(input, reps)
+
+
+def outer(input: Tensor, vec2: Tensor) -> Tensor:
+    """``input[:, None] * vec2`` (torch records MulBackward0 over a view, as here)."""
+    if input.ndim != 1 or vec2.ndim != 1:
+        raise RuntimeError(f"outer: Expected 1-D argument self, but got {input.ndim}-D"
+                           if input.ndim != 1 else
+                           f"outer: Expected 1-D argument vec2, but got {vec2.ndim}-D")
+    return input.reshape(-1, 1) * vec2
+
+
+# -- einsum -----------------------------------------------------------------------------------
+def einsum(equation: str, *operands) -> Tensor:
+    """Any two-or-more-operand or single-operand contraction without ``...`` or a repeated
+    index within one operand, composed of sum / permute / reshape / bmm (torch likewise
+    records the underlying ops, not an einsum node)."""
+    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+        operands = tuple(operands[0])
+    eq = equation.replace(" ", "")
+    if "." in eq:
+        raise NotImplementedError("einsum: '...' (broadcast dims) is not implemented")
+    lhs, arrow, out = eq.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(operands):
+        raise RuntimeError(f"einsum(): {len(terms)} subscripts for {len(operands)} operands")
+    if not arrow:
+        letters = "".join(terms)
+        out = "".join(sorted(c for c in set(letters) if letters.count(c) == 1))
+    for t, x in zip(terms, operands):
+        if len(set(t)) != len(t):
+            raise NotImplementedError(f"einsum: a repeated index within one operand ({t!r}) "
+                                      "is not implemented")
+        if len(t) != x.ndim:
+            raise RuntimeError(f"einsum(): the number of subscripts in the equation ({len(t)}) "
+                               "does not match the number of dimensions "
+                               f"({x.ndim}) for operand {terms.index(t)} and no ellipsis "
+                               "was given")
+    acc, acc_idx = operands[0], terms[0]
+    for k in range(1, len(terms)):
+        later = out + "".join(terms[k + 1:])
+        acc, acc_idx = _contract(acc, acc_idx, operands[k], terms[k], later)
+    acc, acc_idx = _sum_unused(acc, acc_idx, out)
+    perm = tuple(acc_idx.index(c) for c in out)
+    return acc.permute(perm) if perm != tuple(range(len(perm))) else acc
+
+
+def _sum_unused(x, idx: str, keep: str):
+    dims = tuple(i for i, c in enumerate(idx) if c not in keep)
+    if not dims:
+        return x, idx
+    return x.sum(dims), "".join(c for c in idx if c in keep)
+
+
+def _contract(a, ai: str, b, bi: str, later: str):
+    a, ai = _sum_unused(a, ai, bi + later)
+    b, bi = _sum_unused(b, bi, ai + later)
+    batch = [c for c in ai if c in bi and c in later]
+    summed = [c for c in ai if c in bi and c not in later]
+    left = [c for c in ai if c not in bi]
+    right = [c for c in bi if c not in ai]
+    size = {**dict(zip(ai, a.shape)), **dict(zip(bi, b.shape))}
+
+    def n(cs):
+        return math.prod(size[c] for c in cs)
+
+    def arrange(x, xi, order):
+        perm = tuple(xi.index(c) for c in order)
+        return x.permute(perm) if perm != tuple(range(len(perm))) else x
+
+    a3 = arrange(a, ai, batch + left + summed).reshape(n(batch), n(left), n(summed))
+    b3 = arrange(b, bi, batch + summed + right).reshape(n(batch), n(summed), n(right))
+    out = a3.bmm(b3).reshape(tuple(size[c] for c in batch + left + right))
+    return out, "".join(batch + left + right)
+
+
 #: Tensor methods (torch.Tensor has each of these names)
 METHODS = ("gather", "scatter", "scatter_add", "take_along_dim", "index_select", "index_add",
-           "masked_fill", "cumsum", "cumprod", "flip", "var", "std", "norm")
-#: top-level functions (torch has each of these names)
-FUNCTIONS = METHODS
+           "masked_fill", "cumsum", "cumprod", "flip", "var", "std", "norm", "sort", "argsort",
+           "topk", "tril", "triu", "roll", "repeat", "tile", "outer")
+#: top-level functions (torch has each of these names; torch.repeat does not exist)
+FUNCTIONS = tuple(m for m in METHODS if m != "repeat") + ("einsum",)

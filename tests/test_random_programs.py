@@ -38,7 +38,8 @@ NOT_DRAWN_HERE |= {"binary_cross_entropy"}
 # shapes; tests/test_tensor_functions.py and tests/test_norm_layers.py compare with torch.
 NOT_DRAWN_HERE |= {"gather", "scatter", "scatter_value", "scatter_add", "index_select",
                    "index_add", "cumsum", "cumprod", "flip", "var", "std",
-                   "linalg_vector_norm", "native_layer_norm", "native_batch_norm", "embedding"}
+                   "linalg_vector_norm", "native_layer_norm", "native_batch_norm", "embedding",
+                   "sort", "topk", "tril", "triu", "roll", "repeat"}
 
 
 class Builder:

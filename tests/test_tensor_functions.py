@@ -69,6 +69,28 @@ CASES = {
     "vector_norm_p1_5": ((2, 3), lambda L, x: L.linalg.vector_norm(x, 1.5, keepdim=True)),
     "flip": ((3, 4), lambda L, x: x.flip(0)),
     "flip_dims": ((2, 3, 4), lambda L, x: L.flip(x, (0, -1))),
+    "sort": ((3, 4), lambda L, x: x.sort(1)[0]),
+    "sort_desc": ((3, 4, 2), lambda L, x: L.sort(x, 0, descending=True).values),
+    "topk": ((3, 5), lambda L, x: x.topk(2)[0]),
+    "topk_smallest": ((4, 3), lambda L, x: L.topk(x, 3, dim=0, largest=False).values),
+    "tril": ((3, 4), lambda L, x: x.tril()),
+    "triu_batched": ((2, 3, 4), lambda L, x: L.triu(x, 1)),
+    "tril_neg": ((4, 3), lambda L, x: L.tril(x, -1)),
+    "roll": ((3, 4), lambda L, x: x.roll(1, 0)),
+    "roll_flat": ((3, 4), lambda L, x: L.roll(x, 5)),
+    "roll_dims": ((3, 4), lambda L, x: x.roll((1, -1), (0, 1))),
+    "repeat": ((3, 4), lambda L, x: x.repeat(2, 1)),
+    "repeat_new_dims": ((2, 3), lambda L, x: x.repeat(2, 1, 3)),
+    "tile": ((3, 4), lambda L, x: L.tile(x, (2,))),
+    "outer": ((2, 3), lambda L, x: L.outer(x[0], x[1])),
+    "einsum_mm": ((3, 4), lambda L, x: L.einsum("ij,kj->ik", x, x * 2)),
+    "einsum_bmm": ((2, 3, 3), lambda L, x: L.einsum("bij,bjk->bik", x, x.flip(0))),
+    "einsum_sum": ((3, 4), lambda L, x: L.einsum("ij->", x)),
+    "einsum_rowdot": ((3, 4), lambda L, x: L.einsum("ij,ij->i", x, x.flip(1))),
+    "einsum_transpose": ((3, 4), lambda L, x: L.einsum("ij->ji", x)),
+    "einsum_chain": ((3, 3), lambda L, x: L.einsum("ij,jk,kl->il", x, x.tril(), x * 3)),
+    "einsum_implicit": ((2, 3, 4), lambda L, x: L.einsum("bij,bkj", x, x + 1)),
+    "einsum_list": ((3, 4), lambda L, x: L.einsum("ijk->j", [x.reshape(2, 3, 2)])),
 }
 
 
@@ -106,7 +128,7 @@ def test_values_grads_and_graph_match_torch(name, dtype, cpu_backend, torch):
 
 SECOND_ORDER = ["gather_dim1", "scatter_add", "index_select", "index_add", "cumsum1",
                 "cumprod", "cumprod_zeros", "var_dim", "std_all", "norm", "vector_norm_p3",
-                "flip", "masked_fill"]
+                "flip", "masked_fill", "sort", "topk", "tril", "roll", "repeat", "outer"]
 
 
 @pytest.mark.parametrize("name", SECOND_ORDER)
@@ -123,6 +145,32 @@ def test_second_derivatives_match_torch(name, cpu_backend, torch):
         results.append(np.zeros(data.shape) if gg is None else gg.detach().numpy())
     assert_close(results[0], results[1], terms=data.size ** 2,
                  scale=magnitude(results[1], data, 1.0) ** 3 + 1)
+
+
+def test_sort_indices_and_return_types(torch):
+    data = _input((3, 5), np.float64, seed=8)
+    for dim, desc in ((1, False), (0, True)):
+        s = sg.tensor(data).sort(dim, descending=desc)
+        t = torch.tensor(data).sort(dim, descending=desc)
+        assert np.array_equal(s.indices.numpy(), t.indices.numpy())
+        assert np.array_equal(sg.tensor(data).argsort(dim, descending=desc).numpy(),
+                              torch.tensor(data).argsort(dim, descending=desc).numpy())
+    s, t = sg.tensor(data).topk(2), torch.tensor(data).topk(2)
+    assert type(s).__name__ == type(t).__name__ == "topk"
+    assert np.array_equal(s.indices.numpy(), t.indices.numpy())
+    assert type(sg.tensor(data).sort()).__name__ == "sort"
+    with pytest.raises(RuntimeError, match="selected index k out of range"):
+        sg.tensor(data).topk(9)
+
+
+def test_einsum_outer_product_and_errors(torch):
+    data = _input((2, 3), np.float64, seed=9)
+    res = [L.einsum("i,j->ij", L.tensor(data[0]), L.tensor(data[1])) for L in (sg, torch)]
+    assert_close(res[0], res[1], terms=1)
+    with pytest.raises(NotImplementedError, match="ellipsis|broadcast"):
+        sg.einsum("...ij->...ji", sg.ones(2, 3))
+    with pytest.raises(NotImplementedError, match="repeated index"):
+        sg.einsum("ii->i", sg.ones(2, 2))
 
 
 def test_saved_operands_read_back_like_torch(torch):
@@ -186,7 +234,10 @@ def test_errors_have_torch_wording(k, torch):
                                   "scatter_add", "index_select", "index_add", "masked_fill",
                                   "take_along_dim", "cumsum1", "cumprod", "cumprod_zeros",
                                   "var_dim", "std_all", "norm", "norm_p1_dim",
-                                  "vector_norm_inf_dim", "vector_norm_p3", "flip_dims"])
+                                  "vector_norm_inf_dim", "vector_norm_p3", "flip_dims",
+                                  "sort", "topk", "triu_batched", "roll_dims", "roll_flat",
+                                  "repeat_new_dims", "outer", "einsum_chain",
+                                  "einsum_implicit"])
 def test_verify_exact(name):
     data = _input(CASES[name][0], np.float64, seed=4)
     x = sg.tensor(data, requires_grad=True)

@@ -14,10 +14,6 @@ NOT_PROVABLE = {
     "pow_tensor": "the rule builds a scalar tensor with where(); creation knows only cpu/cuda",
     "copy_slices": "the rule builds its boolean keep-mask as a cpu tensor",
     "index_put": "the rule builds its boolean keep-mask as a cpu tensor",
-    # -- tensor functions and normalisation (issue 21)
-    "native_layer_norm": "SymPy's simplify does not cancel the 1/sqrt(var + eps) terms of the "
-                         "normalised input; equal at the example point",
-    "native_batch_norm": "as native_layer_norm",
 }
 #: Ops with no example at all: device copies need a CUDA device to record.
 NO_EXAMPLE = {

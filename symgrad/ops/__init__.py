@@ -14,6 +14,7 @@ from . import (  # noqa: F401
                nn,
                norm,  # layer_norm, batch_norm, embedding (issue 21)
                reduce,
+               reorder,  # sort, topk, tril, triu, roll, repeat (issue 21)
                scan,  # cumsum, cumprod, flip (issue 21)
                shape,  # (registration)
                softmax,
