@@ -17,8 +17,6 @@ from any number of Python threads at once.
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import math
 import os
 import sys
@@ -27,17 +25,9 @@ import threading
 import time
 import types
 
+from ..._codefiles import import_text, writable
+
 __all__ = ["THREADING_LAYER", "twin"]
-
-
-def _writable(path: str) -> bool:
-    """Can files be created in ``path`` (made if missing)? Tried, not guessed from modes."""
-    try:
-        os.makedirs(path, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path):
-            return True
-    except OSError:
-        return False
 
 
 def _cache_dir_fallback() -> None:
@@ -45,12 +35,12 @@ def _cache_dir_fallback() -> None:
     if os.environ.get("NUMBA_CACHE_DIR"):
         return
     here = os.path.dirname(os.path.abspath(__file__))
-    if _writable(os.path.join(here, "__pycache__")):
+    if writable(os.path.join(here, "__pycache__")):
         return
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     for cand in (os.path.join(base, "symgrad", "numba"),
                  os.path.join(tempfile.gettempdir(), f"symgrad-numba-{os.getuid()}")):
-        if _writable(cand):
+        if writable(cand):
             os.environ["NUMBA_CACHE_DIR"] = cand
             return
 
@@ -378,24 +368,9 @@ def _generated():
     keyed by the source file, so ``cache=True`` works as for the hand-written loops. The
     file is named by a hash of its text (a changed stanza makes a new file)."""
     text, names, helpers = _generated_source()
-    digest = hashlib.sha1(text.encode()).hexdigest()[:16]
     base = os.environ.get("NUMBA_CACHE_DIR") or os.path.join(os.path.dirname(
         os.path.abspath(__file__)), "__pycache__")
-    folder = os.path.join(base, "symgrad_generated")
-    path = os.path.join(folder, f"elementwise_{digest}.py")
-    if not os.path.exists(path):
-        if not _writable(folder):
-            folder = tempfile.mkdtemp(prefix="symgrad-generated-")
-            path = os.path.join(folder, f"elementwise_{digest}.py")
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, path)  # atomic: concurrent processes write the same text
-    modname = f"symgrad.backends.cpu._elementwise_{digest}"
-    spec = importlib.util.spec_from_file_location(modname, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[modname] = mod
-    spec.loader.exec_module(mod)
+    mod = import_text(text, os.path.join(base, "symgrad_generated"), "elementwise")
     # the vocabulary as Numba compiles it: libm for the transcendentals, the Python helpers
     # of rules.py jitted (one definition for the size-1 path and the loops)
     for fname, fn in rules.PY_MATH.items():
