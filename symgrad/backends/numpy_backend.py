@@ -294,29 +294,6 @@ def saved_layout(op: str) -> list:
     return out
 
 
-def numpy_backward(op: str):
-    """``be.<op>_backward(grad, needed, *saved)``: the stanza's grads on whole arrays; the
-    engine sums broadcast gradients back to each input's shape afterwards."""
-    layout = saved_layout(op)
-    rules = {i: numpy_rule(op, i) for i, _, _ in layout}
-    n_inputs = len(OPS[op].inputs)
-
-    def kernel(grad, needed, *saved):
-        out = [None] * n_inputs
-        for i, reads, params in layout:
-            if needed[i]:
-                r = np.asarray(rules[i](grad, *(saved[k] for k in reads),
-                                        *(saved[k] for k in params)))
-                # bool factors (maximum's ``0.5 * (a == b)``) widen to float64 in NumPy:
-                # the gradient keeps the incoming one's dtype, as the tensor formulas do
-                out[i] = r if r.dtype == grad.dtype else r.astype(grad.dtype)
-        return tuple(out)
-
-    kernel.__name__ = op + "_backward"
-    kernel.__doc__ = f"Backward of {op} from its stanza's grads, on NumPy arrays (generated)."
-    return staticmethod(kernel)
-
-
 def numpy_inplace(kernel: str):
     """``be.<kernel>_(dst, src)``: ``dst = dst <op> src`` in place with no temporary, for
     a stanza whose forward is one arithmetic operator on its two inputs (``a + b``)."""

@@ -28,7 +28,6 @@ does not cover (broadcasting, mixed dtypes, integers) goes to NumPy or to the fo
 
 from __future__ import annotations
 
-import linecache
 import os
 import sys
 import threading
@@ -37,8 +36,9 @@ import numpy as np
 
 from ...ops import OPS
 from ...ops.elementwise import grad_mask_args, grad_mask_name, grad_masks
+from ...ops.scalar import define
 from ..base import column_major, fused_from_stanza, scalar_kernels
-from ..numpy_backend import NUMPY_MATH, NumpyBackend, numpy_backward, numpy_rule, saved_layout
+from ..numpy_backend import NUMPY_MATH, NumpyBackend, numpy_rule, saved_layout
 from . import rules
 
 __all__ = ["CpuBackend", "PARALLEL_MIN", "FUSED_MIN", "empty_pool", "load_kernels",
@@ -364,7 +364,6 @@ def _stanza_backward(op: str):
     spec = OPS[op]
     masks = {spec.saved.index(n) for n, t in zip(spec.inputs, spec.scalar.grads)
              if t is None and n in spec.saved}
-    np_kernel = numpy_backward(op).__func__
     loops = {}
     if rules.backward_loop(op):
         name_of = {**dict(zip(spec.scalar.inputs, spec.inputs)), "y": "result"}
@@ -374,21 +373,18 @@ def _stanza_backward(op: str):
                            [spec.saved.index(name_of[v]) for v in values],
                            [spec.saved.index(p) for p in ps])
 
-    def bulk(grad, needed, same, *saved):
-        """Past the checks, more than one element: Numba loops or NumPy rules."""
+    def loop(grad, needed, *saved):
+        """Same-shape operands from FUSED_MIN elements: the Numba pass for the needed
+        grads, or None (no loop for this rule, or a non-contiguous operand)."""
         mask = tuple(i for i, _, _ in layout if needed[i])
-        if not mask:
+        if mask not in loops or not all(saved[k].flags.c_contiguous for k in reads):
             return None
-        n = grad.size
-        if not same or n < FUSED_MIN or mask not in loops \
-                or not all(saved[k].flags.c_contiguous for k in reads):
-            return np_kernel(grad, needed, *saved)
         name, values, ps = loops[mask]
         g, sg = _grad(grad, grad)
         outs = [_empty(grad) for _ in mask]
         dt = grad.dtype
-        _run(name, n, g, *(_flat(saved[k]) for k in values), *(dt.type(saved[k]) for k in ps),
-             *(_flat(o) for o in outs), sg)
+        _run(name, grad.size, g, *(_flat(saved[k]) for k in values),
+             *(dt.type(saved[k]) for k in ps), *(_flat(o) for o in outs), sg)
         out = [None] * n_inputs
         for i, o in zip(mask, outs):
             out[i] = o
@@ -424,29 +420,28 @@ def _stanza_backward(op: str):
     has = {i for i, _, _ in layout}
     lines.append("        return (" + "".join(f"o{i}, " if i in has else "None, "
                                             for i in range(n_inputs)) + ")")
-    # small or broadcasting: the NumPy rules, unrolled too
-    lines.append("    if not same or grad.size < _mod.FUSED_MIN:")
+    lines += ["    if same and grad.size >= _mod.FUSED_MIN:",
+              f"        out = _loop(grad, needed, {', '.join(args)})",
+              "        if out is not None:",
+              "            return out"]
+    # small, broadcasting, or no loop: the NumPy rules, unrolled too
     for i, r, p in layout:
         call = ", ".join(["grad"] + [f"s{k}" for k in r] + [f"s{k}" for k in p])
-        lines += [f"        o{i} = _np{i}({call}) if needed[{i}] else None",
-                  f"        if o{i} is not None:",
-                  f"            if type(o{i}) is not _nd:",
-                  f"                o{i} = _np.asarray(o{i})",
-                  f"            if o{i}.dtype != grad.dtype:  # bool factors widen in NumPy",
-                  f"                o{i} = o{i}.astype(grad.dtype)"]
-    lines.append("        return (" + "".join(f"o{i}, " if i in has else "None, "
-                                            for i in range(n_inputs)) + ")")
-    lines.append(f"    return _bulk(grad, needed, same, {', '.join(args)})")
+        lines += [f"    o{i} = _np{i}({call}) if needed[{i}] else None",
+                  f"    if o{i} is not None:",
+                  f"        if type(o{i}) is not _nd:",
+                  f"            o{i} = _np.asarray(o{i})",
+                  f"        if o{i}.dtype != grad.dtype:  # bool factors widen in NumPy",
+                  f"            o{i} = o{i}.astype(grad.dtype)"]
+    lines.append("    return (" + "".join(f"o{i}, " if i in has else "None, "
+                                        for i in range(n_inputs)) + ")")
     namespace = {"_nd": np.ndarray, "_np": np, "_mod": sys.modules[__name__],
                  **{f"_np{i}": numpy_rule(op, i) for i in has},
                  "_FLOATS": _FLOATS, "_NUMBERS": (int, float, bool),
                  "_BOOL": np.dtype(np.bool_), "_broadcast_shape": _broadcast_shape,
-                 "_new": _new, "_bulk": bulk, **{f"_rule{i}": f for i, f in one.items()}}
-    src = "\n".join(lines) + "\n"
-    filename = f"<symgrad cpu {op}_backward>"
-    linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
-    exec(compile(src, filename, "exec"), namespace)  # noqa: S102 - generated from the stanza
-    kernel = namespace[op + "_backward"]
+                 "_new": _new, "_loop": loop, **{f"_rule{i}": f for i, f in one.items()}}
+    kernel = define("\n".join(lines) + "\n", f"<symgrad cpu {op}_backward>",
+                    namespace)[op + "_backward"]
     kernel.__doc__ = f"Fused backward of {op}: its stanza's grads in one pass (generated)."
     return staticmethod(kernel)
 

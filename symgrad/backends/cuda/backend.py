@@ -267,6 +267,9 @@ def _same(*arrays) -> bool:
                for a in arrays)
 
 
+_BOOL = np.dtype(np.bool_)
+
+
 def _stanza_kernel(kernel: str):
     """``be.<kernel>(*inputs, *params)`` from the op's stanza: one launch of the generated
     device function, in the dtype the op's ``dtype_rule`` gives (torch's promotion)."""
@@ -284,8 +287,10 @@ def _stanza_kernel(kernel: str):
             dt = dt if dt.kind == "f" else np.dtype(np.float64)
         elif rule == "promote_float" and dt.kind != "f":
             dt = np.dtype(np.float64)
-        out_dt = {"same": xs[0].dtype if _is_array(xs[0]) else dt,
-                  "bool": np.dtype(np.bool_), "bool_compare": np.dtype(np.bool_)}.get(rule, dt)
+        if rule == "same":
+            out_dt = xs[0].dtype if _is_array(xs[0]) else dt
+        else:
+            out_dt = _BOOL if rule in ("bool", "bool_compare") else dt
         fn = kernel
         if int_pow and dt.kind in "iu":
             if any(not _is_array(v) and v < 0 for v in xs[1:] + params):

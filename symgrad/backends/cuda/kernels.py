@@ -29,7 +29,7 @@ from ...ops.elementwise import (
     grad_masks,
     scalar_kernels,
 )
-from ...ops.scalar import build
+from ...ops.scalar import build, define
 
 __all__ = ["SIM", "stats", "elementwise", "reduce_rows", "arg_reduce_rows", "matmul",
            "gather", "scatter", "arange", "random", "error_flag", "softmax_rows_backward"]
@@ -195,9 +195,8 @@ def _backward_functions(op: str) -> None:
                           for i in mask)
         src = (f"def _{name}({', '.join(('g',) + values + params)}):\n"
                f"    return {calls}\n")  # one grad: a value; several: a tuple
-        namespace = {f"_r{i}": rules[i] for i in mask}
-        exec(compile(src, f"<symgrad cuda {name}>", "exec"), namespace)  # noqa: S102
-        FUNCS[name] = _device(namespace["_" + name])
+        fn = define(src, f"<symgrad cuda {name}>", {f"_r{i}": rules[i] for i in mask})
+        FUNCS[name] = _device(fn["_" + name])
 
 
 for _op in fused_from_stanza():
