@@ -16,6 +16,9 @@ import numpy as np
 from .. import _tensor_layer as _tl
 from ..backends import _BACKENDS, _DEVICE_DEFAULT, backend_for
 from ..dtypes import bool_, default_float, float64, int64, promote
+from ..memory import new_storage
+from ..ops.scalar import define
+from . import fast_apply as _fast_apply
 from .anomaly_mode import _anomaly
 from .grad_mode import _state, no_grad
 from .node import FREED_MESSAGE, Node, SavedTensor, _WrappedScalar, node_class_for
@@ -100,6 +103,36 @@ def apply(spec, inputs, params=None):
     """Run ``spec`` on ``inputs`` (tensors or Python scalars, in ``spec.inputs`` order)."""
     if _profiler is not None:
         return _profiler._record_op(spec, inputs, params)
+    fast = spec.__dict__.get("_fast", _UNBUILT)
+    if fast is _UNBUILT:
+        fast = _build_fast(spec)
+    if fast is not None:
+        return fast(inputs, params)
+    return _apply_general(spec, inputs, params)
+
+
+_UNBUILT = object()
+
+
+def _build_fast(spec):
+    """The op's straight-line apply (fast_apply.py), built on its first call."""
+    _T()
+    fast = spec.__dict__["_fast"] = _fast_apply.build(spec, {
+        "Tensor": _tensor_cls, "DT_OF": _DT_OF, "BACKENDS": _BACKENDS,
+        "DEVICE_DEFAULT": _DEVICE_DEFAULT, "ndarray": np.ndarray, "as_array": as_array,
+        "shape_error": _shape_error, "new": object.__new__, "new_storage": new_storage,
+        "state": _state,
+        "anomaly": _anomaly, "record": _record, "recording": _recording,
+        "node_cls": spec.__dict__.get("_node_cls") or _node_cls(spec)
+        if spec.grad_fn is not None else None,
+        "accumulator_of": accumulator_of, "NO_EDGE": _NO_EDGE, "wref": weakref.ref,
+        "make_saver": _saver,
+        "general": _apply_general})
+    return fast
+
+
+def _apply_general(spec, inputs, params):
+    """``apply`` for every call: promotion and casts, several outputs, views."""
     Tensor = _tensor_cls or _T()
     if params is None:
         params = {}
@@ -265,34 +298,52 @@ def _record(spec, inputs, params, outputs) -> None:
         from .anomaly_mode import forward_stack
 
         node.metadata["traceback_"] = forward_stack()
-    saved = {}
-    plans = spec.__dict__.get("_save_plans")
-    plan = plans.get(needs) if plans is not None else None
-    for name, how, j in plan if plan is not None else _save_plan(spec, needs):
-        if how is _PARAM:
-            saved[name] = params.get(name)
-        elif how is _INPUT:
-            x = inputs[j]
-            # an optional tensor input left out (layer_norm's weight=None) reads back None
-            saved[name] = SavedTensor(x, False) if isinstance(x, Tensor) else \
-                None if x is None else _WrappedScalar(x, _scalar_dtype(x))
-        elif how is _OUTPUT:
-            saved[name] = SavedTensor(outputs[j], True, j)
-        elif how is _UNUSED:
-            saved[name] = None  # no needed formula uses it: reads back as None, as in torch
-        elif how is _SIZES:
-            saved[name] = inputs[j]._data.shape
-        elif how is _STRIDES:
-            a = inputs[j]._data
-            saved[name] = tuple([s // a.itemsize for s in a.strides])
-        else:
-            saved[name] = _save(spec, name, inputs, params, outputs)
-    node._saved = saved
+    savers = spec.__dict__.get("_savers")
+    saver = savers.get(needs) if savers is not None else None
+    node._saved = (saver or _saver(spec, needs))(inputs, params, outputs)
     for k in range(n_diff):
         o = outputs[k]
         o._grad_fn = node
         o._output_nr = k
         o._requires_grad = True
+
+
+def _saver(spec, needs: int):
+    """``saver(inputs, params, outputs) -> dict`` of the op's saved operands when the
+    inputs in ``needs`` get a gradient: the save plan written out as one dict display."""
+    items = []
+    for name, how, j in _save_plan(spec, needs):
+        if how is _PARAM:
+            value = f"params.get({name!r})"
+        elif how is _INPUT:
+            value = (f"SavedTensor(inputs[{j}], False) if isinstance(inputs[{j}], Tensor) "
+                     f"else save_number(inputs[{j}])")
+        elif how is _OUTPUT:
+            value = f"SavedTensor(outputs[{j}], True, {j})"
+        elif how is _UNUSED:
+            value = "None"  # no needed formula uses it: reads back as None, as in torch
+        elif how is _SIZES:
+            value = f"inputs[{j}]._data.shape"
+        elif how is _STRIDES:
+            value = f"strides_of(inputs[{j}]._data)"
+        else:
+            value = f"save(spec, {name!r}, inputs, params, outputs)"
+        items.append(f"{name!r}: {value}")
+    src = "def saver(inputs, params, outputs):\n    return {" + ", ".join(items) + "}\n"
+    saver = define(src, f"<symgrad saver {spec.name} {needs}>", {
+        "spec": spec, "SavedTensor": SavedTensor, "Tensor": _T(), "save": _save,
+        "save_number": _save_number, "strides_of": _strides_of})["saver"]
+    spec.__dict__.setdefault("_savers", {})[needs] = saver
+    return saver
+
+
+def _save_number(x):
+    """An optional tensor input left out (layer_norm's weight=None) reads back None."""
+    return None if x is None else _WrappedScalar(x, _scalar_dtype(x))
+
+
+def _strides_of(a) -> tuple:
+    return tuple([s // a.itemsize for s in a.strides])
 
 
 def _node_cls(spec):
@@ -330,8 +381,7 @@ def _save_plan(spec, needs: int) -> tuple:
             steps.append((name, _OUTPUT, spec.outputs.index(name)))
         else:  # numel, outputs without gradient
             steps.append((name, _OTHER, -1))
-    plan = spec.__dict__.setdefault("_save_plans", {})[needs] = tuple(steps)
-    return plan
+    return tuple(steps)
 
 
 def _save(spec, name, inputs, params, outputs):

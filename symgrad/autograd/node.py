@@ -288,9 +288,19 @@ def _accumulator_of(t) -> AccumulateGrad:
     ref = t._accumulator
     acc = ref() if ref is not None else None
     if acc is None:
-        acc = AccumulateGrad(t)
-        t._accumulator = weakref.ref(acc)
+        # AccumulateGrad(t) written out (no __init__ call): with the graph that used it
+        # dropped, a leaf's accumulator is made again, every step and in every one-op graph
+        acc = _new_object(AccumulateGrad)
+        acc.next_functions = ()
+        acc._sequence_nr = 1 << 62
+        acc._metadata = acc._pre_hooks = acc._hooks = acc._tensor_hooks = acc._retained = None
+        acc.variable = t
+        t._accumulator = _weakref(acc)
     return acc
+
+
+_new_object = object.__new__
+_weakref = weakref.ref
 
 
 def _grad_edge(t):

@@ -63,6 +63,8 @@ def _forward(name: str, kernel: str, inputs: tuple[str, ...], defaults: dict,
         [P(n, P.POSITIONAL_OR_KEYWORD) for n in ("be",) + inputs]
         + [P(n, P.POSITIONAL_OR_KEYWORD, default=d) for n, d in defaults.items()])
     forward.__name__ = name
+    if not defaults and not unused:
+        forward.backend_kernel = kernel  # autograd's fast path calls be.<kernel> directly
     return forward
 
 

@@ -1,0 +1,190 @@
+"""The straight-line apply (symgrad/autograd/fast_apply.py) against the general one.
+
+Every eligible call must give the same tensor and the same node as ``_apply_general``:
+every Tensor slot, the node's edges, input/output metadata, params and saved operands, and
+the same gradients. Calls the straight line does not cover must reach the general path.
+"""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import numpy as np
+import pytest
+
+import symgrad as sg
+from symgrad.autograd import function as fn_mod
+from symgrad.autograd.record import record
+from symgrad.ops.registry import OPS
+
+TENSOR_SLOTS = ("_device", "_requires_grad", "_grad", "_output_nr", "_retains_grad",
+                "_backward_hooks", "name")
+NODE_SLOTS = ("_input_meta", "_out_meta", "_freed", "_params")
+
+
+def _inputs(kind: str, dtype):
+    a = sg.tensor([[0.5, -1.5, 2.0], [1.0, 0.25, -0.75]], dtype=dtype, requires_grad=True)
+    b = sg.tensor([[1.5, 0.5, -2.0], [0.5, 3.0, 1.25]], dtype=dtype)
+    if kind == "both_grad":
+        b.requires_grad_()
+    elif kind == "scalar":
+        b = 0.75
+    elif kind == "int_scalar":
+        b = 3
+    elif kind == "broadcast":
+        b = sg.tensor([1.5, 0.5, -2.0], dtype=dtype, requires_grad=True)
+    elif kind == "non_leaf":
+        a = a * 1.0
+    return a, b
+
+
+def _same_saved(x, y) -> None:
+    assert type(x) is type(y)
+    if isinstance(x, fn_mod.SavedTensor):
+        assert x._tensor is y._tensor or np.array_equal(x.data, y.data)
+        assert (x.output_nr, x.version) == (y.output_nr, y.version)
+    elif isinstance(x, fn_mod._WrappedScalar):
+        assert (x.value, x.dtype) == (y.value, y.dtype)
+    else:
+        assert x == y
+
+
+def _same_result(fast, slow) -> None:
+    assert type(fast) is type(slow)
+    assert fast.dtype == slow.dtype and fast.shape == slow.shape
+    np.testing.assert_array_equal(fast._data, slow._data)
+    for s in TENSOR_SLOTS:
+        assert getattr(fast, s) == getattr(slow, s), s
+    assert fast._storage.nbytes == slow._storage.nbytes
+    assert fast._storage.device_type == slow._storage.device_type
+    assert fast._storage is not slow._storage
+    nf, ns = fast.grad_fn, slow.grad_fn
+    assert type(nf) is type(ns)
+    if nf is None:
+        return
+    assert nf.next_functions == ns.next_functions
+    for s in NODE_SLOTS:
+        assert getattr(nf, s) == getattr(ns, s), s
+    assert [type(r) for r in nf._input_refs] == [type(r) for r in ns._input_refs]
+    assert nf._saved.keys() == ns._saved.keys()
+    for k in nf._saved:
+        _same_saved(nf._saved[k], ns._saved[k])
+
+
+CASES = [(op, kind) for op in ("add", "sub", "mul", "div", "maximum", "atan2", "hypot")
+         for kind in ("tensor", "both_grad", "broadcast", "non_leaf")] \
+    + [(op, kind) for op in ("add", "sub", "mul", "div") for kind in ("scalar", "int_scalar")] \
+    + [(op, "unary") for op in ("tanh", "exp", "sigmoid", "relu", "abs", "sqrt", "neg", "silu")]
+
+
+@pytest.mark.parametrize("dtype", [sg.float32, sg.float64])
+@pytest.mark.parametrize(("op", "kind"), CASES)
+def test_fast_and_general_paths_make_the_same_tensor_and_node(op, kind, dtype):
+    spec = OPS[op]
+    a, b = _inputs("tensor" if kind == "unary" else kind, dtype)
+    inputs = (a,) if kind == "unary" else (a, b)
+    params = {"alpha": 1} if op in ("add", "sub") else None
+    fast = fn_mod.apply(spec, inputs, None if params is None else dict(params))
+    assert spec.__dict__.get("_fast") is not None, "the op should have a straight line"
+    slow = fn_mod._apply_general(spec, inputs, {} if params is None else dict(params))
+    _same_result(fast, slow)
+    # and the same gradients through either node
+    g = sg.ones_like(fast) * 0.5
+    leaves = [x for x in inputs if isinstance(x, sg.Tensor) and x.is_leaf and x.requires_grad]
+    gf = sg.autograd.grad(fast, leaves, g, retain_graph=True)
+    gs = sg.autograd.grad(slow, leaves, g)
+    for x, y in zip(gf, gs):
+        np.testing.assert_array_equal(x._data, y._data)
+
+
+def _general_calls(monkeypatch) -> list:
+    calls = []
+    real = fn_mod._apply_general
+
+    def counted(spec, inputs, params):
+        calls.append(spec.name)
+        return real(spec, inputs, params)
+
+    monkeypatch.setattr(fn_mod, "_apply_general", counted)
+    for spec in OPS.values():  # rebuild the straight lines around the counted general path
+        spec.__dict__.pop("_fast", None)
+    return calls
+
+
+def test_common_calls_never_reach_the_general_path(monkeypatch):
+    calls = _general_calls(monkeypatch)
+    a = sg.randn(4, 3, requires_grad=True)
+    b = sg.randn(4, 3)
+    ((a + b) * 2.0 - a.tanh() / (b.exp() + 1)).relu()
+    assert calls == []
+    monkeypatch.undo()
+    for spec in OPS.values():
+        spec.__dict__.pop("_fast", None)
+
+
+@pytest.mark.parametrize("call", [
+    lambda a, i: a + i,                  # int64 tensor: promotion
+    lambda a, i: i + i,                  # integer result
+    lambda a, i: a + a.double(),         # mixed float dtypes
+    lambda a, i: a + True,               # a bool number
+])
+def test_unusual_calls_take_the_general_path_and_match_torch_results(monkeypatch, call):
+    calls = _general_calls(monkeypatch)
+    a = sg.tensor([1.0, -2.0, 3.0], requires_grad=True)
+    i = sg.tensor([1, 2, 3])
+    out = call(a, i)
+    assert calls, "expected the general path"
+    torch = pytest.importorskip("torch", reason="torch 2.13 is the test oracle")
+    ta = torch.tensor([1.0, -2.0, 3.0], requires_grad=True)
+    ti = torch.tensor([1, 2, 3])
+    ref = call(ta, ti)
+    assert str(out.dtype).split(".")[-1] == str(ref.dtype).split(".")[-1]
+    np.testing.assert_array_equal(out.detach().numpy(), ref.detach().numpy())
+    monkeypatch.undo()
+    for spec in OPS.values():
+        spec.__dict__.pop("_fast", None)
+
+
+def test_device_mismatch_is_reported_as_torch_does():
+    a = sg.ones(3)
+    b = sg.ones(3)
+    b._device = sg.device("cuda")  # only the check is exercised: no kernel runs
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        a + b
+
+
+def test_graph_of_fast_path_ops_is_freed_without_gc():
+    gc.disable()
+    try:
+        a = sg.randn(5, requires_grad=True)
+        y = (a * 2.0 + a).tanh()
+        node = weakref.ref(y.grad_fn)
+        acc = weakref.ref(y.grad_fn.next_functions[0][0].next_functions[0][0])
+        del y
+        assert node() is None
+        assert acc() is None
+    finally:
+        gc.enable()
+
+
+def test_record_mode_and_anomaly_mode_keep_their_behaviour():
+    a = sg.randn(3, requires_grad=True)
+    with record():
+        y = a * 3.0
+    assert y.grad_fn._input_refs[0] is a  # strong under record()
+    z = a * 3.0
+    assert z.grad_fn._input_refs[0]() is a  # weak otherwise
+    with sg.autograd.detect_anomaly():
+        w = a * 3.0
+    assert "traceback_" in w.grad_fn.metadata
+    assert "traceback_" not in z.grad_fn.metadata
+
+
+def test_a_replaced_forward_is_used_by_the_fast_path(monkeypatch):
+    spec = OPS["mul"]
+    a = sg.tensor([1.0, 2.0])
+    monkeypatch.setattr(spec, "forward", lambda be, x, y: be.add(x, y))
+    assert (a * a).tolist() == [2.0, 4.0]
+    monkeypatch.undo()
+    assert (a * a).tolist() == [1.0, 4.0]
