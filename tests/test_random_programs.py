@@ -34,12 +34,6 @@ NOT_DRAWN_HERE |= {"uniform_", "normal_", "random_", "random_to_", "random_from_
 # binary_cross_entropy raises unless its input is within [0, 1], which a pool holding nan
 # cannot promise; tests/test_losses_api.py compares it with torch (graph, values, grads).
 NOT_DRAWN_HERE |= {"binary_cross_entropy"}
-# -- tensor functions and normalisation (issue 21): index tensors and dims need matching
-# shapes; tests/test_tensor_functions.py and tests/test_norm_layers.py compare with torch.
-NOT_DRAWN_HERE |= {"gather", "scatter", "scatter_value", "scatter_add", "index_select",
-                   "index_add", "cumsum", "cumprod", "flip", "var", "std",
-                   "linalg_vector_norm", "native_layer_norm", "native_batch_norm", "embedding",
-                   "sort", "topk", "tril", "triu", "roll", "repeat"}
 
 
 class Builder:
@@ -654,6 +648,208 @@ def _gen_pool(name):
             size = (b.draw(st.integers(1, h)), b.draw(st.integers(1, w)))
             b.op(name, lambda L, P: L.nn.functional.adaptive_avg_pool2d(P[i], size))
     return gen
+
+
+# -- tensor functions and normalisation (issue 21)
+# Index tensors are drawn to fit the pool tensor's shape. Ops whose gradient routes by
+# order (sort, topk, the inf-norm) or divides by a value that a pool tensor may hold
+# exactly (std by 0 spread, cumprod by 0) read a fresh leaf: uniform draws have no ties
+# and no zeros, so the torch comparison is not about which of two equal elements wins.
+def _ints(b, high, shape):
+    return np.asarray([b.draw(st.integers(0, high - 1)) for _ in range(int(np.prod(shape)))],
+                      dtype=np.int64).reshape(shape)
+
+
+def _pick_nonempty(b, min_ndim=1):
+    return b.pick(lambda t: t.ndim >= min_ndim and 0 not in t.shape,
+                  make=lambda: (2, 3) if min_ndim <= 2 else (2, 2, 3))
+
+
+def _fresh(b, min_ndim=1):
+    rank = b.draw(st.integers(min_ndim, 3))
+    return b.leaf(tuple(b.draw(st.integers(1, 3)) for _ in range(rank)))
+
+
+def _gen_gather(b):
+    i = _pick_nonempty(b)
+    t = b.shadow[i]
+    d = b.dim(t)
+    shape = tuple(b.draw(st.integers(1, s)) for s in t.shape)
+    idx = _ints(b, t.shape[d], shape)
+    b.op("gather", lambda L, P: P[i].gather(d, L.tensor(idx)))
+
+
+def _perm_index(b, shape, d):
+    """A scatter index with no repeats along ``d`` (torch leaves the winner unspecified)."""
+    rng = np.random.default_rng(b.draw(st.integers(0, 1000)))
+    base = np.argsort(rng.uniform(size=shape), axis=d)
+    return np.ascontiguousarray(base.astype(np.int64))
+
+
+def _gen_scatter(name):
+    def gen(b):
+        i = _pick_nonempty(b)
+        t = b.shadow[i]
+        d = b.dim(t)
+        if name == "scatter":
+            idx = _perm_index(b, tuple(t.shape), d % t.ndim)
+            j = b.leaf(tuple(t.shape))
+            b.op(name, lambda L, P: P[i].scatter(d, L.tensor(idx), P[j]))
+            return
+        shape = tuple(b.draw(st.integers(1, s)) for s in t.shape)
+        idx = _ints(b, t.shape[d], shape)
+        if name == "scatter_value":
+            v = b.draw(st.sampled_from([0.5, -2.0]))
+            b.op(name, lambda L, P: P[i].scatter(d, L.tensor(idx), v))
+        else:
+            j = b.leaf(shape)
+            b.op(name, lambda L, P: P[i].scatter_add(d, L.tensor(idx), P[j]))
+    return gen
+
+
+def _gen_index_select(b):
+    i = _pick_nonempty(b)
+    t = b.shadow[i]
+    d = b.dim(t)
+    idx = _ints(b, t.shape[d], (b.draw(st.integers(1, 4)),))
+    b.op("index_select", lambda L, P: P[i].index_select(d, L.tensor(idx)))
+
+
+def _gen_index_add(b):
+    i = _pick_nonempty(b)
+    t = b.shadow[i]
+    d = b.dim(t)
+    n = b.draw(st.integers(1, 4))
+    idx = _ints(b, t.shape[d], (n,))
+    shape = list(t.shape)
+    shape[d] = n
+    j = b.leaf(tuple(shape))
+    alpha = b.draw(st.sampled_from([1, 0.5]))
+    b.op("index_add", lambda L, P: P[i].index_add(d, L.tensor(idx), P[j], alpha=alpha))
+
+
+def _gen_scan(name):
+    def gen(b):
+        i = _fresh(b) if name == "cumprod" else _pick_nonempty(b)
+        d = b.dim(b.shadow[i])
+        b.op(name, lambda L, P: getattr(P[i], name)(d))
+    return gen
+
+
+def _gen_var_std(name):
+    def gen(b):
+        i = _fresh(b) if name == "std" else _pick_nonempty(b)
+        t = b.shadow[i]
+        d = b.dim(t)
+        correction = b.draw(st.sampled_from([0, 1])) if t.shape[d] > 1 else 0
+        keep = b.draw(st.booleans())
+        b.op(name, lambda L, P: getattr(P[i], name)(d, correction=correction, keepdim=keep))
+    return gen
+
+
+def _gen_vector_norm(b):
+    i = _fresh(b)
+    t = b.shadow[i]
+    order = b.draw(st.sampled_from([2, 1, 3, float("inf")]))
+    d = b.draw(st.sampled_from([None, b.dim(t)]))
+    b.op("linalg_vector_norm", lambda L, P: L.linalg.vector_norm(P[i], order, dim=d))
+
+
+def _gen_layer_norm(b):
+    i = _pick_nonempty(b)
+    t = b.shadow[i]
+    k = b.draw(st.integers(1, t.ndim))
+    shape = tuple(t.shape[-k:])
+    w = b.leaf(shape) if b.draw(st.booleans()) else None
+    bias = b.leaf(shape) if b.draw(st.booleans()) else None
+    b.op("native_layer_norm", lambda L, P: L.nn.functional.layer_norm(
+        P[i], shape, None if w is None else P[w], None if bias is None else P[bias]))
+
+
+def _gen_batch_norm(b):
+    i = b.pick(lambda t: t.ndim >= 2 and 0 not in t.shape and t.numel() > t.shape[1],
+               make=lambda: (3, 2))
+    c = b.shadow[i].shape[1]
+    w = b.leaf((c,)) if b.draw(st.booleans()) else None
+    bias = b.leaf((c,)) if b.draw(st.booleans()) else None
+    b.op("native_batch_norm", lambda L, P: L.nn.functional.batch_norm(
+        P[i], None, None, None if w is None else P[w], None if bias is None else P[bias],
+        training=True))
+
+
+def _gen_embedding(b):
+    i = b.pick(lambda t: t.ndim == 2 and 0 not in t.shape, make=lambda: (4, 3))
+    n = b.shadow[i].shape[0]
+    idx = _ints(b, n, (b.draw(st.integers(1, 3)), b.draw(st.integers(1, 3))))
+    b.op("embedding", lambda L, P: L.nn.functional.embedding(L.tensor(idx), P[i]))
+
+
+def _gen_sort(b):
+    i = _fresh(b)
+    d = b.dim(b.shadow[i])
+    desc = b.draw(st.booleans())
+    b.op("sort", lambda L, P: P[i].sort(d, descending=desc)[0])
+
+
+def _gen_topk(b):
+    i = _fresh(b)
+    t = b.shadow[i]
+    d = b.dim(t)
+    k = b.draw(st.integers(1, t.shape[d]))
+    largest = b.draw(st.booleans())
+    b.op("topk", lambda L, P: P[i].topk(k, d, largest=largest)[0])
+
+
+def _gen_triangle(name):
+    def gen(b):
+        i = b.pick(lambda t: t.ndim >= 2, make=lambda: (3, 3))
+        k = b.draw(st.integers(-1, 1))
+        b.op(name, lambda L, P: getattr(P[i], name)(k))
+    return gen
+
+
+def _gen_flip(b):
+    i = _pick_nonempty(b)
+    t = b.shadow[i]
+    dims = sorted({d % t.ndim for d in [b.dim(t) for _ in range(b.draw(st.integers(1, 2)))]})
+    b.op("flip", lambda L, P: P[i].flip(dims))
+
+
+def _gen_roll(b):
+    i = _pick_nonempty(b)
+    t = b.shadow[i]
+    d = b.draw(st.sampled_from([None, b.dim(t)]))
+    shift = b.draw(st.integers(-3, 3))
+    b.op("roll", lambda L, P: P[i].roll(shift, d))
+
+
+def _gen_repeat(b):
+    i = b.pick()
+    t = b.shadow[i]
+    reps = tuple(b.draw(st.integers(1, 2)) for _ in range(t.ndim + b.draw(st.integers(0, 1))))
+    b.op("repeat", lambda L, P: P[i].repeat(*reps) if reps else P[i].repeat(()))
+
+
+GENERATORS.update({
+    "gather": _gen_gather, "index_select": _gen_index_select, "index_add": _gen_index_add,
+    **{n: _gen_scatter(n) for n in ("scatter", "scatter_value", "scatter_add")},
+    "cumsum": _gen_scan("cumsum"), "cumprod": _gen_scan("cumprod"),
+    "var": _gen_var_std("var"), "std": _gen_var_std("std"),
+    "linalg_vector_norm": _gen_vector_norm, "native_layer_norm": _gen_layer_norm,
+    "native_batch_norm": _gen_batch_norm, "embedding": _gen_embedding,
+    "sort": _gen_sort, "topk": _gen_topk, "tril": _gen_triangle("tril"),
+    "triu": _gen_triangle("triu"), "flip": _gen_flip, "roll": _gen_roll,
+    "repeat": _gen_repeat,
+})
+TENSOR_FUNCTION_OPS = ["gather", "index_select", "index_add", "scatter", "scatter_value",
+                       "scatter_add", "cumsum", "cumprod", "var", "std", "linalg_vector_norm",
+                       "native_layer_norm", "native_batch_norm", "embedding", "sort", "topk",
+                       "tril", "triu", "flip", "roll", "repeat"]
+
+
+@pytest.mark.parametrize("name", TENSOR_FUNCTION_OPS)
+def test_each_tensor_function_generator_alone_matches_torch(name):
+    test_each_generator_alone_matches_torch(name)
 
 
 GENERATORS.update({

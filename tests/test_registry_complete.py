@@ -61,14 +61,6 @@ PARITY_ELSEWHERE = {
     "uniform_": _INIT, "normal_": _INIT, "random_": _INIT, "random_to_": _INIT,
     "random_from_to_": _INIT, "bernoulli_": _INIT, "bernoulli_tensor_": _INIT,
     "exponential_": _INIT, "log_normal_": _INIT, "cauchy_": _INIT, "geometric_": _INIT,
-    # -- tensor functions and normalisation (issue 21)
-    **{op: "test_tensor_functions.py::test_values_grads_and_graph_match_torch"
-       for op in ("gather", "scatter", "scatter_value", "scatter_add", "index_select",
-                  "index_add", "cumsum", "cumprod", "flip", "var", "std",
-                  "linalg_vector_norm", "sort", "topk", "tril", "triu", "roll", "repeat")},
-    "native_layer_norm": "test_norm_layers.py::test_functional_matches_torch",
-    "native_batch_norm": "test_norm_layers.py::test_functional_matches_torch",
-    "embedding": "test_norm_layers.py::test_embedding_matches_torch",
 }
 
 #: (op, facet) gaps known today, with the reason. Keep it short; it may only shrink.
