@@ -48,8 +48,19 @@ register(OpSpec(
     "dot", "DotBackward0", ("self", "tensor"), lambda be, self, tensor: be.matmul(self, tensor),
     {"self": lambda grad, tensor: grad * tensor, "tensor": lambda grad, self: grad * self},
     STRUCTURAL, dtype_rule="same_required"))
+def _bmm_tex(names, out, params, shapes):
+    """``y[b,i,j] = Σ_{k<K} A[b,i,k]·B[b,k,j]`` (attention's scores and weighted values)."""
+    a, m = names["self"], names["mat2"]
+    inner = shapes.get("self")
+    k = rf"k<{inner[-1]}" if inner else "k"
+    forward = (rf"{out}[b,i,j] = \sum_{{{k}}} {a}[b,i,k]\,{m}[b,k,j]")
+    vjp = (rf"\bar{{{a}}}[b] = \bar{{{out}}}[b]\,{m}[b]^{{\top}},\quad "
+           rf"\bar{{{m}}}[b] = {a}[b]^{{\top}}\bar{{{out}}}[b]")
+    return forward, vjp
+
+
 register(OpSpec(
     "bmm", "BmmBackward0", ("self", "mat2"), lambda be, self, mat2: be.matmul(self, mat2),
     {"self": lambda grad, mat2: grad.bmm(mat2.transpose(1, 2)),
      "mat2": lambda grad, self: self.transpose(1, 2).bmm(grad)},
-    STRUCTURAL, dtype_rule="same_required"))
+    STRUCTURAL, dtype_rule="same_required", formula_tex=_bmm_tex))
