@@ -1,5 +1,5 @@
-"""numba.cuda kernels: elementwise (n-ary, fused backward), reductions, matmul, gather/scatter,
-fill, arange and random numbers.
+"""numba.cuda kernels: elementwise (n-ary, fused backward), reductions, scans and sorts along
+a dim, matmul, gather/scatter, fill, arange and random numbers.
 
 Every kernel reads its operands from flat 1-D device buffers through an element offset and
 per-dim element strides (a view is just different offset/strides), so transposes,
@@ -32,7 +32,8 @@ from ...ops.elementwise import (
 from ...ops.scalar import build, define
 
 __all__ = ["SIM", "stats", "elementwise", "reduce_rows", "arg_reduce_rows", "matmul",
-           "gather", "scatter", "arange", "random", "error_flag", "softmax_rows_backward"]
+           "gather", "scatter", "arange", "random", "error_flag", "softmax_rows_backward",
+           "scan_rows", "sort_rows", "SORT_MAX"]
 
 SIM = bool(config.ENABLE_CUDASIM)
 
@@ -534,6 +535,153 @@ def softmax_rows_backward(log: bool, out, okst, orr, g, go, gkst, gr, y, yo, yks
         kernel = _SMB_CACHE[key] = _build_softmax_rows_backward(dt, log)
     launch(kernel, min(rows, RED_MAX_BLOCKS), RED_TPB, out, okst, orr, g, go, gkst, gr, y,
            yo, ykst, yr, kshape, rows, K)
+
+
+# -- scans (cumsum / cumprod) and sorts along one dim ------------------------------------------
+#: Rows up to this long are sorted on the device (one block per row, in shared memory);
+#: longer ones are sorted on the host by the backend (see ``CudaBackend.sort``).
+SORT_MAX = 1024
+SORT_TPB = 8 if SIM else 512  # at most SORT_MAX // 2: one thread per compared pair
+SCAN_TPB = EW_TPB
+
+_SCAN_CACHE: dict = {}
+_SORT_CACHE: dict = {}
+
+
+def _build_scan(dt: np.dtype, prod: bool):
+    def kernel(out, okst, orr, a, ao, akst, ar, kshape, rows, K):
+        row = cuda.grid(1)
+        while row < rows:
+            ab = ao + _off(row, kshape, akst)
+            ob = _off(row, kshape, okst)
+            acc = a[ab]
+            out[ob] = acc
+            for k in range(1, K):  # in order, as NumPy's accumulate: the same rounding
+                if prod:
+                    acc = acc * a[ab + k * ar]
+                else:
+                    acc = acc + a[ab + k * ar]
+                out[ob + k * orr] = acc
+            row += cuda.gridsize(1)
+
+    kernel.__name__ = f"{'cumprod' if prod else 'cumsum'}_rows_{dt.name}"
+    return _jit(kernel)
+
+
+def scan_rows(prod: bool, out, okst, orr, a, ao, akst, ar, kshape, rows, K) -> None:
+    """``out`` = the running sum (or product) of ``a`` along one dim of length ``K``, one
+    thread per row; ``*kst``: each operand's strides over the ``kshape`` kept dims (``rows``
+    = their product), ``ar``/``orr``: the strides along the scanned dim."""
+    if rows == 0 or K == 0:
+        return
+    dt = np.dtype(out.dtype)
+    key = (dt, prod)
+    kernel = _SCAN_CACHE.get(key)
+    if kernel is None:
+        kernel = _SCAN_CACHE[key] = _build_scan(dt, prod)
+    launch(kernel, _grid(rows, SCAN_TPB, EW_MAX_BLOCKS), SCAN_TPB, out, okst, orr, a, ao, akst,
+           ar, kshape, rows, K)
+
+
+def _build_sort(dt: np.dtype, descending: bool):
+    V = _numba_type(dt)
+    I64 = _numba_type(np.int64)
+    N = SORT_MAX
+
+    def first(v, i, w, j, K):
+        """Does (v at position i) come before (w at j)? Positions >= K are padding (last);
+        NaN is the largest value; equal values keep their positions' order (stable)."""
+        if i >= K:
+            return False
+        if j >= K:
+            return True
+        vn = v != v
+        wn = w != w
+        if vn or wn:
+            if vn and wn:
+                return i < j
+            return vn if descending else wn
+        if v == w:
+            return i < j
+        if descending:
+            return v > w
+        return v < w
+
+    first_d = _device(first)
+
+    def kernel(vals, idxs, okst, orr, a, ao, akst, ar, kshape, rows, K, P):
+        keys = cuda.shared.array(N, V)
+        pos = cuda.shared.array(N, I64)
+        t = cuda.threadIdx.x
+        nt = cuda.blockDim.x
+        row = cuda.blockIdx.x
+        while row < rows:
+            ab = ao + _off(row, kshape, akst)
+            e = t
+            while e < P:
+                if e < K:
+                    keys[e] = a[ab + e * ar]
+                pos[e] = e
+                e += nt
+            cuda.syncthreads()
+            # bitonic network over P = 2^m slots, on (value, position) pairs: a total order,
+            # so the result is the stable sort whatever the network's pairing
+            k = 2
+            while k <= P:
+                j = k // 2
+                while j > 0:
+                    e = t
+                    while e < P:
+                        q = e ^ j
+                        if q > e:
+                            if (e & k) == 0:
+                                swap = first_d(keys[q], pos[q], keys[e], pos[e], K)
+                            else:
+                                swap = first_d(keys[e], pos[e], keys[q], pos[q], K)
+                            if swap:
+                                kv = keys[e]
+                                keys[e] = keys[q]
+                                keys[q] = kv
+                                kp = pos[e]
+                                pos[e] = pos[q]
+                                pos[q] = kp
+                        e += nt
+                    cuda.syncthreads()
+                    j //= 2
+                k *= 2
+            ob = _off(row, kshape, okst)
+            e = t
+            while e < K:
+                vals[ob + e * orr] = keys[e]
+                idxs[ob + e * orr] = pos[e]
+                e += nt
+            cuda.syncthreads()  # every thread has written before the next row is loaded
+            row += cuda.gridDim.x
+
+    kernel.__name__ = f"sort_rows_{dt.name}{'_desc' if descending else ''}"
+    return _jit(kernel)
+
+
+def sort_rows(descending: bool, vals, idxs, okst, orr, a, ao, akst, ar, kshape, rows,
+              K) -> None:
+    """Stable sort of each row of ``a`` along one dim of length ``K <= SORT_MAX`` (NaN
+    largest, ties in their original order in both directions, as NumPy's stable argsort
+    and torch's ``stable=True``): values into ``vals``, int64 positions into ``idxs``.
+    One block per row, a bitonic network in shared memory. Strides as :func:`scan_rows`."""
+    if rows == 0 or K == 0:
+        return
+    if K > SORT_MAX:
+        raise ValueError(f"sort_rows sorts rows of at most {SORT_MAX} elements, got {K}")
+    dt = np.dtype(a.dtype)
+    key = (dt, bool(descending))
+    kernel = _SORT_CACHE.get(key)
+    if kernel is None:
+        kernel = _SORT_CACHE[key] = _build_sort(dt, bool(descending))
+    P = 1
+    while P < K:
+        P *= 2
+    launch(kernel, min(rows, RED_MAX_BLOCKS), max(1, min(P // 2, SORT_TPB)), vals, idxs, okst,
+           orr, a, ao, akst, ar, kshape, rows, K, P)
 
 
 # -- matmul: shared-memory tiles, a register block per thread, batched over grid z ----------
