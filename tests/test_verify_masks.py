@@ -270,3 +270,20 @@ def test_a_nan_input_behind_a_finite_gradient_is_still_reported(mode):
     assert all(r.status in ("ok", "not checked") for r in rep.leaves), str(rep)  # finite
     assert any(n.startswith("non-finite value: input t1 holds nan at [1]")
                for n in rep.notes), rep.notes
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_nan_number_operand_is_reported_even_where_it_is_selected_away(mode):
+    """masked_fill(mask, nan) then where(mask, 0, .): root and gradients are finite, but a
+    nan entered the graph as a number, which is reported as it is for a nan input."""
+    w = _qkv(35, (3,))[0]
+    mask = sg.tensor([False, True, False])
+    with sg.record():
+        root = sg.where(mask, sg.zeros(3, dtype=sg.float64),
+                        w.masked_fill(mask, float("nan"))).sum()
+    assert np.isfinite(root.item())
+    rep = sg.verify(root, mode=mode)
+    assert not rep.ok and rep.status == "non-finite", str(rep)
+    assert all(r.status in ("ok", "not checked") for r in rep.leaves), str(rep)
+    assert any(n.startswith("non-finite value: the number nan is an operand of "
+                            "MaskedFillBackward0") for n in rep.notes), rep.notes

@@ -684,9 +684,14 @@ def _forward_nonfinite(graph) -> tuple[str, str, str]:
             outs = [graph.value_of(("node", g.index, nr)) for nr in range(len(g.out_shapes))]
         except Exception:  # noqa: BLE001  (no recorded value: nothing to say)
             continue
-        numbers = list(ins) + [v for v in g.params.values()
-                               if isinstance(v, (float, np.floating))]
-        in_hits = [h for h in map(_first_nonfinite, numbers) if h is not None]
+        # Python numbers (scalar operands, float params) enter here, not at a leaf
+        numbers = [v for r, v in zip(g.inputs, ins) if r[0] == "scalar"]
+        numbers += [v for v in g.params.values() if isinstance(v, (float, np.floating))]
+        for v in numbers:
+            if isinstance(v, (float, np.floating)) and np.isnan(v):
+                return (f"the number nan is an operand of {g.name}", inf_made,
+                        inf_any or f"the number nan is an operand of {g.name}")
+        in_hits = [h for h in map(_first_nonfinite, list(ins) + numbers) if h is not None]
         in_nan = any(np.isnan(h[0]) for h in in_hits)
         for out in outs:
             hit = _first_nonfinite(out)
