@@ -11,10 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["FormulaTex", "window_index", "index", "ints", "dim_of", "bounds"]
-
-#: what ``OpSpec.formula_tex`` returns: (forward, vector-Jacobian products or None)
-FormulaTex = tuple[str, "str | None"]
+__all__ = ["window_index", "index", "ints", "dim_of", "bounds", "OUT_VARS", "TAP_VARS"]
 
 #: index letters of the output positions and of the kernel taps, per spatial dim
 OUT_VARS = ("i", "j", "l")
