@@ -4,9 +4,9 @@ A tensor's data on "cuda" is a :class:`CudaArray`: a block of device memory from
 allocator plus (shape, element strides, element offset), so views (reshape, transpose,
 expand, basic indexing) share the block and cost no bytes and no launch. Every op runs
 as one or more kernel launches from ``kernels.py`` with no host copy; the only transfers
-are ``from_host``/``to_host`` (``Tensor.to``), reading a scalar (``item``), and the
+are ``from_host``/``to_host`` (``Tensor.to``), reading a scalar (``item``), the
 host-side bounds checks the indexing layer performs on index tensors (as PyTorch syncs
-for boolean masks).
+for boolean masks), and ``sort`` of rows longer than ``kernels.SORT_MAX`` (1024) elements.
 """
 
 from __future__ import annotations
