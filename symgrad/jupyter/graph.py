@@ -203,62 +203,6 @@ def latex_name(name: str) -> str:
     return r"\text{" + "".join(_LATEX_SPECIAL.get(c, c) for c in name) + "}"
 
 
-#: Structural ops (no scalar SymPy meaning) that define no ``formula_tex`` of their own:
-#: the forward and the vector-Jacobian product as LaTeX templates; ``{y}`` is the output,
-#: ``{0}``, ``{1}`` ... the inputs, and ``\bar{v}`` the gradient flowing into v (what the
-#: backward computes). Ops whose line needs their parameters (convolution, pooling, bmm,
-#: softmax ...) define ``OpSpec.formula_tex`` next to their forward instead.
-_STRUCTURAL_TEX: dict[str, tuple[str, str]] = {
-    "mm": ("{y} = {0}\\,{1}",
-           "\\bar{{{0}}} = \\bar{{{y}}}\\,{1}^{{\\top}},\\quad "
-           "\\bar{{{1}}} = {0}^{{\\top}}\\bar{{{y}}}"),
-    "mv": ("{y} = {0}\\,{1}",
-           "\\bar{{{0}}} = \\bar{{{y}}}\\,{1}^{{\\top}},\\quad "
-           "\\bar{{{1}}} = {0}^{{\\top}}\\bar{{{y}}}"),
-    "dot": ("{y} = {0}\\cdot {1}",
-            "\\bar{{{0}}} = \\bar{{{y}}}\\,{1},\\quad \\bar{{{1}}} = \\bar{{{y}}}\\,{0}"),
-    "addmm": ("{y} = {0} + {1}\\,{2}",
-              "\\bar{{{0}}} = \\bar{{{y}}},\\quad \\bar{{{1}}} = \\bar{{{y}}}\\,"
-              "{2}^{{\\top}},\\quad \\bar{{{2}}} = {1}^{{\\top}}\\bar{{{y}}}"),
-    "sum": ("{y} = \\sum_i {0}_i", "\\bar{{{0}}}_i = \\bar{{{y}}}"),
-    "sum_dim": ("{y} = \\sum_{{i \\in \\mathrm{{dim}}}} {0}_i",
-                "\\bar{{{0}}} = \\operatorname{{expand}}(\\bar{{{y}}})"),
-    "mean": ("{y} = \\frac{{1}}{{n}}\\sum_i {0}_i", "\\bar{{{0}}}_i = \\bar{{{y}}} / n"),
-    "mean_dim": ("{y} = \\operatorname{{mean}}_{{\\mathrm{{dim}}}}({0})",
-                 "\\bar{{{0}}} = \\operatorname{{expand}}(\\bar{{{y}}}) / n"),
-    "t": ("{y} = {0}^{{\\top}}", "\\bar{{{0}}} = \\bar{{{y}}}^{{\\top}}"),
-    "transpose": ("{y} = {0}^{{\\top}}", "\\bar{{{0}}} = \\bar{{{y}}}^{{\\top}}"),
-    "permute": ("{y} = \\operatorname{{permute}}({0})",
-                "\\bar{{{0}}} = \\operatorname{{permute}}^{{-1}}(\\bar{{{y}}})"),
-    "expand": ("{y} = \\operatorname{{expand}}({0})",
-               "\\bar{{{0}}} = \\textstyle\\sum_{{\\text{{broadcast dims}}}}\\bar{{{y}}}"),
-    "logsumexp": ("{y} = \\log\\sum_i e^{{{0}_i}}",
-                  "\\bar{{{0}}}_i = \\bar{{{y}}}\\,e^{{{0}_i - {y}}}"),
-    "mse_loss": ("{y} = \\frac{{1}}{{n}}\\sum_i ({0}_i - {1}_i)^2",
-                 "\\bar{{{0}}} = \\frac{{2}}{{n}}\\bar{{{y}}}({0} - {1})"),
-}
-for _name in ("view", "reshape_alias", "unsafe_view", "unsqueeze", "squeeze", "squeeze_",
-              "squeeze_all", "squeeze_dims", "alias"):
-    _STRUCTURAL_TEX[_name] = ("{y} = \\operatorname{{reshape}}({0})",
-                              "\\bar{{{0}}} = \\operatorname{{reshape}}(\\bar{{{y}}})")
-for _name in ("clone", "to_copy"):
-    _STRUCTURAL_TEX[_name] = ("{y} = {0}", "\\bar{{{0}}} = \\bar{{{y}}}")
-
-
-def _structural_latex(spec: Any, input_names: list[str | None],
-                      out_name: str) -> tuple[str | None, str | None]:
-    tpl = _STRUCTURAL_TEX.get(spec.name)
-    if tpl is None:
-        return None, None
-    names = [latex_name(input_names[i] if i < len(input_names) and input_names[i] else n)
-             for i, n in enumerate(spec.inputs)]
-    y = latex_name(out_name)
-    try:
-        return tpl[0].format(*names, y=y), tpl[1].format(*names, y=y)
-    except (IndexError, KeyError):
-        return None, None
-
-
 def _plain_float(v: float) -> bool:
     """A float SymPy shows well as a rational (finite, not extreme)."""
     return math.isfinite(v) and (v == 0 or 1e-6 <= abs(v) < 1e15)
@@ -294,7 +238,7 @@ def _local_latex(node: Any, spec: Any, input_names: list[str | None],
     if spec is None:
         return None, None
     if not callable(spec.sympy):
-        return _structural_latex(spec, input_names, out_name)
+        return None, None  # a structural op without its own formula_tex
     try:
         import sympy as sp
     except ImportError:  # pragma: no cover - sympy is a dependency

@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["window_index", "index", "ints", "dim_of", "bounds", "OUT_VARS", "TAP_VARS"]
+__all__ = ["window_index", "index", "ints", "dim_of", "bounds", "template", "OUT_VARS",
+           "TAP_VARS"]
 
 #: index letters of the output positions and of the kernel taps, per spatial dim
 OUT_VARS = ("i", "j", "l")
@@ -71,3 +72,17 @@ def dim_of(dim: Any, ndim: int) -> int:
 def bounds(taps: Sequence[str], sizes: Sequence[int]) -> str:
     """``p<3,\\,q<3``: the ranges of a window's taps (the sum's or max's subscript)."""
     return r",\,".join(f"{t}<{k}" for t, k in zip(taps, sizes))
+
+
+def template(forward: str, vjp: str | None = None):
+    """A ``formula_tex`` from fixed LaTeX templates (``str.format``): ``{y}`` is the output,
+    ``{0}``, ``{1}`` ... the op's inputs in order, ``\\bar{v}`` the gradient flowing into v.
+    For ops whose line needs no numbers of the node (matmul, sum, reshape ...)."""
+
+    def formula_tex(names: dict, out: str, params: dict, shapes: dict):
+        args = list(names.values())
+        if any(a is None for a in args):
+            return None
+        return forward.format(*args, y=out), (vjp.format(*args, y=out) if vjp else None)
+
+    return formula_tex

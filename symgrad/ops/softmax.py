@@ -130,4 +130,6 @@ register(OpSpec(
     "logsumexp", "LogsumexpBackward0", ("self",), _logsumexp,
     {"self": lambda grad, dim, keepdim, result, self:
         logsumexp_backward(grad, self, result, dim, keepdim)},
-    STRUCTURAL, dtype_rule="float"))
+    STRUCTURAL, dtype_rule="float",
+    formula_tex=_tex.template("{y} = \\log\\sum_i e^{{{0}_i}}",
+                              "\\bar{{{0}}}_i = \\bar{{{y}}}\\,e^{{{0}_i - {y}}}")))

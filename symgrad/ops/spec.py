@@ -84,7 +84,7 @@ class OpSpec:
     #: the op's readable meaning for views (the Inspector's formula line), where its SymPy
     #: meaning is STRUCTURAL and says nothing readable: ``formula_tex(names, out, params,
     #: shapes) -> (forward LaTeX, vector-Jacobian products LaTeX or None)`` or None. ``names``
-    #: maps each input to its LaTeX name (None: no tensor there, e.g. a missing bias),
+    #: maps each input, in ``inputs`` order, to its LaTeX name (None: no tensor there),
     #: ``out`` is the output's, ``params`` holds the saved non-tensor arguments (stride,
     #: padding ...) and ``shapes`` the shapes of the inputs and of ``"result"``.
     formula_tex: Callable[..., Any] | None = None
