@@ -144,8 +144,9 @@ def test_cuda_scans_and_sorts_are_the_cpu_backends_bit_for_bit_without_host_copi
 
 
 def test_cuda_sort_of_strided_views_and_long_rows():
-    """A transposed and a broadcast view sort in place of a copy; a row of SORT_MAX (1024)
-    elements sorts on the device, one longer goes through the host (documented)."""
+    """A transposed and a broadcast view sort without a copy; a row of SORT_MAX (1024)
+    elements sorts in one block's shared memory, longer rows (padded to a power of two) in
+    global memory, one launch per stage: all on the device, all equal to the cpu backend."""
     from symgrad.backends.cuda import kernels as K
     from tests.cuda._count import Counter
 
@@ -161,13 +162,17 @@ def test_cuda_sort_of_strided_views_and_long_rows():
         np.testing.assert_array_equal(got.values.cpu().numpy(), want.values.numpy())
         np.testing.assert_array_equal(got.indices.cpu().numpy(), want.indices.numpy())
         np.testing.assert_array_equal(scan.cpu().numpy(), ref.cumsum(0).numpy())
-    for n, on_device in ((K.SORT_MAX, True), (K.SORT_MAX + 1, False)):
-        data = np.round(np.random.default_rng(n).standard_normal(n), 2)  # many ties
+    for shape, kernel in (((1, K.SORT_MAX), "sort_rows_float64"),
+                          ((2, K.SORT_MAX + 1), "sort_step_float64"),
+                          ((1, 1500), "sort_step_float64_desc")):
+        data = np.round(np.random.default_rng(shape[1]).standard_normal(shape), 2)  # ties
+        data[0, ::97] = np.nan
+        desc = kernel.endswith("_desc")
         x = sg.tensor(data, device="cuda")
         with Counter() as c:
-            got = x.sort(0, stable=True)
-        assert (c.transfers == 0) == on_device, (n, c.transfers)
-        want = sg.tensor(data).sort(0, stable=True)
+            got = x.sort(1, descending=desc, stable=True)
+        assert c.transfers == 0 and kernel in c.names, (shape, c.transfers, set(c.names))
+        want = sg.tensor(data).sort(1, descending=desc, stable=True)
         np.testing.assert_array_equal(got.values.cpu().numpy(), want.values.numpy())
         np.testing.assert_array_equal(got.indices.cpu().numpy(), want.indices.numpy())
 

@@ -4,9 +4,9 @@ A tensor's data on "cuda" is a :class:`CudaArray`: a block of device memory from
 allocator plus (shape, element strides, element offset), so views (reshape, transpose,
 expand, basic indexing) share the block and cost no bytes and no launch. Every op runs
 as one or more kernel launches from ``kernels.py`` with no host copy; the only transfers
-are ``from_host``/``to_host`` (``Tensor.to``), reading a scalar (``item``), the
+are ``from_host``/``to_host`` (``Tensor.to``), reading a scalar (``item``), and the
 host-side bounds checks the indexing layer performs on index tensors (as PyTorch syncs
-for boolean masks), and ``sort`` of rows longer than ``kernels.SORT_MAX`` (1024) elements.
+for boolean masks).
 """
 
 from __future__ import annotations
@@ -982,23 +982,17 @@ class CudaBackend:
     @staticmethod
     def sort(x, axis, descending=False):
         """(values, int64 indices) along ``axis``: stable, NaN largest, ties in their order
-        in both directions (as the NumPy reference). Rows of up to ``K.SORT_MAX`` (1024)
-        elements are sorted on the device, a block per row; longer rows go through the host
-        (one copy each way), where a bitonic network in shared memory no longer fits."""
+        in both directions (as the NumPy reference), on the device: a bitonic network on
+        (value, position) pairs, in shared memory for rows of up to ``K.SORT_MAX`` (1024)
+        elements, in a padded global scratch for longer ones."""
         x = _coerce(x)
         axis = axis % x.ndim
-        n = x.shape[axis]
-        if n > K.SORT_MAX:
-            from ..numpy_backend import sort_by_keys
-
-            host = CudaBackend.to_host(x)
-            values, idx = sort_by_keys(host, host, axis, descending)
-            return CudaBackend.from_host(values), CudaBackend.from_host(idx)
         vals, idxs = _new(x.shape, x.dtype), _new(x.shape, np.int64)
         if x.size:
             kshape, kst = _rows_along(x, axis)
             K.sort_rows(bool(descending), vals.buf, idxs.buf, kst(vals), vals.estrides[axis],
-                        x.buf, x.offset, kst(x), x.estrides[axis], kshape, _prod(kshape), n)
+                        x.buf, x.offset, kst(x), x.estrides[axis], kshape, _prod(kshape),
+                        x.shape[axis], allocator.allocate)
         return vals, idxs
 
 
