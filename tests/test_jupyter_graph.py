@@ -423,3 +423,174 @@ def test_payload_layout_of_a_collapsed_loop_is_small():
     assert svg.count('data-kind="chain"') == 2 and inner in _svg_boxes(svg)
     # a stale or foreign layout is not used
     assert _svg_boxes(render_svg(dict(out, layout={"width": 1, "height": 1, "nodes": {}})))
+
+
+# -- formula lines of conv, pool and attention nodes (OpSpec.formula_tex) --------------------
+
+_SVG = "{http://www.w3.org/2000/svg}"
+
+
+def _cnn(conv_kw: dict, max_kw: dict, avg_kw: dict, adaptive: int, seed: int = 0):
+    """A tiny CNN: conv -> max pool -> avg pool -> adaptive avg pool -> a weighted sum."""
+    import symgrad.nn.functional as F
+
+    sg.manual_seed(seed)
+    x = sg.randn(1, 4, 9, 9, requires_grad=True)
+    conv = sg.nn.Conv2d(4, 6, 3, **conv_kw)
+    c = conv(x)
+    m = F.max_pool2d(c, **max_kw)
+    a = F.avg_pool2d(m, **avg_kw)
+    out = F.adaptive_avg_pool2d(a, adaptive)
+    return dict(x=x, w=conv.weight, b=conv.bias, c=c, m=m, a=a, out=out,
+                loss=(out * sg.randn(*out.shape)).sum())
+
+
+def _node(payload: dict, name: str) -> dict:
+    (n,) = [n for n in payload["nodes"] if n["name"] == name]
+    return n
+
+
+def test_conv_and_pool_nodes_have_formula_lines_with_their_numbers():
+    ns = _cnn(dict(stride=2, padding=1, dilation=2, groups=2),
+              dict(kernel_size=2, stride=1, padding=1), dict(kernel_size=2), 1)
+    p = graph_json(ns["loss"], ns)
+    validate(p)
+    conv = _node(p, "ConvolutionBackward0")
+    assert conv["formula"] == (
+        r"c[n,o,i,j] = b[o] + \sum_{c<2,\,p<3,\,q<3} w[o,c,p,q]\,"
+        r"x[n,\,2\lfloor o/3\rfloor+c,\,2i+2p-1,\,2j+2q-1]\quad(\text{zero outside }x)")
+    assert r"\bar{b}[o] = \sum_{n,i,j} \bar{c}[n,o,i,j]" in conv["derivative"]
+    assert _node(p, "MaxPool2DWithIndicesBackward0")["formula"] == (
+        r"m[n,c,i,j] = \max_{p<2,\,q<2} c[n,\,c,\,i+p-1,\,j+q-1]"
+        r"\quad(\text{padding is skipped})")
+    assert _node(p, "AvgPool2DBackward0")["formula"] == (
+        r"a[n,c,i,j] = \frac{1}{4}\sum_{p<2,\,q<2} m[n,\,c,\,2i+p,\,2j+q]")
+    # the same net with other numbers gives other lines: nothing is a fixed template
+    ns2 = _cnn(dict(padding=0), dict(kernel_size=3, stride=2, dilation=2),
+               dict(kernel_size=2, stride=1, padding=1, count_include_pad=False), 2)
+    p2 = graph_json(ns2["loss"], ns2)
+    validate(p2)
+    assert _node(p2, "ConvolutionBackward0")["formula"] == (
+        r"c[n,o,i,j] = b[o] + \sum_{c<4,\,p<3,\,q<3} w[o,c,p,q]\,x[n,\,c,\,i+p,\,j+q]")
+    assert _node(p2, "MaxPool2DWithIndicesBackward0")["formula"] == (
+        r"m[n,c,i,j] = \max_{p<3,\,q<3} c[n,\,c,\,2i+2p,\,2j+2q]")
+    assert _node(p2, "AvgPool2DBackward0")["formula"] == (
+        r"a[n,c,i,j] = \frac{1}{N_{ij}}\sum_{p<2,\,q<2} m[n,\,c,\,i+p-1,\,j+q-1]"
+        r"\quad(N_{ij}\text{: window positions inside the input})")
+    # conv 9 -> 7, max pool (k 3, s 2, d 2) 7 -> 2, avg pool (s 1, pad 1) 2 -> 3, then 3 -> 2:
+    # overlapping windows [floor(3i/2), ceil(3(i+1)/2))
+    assert _node(p2, "AdaptiveAvgPool2DBackward0")["formula"] == (
+        r"\mathrm{out}[n,c,i,j] = \operatorname{mean}_{\lfloor 3i/2\rfloor\le p<"
+        r"\lceil 3(i+1)/2\rceil,\; \lfloor 3j/2\rfloor\le q<\lceil 3(j+1)/2\rceil} a[n,c,p,q]")
+
+
+def _py_index(expr: str) -> str:
+    """An index of a formula line's plain text as Python: ``2⌊o/3⌋+c`` -> ``2*(o//3)+c``."""
+    expr = re.sub(r"⌊(\w)/(\d+)⌋", r"(\1//\2)", expr.strip())
+    return re.sub(r"(\d)([a-z(])", r"\1*\2", expr)
+
+
+def _evaluate_line(text: str, x, w=None, b=None, out_shape=()):
+    """Run a conv/pool formula line literally (its sum or max over its bounds, its index
+    arithmetic) with NumPy loops; positions outside ``x`` are skipped (zero / never win)."""
+    import itertools
+
+    import numpy as np
+
+    lhs, rhs = text.split(" = ", 1)
+    bounds = dict(re.findall(r"(\w)<(\d+)", re.search(r"_\{([^}]*)\}", rhs).group(1)))
+    idx = [_py_index(e) for e in re.search(r"(?:^|\s)x\[([^\]]*)\]", rhs).group(1).split(",")]
+    w_idx = re.search(r"w\[([^\]]*)\]", rhs)
+    w_idx = [_py_index(e) for e in w_idx.group(1).split(",")] if w_idx else None
+    out = np.zeros(out_shape)
+    names = ("n", "o", "i", "j") if w is not None else ("n", "c", "i", "j")
+    for pos in itertools.product(*(range(s) for s in out_shape)):
+        env = dict(zip(names, pos))
+        vals = []
+        for taps in itertools.product(*(range(int(k)) for k in bounds.values())):
+            env.update(zip(bounds, taps))
+            at = tuple(eval(e, {}, env) for e in idx)  # noqa: S307 - our own test text
+            if not all(0 <= a < s for a, s in zip(at, x.shape)):
+                continue
+            v = x[at]
+            vals.append(v * w[tuple(eval(e, {}, env) for e in w_idx)] if w is not None else v)
+        if w is not None:
+            out[pos] = b[env["o"]] + sum(vals)
+        elif rhs.startswith(r"max"):
+            out[pos] = max(vals)
+        else:
+            out[pos] = sum(vals) / int(re.match(r"1/(\d+)", rhs).group(1))
+    return out
+
+
+@pytest.mark.parametrize("conv_kw", [dict(stride=2, padding=1, dilation=2, groups=2),
+                                     dict(stride=3, padding=2), dict(dilation=3)])
+def test_conv_and_pool_formula_lines_compute_what_torch_computes(conv_kw, torch):
+    """The lines are the ops' meaning, not decoration: evaluated literally, they give
+    torch's conv2d / max_pool2d / avg_pool2d outputs for the same numbers."""
+    from _tolerance import assert_close
+
+    from symgrad.jupyter.svg import tex_to_text
+
+    ns = _cnn(conv_kw, dict(kernel_size=2, stride=1, padding=1), dict(kernel_size=2), 1)
+    p = graph_json(ns["loss"], {"x": ns["x"], "w": ns["w"], "b": ns["b"]})
+    x, w, b = (ns[k].detach().numpy().astype("float64") for k in ("x", "w", "b"))
+    line = tex_to_text(_node(p, "ConvolutionBackward0")["formula"]).split(" (")[0]
+    ours = _evaluate_line(line, x, w, b, tuple(ns["c"].shape))
+    tx, tw, tb = (torch.tensor(v) for v in (x, w, b))
+    want = torch.nn.functional.conv2d(tx, tw, tb, **conv_kw).numpy()
+    assert_close(ours, want, terms=w[0].size, scale=float(abs(x).max() * abs(w).max()))
+    c = ns["c"].detach().numpy().astype("float64")
+    line = tex_to_text(_node(p, "MaxPool2DWithIndicesBackward0")["formula"])
+    line = line.split(" (")[0].replace(r" self[", " x[")  # its input has no name here
+    got = _evaluate_line(line, c, out_shape=tuple(ns["m"].shape))
+    assert (got == torch.nn.functional.max_pool2d(torch.tensor(c), 2, 1, 1).numpy()).all()
+    m = ns["m"].detach().numpy().astype("float64")
+    line = tex_to_text(_node(p, "AvgPool2DBackward0")["formula"]).replace(" self[", " x[")
+    got = _evaluate_line(line, m, out_shape=tuple(ns["a"].shape))
+    assert_close(got, torch.nn.functional.avg_pool2d(torch.tensor(m), 2).numpy(), terms=4)
+
+
+def test_attention_nodes_have_formula_lines():
+    import symgrad.nn.functional as F
+
+    sg.manual_seed(3)
+    q = sg.randn(2, 5, 8, requires_grad=True)
+    attn = F.scaled_dot_product_attention(q, q, q, is_causal=True)
+    p = graph_json(attn.sum(), {"q": q, "attn": attn})
+    validate(p)
+    bmm = [n["formula"] for n in p["nodes"] if n["name"] == "BmmBackward0"]
+    # q k^T over the head dim 8, then the weights times v over the 5 keys
+    assert sorted(bmm) == sorted([
+        r"y[b,i,j] = \sum_{k<8} \mathrm{self}[b,i,k]\,\mathrm{mat}_{2}[b,k,j]",
+        r"y[b,i,j] = \sum_{k<5} \mathrm{self}[b,i,k]\,\mathrm{mat}_{2}[b,k,j]"])
+    soft = _node(p, "SoftmaxBackward0")
+    assert soft["formula"] == (
+        r"y[\dots,\,i] = \frac{e^{\mathrm{self}[\dots,\,i]}}{\sum_{j<5} "
+        r"e^{\mathrm{self}[\dots,\,j]}}\quad(\text{along dim 2})")
+    assert soft["derivative"].startswith(r"\bar{\mathrm{self}} = y\odot")
+    where = [n for n in p["nodes"] if n["name"] == "WhereBackward0"]
+    assert where and all(r"\text{ where }" in n["formula"] for n in where)
+
+
+def test_static_svg_shows_the_formula_lines():
+    from symgrad.jupyter.svg import tex_to_text
+
+    ns = _cnn(dict(stride=2, padding=1), dict(kernel_size=2, stride=1), dict(kernel_size=2), 2)
+    p = graph_json(ns["loss"], ns)
+    root = ET.fromstring(render_svg(p))
+    titles = {g.get("data-id"): g.find(f"{_SVG}title").text for g in root.iter(f"{_SVG}g")
+              if g.get("class") == "sg-node"}
+    conv = _node(p, "ConvolutionBackward0")
+    text = tex_to_text(conv["formula"])
+    assert text == ("c[n,o,i,j] = b[o] + Σ_{c<4, p<3, q<3} w[o,c,p,q] "
+                    "x[n, c, 2i+p-1, 2j+q-1] (zero outside x)")
+    assert text in titles[conv["id"]].split("\n")
+    for name in ("MaxPool2DWithIndicesBackward0", "AvgPool2DBackward0",
+                 "AdaptiveAvgPool2DBackward0"):
+        n = _node(p, name)
+        assert tex_to_text(n["formula"]) in titles[n["id"]], name
+    assert "max_{p<2, q<2} c[n, c, i+p, j+q]" in titles[
+        _node(p, "MaxPool2DWithIndicesBackward0")["id"]]
+    # and in the text/html fallback, which embeds the same SVG
+    assert text.replace("<", "&lt;") in render_html(p)

@@ -203,69 +203,6 @@ def latex_name(name: str) -> str:
     return r"\text{" + "".join(_LATEX_SPECIAL.get(c, c) for c in name) + "}"
 
 
-#: Structural ops (no scalar SymPy meaning): the forward and the vector-Jacobian product
-#: as LaTeX templates; ``{y}`` is the output, ``{0}``, ``{1}`` ... the inputs, and
-#: ``\bar{v}`` the gradient flowing into v (what the backward computes).
-_STRUCTURAL_TEX: dict[str, tuple[str, str]] = {
-    "mm": ("{y} = {0}\\,{1}",
-           "\\bar{{{0}}} = \\bar{{{y}}}\\,{1}^{{\\top}},\\quad "
-           "\\bar{{{1}}} = {0}^{{\\top}}\\bar{{{y}}}"),
-    "bmm": ("{y}_b = {0}_b\\,{1}_b",
-            "\\bar{{{0}}}_b = \\bar{{{y}}}_b\\,{1}_b^{{\\top}},\\quad "
-            "\\bar{{{1}}}_b = {0}_b^{{\\top}}\\bar{{{y}}}_b"),
-    "mv": ("{y} = {0}\\,{1}",
-           "\\bar{{{0}}} = \\bar{{{y}}}\\,{1}^{{\\top}},\\quad "
-           "\\bar{{{1}}} = {0}^{{\\top}}\\bar{{{y}}}"),
-    "dot": ("{y} = {0}\\cdot {1}",
-            "\\bar{{{0}}} = \\bar{{{y}}}\\,{1},\\quad \\bar{{{1}}} = \\bar{{{y}}}\\,{0}"),
-    "addmm": ("{y} = {0} + {1}\\,{2}",
-              "\\bar{{{0}}} = \\bar{{{y}}},\\quad \\bar{{{1}}} = \\bar{{{y}}}\\,"
-              "{2}^{{\\top}},\\quad \\bar{{{2}}} = {1}^{{\\top}}\\bar{{{y}}}"),
-    "sum": ("{y} = \\sum_i {0}_i", "\\bar{{{0}}}_i = \\bar{{{y}}}"),
-    "sum_dim": ("{y} = \\sum_{{i \\in \\mathrm{{dim}}}} {0}_i",
-                "\\bar{{{0}}} = \\operatorname{{expand}}(\\bar{{{y}}})"),
-    "mean": ("{y} = \\frac{{1}}{{n}}\\sum_i {0}_i", "\\bar{{{0}}}_i = \\bar{{{y}}} / n"),
-    "mean_dim": ("{y} = \\operatorname{{mean}}_{{\\mathrm{{dim}}}}({0})",
-                 "\\bar{{{0}}} = \\operatorname{{expand}}(\\bar{{{y}}}) / n"),
-    "t": ("{y} = {0}^{{\\top}}", "\\bar{{{0}}} = \\bar{{{y}}}^{{\\top}}"),
-    "transpose": ("{y} = {0}^{{\\top}}", "\\bar{{{0}}} = \\bar{{{y}}}^{{\\top}}"),
-    "permute": ("{y} = \\operatorname{{permute}}({0})",
-                "\\bar{{{0}}} = \\operatorname{{permute}}^{{-1}}(\\bar{{{y}}})"),
-    "expand": ("{y} = \\operatorname{{expand}}({0})",
-               "\\bar{{{0}}} = \\textstyle\\sum_{{\\text{{broadcast dims}}}}\\bar{{{y}}}"),
-    "softmax": ("{y}_i = \\frac{{e^{{{0}_i}}}}{{\\sum_j e^{{{0}_j}}}}",
-                "\\bar{{{0}}} = {y}\\odot(\\bar{{{y}}} - \\textstyle\\sum_j "
-                "\\bar{{{y}}}_j {y}_j)"),
-    "log_softmax": ("{y}_i = {0}_i - \\log\\sum_j e^{{{0}_j}}",
-                    "\\bar{{{0}}} = \\bar{{{y}}} - e^{{{y}}}\\textstyle\\sum_j "
-                    "\\bar{{{y}}}_j"),
-    "logsumexp": ("{y} = \\log\\sum_i e^{{{0}_i}}",
-                  "\\bar{{{0}}}_i = \\bar{{{y}}}\\,e^{{{0}_i - {y}}}"),
-    "mse_loss": ("{y} = \\frac{{1}}{{n}}\\sum_i ({0}_i - {1}_i)^2",
-                 "\\bar{{{0}}} = \\frac{{2}}{{n}}\\bar{{{y}}}({0} - {1})"),
-}
-for _name in ("view", "reshape_alias", "unsafe_view", "unsqueeze", "squeeze", "squeeze_",
-              "squeeze_all", "squeeze_dims", "alias"):
-    _STRUCTURAL_TEX[_name] = ("{y} = \\operatorname{{reshape}}({0})",
-                              "\\bar{{{0}}} = \\operatorname{{reshape}}(\\bar{{{y}}})")
-for _name in ("clone", "to_copy"):
-    _STRUCTURAL_TEX[_name] = ("{y} = {0}", "\\bar{{{0}}} = \\bar{{{y}}}")
-
-
-def _structural_latex(spec: Any, input_names: list[str | None],
-                      out_name: str) -> tuple[str | None, str | None]:
-    tpl = _STRUCTURAL_TEX.get(spec.name)
-    if tpl is None:
-        return None, None
-    names = [latex_name(input_names[i] if i < len(input_names) and input_names[i] else n)
-             for i, n in enumerate(spec.inputs)]
-    y = latex_name(out_name)
-    try:
-        return tpl[0].format(*names, y=y), tpl[1].format(*names, y=y)
-    except (IndexError, KeyError):
-        return None, None
-
-
 def _plain_float(v: float) -> bool:
     """A float SymPy shows well as a rational (finite, not extreme)."""
     return math.isfinite(v) and (v == 0 or 1e-6 <= abs(v) < 1e15)
@@ -301,7 +238,7 @@ def _local_latex(node: Any, spec: Any, input_names: list[str | None],
     if spec is None:
         return None, None
     if not callable(spec.sympy):
-        return _structural_latex(spec, input_names, out_name)
+        return None, None  # a structural op without its own formula_tex
     try:
         import sympy as sp
     except ImportError:  # pragma: no cover - sympy is a dependency
@@ -700,9 +637,65 @@ def _add_formula(node: Any, entry: dict, namer: Namer) -> None:
             input_names.append(None)
     out_name = entry.get("variable") or "y"
     try:
-        entry["formula"], entry["derivative"] = _local_latex(node, spec, input_names, out_name)
+        if spec.formula_tex is not None:
+            got = _op_formula(node, spec, input_names, out_name, entry.get("shape"))
+            entry["formula"], entry["derivative"] = got or (None, None)
+        else:
+            entry["formula"], entry["derivative"] = _local_latex(node, spec, input_names,
+                                                                 out_name)
     except Exception:  # noqa: BLE001 - a formula is a nicety, never an error
         entry["formula"], entry["derivative"] = None, None
+
+
+def _op_formula(node: Any, spec: Any, input_names: list[str | None], out_name: str,
+                out_shape: list[int] | None) -> tuple[str, str | None] | None:
+    """The op's own readable line (``OpSpec.formula_tex``), fed this node's names, saved
+    arguments and shapes: conv and pool lines show the node's stride, padding ..."""
+    from ..autograd import node as node_mod
+
+    refs = getattr(node, "_input_refs", ())
+    saved = getattr(node, "_saved", None) or {}
+    saved_cls = getattr(node_mod, "SavedTensor", ())
+    wrapped = getattr(node_mod, "_WrappedScalar", ())
+    freed = getattr(node_mod, "_FREED", None)
+    names: dict[str, str | None] = {}
+    shapes: dict[str, Any] = {"result": tuple(out_shape) if out_shape is not None else None}
+    for i, name in enumerate(spec.inputs):
+        ref = refs[i] if i < len(refs) else None
+        t = _deref(ref)
+        if ref is None:
+            names[name] = None  # no input there (conv without bias)
+        elif isinstance(ref, (int, float)) and not isinstance(ref, bool):
+            names[name] = latex_number(float(ref))
+        else:
+            shown = input_names[i] if i < len(input_names) and input_names[i] else name
+            names[name] = latex_name(shown)
+        if _is_tensor(t):
+            shapes[name] = tuple(_shape(t) or ())
+    params: dict[str, Any] = {}
+    for name in spec.saved:
+        value = saved.get(name)
+        if isinstance(value, saved_cls):
+            t = value.tensor
+            if t is None:
+                try:
+                    t = value.unpack(node)
+                except Exception:  # noqa: BLE001
+                    t = None
+            if t is not None and name in spec.inputs:
+                shapes.setdefault(name, tuple(_shape(t) or ()))
+        elif isinstance(value, wrapped):
+            params[name] = value.value
+        elif value is not freed:
+            params[name] = value
+            base = name.removesuffix("_sym_sizes")
+            if base != name and base in spec.inputs and value is not None:
+                shapes.setdefault(base, tuple(int(v) for v in value))
+    got = spec.formula_tex(names, latex_name(out_name), params, shapes)
+    if got is None:
+        return None
+    forward, vjp = got
+    return forward, vjp
 
 
 def _add_custom_formula(node: Any, entry: dict, namer: Namer) -> None:

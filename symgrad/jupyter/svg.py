@@ -29,8 +29,8 @@ from .layout import (
     visible_graph,
 )
 
-__all__ = ["esc", "render_svg", "render_html", "agreement_table_html", "STATUS_COLORS",
-           "find_chains", "AUTO_COLLAPSE_NODES", "MIN_RUN"]
+__all__ = ["esc", "tex_to_text", "render_svg", "render_html", "agreement_table_html",
+           "STATUS_COLORS", "find_chains", "AUTO_COLLAPSE_NODES", "MIN_RUN"]
 
 _ids = itertools.count()
 
@@ -38,6 +38,84 @@ STATUS_COLORS = {"pass": "#1a7f37", "fail": "#cf222e", "skipped": "#9a6700",
                  "error": "#8250df", "none": "#57606a"}
 _FILL = {"op": "#eef2f8", "accumulate": "#ddf4ff", "leaf": "#ddf4ff", "none": "#f6f8fa",
          "chain": "#fff8c5"}
+
+
+#: LaTeX commands the formula lines use, as the characters a plain-text view shows
+_TEX_WORDS = {
+    "sum": "\u03a3", "prod": "\u03a0", "max": "max", "min": "min", "log": "log", "exp": "exp",
+    "cdot": "\u00b7", "odot": "\u2299", "times": "\u00d7", "le": "\u2264", "leq": "\u2264",
+    "ge": "\u2265", "geq": "\u2265", "ne": "\u2260", "lfloor": "\u230a", "rfloor": "\u230b",
+    "lceil": "\u2308", "rceil": "\u2309", "infty": "\u221e", "partial": "\u2202",
+    "top": "\u1d40", "dots": "\u2026", "ldots": "\u2026", "cdots": "\u22ef",
+    "lnot": "\u00ac", "neg": "\u00ac", "quad": "  ", "qquad": "   ", "left": "", "right": "",
+    "textstyle": "", "displaystyle": "", "mathrel": "", "sqrt": "\u221a", "pi": "\u03c0",
+}
+_TEX_SPACES = {",": " ", ";": " ", ":": " ", "!": "", " ": " ", "{": "{", "}": "}", "_": "_",
+               "%": "%", "&": "&", "#": "#", "$": "$"}
+
+
+def _tex_group(tex: str, i: int) -> tuple[str, int]:
+    """The argument at ``tex[i]``: a ``{...}`` group (without its braces) or one char."""
+    if i >= len(tex):
+        return "", i
+    if tex[i] != "{":
+        return tex[i], i + 1
+    depth, j = 0, i
+    while j < len(tex):
+        depth += {"{": 1, "}": -1}.get(tex[j], 0)
+        if depth == 0:
+            return tex[i + 1:j], j + 1
+        j += 1
+    return tex[i + 1:], len(tex)
+
+
+def tex_to_text(tex: str) -> str:
+    """A formula line's LaTeX as plain Unicode text, for views without MathJax (the static
+    SVG's hover text): ``\\sum_{p<3} w[o,p]\\,x[n,2i+p]`` reads ``Σ_{p<3} w[o,p] x[n,2i+p]``."""
+    out: list[str] = []
+    i = 0
+    while i < len(tex):
+        ch = tex[i]
+        if ch == "\\":
+            j = i + 1
+            while j < len(tex) and tex[j].isalpha():
+                j += 1
+            word = tex[i + 1:j]
+            if not word:  # \, \; \{ ...
+                out.append(_TEX_SPACES.get(tex[j:j + 1], tex[j:j + 1]))
+                i = j + 1
+                continue
+            i = j + (tex[j:j + 1] == " ")  # a space after a command only ends it
+            if word == "frac":
+                num, i = _tex_group(tex, i)
+                den, i = _tex_group(tex, i)
+                num, den = tex_to_text(num), tex_to_text(den)
+                out.append((f"{num}/{den}" if len(num) <= 1 and len(den) <= 1
+                            else f"({num})/({den})") + " ")
+            elif word in ("mathrm", "operatorname", "text", "mathit", "mathbf", "textrm"):
+                arg, i = _tex_group(tex, i)
+                out.append(tex_to_text(arg) if word != "text" else arg)
+            elif word == "bar":
+                arg, i = _tex_group(tex, i)
+                out.append(tex_to_text(arg) + "\u0304")
+            else:
+                out.append(_TEX_WORDS.get(word, word))
+        elif ch == "^":
+            arg, i = _tex_group(tex, i + 1)
+            text = tex_to_text(arg)
+            out.append(text if text == "\u1d40" else f"^{text}" if len(text) == 1
+                       else f"^({text})")
+        elif ch == "_":
+            arg, i = _tex_group(tex, i + 1)
+            text = tex_to_text(arg)
+            out.append(text if text.isdigit() else f"_{text}" if len(text) == 1
+                       else f"_{{{text}}}")
+        elif ch in "{}":
+            i += 1
+        else:
+            out.append(ch)
+            i += 1
+    return " ".join("".join(out).split())
 
 
 def esc(value: Any) -> str:
@@ -110,6 +188,8 @@ def render_svg(payload: dict, selected: str | None = None) -> str:
             tip.append(f"shape: {n['shape']}")
         if n.get("dtype"):
             tip.append(f"dtype: {n['dtype']}")
+        if n.get("formula"):
+            tip.append(tex_to_text(n["formula"]))
         if status != "none":
             tip.append(f"local check: {status}")
         out.append(

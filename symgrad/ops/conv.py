@@ -24,6 +24,7 @@ from math import prod
 import numpy as np
 
 from .. import _tensor_layer as _tl
+from . import _tex
 from .registry import OPS, register
 from .spec import STRUCTURAL, OpSpec
 
@@ -241,10 +242,54 @@ def _formula(which):
     return formula
 
 
+def _conv_tex(names, out, params, shapes):
+    """``y[n,o,i,j] = b[o] + Σ_{c,p,q} w[o,c,p,q] · x[n,c, s·i+d·p−pad, …]``, the stride,
+    dilation, padding and group layout of this node put in (its readable meaning)."""
+    ws, xs = shapes.get("weight"), shapes.get("input")
+    if ws is None or xs is None or params.get("transposed") or not 1 <= len(ws) - 2 <= 3:
+        return None
+    k = len(ws) - 2
+    stride = _tex.ints(params.get("stride"), k, (1,))
+    padding = _tex.ints(params.get("padding"), k, (0,))
+    dilation = _tex.ints(params.get("dilation"), k, (1,))
+    groups = int(params.get("groups") or 1)
+    o_g, c_g = ws[0] // groups, ws[1]
+    taps = [t if size > 1 else None for t, size in zip(_tex.TAP_VARS, ws[2:])]
+    outs = list(_tex.OUT_VARS[:k])
+    batch = ["n"] if len(xs) == k + 2 else []
+    group = "" if groups == 1 else ("o" if o_g == 1 else rf"\lfloor o/{o_g}\rfloor")
+    chan = "c" if c_g > 1 else None
+    if group:
+        cin = group if chan is None else f"{c_g}{group}+c"
+    else:
+        cin = chan or "0"
+    spatial = [_tex.window_index(o, t, s, d, p)
+               for o, t, s, d, p in zip(outs, taps, stride, dilation, padding)]
+    x, w, y = names["input"], names["weight"], out
+    w_at = _tex.index(w, ["o", chan or "0"] + [t or "0" for t in taps])
+    x_at = _tex.index(x, batch + [cin] + spatial)
+    summed = [(chan, c_g)] + [(t, size) for t, size in zip(taps, ws[2:])]
+    summed = [(v, size) for v, size in summed if v is not None]
+    sigma = (r"\sum_{" + _tex.bounds([v for v, _ in summed], [n for _, n in summed]) + "} "
+             if summed else "")
+    bias = _tex.index(names["bias"], ["o"]) + " + " if names.get("bias") else ""
+    y_at = _tex.index(y, batch + ["o"] + outs)
+    forward = f"{y_at} = {bias}{sigma}{w_at}\\,{x_at}"
+    if any(padding):
+        forward += rf"\quad(\text{{zero outside }}{x})"
+    gy = _tex.index(rf"\bar{{{y}}}", batch + ["o"] + outs)
+    rest = ",".join(batch + outs)
+    vjps = [rf"\bar{{{x}}}{x_at[len(x):]} \mathrel{{+}}= {w_at}\,{gy}",
+            rf"\bar{{{w}}}{w_at[len(w):]} = \sum_{{{rest}}} {gy}\,{x_at}"]
+    if names.get("bias"):
+        vjps.append(rf"\bar{{{names['bias']}}}[o] = \sum_{{{rest}}} {gy}")
+    return forward, r",\quad ".join(vjps)
+
+
 register(OpSpec(
     "convolution", "ConvolutionBackward0", ("input", "weight", "bias"), _conv_forward,
     {"input": _formula("input"), "weight": _formula("weight"), "bias": _formula("bias")},
-    STRUCTURAL, dtype_rule="same",
+    STRUCTURAL, dtype_rule="same", formula_tex=_conv_tex,
     doc="conv1d/conv2d (bias may be None: no edge); im2col gather + matmul."))
 
 

@@ -269,7 +269,13 @@ elementwise(
     "where", "WhereBackward0", Scalar(
         "where(c, a, b)", (None, "where(c, g, 0.0)", "where(c, 0.0, g)"), inputs=("c", "a", "b")),
     inputs=("condition", "self", "other"), nondifferentiable=("condition",),
-    sympy=lambda sp, c, x, y: x if c else y, dtype_rule="where")
+    sympy=lambda sp, c, x, y: x if c else y, dtype_rule="where",
+    formula_tex=lambda names, out, params, shapes: (
+        rf"{out} = {names['self']} \text{{ where }} {names['condition']}"
+        rf"\text{{, else }} {names['other']}",
+        rf"\bar{{{names['self']}}} = \bar{{{out}}} \text{{ where }} {names['condition']}"
+        rf"\text{{ (else 0)}},\quad \bar{{{names['other']}}} = \bar{{{out}}}"
+        rf"\text{{ where not }} {names['condition']}\text{{ (else 0)}}"))
 
 # -- addcmul: x + value * t1 * t2 in one pass (the ``a*b + a`` pattern without temporaries) --
 elementwise(

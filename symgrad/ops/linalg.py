@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from . import _tex
 from .registry import register
 from .spec import STRUCTURAL, OpSpec
 
@@ -38,18 +39,40 @@ register(OpSpec(
         mm_mat1_backward(grad, mat2, self_sym_sizes, self_sym_strides),
      "mat2": lambda grad, self, mat2_sym_sizes, mat2_sym_strides:
         mm_mat2_backward(grad, self, mat2_sym_sizes, mat2_sym_strides)},
-    STRUCTURAL, dtype_rule="same_required"))
+    STRUCTURAL, dtype_rule="same_required",
+    formula_tex=_tex.template("{y} = {0}\\,{1}",
+                              "\\bar{{{0}}} = \\bar{{{y}}}\\,{1}^{{\\top}},\\quad "
+                              "\\bar{{{1}}} = {0}^{{\\top}}\\bar{{{y}}}")))
 register(OpSpec(
     "mv", "MvBackward0", ("self", "vec"), lambda be, self, vec: be.matmul(self, vec),
     {"self": lambda grad, vec: grad.unsqueeze(1).mm(vec.unsqueeze(0)),
      "vec": lambda grad, self: self.t().mm(grad.unsqueeze(1)).squeeze(1)},
-    STRUCTURAL, dtype_rule="same_required"))
+    STRUCTURAL, dtype_rule="same_required",
+    formula_tex=_tex.template("{y} = {0}\\,{1}",
+                              "\\bar{{{0}}} = \\bar{{{y}}}\\,{1}^{{\\top}},\\quad "
+                              "\\bar{{{1}}} = {0}^{{\\top}}\\bar{{{y}}}")))
 register(OpSpec(
     "dot", "DotBackward0", ("self", "tensor"), lambda be, self, tensor: be.matmul(self, tensor),
     {"self": lambda grad, tensor: grad * tensor, "tensor": lambda grad, self: grad * self},
-    STRUCTURAL, dtype_rule="same_required"))
+    STRUCTURAL, dtype_rule="same_required",
+    formula_tex=_tex.template("{y} = {0}\\cdot {1}",
+                              "\\bar{{{0}}} = \\bar{{{y}}}\\,{1},\\quad "
+                              "\\bar{{{1}}} = \\bar{{{y}}}\\,{0}")))
+
+
+def _bmm_tex(names, out, params, shapes):
+    """``y[b,i,j] = Σ_{k<K} A[b,i,k]·B[b,k,j]`` (attention's scores and weighted values)."""
+    a, m = names["self"], names["mat2"]
+    inner = shapes.get("self")
+    k = rf"k<{inner[-1]}" if inner else "k"
+    forward = (rf"{out}[b,i,j] = \sum_{{{k}}} {a}[b,i,k]\,{m}[b,k,j]")
+    vjp = (rf"\bar{{{a}}}[b] = \bar{{{out}}}[b]\,{m}[b]^{{\top}},\quad "
+           rf"\bar{{{m}}}[b] = {a}[b]^{{\top}}\bar{{{out}}}[b]")
+    return forward, vjp
+
+
 register(OpSpec(
     "bmm", "BmmBackward0", ("self", "mat2"), lambda be, self, mat2: be.matmul(self, mat2),
     {"self": lambda grad, mat2: grad.bmm(mat2.transpose(1, 2)),
      "mat2": lambda grad, self: self.transpose(1, 2).bmm(grad)},
-    STRUCTURAL, dtype_rule="same_required"))
+    STRUCTURAL, dtype_rule="same_required", formula_tex=_bmm_tex))

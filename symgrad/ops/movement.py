@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from . import _tex
 from ._ints import norm, norms, s64
 from .registry import register
 from .spec import STRUCTURAL, OpSpec
+
+#: the readable lines of the ops that only reshape or copy (the Inspector's formula line)
+_RESHAPE_TEX = _tex.template("{y} = \\operatorname{{reshape}}({0})",
+                             "\\bar{{{0}}} = \\operatorname{{reshape}}(\\bar{{{y}}})")
+_COPY_TEX = _tex.template("{y} = {0}", "\\bar{{{0}}} = \\bar{{{y}}}")
 
 
 def _inverse(perm):
@@ -26,75 +32,93 @@ def _unsqueeze_to(grad, dim, self_sym_sizes):
 register(OpSpec(
     "view", "ViewBackward0", ("self",), lambda be, self, size: be.reshape(self, size),
     {"self": lambda grad, self_sym_sizes: grad.reshape(self_sym_sizes)},
-    STRUCTURAL, dtype_rule="same", view=True))
+    STRUCTURAL, dtype_rule="same", view=True,
+    formula_tex=_RESHAPE_TEX))
 register(OpSpec(
     "t", "TBackward0", ("self",),
     lambda be, self: be.transpose(self, tuple(range(self.ndim))[::-1]),
-    {"self": lambda grad: grad.t()}, STRUCTURAL, dtype_rule="same", view=True))
+    {"self": lambda grad: grad.t()}, STRUCTURAL, dtype_rule="same", view=True,
+    formula_tex=_tex.template("{y} = {0}^{{\\top}}", "\\bar{{{0}}} = \\bar{{{y}}}^{{\\top}}")))
 register(OpSpec(
     "transpose", "TransposeBackward0", ("self",),
     lambda be, self, dim0, dim1: be.transpose(
         self, _swap(self.ndim, norm(dim0, self.ndim), norm(dim1, self.ndim))),
     {"self": lambda grad, dim0, dim1: grad.transpose(s64(dim0), s64(dim1))},
-    STRUCTURAL, dtype_rule="same", view=True))
+    STRUCTURAL, dtype_rule="same", view=True,
+    formula_tex=_tex.template("{y} = {0}^{{\\top}}", "\\bar{{{0}}} = \\bar{{{y}}}^{{\\top}}")))
 register(OpSpec(
     "permute", "PermuteBackward0", ("self",),
     lambda be, self, dims: be.transpose(self, norms(dims, self.ndim)),
     {"self": lambda grad, dims: grad.permute(_inverse(norms(dims, len(dims))))},
-    STRUCTURAL, dtype_rule="same", view=True))
+    STRUCTURAL, dtype_rule="same", view=True,
+    formula_tex=_tex.template("{y} = \\operatorname{{permute}}({0})",
+                              "\\bar{{{0}}} = \\operatorname{{permute}}^{{-1}}(\\bar{{{y}}})")))
 register(OpSpec(
     "expand", "ExpandBackward0", ("self",), lambda be, self, size: be.broadcast_to(self, size),
     {"self": lambda grad, self_sym_sizes: grad.sum_to_size(self_sym_sizes)},
-    STRUCTURAL, dtype_rule="same", view=True))
+    STRUCTURAL, dtype_rule="same", view=True,
+    formula_tex=_tex.template("{y} = \\operatorname{{expand}}({0})",
+                              "\\bar{{{0}}} = \\textstyle\\sum_{{\\text{{broadcast dims}}}}"
+                              "\\bar{{{y}}}")))
 register(OpSpec(
     "unsqueeze", "UnsqueezeBackward0", ("self",),
     lambda be, self, dim: be.reshape(self, _unsqueezed(self.shape, norm(dim, self.ndim + 1))),
     {"self": lambda grad, dim: grad.squeeze(norm(dim, grad.ndim))}, STRUCTURAL, dtype_rule="same",
-    view=True))
+    view=True,
+    formula_tex=_RESHAPE_TEX))
 register(OpSpec(
     "squeeze", "SqueezeBackward1", ("self",),
     lambda be, self, dim: be.reshape(self, _squeezed(self.shape, dim)),
     {"self": lambda grad, dim, self_sym_sizes: _unsqueeze_to(grad, dim, self_sym_sizes)},
-    STRUCTURAL, dtype_rule="same", view=True))
+    STRUCTURAL, dtype_rule="same", view=True,
+    formula_tex=_RESHAPE_TEX))
 register(OpSpec(
     "squeeze_", "SqueezeBackward4", ("self",),
     lambda be, self, dim: be.reshape(self, _squeezed(self.shape, dim)),
     {"self": lambda grad, dim, self_sym_sizes: _unsqueeze_to(grad, dim, self_sym_sizes)},
     STRUCTURAL, dtype_rule="same", view=True,
-    doc="In-place squeeze; PyTorch's 1-D @ 2-D matmul ends with it."))
+    doc="In-place squeeze; PyTorch's 1-D @ 2-D matmul ends with it.",
+    formula_tex=_RESHAPE_TEX))
 register(OpSpec(
     "squeeze_all", "SqueezeBackward0", ("self",),
     lambda be, self: be.reshape(self, tuple(s for s in self.shape if s != 1)),
     {"self": lambda grad, self_sym_sizes: grad.reshape(self_sym_sizes)},
-    STRUCTURAL, dtype_rule="same", view=True, doc="``squeeze()`` with no dim."))
+    STRUCTURAL, dtype_rule="same", view=True, doc="``squeeze()`` with no dim.",
+    formula_tex=_RESHAPE_TEX))
 register(OpSpec(
     "squeeze_dims", "SqueezeBackward2", ("self",),
     lambda be, self, dim: be.reshape(self, _squeezed_all(self.shape, dim)),
     {"self": lambda grad, dim, self_sym_sizes: grad.reshape(self_sym_sizes)},
-    STRUCTURAL, dtype_rule="same", view=True, doc="``squeeze((d0, d1, ...))``."))
+    STRUCTURAL, dtype_rule="same", view=True, doc="``squeeze((d0, d1, ...))``.",
+    formula_tex=_RESHAPE_TEX))
 register(OpSpec(
     "alias", "AliasBackward0", ("self",), lambda be, self: be.reshape(self, self.shape),
     {"self": lambda grad: grad}, STRUCTURAL, dtype_rule="same", view=True,
-    doc="``x[...]`` and ``x[:, :]``: a new tensor over the same data."))
+    doc="``x[...]`` and ``x[:, :]``: a new tensor over the same data.",
+    formula_tex=_RESHAPE_TEX))
 register(OpSpec(
     "reshape_alias", "ReshapeAliasBackward0", ("self",),
     lambda be, self, size: be.reshape(self, size),
     {"self": lambda grad, self_sym_sizes: grad.reshape(self_sym_sizes)},
     STRUCTURAL, dtype_rule="same", view=True,
-    doc="reshape of a non-contiguous tensor whose strides allow a view."))
+    doc="reshape of a non-contiguous tensor whose strides allow a view.",
+    formula_tex=_RESHAPE_TEX))
 register(OpSpec(
     "unsafe_view", "UnsafeViewBackward0", ("self",),
     lambda be, self, size: be.reshape(self, size),
     {"self": lambda grad, self_sym_sizes: grad.reshape(self_sym_sizes)},
     STRUCTURAL, dtype_rule="same", view=True,
-    doc="reshape of a fresh contiguous copy (reshape of a non-viewable tensor, batched @)."))
+    doc="reshape of a fresh contiguous copy (reshape of a non-viewable tensor, batched @).",
+    formula_tex=_RESHAPE_TEX))
 register(OpSpec(
     "clone", "CloneBackward0", ("self",), lambda be, self: be.copy(self),
-    {"self": lambda grad: grad}, STRUCTURAL, dtype_rule="same"))
+    {"self": lambda grad: grad}, STRUCTURAL, dtype_rule="same",
+    formula_tex=_COPY_TEX))
 register(OpSpec(
     "to_copy", "ToCopyBackward0", ("self",), lambda be, self, dtype: be.cast(self, dtype.np),
     {"self": lambda grad: grad}, STRUCTURAL, dtype_rule="param",
-    doc="dtype casts; the engine casts the gradient back to the input's dtype."))
+    doc="dtype casts; the engine casts the gradient back to the input's dtype.",
+    formula_tex=_COPY_TEX))
 
 
 def _swap(ndim, dim0, dim1):

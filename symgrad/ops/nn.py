@@ -13,6 +13,7 @@ SymPy object-array backend they are the loss's exact meaning (``STRUCTURAL``).
 from __future__ import annotations
 
 from .. import _tensor_layer as _tl
+from . import _tex
 from .linalg import mm_mat1_backward, mm_mat2_backward
 from .registry import register
 from .spec import STRUCTURAL, OpSpec
@@ -56,7 +57,10 @@ register(OpSpec(
      "mat2": lambda grad, mat1, mat2_sym_sizes, mat2_sym_strides, alpha:
         mm_mat2_backward(grad, mat1, mat2_sym_sizes, mat2_sym_strides, alpha)},
     STRUCTURAL, dtype_rule="same_required", fused_backward="addmm_backward",
-    doc="The engine sums self's gradient back to the bias shape, as torch's does."))
+    doc="The engine sums self's gradient back to the bias shape, as torch's does.",
+    formula_tex=_tex.template("{y} = {0} + {1}\\,{2}",
+                              "\\bar{{{0}}} = \\bar{{{y}}},\\quad \\bar{{{1}}} = \\bar{{{y}}}\\,"
+                              "{2}^{{\\top}},\\quad \\bar{{{2}}} = {1}^{{\\top}}\\bar{{{y}}}")))
 
 
 # -- mse_loss --------------------------------------------------------------------------------
@@ -74,7 +78,9 @@ register(OpSpec(
     "mse_loss", "MseLossBackward0", ("self", "target"), _mse_forward,
     {"self": lambda grad, self, target, reduction: _mse_grad(grad, self, target, reduction),
      "target": lambda grad, self, target, reduction: -_mse_grad(grad, self, target, reduction)},
-    STRUCTURAL, dtype_rule="promote", fused_backward="mse_loss_backward"))
+    STRUCTURAL, dtype_rule="promote", fused_backward="mse_loss_backward",
+    formula_tex=_tex.template("{y} = \\frac{{1}}{{n}}\\sum_i ({0}_i - {1}_i)^2",
+                              "\\bar{{{0}}} = \\frac{{2}}{{n}}\\bar{{{y}}}({0} - {1})")))
 
 
 # -- binary_cross_entropy_with_logits ------------------------------------------------------

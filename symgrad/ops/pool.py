@@ -18,6 +18,7 @@ from math import prod
 import numpy as np
 
 from .. import _tensor_layer as _tl
+from . import _tex
 from .registry import OPS, register
 from .spec import STRUCTURAL, OpSpec
 
@@ -245,14 +246,104 @@ def _adaptive_grad(grad, self):
     return _spread_mean(grad, plan, self.shape)
 
 
+# -- readable meanings (the Inspector's formula line), the node's numbers put in -------------
+def _planes(shape) -> list[str]:
+    """Index names of the dims before the two pooled ones: ``n,c`` or ``c``."""
+    lead = len(shape) - 2 if shape is not None else 2
+    return ["n", "c"][2 - lead:] if 0 <= lead <= 2 else [r"\dots"]
+
+
+def _bar_at(out: str, lead: list[str]) -> str:
+    """The output's gradient at one window: ``\\bar{y}[n,c,i,j]``."""
+    return _tex.index(r"\bar{" + out + "}", lead + ["i", "j"])
+
+
+def _window(names, params, shapes, taps=("p", "q")):
+    """(x, leading index, x at the window tap, tap bounds, kernel, padding) of a pool."""
+    k = _tex.ints(params.get("kernel_size"), 2)
+    s = _tex.ints(params.get("stride"), 2, k)
+    pad = _tex.ints(params.get("padding"), 2, (0,))
+    d = _tex.ints(params.get("dilation"), 2, (1,))
+    used = [t if size > 1 else None for t, size in zip(taps, k)]
+    lead = _planes(shapes.get("self"))
+    at = [_tex.window_index(o, t, st, di, pa)
+          for o, t, st, di, pa in zip(("i", "j"), used, s, d, pad)]
+    bounds = _tex.bounds([t for t in used if t], [n for t, n in zip(used, k) if t])
+    return names["self"], lead, _tex.index(names["self"], lead + at), bounds, k, pad
+
+
+def _max_pool_tex(names, out, params, shapes):
+    """``y[n,c,i,j] = max_{p<kh,q<kw} x[n,c, s·i+d·p−pad, …]`` (padding never wins)."""
+    x, lead, x_at, bounds, _k, pad = _window(names, params, shapes)
+    y_at = _tex.index(out, lead + ["i", "j"])
+    forward = rf"{y_at} = \max_{{{bounds}}} {x_at}" if bounds else f"{y_at} = {x_at}"
+    if any(pad):
+        forward += r"\quad(\text{padding is skipped})"
+    star = _window(names, params, shapes, ("p^*", "q^*"))[2]
+    vjp = (rf"\bar{{{x}}}{star[len(x):]} \mathrel{{+}}= "
+           rf"{_bar_at(out, lead)}"
+           r"\quad(p^*,q^*\text{: the first maximum, saved as indices})")
+    return forward, vjp
+
+
+def _avg_pool_tex(names, out, params, shapes):
+    """``y[n,c,i,j] = 1/N Σ_{p<kh,q<kw} x[n,c, s·i+p−pad, …]`` with torch's divisor N."""
+    x, lead, x_at, bounds, k, pad = _window(names, params, shapes)
+    override = params.get("divisor_override")
+    ceil_mode = bool(params.get("ceil_mode"))
+    include = bool(params.get("count_include_pad", True))
+    if override:
+        div, note = str(int(override)), ""
+    elif not ceil_mode and (include or not any(pad)):
+        div, note = str(k[0] * k[1]), ""
+    else:
+        where = "padded input" if include else "input"
+        div, note = "N_{ij}", rf"\quad(N_{{ij}}\text{{: window positions inside the {where}}})"
+    y_at = _tex.index(out, lead + ["i", "j"])
+    total = rf"\sum_{{{bounds}}} {x_at}" if bounds else x_at
+    forward = rf"{y_at} = \frac{{1}}{{{div}}}{total}{note}"
+    if any(pad) and include:
+        forward += r"\quad(\text{zero in the padding})"
+    vjp = (rf"\bar{{{x}}}{x_at[len(x):]} \mathrel{{+}}= "
+           rf"{_bar_at(out, lead)} / {div}")
+    return forward, vjp
+
+
+def _adaptive_range(tap: str, var: str, size: int, out: int) -> str:
+    r"""``2i\le p<2i+2`` (even split) or ``floor(H i/h) <= p < ceil(H (i+1)/h)``."""
+    if out and size % out == 0:
+        k = size // out
+        lo = _tex.window_index(var, None, k, 1, 0)
+        return f"{tap}={var}" if k == 1 else rf"{lo}\le {tap}<{lo}+{k}"
+    return (rf"\lfloor {size}{var}/{out}\rfloor\le {tap}<"
+            rf"\lceil {size}({var}+1)/{out}\rceil")
+
+
+def _adaptive_tex(names, out, params, shapes):
+    """``y[n,c,i,j] = mean over p in [⌊Hi/h⌋, ⌈H(i+1)/h⌉), q likewise, of x[n,c,p,q]``."""
+    xs, ys = shapes.get("self"), shapes.get("result")
+    if xs is None or ys is None or len(xs) < 2 or len(ys) < 2:
+        return None
+    x, lead = names["self"], _planes(xs)
+    ranges = r",\; ".join(_adaptive_range(t, v, xs[d], ys[d])
+                           for t, v, d in (("p", "i", -2), ("q", "j", -1)))
+    y_at = _tex.index(out, lead + ["i", "j"])
+    forward = rf"{y_at} = \operatorname{{mean}}_{{{ranges}}} {_tex.index(x, lead + ['p', 'q'])}"
+    vjp = (rf"\bar{{{x}}}{_tex.index('', lead + ['p', 'q'])} \mathrel{{+}}= "
+           rf"{_bar_at(out, lead)} / N_{{ij}}"
+           r"\quad(\text{every window }(i,j)\text{ holding }(p,q))")
+    return forward, vjp
+
+
 register(OpSpec(
     "max_pool2d_with_indices", "MaxPool2DWithIndicesBackward0", ("self",), _max_pool_forward,
     {"self": _max_pool_grad}, STRUCTURAL, dtype_rule="same", outputs=("result", "result1"),
+    formula_tex=_max_pool_tex,
     doc="values and (non-differentiable) in-plane indices of each window's first maximum."))
 register(OpSpec(
     "avg_pool2d", "AvgPool2DBackward0", ("self",), _avg_pool_forward,
-    {"self": _avg_pool_grad}, STRUCTURAL, dtype_rule="same"))
+    {"self": _avg_pool_grad}, STRUCTURAL, dtype_rule="same", formula_tex=_avg_pool_tex))
 register(OpSpec(
     "adaptive_avg_pool2d", "AdaptiveAvgPool2DBackward0", ("self",), _adaptive_forward,
-    {"self": _adaptive_grad}, STRUCTURAL, dtype_rule="same",
+    {"self": _adaptive_grad}, STRUCTURAL, dtype_rule="same", formula_tex=_adaptive_tex,
     doc="windows [floor(i*H/out), ceil((i+1)*H/out)); torch records MeanBackward1 at 1x1."))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from . import _tex
 from ._ints import norms
 from .registry import register
 from .spec import STRUCTURAL, OpSpec
@@ -38,22 +39,29 @@ register(OpSpec(
     "sum", "SumBackward0", ("self",),
     lambda be, self, dtype=None: be.sum(self, None, False, dtype),
     {"self": lambda grad, self_sym_sizes: grad.expand(self_sym_sizes)},
-    STRUCTURAL, dtype_rule="sum"))
+    STRUCTURAL, dtype_rule="sum",
+    formula_tex=_tex.template("{y} = \\sum_i {0}_i", "\\bar{{{0}}}_i = \\bar{{{y}}}")))
 register(OpSpec(
     "sum_dim", "SumBackward1", ("self",),
     lambda be, self, dim, keepdim, dtype=None: be.sum(self, _axes(dim, self.ndim), keepdim, dtype),
     {"self": lambda grad, dim, keepdim, self_sym_sizes:
         sum_backward(grad, self_sym_sizes, dim, keepdim)},
-    STRUCTURAL, dtype_rule="sum"))
+    STRUCTURAL, dtype_rule="sum",
+    formula_tex=_tex.template("{y} = \\sum_{{i \\in \\mathrm{{dim}}}} {0}_i",
+                              "\\bar{{{0}}} = \\operatorname{{expand}}(\\bar{{{y}}})")))
 register(OpSpec(
     "mean", "MeanBackward0", ("self",),
     lambda be, self: be.mean(self, None, False),
     {"self": lambda grad, self_sym_numel, self_sym_sizes:
         grad.expand(self_sym_sizes) / self_sym_numel},
-    STRUCTURAL, dtype_rule="float_only"))
+    STRUCTURAL, dtype_rule="float_only",
+    formula_tex=_tex.template("{y} = \\frac{{1}}{{n}}\\sum_i {0}_i",
+                              "\\bar{{{0}}}_i = \\bar{{{y}}} / n")))
 register(OpSpec(
     "mean_dim", "MeanBackward1", ("self",),
     lambda be, self, dim, keepdim: be.mean(self, _axes(dim, self.ndim), keepdim),
     {"self": lambda grad, dim, keepdim, self_sym_numel, self_sym_sizes:
         sum_backward(grad, self_sym_sizes, dim, keepdim) / _count(self_sym_sizes, dim)},
-    STRUCTURAL, dtype_rule="float_only"))
+    STRUCTURAL, dtype_rule="float_only",
+    formula_tex=_tex.template("{y} = \\operatorname{{mean}}_{{\\mathrm{{dim}}}}({0})",
+                              "\\bar{{{0}}} = \\operatorname{{expand}}(\\bar{{{y}}}) / n")))

@@ -7,6 +7,7 @@ so the forward replayed by the verifier *is* the op's meaning (STRUCTURAL).
 
 from __future__ import annotations
 
+from . import _tex
 from ._ints import norm, norms
 from .registry import register
 from .spec import STRUCTURAL, OpSpec
@@ -76,16 +77,59 @@ def logsumexp_backward(grad, self, result, dim, keepdim):
     return grad * (self - result).exp()
 
 
+def _along(shapes, params, var: str) -> tuple[list[str], str, int]:
+    """Index of one element along the op's dim (``[\\dots,i]``), the dim, and its size."""
+    shape = shapes.get("result") or shapes.get("self") or ()
+    n = len(shape)
+    if not n:
+        return [], "", 0
+    d = _tex.dim_of(params.get("dim", -1), n)
+    idx = ([r"\dots"] if d > 0 else []) + [var] + ([r"\dots"] if d < n - 1 else [])
+    return idx, rf"\quad(\text{{along dim {d}}})", int(shape[d])
+
+
+def _softmax_tex(names, out, params, shapes):
+    """``y[…,i] = e^{x[…,i]} / Σ_{j<S} e^{x[…,j]}`` along the node's dim."""
+    x = names["self"]
+    i_at, note, size = _along(shapes, params, "i")
+    if not i_at:
+        return f"{out} = 1", None
+    j_at = _along(shapes, params, "j")[0]
+    forward = (rf"{_tex.index(out, i_at)} = \frac{{e^{{{_tex.index(x, i_at)}}}}}"
+               rf"{{\sum_{{j<{size}}} e^{{{_tex.index(x, j_at)}}}}}{note}")
+    vjp = (rf"\bar{{{x}}} = {out}\odot(\bar{{{out}}} - \textstyle\sum_j "
+           rf"\bar{{{out}}}_j {out}_j)")
+    return forward, vjp
+
+
+def _log_softmax_tex(names, out, params, shapes):
+    """``y[…,i] = x[…,i] − log Σ_{j<S} e^{x[…,j]}`` along the node's dim."""
+    x = names["self"]
+    i_at, note, size = _along(shapes, params, "i")
+    if not i_at:
+        return f"{out} = 0", None
+    j_at = _along(shapes, params, "j")[0]
+    forward = (rf"{_tex.index(out, i_at)} = {_tex.index(x, i_at)} - "
+               rf"\log\sum_{{j<{size}}} e^{{{_tex.index(x, j_at)}}}{note}")
+    vjp = (rf"\bar{{{x}}} = \bar{{{out}}} - e^{{{out}}}\textstyle\sum_j "
+           rf"\bar{{{out}}}_j")
+    return forward, vjp
+
+
 register(OpSpec(
     "softmax", "SoftmaxBackward0", ("self",), _softmax,
     {"self": lambda grad, dim, result: softmax_backward(grad, result, dim)},
-    STRUCTURAL, dtype_rule="same", fused_backward="softmax_backward"))
+    STRUCTURAL, dtype_rule="same", fused_backward="softmax_backward",
+    formula_tex=_softmax_tex))
 register(OpSpec(
     "log_softmax", "LogSoftmaxBackward0", ("self",), _log_softmax,
     {"self": lambda grad, dim, result: log_softmax_backward(grad, result, dim)},
-    STRUCTURAL, dtype_rule="same", fused_backward="log_softmax_backward"))
+    STRUCTURAL, dtype_rule="same", fused_backward="log_softmax_backward",
+    formula_tex=_log_softmax_tex))
 register(OpSpec(
     "logsumexp", "LogsumexpBackward0", ("self",), _logsumexp,
     {"self": lambda grad, dim, keepdim, result, self:
         logsumexp_backward(grad, self, result, dim, keepdim)},
-    STRUCTURAL, dtype_rule="float"))
+    STRUCTURAL, dtype_rule="float",
+    formula_tex=_tex.template("{y} = \\log\\sum_i e^{{{0}_i}}",
+                              "\\bar{{{0}}}_i = \\bar{{{y}}}\\,e^{{{0}_i - {y}}}")))

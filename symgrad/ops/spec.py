@@ -81,6 +81,13 @@ class OpSpec:
     #: default; None where the forward calls another op's kernel (``x ** 2`` uses the
     #: ``pow`` kernel of ``pow_tensor``) and ``scalar`` only drives the fused backward
     kernel: str | None = ""
+    #: the op's readable meaning for views (the Inspector's formula line), where its SymPy
+    #: meaning is STRUCTURAL and says nothing readable: ``formula_tex(names, out, params,
+    #: shapes) -> (forward LaTeX, vector-Jacobian products LaTeX or None)`` or None. ``names``
+    #: maps each input, in ``inputs`` order, to its LaTeX name (None: no tensor there),
+    #: ``out`` is the output's, ``params`` holds the saved non-tensor arguments (stride,
+    #: padding ...) and ``shapes`` the shapes of the inputs and of ``"result"``.
+    formula_tex: Callable[..., Any] | None = None
 
     # derived in __post_init__
     formula_params: dict[str, tuple[str, ...]] = field(init=False, repr=False)

@@ -511,6 +511,7 @@ def _run_exact(rep, graph, engine, engine_name, gradient, engine_grads, tol_for,
     rep.ran.append("exact")
     pending = []
     dterms = None
+    fwd_nonfinite = any(_forward_nonfinite(graph))
     for lf in graph.leaves:
         if not (lf.requires_grad and lf.is_float):
             continue
@@ -544,8 +545,14 @@ def _run_exact(rep, graph, engine, engine_name, gradient, engine_grads, tol_for,
                                          finite=np.isfinite(s))
                 err, rel, ok = _compare(e, s, 0.0, 0.0, allowed)
         # compared where the symbolic value is finite (an engine nan/inf there fails);
-        # every non-finite element, engine or symbolic, goes to a row of its own
+        # every non-finite element, engine or symbolic, goes to a row of its own. Where the
+        # forward itself holds nan/inf, an engine nan/inf against a finite symbolic value is
+        # IEEE arithmetic (0 * inf = nan) that SymPy cancelled (0 * x = 0 before x = inf),
+        # not a wrong rule: it goes to the non-finite row only, and the local checks that
+        # follow still name any node whose rule makes it
         sfin = np.isfinite(s)
+        if fwd_nonfinite:
+            sfin = sfin & np.isfinite(e)
         ok = ok | ~sfin
         err = np.where(sfin, np.where(np.isnan(err), np.inf, err), 0.0)
         rel = np.where(sfin, np.where(np.isnan(rel), np.inf, rel), 0.0)
@@ -647,34 +654,71 @@ def _nonfinite_row(rep, lf, e, s=None) -> None:
     rep.ok = False
 
 
-def _explain_nonfinite(rep, graph, backward_origin: str) -> None:
-    """Say where the nan/inf of each non-finite row arose: an input that holds it, the
-    forward of the first node that made it from finite inputs, or the backward of the
-    node (nearest the root) whose rule made it from finite values."""
-    origin = ""
+def _first_nonfinite(v) -> tuple[float, list] | None:
+    """(value, index) of the first nan (else the first ±inf) in a float array; None if finite."""
+    v = np.asarray(v)
+    if v.dtype.kind != "f" or np.isfinite(v).all():
+        return None
+    flat = v.reshape(-1)
+    nan = np.isnan(flat)
+    i = int(np.argmax(nan)) if nan.any() else int(np.argmax(~np.isfinite(flat)))
+    return float(flat[i]), list(as_index(i, v.shape) or [])
+
+
+def _forward_nonfinite(graph) -> tuple[str, str, str]:
+    """Where nan and ±inf enter the recorded forward: (nan origin, inf origin made from finite
+    values, inf origin at all), each "" if none. An input holding it, or the first node (in
+    forward order) whose output holds it although its own inputs and numbers do not."""
+    nan_at = inf_made = inf_any = ""
     for lf in graph.leaves:
-        v = np.asarray(lf.value)
-        if v.dtype.kind == "f" and not np.isfinite(v).all():
-            i = int(np.argmax(~np.isfinite(v.reshape(-1))))
-            where = list(as_index(i, v.shape) or [])
-            origin = f"input {lf.name} holds {float(v.reshape(-1)[i]):g} at {where}"
-            break
-    if not origin:
-        for g in graph.nodes:
-            for nr in range(len(g.out_shapes)):
-                try:
-                    v = np.asarray(graph.value_of(("node", g.index, nr)))
-                except Exception:  # noqa: BLE001  (no recorded value: nothing to say)
-                    continue
-                if v.dtype.kind == "f" and not np.isfinite(v).all():
-                    i = int(np.argmax(~np.isfinite(v.reshape(-1))))
-                    origin = (f"the forward of {g.name} gives {float(v.reshape(-1)[i]):g} "
-                              f"at {list(as_index(i, v.shape) or [])} from finite inputs")
-                    break
-            if origin:
-                break
-    if not origin and backward_origin:
-        origin = backward_origin
+        hit = _first_nonfinite(lf.value)
+        if hit is None:
+            continue
+        text = f"input {lf.name} holds {hit[0]:g} at {hit[1]}"
+        if np.isnan(hit[0]):
+            return text, inf_made, inf_any or text
+        inf_any = inf_any or text
+    for g in graph.nodes:
+        try:
+            ins = graph.node_inputs(g)
+            outs = [graph.value_of(("node", g.index, nr)) for nr in range(len(g.out_shapes))]
+        except Exception:  # noqa: BLE001  (no recorded value: nothing to say)
+            continue
+        # Python numbers (scalar operands, float params) enter here, not at a leaf
+        numbers = [v for r, v in zip(g.inputs, ins) if r[0] == "scalar"]
+        numbers += [v for v in g.params.values() if isinstance(v, (float, np.floating))]
+        for v in numbers:
+            if isinstance(v, (float, np.floating)) and np.isnan(v):
+                return (f"the number nan is an operand of {g.name}", inf_made,
+                        inf_any or f"the number nan is an operand of {g.name}")
+        in_hits = [h for h in map(_first_nonfinite, list(ins) + numbers) if h is not None]
+        in_nan = any(np.isnan(h[0]) for h in in_hits)
+        for out in outs:
+            hit = _first_nonfinite(out)
+            if hit is None:
+                continue
+            made = "from finite inputs" if not in_hits else "from inputs holding ±inf"
+            text = f"the forward of {g.name} gives {hit[0]:g} at {hit[1]} {made}"
+            if np.isnan(hit[0]) and not in_nan:
+                return text, inf_made, inf_any or text
+            if not in_hits and not inf_made:
+                inf_made = text
+            inf_any = inf_any or text
+    return nan_at, inf_made, inf_any
+
+
+def _explain_nonfinite(rep, graph, backward_origin: str) -> None:
+    """Say where the nan/inf of each non-finite row arose, and decide whether non-finite
+    forward values alone make the report not ok.
+
+    A nan anywhere in the forward (an input holding it, inf - inf, 0 * inf, softmax of a row
+    that is all -inf) or a non-finite root value is reported (status ``non-finite``) even
+    where every gradient is finite. ±inf inside the graph is not in itself a fault: an
+    attention mask of -inf that exp, softmax or max turns into exact zeros is correct, and
+    any harm it does shows as a non-finite gradient row or a failed check; such a graph is
+    ok, with a note saying where the infinities are."""
+    nan_at, inf_made, inf_any = _forward_nonfinite(graph)
+    origin = nan_at or inf_made or backward_origin or inf_any
     for row in rep.leaves:
         if row.status not in ("non-finite", "could not evaluate"):
             continue
@@ -683,12 +727,19 @@ def _explain_nonfinite(rep, graph, backward_origin: str) -> None:
                          else "the engine's backward (every forward value is finite)")
         row.detail = f"{getattr(row, 'detail', '')}; arose in: {why}"
         rep.notes.append(f"{row.name}: {row.status}: {row.detail}")
-    if origin.startswith("input ") and not any(r.status in ("non-finite",
-                                                            "could not evaluate")
-                                               for r in rep.leaves):
+    if any(r.status in ("non-finite", "could not evaluate") for r in rep.leaves):
+        return
+    root = _first_nonfinite(graph.root_value)
+    if nan_at or root is not None:
         rep.ok = False
-        rep.notes.append(f"non-finite input: {origin}; the gradients through it are not "
+        what = nan_at or f"the root holds {root[0]:g} at {root[1]}"
+        if root is not None and nan_at:
+            what += f"; the root holds {root[0]:g} at {root[1]}"
+        rep.notes.append(f"non-finite value: {what}; the gradients through it are not "
                          "meaningful, so the report is not ok")
+    elif inf_any:
+        rep.notes.append(f"forward values hold ±inf (first: {inf_any}); every gradient and "
+                         "the root are finite, so they are checked like any other value")
 
 
 def _status(rep) -> str:
@@ -701,7 +752,7 @@ def _status(rep) -> str:
         if st in statuses:
             return st
     if not rep.ok:
-        return "non-finite" if any("non-finite input" in n for n in rep.notes) \
+        return "non-finite" if any(n.startswith("non-finite value: ") for n in rep.notes) \
             else "mismatch"
     return "ok"
 

@@ -969,23 +969,61 @@ class CudaBackend:
         return _is_array(a) and _is_array(b) and a.block is b.block
 
     # -- issue 21 tensor functions: scans and sorting along one axis --------------------------
-    # Staged through the host for now (one copy each way): correct on every device, and the
-    # ops that use them (cumsum, cumprod, sort, topk) are rare in a training step.
     @staticmethod
     def cumsum(x, axis):
-        return CudaBackend.from_host(np.cumsum(CudaBackend.to_host(x), axis=axis))
+        """Running sum along ``axis`` on the device (one thread per row, in order)."""
+        return _scan(x, axis, prod=False)
 
     @staticmethod
     def cumprod(x, axis):
-        return CudaBackend.from_host(np.cumprod(CudaBackend.to_host(x), axis=axis))
+        """Running product along ``axis`` on the device (one thread per row, in order)."""
+        return _scan(x, axis, prod=True)
 
     @staticmethod
     def sort(x, axis, descending=False):
-        from ..numpy_backend import sort_by_keys
+        """(values, int64 indices) along ``axis``: stable, NaN largest, ties in their order
+        in both directions (as the NumPy reference), on the device: a bitonic network on
+        (value, position) pairs, in shared memory for rows of up to ``K.SORT_MAX`` (1024)
+        elements, in a padded global scratch for longer ones."""
+        x = _coerce(x)
+        axis = axis % x.ndim
+        vals, idxs = _new(x.shape, x.dtype), _new(x.shape, np.int64)
+        if x.size:
+            kshape, kst = _rows_along(x, axis)
+            K.sort_rows(bool(descending), vals.buf, idxs.buf, kst(vals), vals.estrides[axis],
+                        x.buf, x.offset, kst(x), x.estrides[axis], kshape, _prod(kshape),
+                        x.shape[axis], allocator.allocate)
+        return vals, idxs
 
-        host = CudaBackend.to_host(x)
-        values, idx = sort_by_keys(host, host, axis, descending)
-        return CudaBackend.from_host(values), CudaBackend.from_host(idx)
+
+def _rows_along(x: CudaArray, axis: int):
+    """The kept dims' shape (rows = its product) when working along ``axis``, and a function
+    giving an array's strides over them (scan and sort kernels take one row per thread or
+    block)."""
+    kept = [i for i in range(x.ndim) if i != axis]
+    kshape = tuple(x.shape[i] for i in kept) or (1,)
+
+    def kst(a: CudaArray) -> tuple:
+        return tuple(a.estrides[i] for i in kept) or (0,)
+
+    return kshape, kst
+
+
+def _scan(x, axis: int, prod: bool) -> CudaArray:
+    """cumsum / cumprod along ``axis`` in NumPy's result dtype (ints and bools in int64)."""
+    x = _coerce(x)
+    dt = (np.cumprod if prod else np.cumsum)(np.zeros(1, x.dtype)).dtype
+    if x.dtype != dt:
+        x = CudaBackend.cast(x, dt)
+    if x.ndim == 0:
+        return CudaBackend.copy(CudaBackend.reshape(x, (1,)))
+    axis = axis % x.ndim
+    out = _new(x.shape, dt)
+    if x.size:
+        kshape, kst = _rows_along(x, axis)
+        K.scan_rows(prod, out.buf, kst(out), out.estrides[axis], x.buf, x.offset, kst(x),
+                    x.estrides[axis], kshape, _prod(kshape), x.shape[axis])
+    return out
 
 
 def _stanza_inplace(kernel: str):

@@ -1,5 +1,5 @@
-"""numba.cuda kernels: elementwise (n-ary, fused backward), reductions, matmul, gather/scatter,
-fill, arange and random numbers.
+"""numba.cuda kernels: elementwise (n-ary, fused backward), reductions, scans and sorts along
+a dim, matmul, gather/scatter, fill, arange and random numbers.
 
 Every kernel reads its operands from flat 1-D device buffers through an element offset and
 per-dim element strides (a view is just different offset/strides), so transposes,
@@ -32,7 +32,8 @@ from ...ops.elementwise import (
 from ...ops.scalar import build, define
 
 __all__ = ["SIM", "stats", "elementwise", "reduce_rows", "arg_reduce_rows", "matmul",
-           "gather", "scatter", "arange", "random", "error_flag", "softmax_rows_backward"]
+           "gather", "scatter", "arange", "random", "error_flag", "softmax_rows_backward",
+           "scan_rows", "sort_rows", "SORT_MAX"]
 
 SIM = bool(config.ENABLE_CUDASIM)
 
@@ -534,6 +535,231 @@ def softmax_rows_backward(log: bool, out, okst, orr, g, go, gkst, gr, y, yo, yks
         kernel = _SMB_CACHE[key] = _build_softmax_rows_backward(dt, log)
     launch(kernel, min(rows, RED_MAX_BLOCKS), RED_TPB, out, okst, orr, g, go, gkst, gr, y,
            yo, ykst, yr, kshape, rows, K)
+
+
+# -- scans (cumsum / cumprod) and sorts along one dim ------------------------------------------
+#: Rows up to this long are sorted by one block each in shared memory; longer ones by the
+#: same network in global memory, one launch per stage (both on the device).
+SORT_MAX = 1024
+SORT_TPB = 8 if SIM else 512  # at most SORT_MAX // 2: one thread per compared pair
+SCAN_TPB = EW_TPB
+
+_SCAN_CACHE: dict = {}
+_SORT_CACHE: dict = {}
+
+
+def _build_scan(dt: np.dtype, prod: bool):
+    def kernel(out, okst, orr, a, ao, akst, ar, kshape, rows, K):
+        row = cuda.grid(1)
+        while row < rows:
+            ab = ao + _off(row, kshape, akst)
+            ob = _off(row, kshape, okst)
+            acc = a[ab]
+            out[ob] = acc
+            for k in range(1, K):  # in order, as NumPy's accumulate: the same rounding
+                if prod:
+                    acc = acc * a[ab + k * ar]
+                else:
+                    acc = acc + a[ab + k * ar]
+                out[ob + k * orr] = acc
+            row += cuda.gridsize(1)
+
+    kernel.__name__ = f"{'cumprod' if prod else 'cumsum'}_rows_{dt.name}"
+    return _jit(kernel)
+
+
+def scan_rows(prod: bool, out, okst, orr, a, ao, akst, ar, kshape, rows, K) -> None:
+    """``out`` = the running sum (or product) of ``a`` along one dim of length ``K``, one
+    thread per row; ``*kst``: each operand's strides over the ``kshape`` kept dims (``rows``
+    = their product), ``ar``/``orr``: the strides along the scanned dim."""
+    if rows == 0 or K == 0:
+        return
+    dt = np.dtype(out.dtype)
+    key = (dt, prod)
+    kernel = _SCAN_CACHE.get(key)
+    if kernel is None:
+        kernel = _SCAN_CACHE[key] = _build_scan(dt, prod)
+    launch(kernel, _grid(rows, SCAN_TPB, EW_MAX_BLOCKS), SCAN_TPB, out, okst, orr, a, ao, akst,
+           ar, kshape, rows, K)
+
+
+def _sort_order(descending: bool):
+    """The device function ``first(v, i, w, j, K)``: does value v at position i come before
+    w at j? Positions >= K are padding (last); NaN is the largest value; equal values keep
+    their positions' order, so the order is total and the sort stable."""
+
+    def first(v, i, w, j, K):
+        if i >= K:
+            return False
+        if j >= K:
+            return True
+        vn = v != v
+        wn = w != w
+        if vn or wn:
+            if vn and wn:
+                return i < j
+            return vn if descending else wn
+        if v == w:
+            return i < j
+        if descending:
+            return v > w
+        return v < w
+
+    return _device(first)
+
+
+def _build_sort(dt: np.dtype, descending: bool):
+    V = _numba_type(dt)
+    I64 = _numba_type(np.int64)
+    N = SORT_MAX
+    first_d = _sort_order(descending)
+
+    def kernel(vals, idxs, okst, orr, a, ao, akst, ar, kshape, rows, K, P):
+        keys = cuda.shared.array(N, V)
+        pos = cuda.shared.array(N, I64)
+        t = cuda.threadIdx.x
+        nt = cuda.blockDim.x
+        row = cuda.blockIdx.x
+        while row < rows:
+            ab = ao + _off(row, kshape, akst)
+            e = t
+            while e < P:
+                if e < K:
+                    keys[e] = a[ab + e * ar]
+                pos[e] = e
+                e += nt
+            cuda.syncthreads()
+            # bitonic network over P = 2^m slots, on (value, position) pairs: a total order,
+            # so the result is the stable sort whatever the network's pairing
+            k = 2
+            while k <= P:
+                j = k // 2
+                while j > 0:
+                    e = t
+                    while e < P:
+                        q = e ^ j
+                        if q > e:
+                            if (e & k) == 0:
+                                swap = first_d(keys[q], pos[q], keys[e], pos[e], K)
+                            else:
+                                swap = first_d(keys[e], pos[e], keys[q], pos[q], K)
+                            if swap:
+                                kv = keys[e]
+                                keys[e] = keys[q]
+                                keys[q] = kv
+                                kp = pos[e]
+                                pos[e] = pos[q]
+                                pos[q] = kp
+                        e += nt
+                    cuda.syncthreads()
+                    j //= 2
+                k *= 2
+            ob = _off(row, kshape, okst)
+            e = t
+            while e < K:
+                vals[ob + e * orr] = keys[e]
+                idxs[ob + e * orr] = pos[e]
+                e += nt
+            cuda.syncthreads()  # every thread has written before the next row is loaded
+            row += cuda.gridDim.x
+
+    kernel.__name__ = f"sort_rows_{dt.name}{'_desc' if descending else ''}"
+    return _jit(kernel)
+
+
+def _build_sort_steps(dt: np.dtype, descending: bool):
+    """Rows longer than SORT_MAX: the same bitonic network on (value, position) pairs in a
+    padded global scratch (rows x P), one launch per stage (load, each (k, j), store)."""
+    first_d = _sort_order(descending)
+
+    def load(keys, pos, a, ao, akst, ar, kshape, rows, K, P):
+        i = cuda.grid(1)
+        while i < rows * P:
+            row = i // P
+            e = i - row * P
+            if e < K:
+                keys[i] = a[ao + _off(row, kshape, akst) + e * ar]
+            pos[i] = e
+            i += cuda.gridsize(1)
+
+    def step(keys, pos, rows, K, P, k, j):
+        i = cuda.grid(1)
+        half = P // 2
+        while i < rows * half:
+            row = i // half
+            h = i - row * half
+            e = (h // j) * 2 * j + (h - (h // j) * j)  # the pair's lower slot: bit j clear
+            q = e + j
+            b = row * P
+            if (e & k) == 0:
+                swap = first_d(keys[b + q], pos[b + q], keys[b + e], pos[b + e], K)
+            else:
+                swap = first_d(keys[b + e], pos[b + e], keys[b + q], pos[b + q], K)
+            if swap:
+                kv = keys[b + e]
+                keys[b + e] = keys[b + q]
+                keys[b + q] = kv
+                kp = pos[b + e]
+                pos[b + e] = pos[b + q]
+                pos[b + q] = kp
+            i += cuda.gridsize(1)
+
+    def store(vals, idxs, okst, orr, keys, pos, kshape, rows, K, P):
+        i = cuda.grid(1)
+        while i < rows * K:
+            row = i // K
+            e = i - row * K
+            o = _off(row, kshape, okst) + e * orr
+            vals[o] = keys[row * P + e]
+            idxs[o] = pos[row * P + e]
+            i += cuda.gridsize(1)
+
+    tag = f"{dt.name}{'_desc' if descending else ''}"
+    load.__name__, step.__name__, store.__name__ = (f"sort_load_{tag}", f"sort_step_{tag}",
+                                                    f"sort_store_{tag}")
+    return _jit(load), _jit(step), _jit(store)
+
+
+def sort_rows(descending: bool, vals, idxs, okst, orr, a, ao, akst, ar, kshape, rows,
+              K, alloc) -> None:
+    """Stable sort of each row of ``a`` along one dim of length ``K`` (NaN largest, ties in
+    their original order in both directions, as NumPy's stable argsort and torch's
+    ``stable=True``): values into ``vals``, int64 positions into ``idxs``. Rows up to
+    ``SORT_MAX`` take one block each, a bitonic network in shared memory; longer rows the
+    same network in a padded scratch from ``alloc`` (one launch per stage). Strides as
+    :func:`scan_rows`."""
+    if rows == 0 or K == 0:
+        return
+    dt = np.dtype(a.dtype)
+    P = 1
+    while P < K:
+        P *= 2
+    if K <= SORT_MAX:
+        key = (dt, bool(descending))
+        kernel = _SORT_CACHE.get(key)
+        if kernel is None:
+            kernel = _SORT_CACHE[key] = _build_sort(dt, bool(descending))
+        launch(kernel, min(rows, RED_MAX_BLOCKS), max(1, min(P // 2, SORT_TPB)), vals, idxs,
+               okst, orr, a, ao, akst, ar, kshape, rows, K, P)
+        return
+    key = ("steps", dt, bool(descending))
+    kernels = _SORT_CACHE.get(key)
+    if kernels is None:
+        kernels = _SORT_CACHE[key] = _build_sort_steps(dt, bool(descending))
+    load, step, store = kernels
+    keys, pos = alloc(rows * P, dt), alloc(rows * P, np.dtype(np.int64))
+    launch(load, _grid(rows * P, EW_TPB, EW_MAX_BLOCKS), EW_TPB, keys.data, pos.data, a, ao,
+           akst, ar, kshape, rows, K, P)
+    k = 2
+    while k <= P:
+        j = k // 2
+        while j > 0:
+            launch(step, _grid(rows * (P // 2), EW_TPB, EW_MAX_BLOCKS), EW_TPB, keys.data,
+                   pos.data, rows, K, P, k, j)
+            j //= 2
+        k *= 2
+    launch(store, _grid(rows * K, EW_TPB, EW_MAX_BLOCKS), EW_TPB, vals, idxs, okst, orr,
+           keys.data, pos.data, kshape, rows, K, P)
 
 
 # -- matmul: shared-memory tiles, a register block per thread, batched over grid z ----------
