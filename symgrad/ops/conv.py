@@ -150,6 +150,11 @@ _ALL2 = (slice(None), slice(None))
 
 def _conv_forward(be, input, weight, bias, stride, padding, dilation, transposed,
                   output_padding, groups, bias_sym_sizes_opt):
+    fast = None if transposed else getattr(be, "convolution", None)
+    if fast is not None:  # a numeric backend's one-call kernel; None: it declines
+        out = fast(input, weight, bias, stride, padding, dilation, groups)
+        if out is not None:
+            return out
     plan = _plan(input.shape, weight.shape, stride, padding, dilation, groups)
     cols = gather_columns(be, input, plan)
     o, g = plan.out_channels, plan.groups
@@ -244,7 +249,7 @@ def _formula(which):
 register(OpSpec(
     "convolution", "ConvolutionBackward0", ("input", "weight", "bias"), _conv_forward,
     {"input": _formula("input"), "weight": _formula("weight"), "bias": _formula("bias")},
-    STRUCTURAL, dtype_rule="same",
+    STRUCTURAL, dtype_rule="same", fused_backward="convolution_backward",
     doc="conv1d/conv2d (bias may be None: no edge); im2col gather + matmul."))
 
 
