@@ -1,9 +1,11 @@
-"""Convolution on NumPy arrays, for the numpy and cpu backends: the op's fast kernels.
+"""Convolution on NumPy arrays: the op's fast kernels for the numpy and cpu backends.
 
 ``symgrad/ops/conv.py`` defines the convolution once (its generic lowering, the backward
-formulas, the SymPy meaning); ``be.convolution`` and ``be.convolution_backward`` here
-compute the same numbers without the per-tap slices, the ``stack`` and the int64 col2im
-index of the generic path:
+formulas, the SymPy meaning); ``be.convolution`` (numpy and cpu backends) and the fused
+``be.convolution_backward`` (cpu backend; the NumPy oracle runs the formulas, as for every
+fused op) compute the same numbers from these functions without the per-tap slices, the
+``stack`` and the int64 col2im index of the generic path. The cuda backend follows the
+same layout with its own launches.
 
 * im2col writes every tap of every image into ONE contiguous buffer laid out per image,
   ``(N, C, kernel..., out...)``, viewed as ``(N, groups, rows, P)`` (rows = C/groups *

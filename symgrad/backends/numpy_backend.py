@@ -231,17 +231,6 @@ class NumpyBackend:
         geo = _conv.geometry(input.shape, weight.shape, stride, padding, dilation, groups)
         return None if geo is None else _conv.forward(input, weight, bias, geo)
 
-    @staticmethod
-    def convolution_backward(grad, needed, bias_sym_sizes_opt, dilation, groups, input,  # noqa: A002
-                             output_padding, padding, stride, transposed, weight):
-        """ConvolutionBackward0's three formulas on arrays (no graph recorded), or None."""
-        if transposed or not _conv.accepts(grad, input, weight):
-            return None
-        geo = _conv.geometry(input.shape, weight.shape, stride, padding, dilation, groups)
-        if geo is None:
-            return None
-        return _conv.backward(grad, needed, input, weight, geo)
-
 
 def sort_by_keys(x, keys, axis, descending):
     """``x`` sorted along ``axis`` by the NumPy array ``keys`` (stable): (values, indices)."""

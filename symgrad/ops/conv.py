@@ -12,6 +12,13 @@ index array computed here in NumPy (every entry in range by construction; paddin
 at one extra element that is dropped); the weight gradient is ``grad @ columns^T`` with
 the columns sliced again from the saved input (torch saves the input, not the columns);
 the bias gradient is a sum.
+
+Numeric backends may compute the same numbers faster: the forward first asks the backend
+for a one-call kernel ``be.convolution`` (numpy, cpu, cuda: im2col into one buffer and one
+batched product, see backends/conv_numpy.py; None declines: integers, empty sizes), and
+``fused_backward="convolution_backward"`` stands in for the three formulas when no graph
+is recorded (cpu, cuda). create_graph, the SymPy backend and whatever a kernel declines run
+the lowering and formulas here.
 """
 
 from __future__ import annotations
