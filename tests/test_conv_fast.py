@@ -201,3 +201,19 @@ def test_replaced_formulas_are_not_bypassed(cpu_backend, generic_calls, monkeypa
     F.conv2d(x, w).sum().backward()
     assert np.all(w.grad.numpy() == 7)
     assert generic_calls()["index"] == 1  # the input formula's col2im ran too
+
+
+def test_parallel_loops_give_the_serial_results(on_cpu, monkeypatch):
+    """Above PARALLEL_MIN the Numba im2col/col2im run on all cores, one plane per thread
+    (no two threads add into one element): the same bits as the serial loops."""
+    (x, w, b), _ = _tensors((3, 4, 9, 8), (6, 4, 3, 3), True, "float32")
+    g = sg.tensor(np.random.default_rng(5).uniform(-1, 1, (3, 6, 5, 3)), dtype=sg.float32)
+
+    def run():
+        y = F.conv2d(x, w, b, stride=(2, 2), padding=(1, 1), dilation=(1, 2))
+        return [y.detach().numpy()] + [t.numpy() for t in sg.autograd.grad(y, (x, w, b), g)]
+
+    serial = run()
+    monkeypatch.setattr(cpu_backend_module, "PARALLEL_MIN", 0)
+    for a, e in zip(run(), serial, strict=True):
+        assert np.array_equal(a, e)
