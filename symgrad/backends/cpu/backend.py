@@ -656,6 +656,9 @@ for _kernel in scalar_kernels():
         setattr(CpuBackend, _kernel, _method)
     elif _arity == 1 and _lone_call(OPS[_kernel].scalar) in _QUIET_DOMAIN:
         setattr(CpuBackend, _kernel, _one_value_fast(_kernel, _ref))
+
+
+# -- convolution: Numba im2col / col2im for conv_numpy's forward and backward ----------------
 def _planes(geo):
     """conv1d/conv2d geometry as 2-D planes: (H, W, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw);
     a conv1d is a conv2d of height 1. None for other ranks (NumPy's gather runs)."""
