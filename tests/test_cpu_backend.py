@@ -548,6 +548,12 @@ NN_CASES = {
     "mse_loss-none": (lambda m, a, b: m.nn.functional.mse_loss(a, b, reduction="none"),
                       [(2, 3), (2, 3)]),
     "mse_loss-broadcast": (lambda m, a, b: m.nn.functional.mse_loss(a, b), [(3, 4), (4,)]),
+    # conv: im2col + batched BLAS forward/backward (backends/conv_numpy.py)
+    "convolution": (lambda m, x, w, b: m.nn.functional.conv2d(x, w, b, stride=2, padding=1,
+                                                              groups=2),
+                    [(2, 4, 6, 5), (6, 2, 3, 3), (6,)]),
+    "convolution-1d": (lambda m, x, w: m.nn.functional.conv1d(x, w, padding=2, dilation=2),
+                       [(3, 2, 7), (4, 2, 3)]),
 }
 
 
@@ -563,7 +569,7 @@ def _lib(module):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.filterwarnings("ignore:Using a target size")  # torch, on the broadcast case
 def test_nn_fused_backward_equals_formulas_and_torch(case, dtype, on_cpu, rng, torch):
-    """addmm's and mse_loss's one-call backward (no graph recorded) agrees with their
+    """addmm's, mse_loss's and conv's one-call backward (no graph recorded) agrees with their
     tensor-op formulas (create_graph) and with torch, values and memory layout alike."""
     fn, shapes = NN_CASES[case]
     xs = [sg.tensor(_signed(rng, shp, dtype), requires_grad=True) for shp in shapes]

@@ -25,6 +25,10 @@ STRUCTURAL = ("sum", "mean", "amax", "amin", "argmax", "argmin", "matmul", "resh
               # -- issue 21 tensor functions
               "cumsum", "cumprod", "sort")
 KERNELS = ELEMENTWISE + STRUCTURAL
+#: Kernels a backend MAY provide: an op's forward asks with ``getattr(be, name, None)`` and
+#: runs its generic lowering where there is none or it returns None (declines).
+#: ``convolution``: conv1d/conv2d in one call (numpy, cpu, cuda; backends/conv_numpy.py).
+OPTIONAL = ("convolution",)
 
 
 class Backend(Protocol):

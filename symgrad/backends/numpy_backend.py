@@ -10,6 +10,7 @@ import numpy as np
 from ..ops import OPS
 from ..ops.elementwise import scalar_kernels
 from ..ops.scalar import TRANSCENDENTAL, build
+from . import conv_numpy as _conv
 
 __all__ = ["NUMPY_MATH", "NumpyBackend", "numpy_kernel"]
 
@@ -219,6 +220,16 @@ class NumpyBackend:
         """(values, int64 indices) along ``axis``, stable; NaN sorts as the largest, and
         ties keep their order in both directions (torch's ``stable=True``)."""
         return sort_by_keys(x, x, axis, descending)
+
+    # -- convolution: im2col into one buffer + one batched BLAS product (conv_numpy.py) -------
+    @staticmethod
+    def convolution(input, weight, bias, stride, padding, dilation, groups):  # noqa: A002
+        """conv1d/conv2d forward in one call, or None to decline (the op's generic lowering
+        then runs): float arrays of one dtype, non-empty sizes."""
+        if not _conv.accepts(input, weight, bias):
+            return None
+        geo = _conv.geometry(input.shape, weight.shape, stride, padding, dilation, groups)
+        return None if geo is None else _conv.forward(input, weight, bias, geo)
 
 
 def sort_by_keys(x, keys, axis, descending):

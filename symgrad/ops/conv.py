@@ -12,6 +12,13 @@ index array computed here in NumPy (every entry in range by construction; paddin
 at one extra element that is dropped); the weight gradient is ``grad @ columns^T`` with
 the columns sliced again from the saved input (torch saves the input, not the columns);
 the bias gradient is a sum.
+
+Numeric backends may compute the same numbers faster: the forward first asks the backend
+for a one-call kernel ``be.convolution`` (numpy, cpu, cuda: im2col into one buffer and one
+batched product, see backends/conv_numpy.py; None declines: integers, empty sizes), and
+``fused_backward="convolution_backward"`` stands in for the three formulas when no graph
+is recorded (cpu, cuda). create_graph, the SymPy backend and whatever a kernel declines run
+the lowering and formulas here.
 """
 
 from __future__ import annotations
@@ -151,6 +158,11 @@ _ALL2 = (slice(None), slice(None))
 
 def _conv_forward(be, input, weight, bias, stride, padding, dilation, transposed,
                   output_padding, groups, bias_sym_sizes_opt):
+    fast = None if transposed else getattr(be, "convolution", None)
+    if fast is not None:  # a numeric backend's one-call kernel; None: it declines
+        out = fast(input, weight, bias, stride, padding, dilation, groups)
+        if out is not None:
+            return out
     plan = _plan(input.shape, weight.shape, stride, padding, dilation, groups)
     cols = gather_columns(be, input, plan)
     o, g = plan.out_channels, plan.groups
@@ -289,7 +301,8 @@ def _conv_tex(names, out, params, shapes):
 register(OpSpec(
     "convolution", "ConvolutionBackward0", ("input", "weight", "bias"), _conv_forward,
     {"input": _formula("input"), "weight": _formula("weight"), "bias": _formula("bias")},
-    STRUCTURAL, dtype_rule="same", formula_tex=_conv_tex,
+    STRUCTURAL, dtype_rule="same", fused_backward="convolution_backward",
+    formula_tex=_conv_tex,
     doc="conv1d/conv2d (bias may be None: no edge); im2col gather + matmul."))
 
 

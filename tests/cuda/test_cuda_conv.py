@@ -53,3 +53,42 @@ def test_max_pool_indices_on_the_device_match_cpu():
     assert outs[1][1].device.type == "cuda"
     assert np.array_equal(outs[0][1].numpy(), outs[1][1].cpu().numpy())
     assert np.array_equal(outs[0][0].numpy(), outs[1][0].cpu().numpy())
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_conv_kernels_run_on_the_device_and_match_torch(dtype, monkeypatch):
+    """be.convolution / be.convolution_backward (the im2col and col2im launches around the
+    batched matmul) are taken on the device, not the generic lowering, and give torch's
+    values and gradients; padding, stride, dilation, groups, conv1d and conv2d."""
+    torch = pytest.importorskip("torch")
+    from _tolerance import assert_close
+
+    import symgrad as sg
+    from symgrad.backends.cuda import kernels as K
+    from symgrad.ops import conv as conv_ops
+
+    launches = []
+    for name in ("conv_im2col", "conv_col2im"):
+        real = getattr(K, name)
+        monkeypatch.setattr(K, name, lambda *a, _r=real, _n=name: (launches.append(_n),
+                                                                    _r(*a))[1])
+    conv_ops.conv_plan.cache_clear()
+    cases = [("conv2d", (2, 4, 5, 6), (4, 2, 3, 2),
+              {"stride": (2, 1), "padding": (1, 2), "dilation": (1, 2), "groups": 2}),
+             ("conv1d", (2, 3, 7), (2, 3, 3), {"stride": 2, "padding": 1, "dilation": 2})]
+    rng = np.random.default_rng(4)
+    for fn, xs, ws, kw in cases:
+        xa, wa, ba = (rng.uniform(-1, 1, s).astype(dtype) for s in (xs, ws, ws[:1]))
+        ours = [sg.tensor(a, device="cuda", requires_grad=True) for a in (xa, wa, ba)]
+        theirs = [torch.tensor(a, requires_grad=True) for a in (xa, wa, ba)]
+        y = getattr(sg.nn.functional, fn)(*ours, **kw)
+        yt = getattr(torch.nn.functional, fn)(*theirs, **kw)
+        g = rng.uniform(-1, 1, tuple(yt.shape)).astype(dtype)
+        y.backward(sg.tensor(g, device="cuda"))
+        yt.backward(torch.tensor(g))
+        assert y.device.type == "cuda" and ours[0].grad.device.type == "cuda"
+        terms = 2 * 3 * 2 * 6 + 1  # the longest sum: a weight gradient's N * positions
+        for a, e in zip([y] + [t.grad for t in ours], [yt] + [t.grad for t in theirs]):
+            assert_close(a.detach().cpu(), e, terms=terms, scale=terms)
+    assert launches.count("conv_im2col") == 4 and launches.count("conv_col2im") == 2
+    assert conv_ops.conv_plan.cache_info().currsize == 0

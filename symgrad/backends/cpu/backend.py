@@ -37,6 +37,7 @@ import numpy as np
 from ...ops import OPS
 from ...ops.elementwise import grad_mask_args, grad_mask_name, grad_masks
 from ...ops.scalar import define
+from .. import conv_numpy as _conv
 from ..base import column_major, fused_from_stanza, scalar_kernels
 from ..numpy_backend import NUMPY_MATH, NumpyBackend, numpy_rule, saved_layout
 from . import rules
@@ -564,6 +565,27 @@ class CpuBackend(NumpyBackend):
         d = _dim(dim, y.ndim)
         return (_arr(grad - np.exp(y) * grad.sum(d, keepdims=True)),)
 
+    # -- convolution (backends/conv_numpy.py) with Numba im2col / col2im and pooled buffers --
+    @staticmethod
+    def convolution(input, weight, bias, stride, padding, dilation, groups):  # noqa: A002
+        """conv1d/conv2d forward in one call, or None to decline (the generic lowering)."""
+        if not _conv.accepts(input, weight, bias):
+            return None
+        geo = _conv.geometry(input.shape, weight.shape, stride, padding, dilation, groups)
+        return None if geo is None else _conv.forward(input, weight, bias, geo, _im2col,
+                                                      _alloc)
+
+    @staticmethod
+    def convolution_backward(grad, needed, bias_sym_sizes_opt, dilation, groups, input,  # noqa: A002
+                             output_padding, padding, stride, transposed, weight):
+        """ConvolutionBackward0's three formulas on arrays (no graph recorded), or None."""
+        if transposed or not _conv.accepts(grad, input, weight):
+            return None
+        geo = _conv.geometry(input.shape, weight.shape, stride, padding, dilation, groups)
+        if geo is None:
+            return None
+        return _conv.backward(grad, needed, input, weight, geo, _im2col, _col2im, _alloc)
+
     # -- gather / scatter-add along the first dim (integer-array indexing and its backward) ---
     @staticmethod
     def getitem(x, index):
@@ -634,6 +656,45 @@ for _kernel in scalar_kernels():
         setattr(CpuBackend, _kernel, _method)
     elif _arity == 1 and _lone_call(OPS[_kernel].scalar) in _QUIET_DOMAIN:
         setattr(CpuBackend, _kernel, _one_value_fast(_kernel, _ref))
+
+
+# -- convolution: Numba im2col / col2im for conv_numpy's forward and backward ----------------
+def _planes(geo):
+    """conv1d/conv2d geometry as 2-D planes: (H, W, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw);
+    a conv1d is a conv2d of height 1. None for other ranks (NumPy's gather runs)."""
+    if len(geo.spatial) == 2:
+        return geo.spatial + geo.kernel + geo.out + geo.stride[:1] + geo.stride[1:] \
+            + geo.padding[:1] + geo.padding[1:] + geo.dilation[:1] + geo.dilation[1:]
+    if len(geo.spatial) == 1:
+        return (1,) + geo.spatial + (1,) + geo.kernel + (1,) + geo.out + (1, geo.stride[0], 0,
+                                                                          geo.padding[0], 1,
+                                                                          geo.dilation[0])
+    return None
+
+
+def _im2col(x, geo, cols) -> None:
+    """conv_numpy's gather as one Numba pass (no padded copy of the input)."""
+    p = _planes(geo)
+    if p is None:
+        _conv.gather(x, geo, cols)
+        return
+    planes = geo.n * geo.c
+    _run("conv_im2col", cols.size, np.ascontiguousarray(x).reshape(planes, p[0], p[1]),
+         cols.reshape((planes,) + p[2:6]), *p[6:])
+
+
+def _col2im(cols, geo):
+    """conv_numpy's scatter as one Numba pass into a pooled buffer."""
+    p = _planes(geo)
+    if p is None:
+        return _conv.scatter(cols, geo)
+    planes = geo.n * geo.c
+    dx = _alloc((geo.n, geo.c) + geo.spatial, cols.dtype)
+    _run("conv_col2im", cols.size, cols.reshape((planes,) + p[2:6]),
+         dx.reshape(planes, p[0], p[1]), *p[6:])
+    return dx
+
+
 def _built_on_first_call(name: str, make):
     """A class attribute that builds the real kernel on its first call and puts it in its
     place (generating every op's fused backward at import cost ~50 ms of ``import symgrad``;

@@ -25,6 +25,7 @@ from ...ops.elementwise import (
     scalar_kernels,
 )
 from ..base import view_strides
+from ..conv_numpy import geometry as conv_geometry
 from ..numpy_backend import NumpyBackend, constant_value
 from . import allocator
 from . import kernels as K
@@ -366,6 +367,35 @@ def _stanza_backward(op: str):
 _FUSED_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
+def _conv_geometry(x, w, b, stride, padding, dilation, groups):
+    """conv_numpy's geometry where the kernels apply: float device arrays of one dtype,
+    conv1d/conv2d, non-empty sizes; None declines."""
+    for a in (x, w, b):
+        if a is not None and (not _is_array(a) or a.dtype not in _FUSED_FLOATS
+                              or a.dtype != x.dtype):
+            return None
+    if x.ndim not in (3, 4):
+        return None
+    return conv_geometry(x.shape, w.shape, stride, padding, dilation, groups)
+
+
+def _conv_planes(geo) -> tuple:
+    """((H, W, KH, KW, OH, OW), (sh, sw, ph, pw, dh, dw)): a conv1d as height 1."""
+    if len(geo.spatial) == 1:
+        return ((1,) + geo.spatial + (1,) + geo.kernel + (1,) + geo.out,
+                (1, geo.stride[0], 0, geo.padding[0], 1, geo.dilation[0]))
+    return (geo.spatial + geo.kernel + geo.out, geo.stride[:1] + geo.stride[1:]
+            + geo.padding[:1] + geo.padding[1:] + geo.dilation[:1] + geo.dilation[1:])
+
+
+def _conv_columns(x, geo) -> CudaArray:
+    """im2col of the (strided) input: (N, groups, rows, P), one launch."""
+    cols = _new((geo.n, geo.groups, geo.rows, geo.positions), x.dtype)
+    st = x.estrides if x.ndim == 4 else x.estrides[:2] + (0,) + x.estrides[2:]
+    K.conv_im2col(cols.buf, x.buf, x.offset, st, geo.c, *_conv_planes(geo))
+    return cols
+
+
 def _softmax_rows_backward(grad, dim, y, *, log: bool):
     """softmax's (``log=False``) or log_softmax's backward over ``dim`` of any layout; None
     (the tensor-op formulas) unless grad and the saved result are float arrays alike."""
@@ -656,6 +686,48 @@ class CudaBackend:
         K.elementwise("b_mse" if need_s else "b_mse_neg", out.size, _kshape(shape),
                       [(out.buf, 0, None)], ops)
         return (out, None) if need_s else (None, out)
+
+    # -- convolution: the numpy/cpu layout (backends/conv_numpy.py) on the device ------------
+    @staticmethod
+    def convolution(input, weight, bias, stride, padding, dilation, groups):  # noqa: A002
+        """conv1d/conv2d forward: one im2col launch, one batched matmul whose result is the
+        (N, O, out...) output, and the bias add; None declines (the generic lowering)."""
+        geo = _conv_geometry(input, weight, bias, stride, padding, dilation, groups)
+        if geo is None:
+            return None
+        g, og = geo.groups, geo.o // geo.groups
+        out = CudaBackend.matmul(CudaBackend.reshape(weight, (g, og, geo.rows)),
+                                 _conv_columns(input, geo))
+        if bias is not None:
+            out = CudaBackend.add(CudaBackend.reshape(out, (geo.n, geo.o, geo.positions)),
+                                  CudaBackend.reshape(bias, (geo.o, 1)))
+        return CudaBackend.reshape(out, (geo.n, geo.o) + geo.out)
+
+    @staticmethod
+    def convolution_backward(grad, needed, bias_sym_sizes_opt, dilation, groups, input,  # noqa: A002
+                             output_padding, padding, stride, transposed, weight):
+        """ConvolutionBackward0's three formulas on device arrays (no graph recorded):
+        ``W^T @ grad`` + a col2im launch, per-image ``cols @ grad^T`` summed, a sum."""
+        if transposed or not _is_array(grad) or grad.dtype != getattr(input, "dtype", None):
+            return None
+        geo = _conv_geometry(input, weight, None, stride, padding, dilation, groups)
+        if geo is None:
+            return None
+        be = CudaBackend
+        g, og, rows, p = geo.groups, geo.o // geo.groups, geo.rows, geo.positions
+        g4 = be.reshape(grad, (geo.n, g, og, p))
+        gx = gw = gb = None
+        if needed[0]:
+            dcols = be.matmul(be.transpose(be.reshape(weight, (g, og, rows)), (0, 2, 1)), g4)
+            gx = _new((geo.n, geo.c) + geo.spatial, grad.dtype)
+            K.conv_col2im(gx.buf, dcols.buf, *_conv_planes(geo))
+        if needed[1]:
+            per_image = be.matmul(_conv_columns(input, geo), be.transpose(g4, (0, 1, 3, 2)))
+            gw = be.copy(be.transpose(be.sum(per_image, (0,)), (0, 2, 1)))
+            gw = be.reshape(gw, weight.shape)
+        if len(needed) > 2 and needed[2]:
+            gb = be.sum(be.reshape(grad, (geo.n, geo.o, p)), (0, 2))
+        return gx, gw, gb
 
     # -- reductions --------------------------------------------------------------------------------
     @staticmethod

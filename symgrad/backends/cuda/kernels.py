@@ -33,7 +33,7 @@ from ...ops.scalar import build, define
 
 __all__ = ["SIM", "stats", "elementwise", "reduce_rows", "arg_reduce_rows", "matmul",
            "gather", "scatter", "arange", "random", "error_flag", "softmax_rows_backward",
-           "scan_rows", "sort_rows", "SORT_MAX"]
+           "scan_rows", "sort_rows", "SORT_MAX", "conv_im2col", "conv_col2im"]
 
 SIM = bool(config.ENABLE_CUDASIM)
 
@@ -922,6 +922,91 @@ def scatter(n, oshape, dst, do, ds, src, so, ss, indices, err, accumulate: bool)
         args += [buf, off, strides, size, stride]
     mode = "add" if accumulate else "put"
     launch(_index_kernel(len(indices), mode), _grid(n, EW_TPB, EW_MAX_BLOCKS), EW_TPB, *args)
+
+
+# -- convolution: im2col / col2im of 2-D planes (a conv1d is a conv2d of height 1) ----------
+_CONV_CACHE: dict = {}
+
+
+def _build_conv(dt: np.dtype, adjoint: bool):
+    """im2col: one thread per column element ``(plane, kh, kw, oh, ow)`` reads its input
+    element (0 in the padding) from a strided ``(N, C, H, W)`` view. col2im (its adjoint):
+    one thread per input element sums the column elements that read it, taps in order, so
+    no atomics and the sum order does not depend on the launch."""
+    ZERO = dt.type(0)
+
+    def im2col(out, x, xo, C, sn, sc, sh_, sw_, n, H, W, KH, KW, OH, OW, sh, sw, ph, pw,
+               dh, dw):
+        i = cuda.grid(1)
+        step = cuda.gridsize(1)
+        while i < n:
+            ow = i % OW
+            t = i // OW
+            oh = t % OH
+            t = t // OH
+            kw = t % KW
+            t = t // KW
+            kh = t % KH
+            pl = t // KH
+            ih = oh * sh + kh * dh - ph
+            iw = ow * sw + kw * dw - pw
+            if ih >= 0 and ih < H and iw >= 0 and iw < W:
+                out[i] = x[xo + (pl // C) * sn + (pl % C) * sc + ih * sh_ + iw * sw_]
+            else:
+                out[i] = ZERO
+            i += step
+
+    def col2im(dx, cols, n, H, W, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw):
+        i = cuda.grid(1)
+        step = cuda.gridsize(1)
+        while i < n:
+            iw = i % W
+            t = i // W
+            ih = t % H
+            pl = t // H
+            acc = ZERO
+            for kh in range(KH):
+                th = ih + ph - kh * dh
+                if th >= 0 and th % sh == 0 and th // sh < OH:
+                    oh = th // sh
+                    for kw in range(KW):
+                        tw = iw + pw - kw * dw
+                        if tw >= 0 and tw % sw == 0 and tw // sw < OW:
+                            acc += cols[(((pl * KH + kh) * KW + kw) * OH + oh) * OW + tw // sw]
+            dx[i] = acc
+            i += step
+
+    kernel = col2im if adjoint else im2col
+    kernel.__name__ = f"conv_{kernel.__name__}_{dt.name}"
+    return _jit(kernel)
+
+
+def _conv_kernel(dt, adjoint: bool):
+    key = (np.dtype(dt), adjoint)
+    k = _CONV_CACHE.get(key)
+    if k is None:
+        k = _CONV_CACHE[key] = _build_conv(key[0], adjoint)
+    return k
+
+
+def conv_im2col(out, x, xo, xstrides, C, planes: tuple, geo: tuple) -> None:
+    """``out`` (N*C, KH, KW, OH, OW) contiguous from the (N, C, H, W) view ``x`` at element
+    offset ``xo`` with element strides ``xstrides``; ``planes`` (H, W, KH, KW, OH, OW),
+    ``geo`` (sh, sw, ph, pw, dh, dw)."""
+    n = out.size
+    if n == 0:
+        return
+    launch(_conv_kernel(out.dtype, False), _grid(n, EW_TPB, EW_MAX_BLOCKS), EW_TPB, out, x,
+           xo, C, *xstrides, n, *planes, *geo)
+
+
+def conv_col2im(dx, cols, planes: tuple, geo: tuple) -> None:
+    """``dx`` (N*C, H, W) contiguous: the adjoint of conv_im2col applied to ``cols``."""
+    n = dx.size
+    if n == 0:
+        return
+    launch(_conv_kernel(dx.dtype, True), _grid(n, EW_TPB, EW_MAX_BLOCKS), EW_TPB, dx, cols,
+           n, *planes, *geo)
 
 
 # -- creation: arange, random ------------------------------------------------------------
