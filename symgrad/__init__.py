@@ -210,6 +210,7 @@ __all__ += ["conv1d", "conv2d", "max_pool2d"]
 from . import linalg  # noqa: E402
 from .tensor_functions import (  # noqa: E402
     argsort,
+    chunk,
     cumprod,
     cumsum,
     einsum,
@@ -224,15 +225,19 @@ from .tensor_functions import (  # noqa: E402
     scatter,
     scatter_add,
     sort,
+    split,
     std,
     take_along_dim,
+    tensor_split,
     tile,
     topk,
     tril,
     triu,
+    unbind,
     var,
 )
 
 __all__ += ["linalg", "gather", "scatter", "scatter_add", "take_along_dim", "index_select",
             "index_add", "masked_fill", "cumsum", "cumprod", "flip", "var", "std", "norm",
-            "sort", "argsort", "topk", "tril", "triu", "roll", "tile", "outer", "einsum"]
+            "sort", "argsort", "topk", "tril", "triu", "roll", "tile", "outer", "einsum",
+            "split", "chunk", "unbind", "tensor_split"]

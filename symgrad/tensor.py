@@ -26,6 +26,7 @@ from ._tensor_layer import TORCH_NAMES as _TORCH_NAMES  # noqa: F401
 from ._tensor_layer import TensorBase
 from ._tensor_layer import type_name as _type_name
 from ._tensor_layer import wrap_dim as _wrap_dim  # noqa: F401
+from ._views import check_multi_output_view
 from .autograd import function as _fn
 from .autograd.engine import backward as _backward
 from .autograd.function import apply as _apply
@@ -36,8 +37,6 @@ from .backends import backend_for as _backend_for
 from .device import CPU, as_device, resolve
 from .memory import Storage, new_storage
 from .ops import OPS as _OPS
-from .ops._ints import u64 as _u64
-from .ops.indexing import select as _ix_select
 
 __all__ = ["Tensor", "Size", "tensor", "FloatTensor", "DoubleTensor", "LongTensor", "BoolTensor"]
 
@@ -495,6 +494,8 @@ class Tensor(TensorBase):
                                    f"desired output type {_TORCH_NAMES[self.dtype.name]}")
         be = _backend_for(self._device.type)
         graph = grad_on and (self._requires_grad or any(o._requires_grad for o in tensors))
+        if grad_on and differentiable:
+            check_multi_output_view(self, graph)
         if not (differentiable and graph):
             if kernel is not None:
                 getattr(be, kernel)(self._data, src)
@@ -668,10 +669,10 @@ class Tensor(TensorBase):
         return self
 
     def __iter__(self):
-        """Rows along dim 0 (each a SelectBackward0 view; torch's come from one unbind)."""
+        """Rows along dim 0: ``unbind(0)``, as torch iterates (one UnbindBackward0)."""
         if self.ndim == 0:
             raise TypeError("iteration over a 0-d tensor")
-        return (_ix_select(self, 0, _u64(i)) for i in range(self.shape[0]))
+        return iter(self.unbind(0))
 
     reciprocal = _F.reciprocal
     exp = _F.exp

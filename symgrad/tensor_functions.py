@@ -17,6 +17,7 @@ import numpy as np
 from . import dtypes as _dt
 from ._tensor_layer import TensorBase
 from ._tensor_layer import wrap_dim as _wrap_dim
+from ._views import mark_multi_output_views
 from .autograd.function import apply
 from .ops import OPS
 from .ops._ints import u64, u64s
@@ -354,6 +355,136 @@ def outer(input: Tensor, vec2: Tensor) -> Tensor:
     return input.reshape(-1, 1) * vec2
 
 
+# -- split / chunk / unbind / tensor_split -----------------------------------------------------
+def _is_int(x) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+def _py_type(x) -> str:
+    return type(x).__name__ if not isinstance(x, TensorBase) else "Tensor"
+
+
+def _pieces(name: str, input, params: dict) -> tuple:
+    """Apply a multi-output view op; its pieces refuse in-place writes as torch's do."""
+    outs = apply(OPS[name], (input,), params)
+    mark_multi_output_views(outs, input.requires_grad)
+    return outs
+
+
+def split(tensor: Tensor, split_size_or_sections: Any, dim: int = 0) -> tuple:
+    """Pieces of ``split_size`` along ``dim`` (the last may be smaller), or of the listed
+    sizes; all views of ``tensor`` sharing one SplitBackward0 / SplitWithSizesBackward0."""
+    sizes = split_size_or_sections
+    if not _is_int(dim):
+        raise TypeError(f"split() received an invalid combination of arguments - got (Tensor, "
+                        f"{_py_type(sizes)}, {_py_type(dim)}), but expected one of:")
+    if isinstance(sizes, (list, tuple)):
+        for k, s in enumerate(sizes):
+            if not _is_int(s):
+                raise TypeError("split_with_sizes(): argument 'split_sizes' (position 2) must "
+                                f"be tuple of ints, but found element of type {_py_type(s)} "
+                                f"at pos {k}")
+        sizes = tuple(int(s) for s in sizes)
+        if tensor.ndim == 0:
+            raise RuntimeError("split expects at least a 1-dimensional tensor")
+        d = _wrap_dim(dim, tensor.ndim)
+        n = tensor.shape[d]
+        if any(s < 0 for s in sizes):
+            raise RuntimeError("split_with_sizes expects split_sizes have only non-negative "
+                               f"entries, but got split_sizes={list(sizes)}")
+        if sum(sizes) != n:
+            raise RuntimeError(f"split_with_sizes expects split_sizes to sum exactly to {n} "
+                               f"(input tensor's size at dimension {d}), but got "
+                               f"split_sizes={list(sizes)}")
+        return _pieces("split_with_sizes", tensor, {"split_sizes": sizes, "dim": u64(dim)})
+    if not _is_int(sizes):
+        if isinstance(sizes, bool):
+            raise TypeError("split() received an invalid combination of arguments - got "
+                            f"(Tensor, bool, {_py_type(dim)}), but expected one of:")
+        raise TypeError("split_with_sizes(): argument 'split_sizes' (position 2) must be "
+                        f"tuple of ints, not {_py_type(sizes)}")
+    size = int(sizes)
+    if tensor.ndim == 0:
+        raise RuntimeError("split expects at least a 1-dimensional tensor")
+    d = _wrap_dim(dim, tensor.ndim)
+    n = tensor.shape[d]
+    if size < 0:
+        raise RuntimeError(f"split expects split_size be non-negative, but got split_size={size}")
+    if size == 0 and n != 0:
+        raise RuntimeError("split_size can only be 0 if dimension size is 0, but got dimension "
+                           f"size of {n}")
+    return _pieces("split", tensor, {"split_size": size, "dim": u64(dim)})
+
+
+def chunk(input: Tensor, chunks: int, dim: int = 0) -> tuple:
+    """At most ``chunks`` pieces of equal size (the last may be smaller): torch.chunk, which
+    records a split (SplitBackward0) of size ceil(n / chunks)."""
+    if not _is_int(chunks):
+        raise TypeError("chunk(): argument 'chunks' (position 2) must be int, not "
+                        f"{_py_type(chunks)}")
+    if input.ndim == 0:
+        raise RuntimeError("chunk expects at least a 1-dimensional tensor")
+    chunks = int(chunks)
+    if chunks <= 0:
+        raise RuntimeError(f"chunk expects `chunks` to be greater than 0, got: {chunks}")
+    d = _wrap_dim(dim, input.ndim)
+    n = input.shape[d]
+    size = (n + chunks - 1) // chunks
+    if size == 0 and n == 0:  # torch: chunks empty pieces, through split_with_sizes
+        return _pieces("split_with_sizes", input, {"split_sizes": (0,) * chunks,
+                                                   "dim": u64(dim)})
+    return _pieces("split", input, {"split_size": size, "dim": u64(dim)})
+
+
+def unbind(input: Tensor, dim: int = 0) -> tuple:
+    """The slices along ``dim`` with that dim removed, sharing one UnbindBackward0."""
+    if input.ndim == 0:
+        raise IndexError(f"Dimension specified as {dim} but tensor has no dimensions")
+    _wrap_dim(dim, input.ndim)
+    return _pieces("unbind", input, {"dim": u64(dim)})
+
+
+def tensor_split(input: Tensor, indices_or_sections: Any, dim: int = 0) -> tuple:
+    """``sections`` nearly equal pieces, or pieces cut at ``indices``; each piece is its own
+    slice (SliceBackward0), as torch records it."""
+    from .ops.indexing import slice_
+
+    arg = indices_or_sections
+    if input.ndim == 0:
+        raise RuntimeError("tensor_split expected at least a 1-dimensional tensor, but got a "
+                           "tensor with 0 dims")
+    if isinstance(arg, TensorBase):
+        if arg.dtype is not _dt.int64:
+            from ._tensor_layer import TORCH_NAMES
+
+            raise RuntimeError("tensor_split expected tensor_indices_or_sections to have dtype "
+                               f"of long, but got {TORCH_NAMES.get(arg.dtype.name)}")
+        if arg.ndim > 1:
+            raise RuntimeError("tensor_split expected tensor_indices_or_sections to be a "
+                               "zero-dimensional or one-dimensional tensor, but got a tensor "
+                               f"with {arg.ndim} dims")
+        arg = int(arg.item()) if arg.ndim == 0 else [int(v) for v in _host(arg)]
+    d = _wrap_dim(dim, input.ndim)
+    n = input.shape[d]
+    if _is_int(arg):
+        sections = int(arg)
+        if sections <= 0:
+            raise RuntimeError(f"number of sections must be larger than 0, got {sections}")
+        small, extra = divmod(n, sections)
+        bounds, start = [], 0
+        for k in range(sections):
+            end = start + small + (1 if k < extra else 0)
+            bounds.append((start, end))
+            start = end
+    elif isinstance(arg, (list, tuple)) and all(_is_int(i) for i in arg):
+        cuts = [int(i) for i in arg]
+        bounds = list(zip([0] + cuts, cuts + [n]))
+    else:
+        raise TypeError("tensor_split() received an invalid combination of arguments - got "
+                        f"(Tensor, {_py_type(arg)}), but expected one of:")
+    return tuple(slice_(input, d, u64(a), u64(b), 1) for a, b in bounds)
+
+
 # -- einsum -----------------------------------------------------------------------------------
 def einsum(equation: str, *operands) -> Tensor:
     """Any two-or-more-operand or single-operand contraction without ``...`` or a repeated
@@ -421,6 +552,7 @@ def _contract(a, ai: str, b, bi: str, later: str):
 #: Tensor methods (torch.Tensor has each of these names)
 METHODS = ("gather", "scatter", "scatter_add", "take_along_dim", "index_select", "index_add",
            "masked_fill", "cumsum", "cumprod", "flip", "var", "std", "norm", "sort", "argsort",
-           "topk", "tril", "triu", "roll", "repeat", "tile", "outer")
+           "topk", "tril", "triu", "roll", "repeat", "tile", "outer", "split", "chunk", "unbind",
+           "tensor_split")
 #: top-level functions (torch has each of these names; torch.repeat does not exist)
 FUNCTIONS = tuple(m for m in METHODS if m != "repeat") + ("einsum",)

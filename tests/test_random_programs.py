@@ -86,10 +86,12 @@ class Builder:
         return self.draw(st.integers(-n, n - 1))
 
     def op(self, name, fn):
+        """Add ``fn(L, pool)``: one tensor, or a tuple of them (split's pieces all join
+        the pool, so each gets its own term in the loss)."""
         with sg.no_grad():
             value = fn(sg, self.shadow)
         self.steps.append(("op", name, fn))
-        self.shadow.append(value)
+        self.shadow.extend(value if isinstance(value, tuple) else (value,))
 
 
 def _pos(L, x):
@@ -348,6 +350,35 @@ def _list_op(kind):
     return gen
 
 
+def _split_op(kind):
+    """Pieces of a pool tensor, all of them or some (a piece left out gets no gradient)."""
+    def gen(b):
+        i = b.pick(lambda t: t.ndim >= 1, make=lambda: (3, 2))
+        t = b.shadow[i]
+        d = b.dim(t)
+        n = t.shape[d]
+        if kind == "split":
+            size = b.draw(st.integers(1 if n else 0, max(n, 1) + 1))
+            method = b.draw(st.sampled_from(["split", "chunk"]))
+            arg = size if method == "split" else b.draw(st.integers(1, 4))
+        elif kind == "split_with_sizes":
+            cuts = sorted(b.draw(st.lists(st.integers(0, n), max_size=3)))
+            arg = [e - s for s, e in zip([0] + cuts, cuts + [n])]
+            method = "split"
+        else:
+            method, arg = "unbind", None
+        count = len(getattr(sg, method)(t, *(() if arg is None else (arg,)), d))
+        keep = b.draw(st.lists(st.integers(0, max(count - 1, 0)), min_size=1, max_size=count,
+                               unique=True)) if count else []
+
+        def fn(L, P):
+            pieces = getattr(L, method)(P[i], *(() if arg is None else (arg,)), d)
+            return tuple(pieces[k] for k in keep) if keep else P[i] * 1
+
+        b.op(kind, fn)
+    return gen
+
+
 def _gen_where(b):
     i = b.pick()
     j = b.leaf(b.bshape(tuple(b.shadow[i].shape)))
@@ -502,6 +533,8 @@ GENERATORS = {
     "index_backward": _backward_op("index_backward"),
     "copy_slices": _setitem_op("copy_slices"), "setitem_copy": _setitem_op("setitem_copy"),
     "index_put": _setitem_op("index_put"), "cat": _list_op("cat"), "stack": _list_op("stack"),
+    "split": _split_op("split"), "split_with_sizes": _split_op("split_with_sizes"),
+    "unbind": _split_op("unbind"),
 }
 EXTRA = [_gen_matmul_batched]  # batched @ in all its torch dispatch forms
 
@@ -522,7 +555,8 @@ def _run(lib, steps, create_graph=False):
             leaves.append(x)
             pool.append(x)
         else:
-            pool.append(step[2](lib, pool))
+            value = step[2](lib, pool)
+            pool.extend(value if isinstance(value, tuple) else (value,))
     rng = np.random.default_rng(5)
     loss = None
     for t in pool:
