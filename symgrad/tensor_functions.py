@@ -19,6 +19,7 @@ from ._tensor_layer import TensorBase
 from ._tensor_layer import wrap_dim as _wrap_dim
 from ._views import mark_multi_output_views
 from .autograd.function import apply
+from .autograd.grad_mode import is_grad_enabled
 from .ops import OPS
 from .ops._ints import u64, u64s
 
@@ -160,8 +161,8 @@ def index_add(input: Tensor, dim: int, index: Tensor, source: Tensor, *,
                  {"dim": u64(dim), "index": index, "alpha": alpha, "source_dim": source.ndim})
 
 
-def masked_fill(input: Tensor, mask: Tensor, value: Any) -> Tensor:
-    """``input`` with ``value`` where ``mask`` is True (a number or a 0-dim tensor)."""
+def _masked_fill_args(input, mask, value):
+    """torch's checks; the mask expanded where it broadcasts beyond ``input``."""
     if mask.dtype is not _dt.bool_:
         from ._tensor_layer import CPP_NAMES
 
@@ -171,13 +172,30 @@ def masked_fill(input: Tensor, mask: Tensor, value: Any) -> Tensor:
         if value.ndim:
             raise RuntimeError("masked_fill_ only supports a 0-dimensional value tensor, but "
                                f"got tensor with {value.ndim} dimension(s).")
-        if value.requires_grad:
-            raise NotImplementedError("masked_fill with a value tensor that requires grad "
-                                      "(MaskedFillBackward1) is not implemented")
-        value = value.item()
+        if value.requires_grad and is_grad_enabled() and not input.dtype.is_floating_point:
+            from ._tensor_layer import TORCH_NAMES
+
+            raise RuntimeError(f"Autograd not support dtype: {TORCH_NAMES[input.dtype.name]}")
     if tuple(np.broadcast_shapes(tuple(mask.shape), tuple(input.shape))) != tuple(input.shape):
         mask = mask.expand(*np.broadcast_shapes(tuple(mask.shape), tuple(input.shape)))
+    return mask
+
+
+def masked_fill(input: Tensor, mask: Tensor, value: Any) -> Tensor:
+    """``input`` with ``value`` where ``mask`` is True: a number (MaskedFillBackward0), or a
+    0-dim tensor (MaskedFillBackward1, whose gradient is the sum over the masked places)."""
+    mask = _masked_fill_args(input, mask, value)
+    if isinstance(value, TensorBase):
+        return apply(OPS["masked_fill_tensor"], (input, value), {"mask": mask})
     return apply(OPS["masked_fill"], (input,), {"mask": mask, "value": value})
+
+
+def masked_fill_(input: Tensor, mask: Tensor, value: Any) -> Tensor:
+    """In-place :func:`masked_fill` (the node is recorded on ``input`` as torch does)."""
+    mask = _masked_fill_args(input, mask, value)
+    if isinstance(value, TensorBase):
+        return input._inplace("masked_fill_", "masked_fill_tensor", (value,), {"mask": mask})
+    return input._inplace("masked_fill_", "masked_fill", (), {"mask": mask, "value": value})
 
 
 # -- cumsum / cumprod / flip -------------------------------------------------------------------
@@ -551,8 +569,8 @@ def _contract(a, ai: str, b, bi: str, later: str):
 
 #: Tensor methods (torch.Tensor has each of these names)
 METHODS = ("gather", "scatter", "scatter_add", "take_along_dim", "index_select", "index_add",
-           "masked_fill", "cumsum", "cumprod", "flip", "var", "std", "norm", "sort", "argsort",
-           "topk", "tril", "triu", "roll", "repeat", "tile", "outer", "split", "chunk", "unbind",
-           "tensor_split")
+           "masked_fill", "masked_fill_", "cumsum", "cumprod", "flip", "var", "std", "norm",
+           "sort", "argsort", "topk", "tril", "triu", "roll", "repeat", "tile", "outer", "split",
+           "chunk", "unbind", "tensor_split")
 #: top-level functions (torch has each of these names; torch.repeat does not exist)
-FUNCTIONS = tuple(m for m in METHODS if m != "repeat") + ("einsum",)
+FUNCTIONS = tuple(m for m in METHODS if m not in ("repeat", "masked_fill_")) + ("einsum",)

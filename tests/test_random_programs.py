@@ -535,6 +535,10 @@ GENERATORS = {
     "index_put": _setitem_op("index_put"), "cat": _list_op("cat"), "stack": _list_op("stack"),
     "split": _split_op("split"), "split_with_sizes": _split_op("split_with_sizes"),
     "unbind": _split_op("unbind"),
+    "masked_fill_tensor": _simple("masked_fill_tensor", lambda b, t: (
+        lambda grad_value: lambda L, x: x.masked_fill(x > 0.1, (x * 2).sum() if grad_value
+                                                      else L.tensor(0.5, dtype=x.dtype)))(
+        b.draw(st.booleans()))),
 }
 EXTRA = [_gen_matmul_batched]  # batched @ in all its torch dispatch forms
 

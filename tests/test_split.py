@@ -333,3 +333,23 @@ def test_verify_reads_torch_split_graphs(mode, torch):
     report = sg.verify(loss, mode=mode)
     assert report.ok, report
     assert {"SplitBackward0", "UnbindBackward0"} <= {n.name for n in report.nodes}
+
+
+def test_compile_runs_split_eagerly_with_the_reason():
+    w = sg.nn.Parameter(sg.tensor(np.arange(6.0).reshape(2, 3)))
+
+    def f(x):
+        z = x * w
+        a, b = z.split([1, 2], 1)
+        return (a * b).sum() + z.unbind(0)[1].sum()
+
+    step = sg.compile(f)
+    x = sg.ones(2, 3, dtype=sg.float64)
+    with pytest.warns(UserWarning, match="split_with_sizes .one node with several outputs"):
+        y = step(x)
+    y.backward()
+    expected = [[3.0, 0.0, 0.0], [10.0, 4.0, 4.0]]  # d/dw of w00*(w01+w02) + sum(w1.)
+    assert w.grad.tolist() == expected
+    w.grad = None
+    f(x).backward()
+    assert w.grad.tolist() == expected

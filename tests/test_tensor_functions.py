@@ -40,6 +40,14 @@ CASES = {
     "masked_fill": ((3, 4), lambda L, x: x.masked_fill(x > 0.2, 1.0)),
     "masked_fill_broadcast": ((3, 4), lambda L, x: L.masked_fill(
         x, L.tensor([True, False, True, False]), -2.0)),
+    # a 0-dim tensor value (MaskedFillBackward1): its gradient, the sum over the masked
+    # places, flows on into x through the value's own graph
+    "masked_fill_tensor": ((3, 4), lambda L, x: x.masked_fill(x > 0.2, x[1, 2] * 2)),
+    "masked_fill_tensor_bcast": ((3, 4), lambda L, x: L.masked_fill(
+        x, L.tensor([True, False, True, False]), x.sum())),
+    "masked_fill_const_tensor": ((3, 4), lambda L, x: x.masked_fill(
+        x > 0, L.tensor(0.5, dtype=L.float64))),
+    "masked_fill_inplace": ((3, 4), lambda L, x: (x * 1).masked_fill_(x < 0, x.max())),
     "take_along_dim": ((3, 4), lambda L, x: L.take_along_dim(x, _idx(L, [[0], [1], [3]]), 1)),
     "take_along_dim_bcast": ((3, 4), lambda L, x: x.take_along_dim(_idx(L, [[0, 2]]), 1)),
     "take_along_dim_flat": ((3, 4), lambda L, x: L.take_along_dim(x, _idx(L, [5, 0, 11]))),
@@ -128,7 +136,8 @@ def test_values_grads_and_graph_match_torch(name, dtype, cpu_backend, torch):
 
 SECOND_ORDER = ["gather_dim1", "scatter_add", "index_select", "index_add", "cumsum1",
                 "cumprod", "cumprod_zeros", "var_dim", "std_all", "norm", "vector_norm_p3",
-                "flip", "masked_fill", "sort", "topk", "tril", "roll", "repeat", "outer"]
+                "flip", "masked_fill", "sort", "topk", "tril", "roll", "repeat", "outer",
+                "masked_fill_tensor", "masked_fill_tensor_bcast"]
 
 
 @pytest.mark.parametrize("name", SECOND_ORDER)
@@ -213,6 +222,9 @@ ERRORS = [
     (lambda L, x: x.index_add(0, L.tensor([5]), L.ones(1, 4)), RuntimeError),
     (lambda L, x: x.index_add(0, L.tensor([1]), L.ones(2, 4)), RuntimeError),
     (lambda L, x: x.masked_fill(L.tensor([1, 0, 1, 0]), 1.0), RuntimeError),
+    (lambda L, x: x.masked_fill(x > 0, L.ones(1, requires_grad=True)), RuntimeError),
+    (lambda L, x: L.zeros(3, 4, dtype=L.int64).masked_fill(
+        x > 0, L.tensor(1.0, requires_grad=True)), RuntimeError),
     (lambda L, x: x.cumsum(2), IndexError),
     (lambda L, x: L.tensor([1, 2]).var(), RuntimeError),
     (lambda L, x: x.flip(0, 0), RuntimeError),
@@ -232,6 +244,7 @@ def test_errors_have_torch_wording(k, torch):
 
 @pytest.mark.parametrize("name", ["gather_dim1", "scatter_src", "scatter_value",
                                   "scatter_add", "index_select", "index_add", "masked_fill",
+                                  "masked_fill_tensor", "masked_fill_inplace",
                                   "take_along_dim", "cumsum1", "cumprod", "cumprod_zeros",
                                   "var_dim", "std_all", "norm", "norm_p1_dim",
                                   "vector_norm_inf_dim", "vector_norm_p3", "flip_dims",
@@ -257,3 +270,32 @@ def test_verify_local_on_a_bigger_program():
     loss.backward(retain_graph=True)
     report = sg.verify(loss, mode="local")
     assert report.ok, report
+
+
+@pytest.mark.parametrize("dtypes", [(np.float32, np.float64), (np.float64, np.float32)])
+def test_masked_fill_tensor_value_gradient_and_dtypes_match_torch(dtypes, cpu_backend, torch):
+    """The value's gradient is the sum of the incoming gradient over the masked places, in
+    the value's own dtype; the result keeps the input's dtype; one node, two edges."""
+    x_dt, v_dt = dtypes
+    data = _input((3, 4), x_dt, seed=7)
+    mask = data > 0
+    w = np.random.default_rng(2).uniform(-1, 1, (3, 4)).astype(x_dt)
+    res = []
+    for L in (sg, torch):
+        x = L.tensor(data, requires_grad=True)
+        v = L.tensor(np.array(0.75, dtype=v_dt), requires_grad=True)
+        y = x.masked_fill(L.tensor(mask), v)
+        node = y.grad_fn
+        assert node.name() == "MaskedFillBackward1"
+        assert node._saved_mask.tolist() == mask.tolist()
+        assert [type(n).__name__ for n, _ in node.next_functions] == ["AccumulateGrad"] * 2
+        (y * L.tensor(w)).sum().backward()
+        res.append((y.detach().numpy(), str(y.dtype), x.grad.numpy(), v.grad.numpy(),
+                    str(v.grad.dtype)))
+    (y, ydt, gx, gv, gvdt), (ty, tydt, tgx, tgv, tgvdt) = res
+    assert ydt.split(".")[-1] == tydt.split(".")[-1] and gvdt.split(".")[-1] == tgvdt.split(".")[-1]
+    assert_close(y, ty, terms=1)
+    assert_close(gx, tgx, terms=1)
+    # summed in x's dtype, kept in v's: one of them is float32
+    assert_close(gv, tgv, terms=data.size, scale=np.abs(w).sum(), dtype=np.float32)
+    assert_close(gv, w[mask].sum(), terms=data.size, scale=np.abs(w).sum(), dtype=np.float32)

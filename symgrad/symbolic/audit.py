@@ -160,6 +160,7 @@ EXAMPLES = {
     "mul_scalar": lambda x, y: _sg_ops("mul_scalar", (x,), {"other": 0.75}),
     "div_scalar": lambda x, y: _sg_ops("div_scalar", (x,), {"other": 3}),
     "masked_fill": lambda x, y: _sg_ops("masked_fill", (x,), {"mask": x > 1.0, "value": 0.0}),
+    "masked_fill_tensor": lambda x, y: x.masked_fill(x > 1.0, y[0, 1]),
     "unsafe_view": lambda x, y: (x.t() * 1.0).reshape(6),
     "reshape_alias": lambda x, y: x[:, 0:2].reshape(2, 2, 1),
     "alias": lambda x, y: x[...],
