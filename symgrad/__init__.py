@@ -213,6 +213,7 @@ from .tensor_functions import (  # noqa: E402
     chunk,
     cumprod,
     cumsum,
+    diagonal,
     einsum,
     flip,
     gather,
@@ -240,4 +241,4 @@ from .tensor_functions import (  # noqa: E402
 __all__ += ["linalg", "gather", "scatter", "scatter_add", "take_along_dim", "index_select",
             "index_add", "masked_fill", "cumsum", "cumprod", "flip", "var", "std", "norm",
             "sort", "argsort", "topk", "tril", "triu", "roll", "tile", "outer", "einsum",
-            "split", "chunk", "unbind", "tensor_split"]
+            "split", "chunk", "unbind", "tensor_split", "diagonal"]

@@ -503,39 +503,120 @@ def tensor_split(input: Tensor, indices_or_sections: Any, dim: int = 0) -> tuple
     return tuple(slice_(input, d, u64(a), u64(b), 1) for a, b in bounds)
 
 
+def diagonal(input: Tensor, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Tensor:
+    """The ``offset`` diagonal of dims ``dim1``, ``dim2`` as the last dim (a view)."""
+    d1, d2 = _wrap_dim(dim1, input.ndim), _wrap_dim(dim2, input.ndim)
+    if d1 == d2:
+        raise RuntimeError(f"diagonal dimensions cannot be identical {dim1}, {dim2}")
+    return apply(OPS["diagonal"], (input,), {"offset": u64(offset), "dim1": u64(dim1),
+                                             "dim2": u64(dim2)})
+
+
 # -- einsum -----------------------------------------------------------------------------------
 def einsum(equation: str, *operands) -> Tensor:
-    """Any two-or-more-operand or single-operand contraction without ``...`` or a repeated
-    index within one operand, composed of sum / permute / reshape / bmm (torch likewise
-    records the underlying ops, not an einsum node)."""
+    """Any contraction torch.einsum takes: ``...`` (broadcast dims), repeated indices within
+    one operand (diagonals), implicit output. Composed of diagonal / sum / permute / reshape /
+    bmm / mul as torch composes it (no einsum node); a single operand ends with a permute,
+    as torch's does."""
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
     eq = equation.replace(" ", "")
-    if "." in eq:
-        raise NotImplementedError("einsum: '...' (broadcast dims) is not implemented")
     lhs, arrow, out = eq.partition("->")
     terms = lhs.split(",")
-    if len(terms) != len(operands):
-        raise RuntimeError(f"einsum(): {len(terms)} subscripts for {len(operands)} operands")
+    if len(terms) > len(operands):
+        raise RuntimeError("einsum(): fewer operands were provided than specified in the "
+                           "equation")
+    if len(terms) < len(operands):
+        raise RuntimeError("einsum(): more operands were provided than specified in the "
+                           "equation")
+    operands, terms, ell = _einsum_ellipsis(list(operands), terms)
+    letters = "".join(terms)
     if not arrow:
-        letters = "".join(terms)
-        out = "".join(sorted(c for c in set(letters) if letters.count(c) == 1))
-    for t, x in zip(terms, operands):
-        if len(set(t)) != len(t):
-            raise NotImplementedError(f"einsum: a repeated index within one operand ({t!r}) "
-                                      "is not implemented")
-        if len(t) != x.ndim:
-            raise RuntimeError(f"einsum(): the number of subscripts in the equation ({len(t)}) "
-                               "does not match the number of dimensions "
-                               f"({x.ndim}) for operand {terms.index(t)} and no ellipsis "
-                               "was given")
+        out = ell + "".join(sorted(c for c in set(letters) if letters.count(c) == 1
+                                   and c not in ell))
+    else:
+        out = out.replace("...", ell)
+        for c in out:
+            if c not in letters:
+                raise RuntimeError(f"einsum(): output subscript {c} does not appear in the "
+                                   "equation for any input operand")
+            if out.count(c) > 1:
+                raise RuntimeError(f"einsum(): output subscript {c} appears more than once in "
+                                   "the output")
+    for k, (t, x) in enumerate(zip(terms, operands)):  # repeated index: take the diagonal
+        while len(set(t)) != len(t):
+            c = next(c for c in t if t.count(c) > 1)
+            p, q = t.index(c), t.index(c, t.index(c) + 1)
+            if x.shape[p] != x.shape[q]:
+                raise RuntimeError(f"einsum(): subscript {c} is repeated for operand {k} but "
+                                   f"the sizes don't match, {x.shape[q]} != {x.shape[p]}")
+            x, t = x.diagonal(0, p, q), t[:p] + t[p + 1:q] + t[q + 1:] + c
+        operands[k], terms[k] = x, t
     acc, acc_idx = operands[0], terms[0]
     for k in range(1, len(terms)):
         later = out + "".join(terms[k + 1:])
         acc, acc_idx = _contract(acc, acc_idx, operands[k], terms[k], later)
+    summed = any(c not in out for c in acc_idx)
     acc, acc_idx = _sum_unused(acc, acc_idx, out)
     perm = tuple(acc_idx.index(c) for c in out)
-    return acc.permute(perm) if perm != tuple(range(len(perm))) else acc
+    if len(terms) == 1 and not summed:
+        return acc.permute(perm)  # torch records this permute even when it is the identity
+    if perm == tuple(range(len(perm))):
+        return acc
+    return acc.permute(perm).view(tuple(acc.shape[p] for p in perm))  # torch ends in a view
+
+
+#: stand-in subscripts for the dims ``...`` covers (never valid einsum letters)
+_ELLIPSIS_LETTERS = "".join(chr(0x3B1 + i) for i in range(24))
+
+
+def _einsum_ellipsis(operands: list, terms: list):
+    """Terms with ``...`` spelled out as stand-in letters (right-aligned, broadcast: a size-1
+    dim is expanded to the others' size); returns (operands, terms, the letters)."""
+    counts = []
+    for k, (t, x) in enumerate(zip(terms, operands)):
+        if "..." in t:
+            rest = t.replace("...", "", 1)
+            if "." in rest:
+                raise RuntimeError(f"einsum(): found '.' for operand {k} for which an ellipsis "
+                                   "was already found")
+            if len(rest) > x.ndim:
+                raise RuntimeError(f"einsum(): the number of subscripts in the equation "
+                                   f"({len(rest)}) is more than the number of dimensions "
+                                   f"({x.ndim}) for operand {k}")
+            counts.append(x.ndim - len(rest))
+        elif "." in t:
+            raise RuntimeError(f"einsum(): found '.' for operand {k} that is not part of any "
+                               "ellipsis")
+        else:
+            if len(t) != x.ndim:
+                raise RuntimeError(f"einsum(): the number of subscripts in the equation "
+                                   f"({len(t)}) does not match the number of dimensions "
+                                   f"({x.ndim}) for operand {k} and no ellipsis was given")
+            counts.append(None)
+    n = max((c for c in counts if c is not None), default=0)
+    ell = _ELLIPSIS_LETTERS[:n]
+    sizes: dict = {}
+    for k, (t, x, c) in enumerate(zip(terms, operands, counts)):
+        if c is None:
+            continue
+        mine = ell[n - c:]
+        terms[k] = t.replace("...", mine)
+        for d, e in enumerate(mine, start=t.index("...")):
+            size = x.shape[d]
+            seen = sizes.get(e, 1)
+            if size != 1 and seen != 1 and size != seen:
+                raise RuntimeError(f"einsum(): dimension {ell.index(e)} covered by ellipsis in "
+                                   f"operand {k}has size {size} which does not broadcast with "
+                                   f"previously seen ellipsis with size {seen} for the "
+                                   "respective dimension")
+            sizes[e] = max(size, seen)
+    for k, (t, x, c) in enumerate(zip(terms, operands, counts)):
+        if c is not None:
+            shape = tuple(sizes.get(e, s) for e, s in zip(t, x.shape))
+            if shape != tuple(x.shape):
+                operands[k] = x.expand(*shape)
+    return operands, terms, ell
 
 
 def _sum_unused(x, idx: str, keep: str):
@@ -561,6 +642,16 @@ def _contract(a, ai: str, b, bi: str, later: str):
         perm = tuple(xi.index(c) for c in order)
         return x.permute(perm) if perm != tuple(range(len(perm))) else x
 
+    if not summed:  # nothing to contract: a broadcast product, as torch's sumproduct_pair
+        order = sorted(batch + left + right, key=later.index)  # the output's order
+        a_ = arrange(a, ai, [c for c in order if c in ai])
+        b_ = arrange(b, bi, [c for c in order if c in bi])
+        for k, c in enumerate(order):
+            if c not in ai:
+                a_ = a_.unsqueeze(k)
+            if c not in bi:
+                b_ = b_.unsqueeze(k)
+        return a_ * b_, "".join(order)
     a3 = arrange(a, ai, batch + left + summed).reshape(n(batch), n(left), n(summed))
     b3 = arrange(b, bi, batch + summed + right).reshape(n(batch), n(summed), n(right))
     out = a3.bmm(b3).reshape(tuple(size[c] for c in batch + left + right))
@@ -571,6 +662,6 @@ def _contract(a, ai: str, b, bi: str, later: str):
 METHODS = ("gather", "scatter", "scatter_add", "take_along_dim", "index_select", "index_add",
            "masked_fill", "masked_fill_", "cumsum", "cumprod", "flip", "var", "std", "norm",
            "sort", "argsort", "topk", "tril", "triu", "roll", "repeat", "tile", "outer", "split",
-           "chunk", "unbind", "tensor_split")
+           "chunk", "unbind", "tensor_split", "diagonal")
 #: top-level functions (torch has each of these names; torch.repeat does not exist)
 FUNCTIONS = tuple(m for m in METHODS if m not in ("repeat", "masked_fill_")) + ("einsum",)

@@ -379,6 +379,35 @@ def _split_op(kind):
     return gen
 
 
+def _gen_diagonal(b):
+    i = b.pick(lambda t: t.ndim >= 2, make=lambda: (3, 3))
+    t = b.shadow[i]
+    d1 = b.dim(t)
+    d2 = b.draw(st.sampled_from([d for d in range(-t.ndim, t.ndim)
+                                 if d % t.ndim != d1 % t.ndim]))
+    offset = b.draw(st.integers(-2, 2))
+    b.op("diagonal", lambda L, P: P[i].diagonal(offset, d1, d2))
+
+
+def _gen_diagonal_backward(b):
+    """aten::diagonal_backward: zeros of (..., n, n + 1) with the pool tensor (..., n) on the
+    diagonal of offset 1 (torch records DiagonalBackwardBackward0)."""
+    i = b.pick(lambda t: t.ndim >= 1, make=lambda: (3,))
+    t = b.shadow[i]
+    n, k = t.shape[-1], t.ndim - 1
+    sizes = tuple(t.shape[:-1]) + (n, n + 1)
+
+    def fn(L, P):
+        if L is sg:
+            from symgrad.symbolic.audit import _sg_ops
+
+            return _sg_ops("diagonal_backward", (P[i],), {"input_sizes": sizes, "offset": 1,
+                                                          "dim1": k, "dim2": k + 1})
+        return torch.ops.aten.diagonal_backward(P[i], sizes, 1, k, k + 1)
+
+    b.op("diagonal_backward", fn)
+
+
 def _gen_where(b):
     i = b.pick()
     j = b.leaf(b.bshape(tuple(b.shadow[i].shape)))
@@ -535,6 +564,7 @@ GENERATORS = {
     "index_put": _setitem_op("index_put"), "cat": _list_op("cat"), "stack": _list_op("stack"),
     "split": _split_op("split"), "split_with_sizes": _split_op("split_with_sizes"),
     "unbind": _split_op("unbind"),
+    "diagonal": _gen_diagonal, "diagonal_backward": _gen_diagonal_backward,
     "masked_fill_tensor": _simple("masked_fill_tensor", lambda b, t: (
         lambda grad_value: lambda L, x: x.masked_fill(x > 0.1, (x * 2).sum() if grad_value
                                                       else L.tensor(0.5, dtype=x.dtype)))(

@@ -99,6 +99,25 @@ CASES = {
     "einsum_chain": ((3, 3), lambda L, x: L.einsum("ij,jk,kl->il", x, x.tril(), x * 3)),
     "einsum_implicit": ((2, 3, 4), lambda L, x: L.einsum("bij,bkj", x, x + 1)),
     "einsum_list": ((3, 4), lambda L, x: L.einsum("ijk->j", [x.reshape(2, 3, 2)])),
+    # a repeated index within one operand (DiagonalBackward0) and ``...`` (broadcast dims)
+    "einsum_diag": ((3, 3), lambda L, x: L.einsum("ii->i", x)),
+    "einsum_trace": ((3, 3), lambda L, x: L.einsum("ii", x)),
+    "einsum_diag_batched": ((2, 3, 3), lambda L, x: L.einsum("...ii->...i", x)),
+    "einsum_iji": ((2, 3, 2), lambda L, x: L.einsum("iji->j", x)),
+    "einsum_iii": ((2, 2, 2), lambda L, x: L.einsum("iii->i", x)),
+    "einsum_diag_times": ((3, 3), lambda L, x: L.einsum("ii,ij->j", x, x * 2)),
+    "einsum_ellipsis_bmm": ((2, 3, 3), lambda L, x: L.einsum("...ij,...jk->...ik", x,
+                                                             x.flip(0))),
+    "einsum_ellipsis_trailing": ((2, 3, 4), lambda L, x: L.einsum("ij...,kj...->ik...", x,
+                                                                  x * 2)),
+    "einsum_ellipsis_broadcast": ((2, 1, 3), lambda L, x: L.einsum("...,...->...", x,
+                                                                   x[0].t())),
+    "einsum_ellipsis_summed": ((2, 3, 4), lambda L, x: L.einsum("i...->i", x)),
+    "einsum_ellipsis_implicit": ((2, 3, 4), lambda L, x: L.einsum("...j,j", x, x[0, 0])),
+    "einsum_elementwise": ((3, 4), lambda L, x: L.einsum("ij,ij->ij", x, x.flip(0))),
+    "einsum_identity": ((3, 4), lambda L, x: L.einsum("ij", x)),
+    "diagonal": ((2, 3, 4), lambda L, x: x.diagonal(1, 0, 2)),
+    "diagonal_neg": ((3, 4), lambda L, x: L.diagonal(x, -1, -1, 0)),
 }
 
 
@@ -137,7 +156,8 @@ def test_values_grads_and_graph_match_torch(name, dtype, cpu_backend, torch):
 SECOND_ORDER = ["gather_dim1", "scatter_add", "index_select", "index_add", "cumsum1",
                 "cumprod", "cumprod_zeros", "var_dim", "std_all", "norm", "vector_norm_p3",
                 "flip", "masked_fill", "sort", "topk", "tril", "roll", "repeat", "outer",
-                "masked_fill_tensor", "masked_fill_tensor_bcast"]
+                "masked_fill_tensor", "masked_fill_tensor_bcast", "einsum_diag_times",
+                "einsum_ellipsis_bmm", "diagonal"]
 
 
 @pytest.mark.parametrize("name", SECOND_ORDER)
@@ -176,10 +196,17 @@ def test_einsum_outer_product_and_errors(torch):
     data = _input((2, 3), np.float64, seed=9)
     res = [L.einsum("i,j->ij", L.tensor(data[0]), L.tensor(data[1])) for L in (sg, torch)]
     assert_close(res[0], res[1], terms=1)
-    with pytest.raises(NotImplementedError, match="ellipsis|broadcast"):
-        sg.einsum("...ij->...ji", sg.ones(2, 3))
-    with pytest.raises(NotImplementedError, match="repeated index"):
-        sg.einsum("ii->i", sg.ones(2, 2))
+    errors = [("...ij", (3,)), ("ii->i", (3, 2)), ("i..j", (3, 3)), ("i......", (3, 3)),
+              ("ij", (2, 3, 4)), ("i->j", (3,)), ("ij->ii", (3, 3)),
+              ("...ij,...jk", (2, 3, 4), (5, 4, 2)), ("ij,j,k", (3, 3), (3,)),
+              ("ij", (3, 3), (3, 3))]
+    for eq, *shapes in errors:
+        messages = []
+        for L in (sg, torch):
+            with pytest.raises(RuntimeError) as info:
+                L.einsum(eq, *[L.ones(*s) for s in shapes])
+            messages.append(str(info.value))
+        assert messages[0] == messages[1], eq
 
 
 def test_saved_operands_read_back_like_torch(torch):
@@ -244,7 +271,9 @@ def test_errors_have_torch_wording(k, torch):
 
 @pytest.mark.parametrize("name", ["gather_dim1", "scatter_src", "scatter_value",
                                   "scatter_add", "index_select", "index_add", "masked_fill",
-                                  "masked_fill_tensor", "masked_fill_inplace",
+                                  "masked_fill_tensor", "masked_fill_inplace", "einsum_diag",
+                                  "einsum_trace", "einsum_diag_times", "einsum_ellipsis_bmm",
+                                  "einsum_ellipsis_broadcast", "diagonal_neg",
                                   "take_along_dim", "cumsum1", "cumprod", "cumprod_zeros",
                                   "var_dim", "std_all", "norm", "norm_p1_dim",
                                   "vector_norm_inf_dim", "vector_norm_p3", "flip_dims",

@@ -161,6 +161,9 @@ EXAMPLES = {
     "div_scalar": lambda x, y: _sg_ops("div_scalar", (x,), {"other": 3}),
     "masked_fill": lambda x, y: _sg_ops("masked_fill", (x,), {"mask": x > 1.0, "value": 0.0}),
     "masked_fill_tensor": lambda x, y: x.masked_fill(x > 1.0, y[0, 1]),
+    "diagonal": lambda x, y: (x * y).diagonal(1),
+    "diagonal_backward": lambda x, y: _sg_ops("diagonal_backward", (x.t() * 1,), {
+        "input_sizes": (2, 3, 3), "offset": 1, "dim1": 0, "dim2": 2}),
     "unsafe_view": lambda x, y: (x.t() * 1.0).reshape(6),
     "reshape_alias": lambda x, y: x[:, 0:2].reshape(2, 2, 1),
     "alias": lambda x, y: x[...],
