@@ -708,6 +708,7 @@ class Tensor(TensorBase):
     mv = _F.mv
     dot = _F.dot
     bmm = _F.bmm
+    baddbmm = _F.baddbmm
     max = _F.max  # noqa: A003
     min = _F.min  # noqa: A003
     argmax = _F.argmax

@@ -408,6 +408,32 @@ def _gen_diagonal_backward(b):
     b.op("diagonal_backward", fn)
 
 
+def _gen_baddbmm(b):
+    """beta * input + alpha * (batch1 @ batch2), input broadcast (MultiheadAttention's mask)."""
+    i = b.pick(lambda t: t.ndim == 3, make=lambda: (2, 2, 3))
+    s = b.shadow[i].shape
+    j = b.leaf((s[0], s[2], b.draw(st.integers(1, 3))))
+    k = b.leaf(b.bshape((s[0], s[1], b.shadow[j].shape[2])))
+    beta, alpha = b.draw(st.sampled_from([1, 0.5, 0])), b.draw(st.sampled_from([1, -2.0]))
+    b.op("baddbmm", lambda L, P: L.baddbmm(P[k], P[i], P[j], beta=beta, alpha=alpha))
+
+
+def _gen_safe_softmax(b):
+    """aten::_safe_softmax (scaled_dot_product_attention's), here on finite rows."""
+    i = b.pick()
+    d = _nonempty_dim(b, b.shadow[i])
+
+    def fn(L, P):
+        if L is sg:
+            from symgrad.ops._ints import u64
+            from symgrad.symbolic.audit import _sg_ops
+
+            return _sg_ops("safe_softmax", (P[i],), {"dim": u64(d)})
+        return torch._safe_softmax(P[i], d)
+
+    b.op("safe_softmax", fn)
+
+
 def _gen_where(b):
     i = b.pick()
     j = b.leaf(b.bshape(tuple(b.shadow[i].shape)))
@@ -565,6 +591,7 @@ GENERATORS = {
     "split": _split_op("split"), "split_with_sizes": _split_op("split_with_sizes"),
     "unbind": _split_op("unbind"),
     "diagonal": _gen_diagonal, "diagonal_backward": _gen_diagonal_backward,
+    "baddbmm": _gen_baddbmm, "safe_softmax": _gen_safe_softmax,
     "masked_fill_tensor": _simple("masked_fill_tensor", lambda b, t: (
         lambda grad_value: lambda L, x: x.masked_fill(x > 0.1, (x * 2).sum() if grad_value
                                                       else L.tensor(0.5, dtype=x.dtype)))(

@@ -162,6 +162,9 @@ EXAMPLES = {
     "masked_fill": lambda x, y: _sg_ops("masked_fill", (x,), {"mask": x > 1.0, "value": 0.0}),
     "masked_fill_tensor": lambda x, y: x.masked_fill(x > 1.0, y[0, 1]),
     "diagonal": lambda x, y: (x * y).diagonal(1),
+    "safe_softmax": lambda x, y: _sg_ops("safe_softmax", (x * y,), {"dim": 1}),
+    "baddbmm": lambda x, y: _sg().baddbmm(x[:, :2].reshape(1, 2, 2), x.reshape(1, 2, 3),
+                                         y.reshape(1, 3, 2), beta=0.5, alpha=2),
     "diagonal_backward": lambda x, y: _sg_ops("diagonal_backward", (x.t() * 1,), {
         "input_sizes": (2, 3, 3), "offset": 1, "dim1": 0, "dim2": 2}),
     "unsafe_view": lambda x, y: (x.t() * 1.0).reshape(6),
