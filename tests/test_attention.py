@@ -521,3 +521,24 @@ def test_safe_softmax_node_matches_torch(torch, cpu_backend):
     (ty * torch.tensor(w)).sum().backward()
     assert_close(x.grad, tx.grad, terms=8, scale=magnitude(w))
     assert not np.isnan(x.grad.numpy()).any()
+
+
+@pytest.mark.parametrize("mode", ["exact", "local"])
+def test_verify_baddbmm_and_masked_multihead_weights(mode):
+    """The new nodes are checked by the verifier: baddbmm with a broadcast input (the engine
+    sums its gradient back), and MultiheadAttention's masked weights path."""
+    rng = np.random.default_rng(11)
+    a, b1, b2 = (sg.tensor(rng.uniform(0.5, 1.5, s), requires_grad=True)
+                 for s in ((1, 2, 2), (2, 2, 3), (2, 3, 2)))
+    with sg.record():
+        y = (sg.baddbmm(a, b1, b2, beta=0.5, alpha=-2.0) ** 2).sum()
+    assert sg.verify(y, mode=mode).ok
+    mha = sg.nn.MultiheadAttention(4, 2).to(sg.float64)
+    x = sg.tensor(rng.uniform(-1, 1, (3, 1, 4)), requires_grad=True)
+    mask = sg.tensor(np.triu(np.full((3, 3), -2.0), 1))
+    with sg.record():
+        out, _ = mha(x, x, x, attn_mask=mask)
+        loss = (out * out).sum()
+    report = sg.verify(loss, mode=mode)
+    assert report.ok, report
+    assert "BaddbmmBackward0" in {n.name for n in report.nodes}
