@@ -1150,8 +1150,8 @@ _tl.provide(Tensor=Tensor, tensor=tensor, DT_OF=_DT_OF, backend_for=_backend_for
 def _install_tensor_functions() -> None:
     from . import tensor_functions as _TF
 
-    for _name in _TF.METHODS:
-        setattr(Tensor, _name, getattr(_TF, _name))
+    for _name in _TF.METHODS:  # a method whose argument names differ from the function's
+        setattr(Tensor, _name, _TF.METHOD_FORMS.get(_name) or getattr(_TF, _name))
 
 
 _install_tensor_functions()

@@ -663,5 +663,14 @@ METHODS = ("gather", "scatter", "scatter_add", "take_along_dim", "index_select",
            "masked_fill", "masked_fill_", "cumsum", "cumprod", "flip", "var", "std", "norm",
            "sort", "argsort", "topk", "tril", "triu", "roll", "repeat", "tile", "outer", "split",
            "chunk", "unbind", "tensor_split", "diagonal")
+
+
+def _split_method(self: Tensor, split_size: Any, dim: int = 0) -> tuple:
+    """``Tensor.split(split_size, dim=0)`` (torch names the argument so on the method)."""
+    return split(self, split_size, dim)
+
+
+#: Tensor methods whose signature differs from the function's
+METHOD_FORMS = {"split": _split_method}
 #: top-level functions (torch has each of these names; torch.repeat does not exist)
 FUNCTIONS = tuple(m for m in METHODS if m not in ("repeat", "masked_fill_")) + ("einsum",)
