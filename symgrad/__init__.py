@@ -45,6 +45,7 @@ from .functional import (
     argmax,
     argmin,
     atan2,
+    baddbmm,
     bmm,
     cat,
     clamp,
@@ -187,7 +188,8 @@ __all__ = [
     "relu", "sqrt", "abs", "sign", "reciprocal", "sum", "mean", "matmul", "mm", "mv", "dot",
     "t", "transpose", "permute", "reshape", "view", "flatten", "squeeze", "unsqueeze",
     "expand", "clone", "where", "eq", "ne", "gt", "ge", "lt", "le", "logical_not",
-    "bmm", "cat", "stack", "max", "min", "argmax", "argmin", "maximum", "minimum", "clamp",
+    "bmm", "baddbmm", "cat", "stack", "max", "min", "argmax", "argmin", "maximum", "minimum",
+    "clamp",
     "clamp_min", "clamp_max", "softmax", "log_softmax", "logsumexp", "select", "narrow",
     "memory_allocated", "max_memory_allocated", "reset_peak_memory_stats",
     "nn", "optim", "save", "load",
@@ -210,8 +212,10 @@ __all__ += ["conv1d", "conv2d", "max_pool2d"]
 from . import linalg  # noqa: E402
 from .tensor_functions import (  # noqa: E402
     argsort,
+    chunk,
     cumprod,
     cumsum,
+    diagonal,
     einsum,
     flip,
     gather,
@@ -224,15 +228,19 @@ from .tensor_functions import (  # noqa: E402
     scatter,
     scatter_add,
     sort,
+    split,
     std,
     take_along_dim,
+    tensor_split,
     tile,
     topk,
     tril,
     triu,
+    unbind,
     var,
 )
 
 __all__ += ["linalg", "gather", "scatter", "scatter_add", "take_along_dim", "index_select",
             "index_add", "masked_fill", "cumsum", "cumprod", "flip", "var", "std", "norm",
-            "sort", "argsort", "topk", "tril", "triu", "roll", "tile", "outer", "einsum"]
+            "sort", "argsort", "topk", "tril", "triu", "roll", "tile", "outer", "einsum",
+            "split", "chunk", "unbind", "tensor_split", "diagonal"]

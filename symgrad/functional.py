@@ -494,6 +494,36 @@ def bmm(input, mat2):
     return apply(_O["bmm"], (input, mat2))
 
 
+def baddbmm(input, batch1, batch2, *, beta=1, alpha=1):
+    """``beta * input + alpha * (batch1 @ batch2)`` (BaddbmmBackward0); input broadcasts."""
+    for name, x in (("batch1", batch1), ("batch2", batch2)):
+        if not isinstance(x, TensorBase):
+            raise TypeError(f"baddbmm(): argument '{name}' must be Tensor, not "
+                            f"{type(x).__name__}")
+        if x.ndim != 3:
+            raise RuntimeError(f"{name} must be a 3D tensor")
+    b, n, m = batch1.shape
+    if tuple(batch2.shape[:2]) != (b, m):
+        raise RuntimeError("Expected size for first two dimensions of batch2 tensor to be: "
+                           f"[{b}, {m}] but got: [{batch2.shape[0]}, {batch2.shape[1]}].")
+    if batch1.dtype is not batch2.dtype:
+        raise RuntimeError(f"expected scalar type {_TORCH_NAMES[batch1.dtype.name]} but found "
+                           f"{_TORCH_NAMES[batch2.dtype.name]}")
+    if input.dtype is not batch1.dtype:
+        names = [_CPP_NAMES[t.dtype.name] for t in (input, batch1, batch2)]
+        raise RuntimeError(f"Input dtypes must be the same, got: input {names[0]}, batch1: "
+                           f"{names[1]}, batch2: {names[2]}")
+    target = (b, n, batch2.shape[2])
+    shape = tuple(input.shape)
+    for i in range(1, len(shape) + 1):
+        if len(shape) > 3 or shape[-i] not in (1, target[-i]):
+            d = len(target) - i if len(shape) <= 3 else 0
+            raise RuntimeError(f"The expanded size of the tensor ({target[d]}) must match the "
+                               f"existing size ({shape[-i]}) at non-singleton dimension {d}.  "
+                               f"Target sizes: {list(target)}.  Tensor sizes: {list(shape)}")
+    return apply(_O["baddbmm"], (input, batch1, batch2), {"beta": beta, "alpha": alpha})
+
+
 def _mT(x):
     return transpose(x, -2, -1)
 

@@ -21,6 +21,7 @@ import numpy as np
 from . import _tensor_layer as _tl
 from . import dtypes as _dt
 from ._tensor_layer import TensorBase
+from ._views import check_multi_output_view
 from .autograd.grad_mode import _state
 from .ops import indexing as _ix
 from .ops._ints import INT64_MAX, u64
@@ -323,6 +324,21 @@ def _check_not_view_of_graph(x: Tensor) -> None:
         raise RuntimeError(_VIEW_MESSAGE.format(f"made by {fn.name()}"))
 
 
+def _view_written(items) -> str | None:
+    """The grad_fn of the view ``x[items] = v`` writes into, as torch slices dim by dim
+    (the last select / slice / unsqueeze); None when the write goes into ``x`` itself."""
+    name = None
+    for it in items:
+        if it is None:
+            name = "UnsqueezeBackward0"
+        elif isinstance(it, slice):
+            if not (it.start in (None, 0) and it.stop is None and it.step in (None, 1)):
+                name = "SliceBackward0"
+        elif isinstance(it, (int, np.integer)) and not isinstance(it, (bool, np.bool_)):
+            name = "SelectBackward0"
+    return name
+
+
 def setitem(x: Tensor, index, value) -> None:
     """``x[index] = value``: writes x's data and, under autograd, rebases x's grad_fn."""
     from .backends import backend_for
@@ -346,6 +362,7 @@ def setitem(x: Tensor, index, value) -> None:
     if _state.enabled and x._requires_grad and x._grad_fn is None:
         raise RuntimeError("a leaf Variable that requires grad is being used in an in-place "
                            "operation.")
+    check_multi_output_view(x, record, _view_written(items))
     if record:
         _check_not_view_of_graph(x)
 

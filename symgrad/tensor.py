@@ -26,6 +26,7 @@ from ._tensor_layer import TORCH_NAMES as _TORCH_NAMES  # noqa: F401
 from ._tensor_layer import TensorBase
 from ._tensor_layer import type_name as _type_name
 from ._tensor_layer import wrap_dim as _wrap_dim  # noqa: F401
+from ._views import check_multi_output_view
 from .autograd import function as _fn
 from .autograd.engine import backward as _backward
 from .autograd.function import apply as _apply
@@ -36,8 +37,6 @@ from .backends import backend_for as _backend_for
 from .device import CPU, as_device, resolve
 from .memory import Storage, new_storage
 from .ops import OPS as _OPS
-from .ops._ints import u64 as _u64
-from .ops.indexing import select as _ix_select
 
 __all__ = ["Tensor", "Size", "tensor", "FloatTensor", "DoubleTensor", "LongTensor", "BoolTensor"]
 
@@ -495,6 +494,8 @@ class Tensor(TensorBase):
                                    f"desired output type {_TORCH_NAMES[self.dtype.name]}")
         be = _backend_for(self._device.type)
         graph = grad_on and (self._requires_grad or any(o._requires_grad for o in tensors))
+        if grad_on and differentiable:
+            check_multi_output_view(self, graph)
         if not (differentiable and graph):
             if kernel is not None:
                 getattr(be, kernel)(self._data, src)
@@ -668,10 +669,10 @@ class Tensor(TensorBase):
         return self
 
     def __iter__(self):
-        """Rows along dim 0 (each a SelectBackward0 view; torch's come from one unbind)."""
+        """Rows along dim 0: ``unbind(0)``, as torch iterates (one UnbindBackward0)."""
         if self.ndim == 0:
             raise TypeError("iteration over a 0-d tensor")
-        return (_ix_select(self, 0, _u64(i)) for i in range(self.shape[0]))
+        return iter(self.unbind(0))
 
     reciprocal = _F.reciprocal
     exp = _F.exp
@@ -707,6 +708,7 @@ class Tensor(TensorBase):
     mv = _F.mv
     dot = _F.dot
     bmm = _F.bmm
+    baddbmm = _F.baddbmm
     max = _F.max  # noqa: A003
     min = _F.min  # noqa: A003
     argmax = _F.argmax
@@ -1148,8 +1150,8 @@ _tl.provide(Tensor=Tensor, tensor=tensor, DT_OF=_DT_OF, backend_for=_backend_for
 def _install_tensor_functions() -> None:
     from . import tensor_functions as _TF
 
-    for _name in _TF.METHODS:
-        setattr(Tensor, _name, getattr(_TF, _name))
+    for _name in _TF.METHODS:  # a method whose argument names differ from the function's
+        setattr(Tensor, _name, _TF.METHOD_FORMS.get(_name) or getattr(_TF, _name))
 
 
 _install_tensor_functions()

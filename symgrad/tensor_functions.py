@@ -17,7 +17,9 @@ import numpy as np
 from . import dtypes as _dt
 from ._tensor_layer import TensorBase
 from ._tensor_layer import wrap_dim as _wrap_dim
+from ._views import mark_multi_output_views
 from .autograd.function import apply
+from .autograd.grad_mode import is_grad_enabled
 from .ops import OPS
 from .ops._ints import u64, u64s
 
@@ -159,8 +161,8 @@ def index_add(input: Tensor, dim: int, index: Tensor, source: Tensor, *,
                  {"dim": u64(dim), "index": index, "alpha": alpha, "source_dim": source.ndim})
 
 
-def masked_fill(input: Tensor, mask: Tensor, value: Any) -> Tensor:
-    """``input`` with ``value`` where ``mask`` is True (a number or a 0-dim tensor)."""
+def _masked_fill_args(input, mask, value):
+    """torch's checks; the mask expanded where it broadcasts beyond ``input``."""
     if mask.dtype is not _dt.bool_:
         from ._tensor_layer import CPP_NAMES
 
@@ -170,13 +172,30 @@ def masked_fill(input: Tensor, mask: Tensor, value: Any) -> Tensor:
         if value.ndim:
             raise RuntimeError("masked_fill_ only supports a 0-dimensional value tensor, but "
                                f"got tensor with {value.ndim} dimension(s).")
-        if value.requires_grad:
-            raise NotImplementedError("masked_fill with a value tensor that requires grad "
-                                      "(MaskedFillBackward1) is not implemented")
-        value = value.item()
+        if value.requires_grad and is_grad_enabled() and not input.dtype.is_floating_point:
+            from ._tensor_layer import TORCH_NAMES
+
+            raise RuntimeError(f"Autograd not support dtype: {TORCH_NAMES[input.dtype.name]}")
     if tuple(np.broadcast_shapes(tuple(mask.shape), tuple(input.shape))) != tuple(input.shape):
         mask = mask.expand(*np.broadcast_shapes(tuple(mask.shape), tuple(input.shape)))
+    return mask
+
+
+def masked_fill(input: Tensor, mask: Tensor, value: Any) -> Tensor:
+    """``input`` with ``value`` where ``mask`` is True: a number (MaskedFillBackward0), or a
+    0-dim tensor (MaskedFillBackward1, whose gradient is the sum over the masked places)."""
+    mask = _masked_fill_args(input, mask, value)
+    if isinstance(value, TensorBase):
+        return apply(OPS["masked_fill_tensor"], (input, value), {"mask": mask})
     return apply(OPS["masked_fill"], (input,), {"mask": mask, "value": value})
+
+
+def masked_fill_(input: Tensor, mask: Tensor, value: Any) -> Tensor:
+    """In-place :func:`masked_fill` (the node is recorded on ``input`` as torch does)."""
+    mask = _masked_fill_args(input, mask, value)
+    if isinstance(value, TensorBase):
+        return input._inplace("masked_fill_", "masked_fill_tensor", (value,), {"mask": mask})
+    return input._inplace("masked_fill_", "masked_fill", (), {"mask": mask, "value": value})
 
 
 # -- cumsum / cumprod / flip -------------------------------------------------------------------
@@ -354,39 +373,250 @@ def outer(input: Tensor, vec2: Tensor) -> Tensor:
     return input.reshape(-1, 1) * vec2
 
 
+# -- split / chunk / unbind / tensor_split -----------------------------------------------------
+def _is_int(x) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+def _py_type(x) -> str:
+    return type(x).__name__ if not isinstance(x, TensorBase) else "Tensor"
+
+
+def _pieces(name: str, input, params: dict) -> tuple:
+    """Apply a multi-output view op; its pieces refuse in-place writes as torch's do."""
+    outs = apply(OPS[name], (input,), params)
+    mark_multi_output_views(outs, input.requires_grad)
+    return outs
+
+
+def split(tensor: Tensor, split_size_or_sections: Any, dim: int = 0) -> tuple:
+    """Pieces of ``split_size`` along ``dim`` (the last may be smaller), or of the listed
+    sizes; all views of ``tensor`` sharing one SplitBackward0 / SplitWithSizesBackward0."""
+    sizes = split_size_or_sections
+    if not _is_int(dim):
+        raise TypeError(f"split() received an invalid combination of arguments - got (Tensor, "
+                        f"{_py_type(sizes)}, {_py_type(dim)}), but expected one of:")
+    if isinstance(sizes, (list, tuple)):
+        for k, s in enumerate(sizes):
+            if not _is_int(s):
+                raise TypeError("split_with_sizes(): argument 'split_sizes' (position 2) must "
+                                f"be tuple of ints, but found element of type {_py_type(s)} "
+                                f"at pos {k}")
+        sizes = tuple(int(s) for s in sizes)
+        if tensor.ndim == 0:
+            raise RuntimeError("split expects at least a 1-dimensional tensor")
+        d = _wrap_dim(dim, tensor.ndim)
+        n = tensor.shape[d]
+        if any(s < 0 for s in sizes):
+            raise RuntimeError("split_with_sizes expects split_sizes have only non-negative "
+                               f"entries, but got split_sizes={list(sizes)}")
+        if sum(sizes) != n:
+            raise RuntimeError(f"split_with_sizes expects split_sizes to sum exactly to {n} "
+                               f"(input tensor's size at dimension {d}), but got "
+                               f"split_sizes={list(sizes)}")
+        return _pieces("split_with_sizes", tensor, {"split_sizes": sizes, "dim": u64(dim)})
+    if not _is_int(sizes):
+        if isinstance(sizes, bool):
+            raise TypeError("split() received an invalid combination of arguments - got "
+                            f"(Tensor, bool, {_py_type(dim)}), but expected one of:")
+        raise TypeError("split_with_sizes(): argument 'split_sizes' (position 2) must be "
+                        f"tuple of ints, not {_py_type(sizes)}")
+    size = int(sizes)
+    if tensor.ndim == 0:
+        raise RuntimeError("split expects at least a 1-dimensional tensor")
+    d = _wrap_dim(dim, tensor.ndim)
+    n = tensor.shape[d]
+    if size < 0:
+        raise RuntimeError(f"split expects split_size be non-negative, but got split_size={size}")
+    if size == 0 and n != 0:
+        raise RuntimeError("split_size can only be 0 if dimension size is 0, but got dimension "
+                           f"size of {n}")
+    return _pieces("split", tensor, {"split_size": size, "dim": u64(dim)})
+
+
+def chunk(input: Tensor, chunks: int, dim: int = 0) -> tuple:
+    """At most ``chunks`` pieces of equal size (the last may be smaller): torch.chunk, which
+    records a split (SplitBackward0) of size ceil(n / chunks)."""
+    if not _is_int(chunks):
+        raise TypeError("chunk(): argument 'chunks' (position 2) must be int, not "
+                        f"{_py_type(chunks)}")
+    if input.ndim == 0:
+        raise RuntimeError("chunk expects at least a 1-dimensional tensor")
+    chunks = int(chunks)
+    if chunks <= 0:
+        raise RuntimeError(f"chunk expects `chunks` to be greater than 0, got: {chunks}")
+    d = _wrap_dim(dim, input.ndim)
+    n = input.shape[d]
+    size = (n + chunks - 1) // chunks
+    if size == 0 and n == 0:  # torch: chunks empty pieces, through split_with_sizes
+        return _pieces("split_with_sizes", input, {"split_sizes": (0,) * chunks,
+                                                   "dim": u64(dim)})
+    return _pieces("split", input, {"split_size": size, "dim": u64(dim)})
+
+
+def unbind(input: Tensor, dim: int = 0) -> tuple:
+    """The slices along ``dim`` with that dim removed, sharing one UnbindBackward0."""
+    if input.ndim == 0:
+        raise IndexError(f"Dimension specified as {dim} but tensor has no dimensions")
+    _wrap_dim(dim, input.ndim)
+    return _pieces("unbind", input, {"dim": u64(dim)})
+
+
+def tensor_split(input: Tensor, indices_or_sections: Any, dim: int = 0) -> tuple:
+    """``sections`` nearly equal pieces, or pieces cut at ``indices``; each piece is its own
+    slice (SliceBackward0), as torch records it."""
+    from .ops.indexing import slice_
+
+    arg = indices_or_sections
+    if input.ndim == 0:
+        raise RuntimeError("tensor_split expected at least a 1-dimensional tensor, but got a "
+                           "tensor with 0 dims")
+    if isinstance(arg, TensorBase):
+        if arg.dtype is not _dt.int64:
+            from ._tensor_layer import TORCH_NAMES
+
+            raise RuntimeError("tensor_split expected tensor_indices_or_sections to have dtype "
+                               f"of long, but got {TORCH_NAMES.get(arg.dtype.name)}")
+        if arg.ndim > 1:
+            raise RuntimeError("tensor_split expected tensor_indices_or_sections to be a "
+                               "zero-dimensional or one-dimensional tensor, but got a tensor "
+                               f"with {arg.ndim} dims")
+        arg = int(arg.item()) if arg.ndim == 0 else [int(v) for v in _host(arg)]
+    d = _wrap_dim(dim, input.ndim)
+    n = input.shape[d]
+    if _is_int(arg):
+        sections = int(arg)
+        if sections <= 0:
+            raise RuntimeError(f"number of sections must be larger than 0, got {sections}")
+        small, extra = divmod(n, sections)
+        bounds, start = [], 0
+        for k in range(sections):
+            end = start + small + (1 if k < extra else 0)
+            bounds.append((start, end))
+            start = end
+    elif isinstance(arg, (list, tuple)) and all(_is_int(i) for i in arg):
+        cuts = [int(i) for i in arg]
+        bounds = list(zip([0] + cuts, cuts + [n]))
+    else:
+        raise TypeError("tensor_split() received an invalid combination of arguments - got "
+                        f"(Tensor, {_py_type(arg)}), but expected one of:")
+    return tuple(slice_(input, d, u64(a), u64(b), 1) for a, b in bounds)
+
+
+def diagonal(input: Tensor, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Tensor:
+    """The ``offset`` diagonal of dims ``dim1``, ``dim2`` as the last dim (a view)."""
+    d1, d2 = _wrap_dim(dim1, input.ndim), _wrap_dim(dim2, input.ndim)
+    if d1 == d2:
+        raise RuntimeError(f"diagonal dimensions cannot be identical {dim1}, {dim2}")
+    return apply(OPS["diagonal"], (input,), {"offset": u64(offset), "dim1": u64(dim1),
+                                             "dim2": u64(dim2)})
+
+
 # -- einsum -----------------------------------------------------------------------------------
 def einsum(equation: str, *operands) -> Tensor:
-    """Any two-or-more-operand or single-operand contraction without ``...`` or a repeated
-    index within one operand, composed of sum / permute / reshape / bmm (torch likewise
-    records the underlying ops, not an einsum node)."""
+    """Any contraction torch.einsum takes: ``...`` (broadcast dims), repeated indices within
+    one operand (diagonals), implicit output. Composed of diagonal / sum / permute / reshape /
+    bmm / mul as torch composes it (no einsum node); a single operand ends with a permute,
+    as torch's does."""
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
     eq = equation.replace(" ", "")
-    if "." in eq:
-        raise NotImplementedError("einsum: '...' (broadcast dims) is not implemented")
     lhs, arrow, out = eq.partition("->")
     terms = lhs.split(",")
-    if len(terms) != len(operands):
-        raise RuntimeError(f"einsum(): {len(terms)} subscripts for {len(operands)} operands")
+    if len(terms) > len(operands):
+        raise RuntimeError("einsum(): fewer operands were provided than specified in the "
+                           "equation")
+    if len(terms) < len(operands):
+        raise RuntimeError("einsum(): more operands were provided than specified in the "
+                           "equation")
+    operands, terms, ell = _einsum_ellipsis(list(operands), terms)
+    letters = "".join(terms)
     if not arrow:
-        letters = "".join(terms)
-        out = "".join(sorted(c for c in set(letters) if letters.count(c) == 1))
-    for t, x in zip(terms, operands):
-        if len(set(t)) != len(t):
-            raise NotImplementedError(f"einsum: a repeated index within one operand ({t!r}) "
-                                      "is not implemented")
-        if len(t) != x.ndim:
-            raise RuntimeError(f"einsum(): the number of subscripts in the equation ({len(t)}) "
-                               "does not match the number of dimensions "
-                               f"({x.ndim}) for operand {terms.index(t)} and no ellipsis "
-                               "was given")
+        out = ell + "".join(sorted(c for c in set(letters) if letters.count(c) == 1
+                                   and c not in ell))
+    else:
+        out = out.replace("...", ell)
+        for c in out:
+            if c not in letters:
+                raise RuntimeError(f"einsum(): output subscript {c} does not appear in the "
+                                   "equation for any input operand")
+            if out.count(c) > 1:
+                raise RuntimeError(f"einsum(): output subscript {c} appears more than once in "
+                                   "the output")
+    for k, (t, x) in enumerate(zip(terms, operands)):  # repeated index: take the diagonal
+        while len(set(t)) != len(t):
+            c = next(c for c in t if t.count(c) > 1)
+            p, q = t.index(c), t.index(c, t.index(c) + 1)
+            if x.shape[p] != x.shape[q]:
+                raise RuntimeError(f"einsum(): subscript {c} is repeated for operand {k} but "
+                                   f"the sizes don't match, {x.shape[q]} != {x.shape[p]}")
+            x, t = x.diagonal(0, p, q), t[:p] + t[p + 1:q] + t[q + 1:] + c
+        operands[k], terms[k] = x, t
     acc, acc_idx = operands[0], terms[0]
     for k in range(1, len(terms)):
         later = out + "".join(terms[k + 1:])
         acc, acc_idx = _contract(acc, acc_idx, operands[k], terms[k], later)
+    summed = any(c not in out for c in acc_idx)
     acc, acc_idx = _sum_unused(acc, acc_idx, out)
     perm = tuple(acc_idx.index(c) for c in out)
-    return acc.permute(perm) if perm != tuple(range(len(perm))) else acc
+    if len(terms) == 1 and not summed:
+        return acc.permute(perm)  # torch records this permute even when it is the identity
+    if perm == tuple(range(len(perm))):
+        return acc
+    return acc.permute(perm).view(tuple(acc.shape[p] for p in perm))  # torch ends in a view
+
+
+#: stand-in subscripts for the dims ``...`` covers (never valid einsum letters)
+_ELLIPSIS_LETTERS = "".join(chr(0x3B1 + i) for i in range(24))
+
+
+def _einsum_ellipsis(operands: list, terms: list):
+    """Terms with ``...`` spelled out as stand-in letters (right-aligned, broadcast: a size-1
+    dim is expanded to the others' size); returns (operands, terms, the letters)."""
+    counts = []
+    for k, (t, x) in enumerate(zip(terms, operands)):
+        if "..." in t:
+            rest = t.replace("...", "", 1)
+            if "." in rest:
+                raise RuntimeError(f"einsum(): found '.' for operand {k} for which an ellipsis "
+                                   "was already found")
+            if len(rest) > x.ndim:
+                raise RuntimeError(f"einsum(): the number of subscripts in the equation "
+                                   f"({len(rest)}) is more than the number of dimensions "
+                                   f"({x.ndim}) for operand {k}")
+            counts.append(x.ndim - len(rest))
+        elif "." in t:
+            raise RuntimeError(f"einsum(): found '.' for operand {k} that is not part of any "
+                               "ellipsis")
+        else:
+            if len(t) != x.ndim:
+                raise RuntimeError(f"einsum(): the number of subscripts in the equation "
+                                   f"({len(t)}) does not match the number of dimensions "
+                                   f"({x.ndim}) for operand {k} and no ellipsis was given")
+            counts.append(None)
+    n = max((c for c in counts if c is not None), default=0)
+    ell = _ELLIPSIS_LETTERS[:n]
+    sizes: dict = {}
+    for k, (t, x, c) in enumerate(zip(terms, operands, counts)):
+        if c is None:
+            continue
+        mine = ell[n - c:]
+        terms[k] = t.replace("...", mine)
+        for d, e in enumerate(mine, start=t.index("...")):
+            size = x.shape[d]
+            seen = sizes.get(e, 1)
+            if size != 1 and seen != 1 and size != seen:
+                raise RuntimeError(f"einsum(): dimension {ell.index(e)} covered by ellipsis in "
+                                   f"operand {k}has size {size} which does not broadcast with "
+                                   f"previously seen ellipsis with size {seen} for the "
+                                   "respective dimension")
+            sizes[e] = max(size, seen)
+    for k, (t, x, c) in enumerate(zip(terms, operands, counts)):
+        if c is not None:
+            shape = tuple(sizes.get(e, s) for e, s in zip(t, x.shape))
+            if shape != tuple(x.shape):
+                operands[k] = x.expand(*shape)
+    return operands, terms, ell
 
 
 def _sum_unused(x, idx: str, keep: str):
@@ -412,6 +642,16 @@ def _contract(a, ai: str, b, bi: str, later: str):
         perm = tuple(xi.index(c) for c in order)
         return x.permute(perm) if perm != tuple(range(len(perm))) else x
 
+    if not summed:  # nothing to contract: a broadcast product, as torch's sumproduct_pair
+        order = sorted(batch + left + right, key=later.index)  # the output's order
+        a_ = arrange(a, ai, [c for c in order if c in ai])
+        b_ = arrange(b, bi, [c for c in order if c in bi])
+        for k, c in enumerate(order):
+            if c not in ai:
+                a_ = a_.unsqueeze(k)
+            if c not in bi:
+                b_ = b_.unsqueeze(k)
+        return a_ * b_, "".join(order)
     a3 = arrange(a, ai, batch + left + summed).reshape(n(batch), n(left), n(summed))
     b3 = arrange(b, bi, batch + summed + right).reshape(n(batch), n(summed), n(right))
     out = a3.bmm(b3).reshape(tuple(size[c] for c in batch + left + right))
@@ -420,7 +660,17 @@ def _contract(a, ai: str, b, bi: str, later: str):
 
 #: Tensor methods (torch.Tensor has each of these names)
 METHODS = ("gather", "scatter", "scatter_add", "take_along_dim", "index_select", "index_add",
-           "masked_fill", "cumsum", "cumprod", "flip", "var", "std", "norm", "sort", "argsort",
-           "topk", "tril", "triu", "roll", "repeat", "tile", "outer")
+           "masked_fill", "masked_fill_", "cumsum", "cumprod", "flip", "var", "std", "norm",
+           "sort", "argsort", "topk", "tril", "triu", "roll", "repeat", "tile", "outer", "split",
+           "chunk", "unbind", "tensor_split", "diagonal")
+
+
+def _split_method(self: Tensor, split_size: Any, dim: int = 0) -> tuple:
+    """``Tensor.split(split_size, dim=0)`` (torch names the argument so on the method)."""
+    return split(self, split_size, dim)
+
+
+#: Tensor methods whose signature differs from the function's
+METHOD_FORMS = {"split": _split_method}
 #: top-level functions (torch has each of these names; torch.repeat does not exist)
-FUNCTIONS = tuple(m for m in METHODS if m != "repeat") + ("einsum",)
+FUNCTIONS = tuple(m for m in METHODS if m not in ("repeat", "masked_fill_")) + ("einsum",)

@@ -99,7 +99,7 @@ def _node_names(fn) -> list[str]:
 
 def test_sdpa_records_the_nodes_of_torchs_math_path(torch):
     """Value head dim != query head dim: torch takes its math path. The graphs have the same
-    nodes, except torch's fused ``_safe_softmax`` node, which symgrad composes."""
+    nodes, torch's ``_safe_softmax`` (SafeSoftmaxBackward0) included."""
     rng = np.random.default_rng(8)
     (q, k, v), (tq, tk, tv) = _leaves(torch, rng, "float64", (2, 3, 4, 5), (2, 3, 6, 5),
                                       (2, 3, 6, 7))
@@ -108,8 +108,8 @@ def test_sdpa_records_the_nodes_of_torchs_math_path(torch):
         q, k, v, attn_mask=sg.tensor(keep)).grad_fn)
     theirs = _node_names(torch.nn.functional.scaled_dot_product_attention(
         tq, tk, tv, attn_mask=torch.tensor(keep)).grad_fn)
-    theirs.remove("SafeSoftmaxBackward0")
-    assert ours == sorted(theirs + ["SoftmaxBackward0", "WhereBackward0", "WhereBackward0"])
+    assert ours == theirs
+    assert "SafeSoftmaxBackward0" in ours
 
 
 def test_sdpa_grouped_query_attention_matches_torch(torch):
@@ -442,3 +442,104 @@ def test_one_block_transformer_trains_as_torch_over_three_adamw_steps(torch, cpu
     loss = sg.nn.functional.cross_entropy(logits.reshape(-1, V), sg.tensor(targets))
     rep = sg.verify(loss, mode="local")
     assert rep.ok, str(rep)
+
+
+# -- the softmax and score nodes torch records (issue 21) -------------------------------------
+_CORE = ("SafeSoftmaxBackward0", "SoftmaxBackward0", "BaddbmmBackward0", "BmmBackward0")
+
+
+@pytest.mark.parametrize("mask_kind", ["none", "bool", "float"])
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_mha_weights_path_records_torchs_softmax_and_baddbmm(torch, mask_kind, batch_first):
+    """need_weights=True: bmm (or, with a mask, baddbmm(mask, q, k^T)) then softmax, as
+    torch's multi_head_attention_forward records them."""
+    ours, theirs = _mha_pair(torch, "float64", batch_first=batch_first)
+    rng = np.random.default_rng(5)
+    L, N, E = 4, 3, 8
+    shape = (N, L, E) if batch_first else (L, N, E)
+    (x,), (tx,) = _leaves(torch, rng, "float64", shape)
+    kw, tkw = {}, {}
+    if mask_kind != "none":
+        m = np.triu(np.ones((L, L), dtype=bool), 1)
+        kw["attn_mask"] = sg.tensor(m if mask_kind == "bool" else np.where(m, -1.0, 0.5))
+        tkw["attn_mask"] = torch.tensor(m if mask_kind == "bool" else np.where(m, -1.0, 0.5))
+    out, _ = ours(x, x, x, **kw)
+    t_out, _ = theirs(tx, tx, tx, **tkw)
+    ours_names, theirs_names = _node_names(out.grad_fn), _node_names(t_out.grad_fn)
+    assert [ours_names.count(n) for n in _CORE] == [theirs_names.count(n) for n in _CORE]
+    assert ("BaddbmmBackward0" in ours_names) == (mask_kind != "none")
+    assert_close(out, t_out, terms=CHAIN + 3 * E + L, scale=magnitude(t_out, tx))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_baddbmm_matches_torch(torch, cpu_backend, dtype):
+    rng = np.random.default_rng(4)
+    shapes = [(1, 3, 2), (2, 3, 4), (2, 4, 2)]
+    for beta, alpha in ((1, 1), (0.5, -2.0), (0, 3.0)):
+        (a, b1, b2), (ta, tb1, tb2) = _leaves(torch, rng, dtype, *shapes)
+        y = sg.baddbmm(a, b1, b2, beta=beta, alpha=alpha)
+        ty = torch.baddbmm(ta, tb1, tb2, beta=beta, alpha=alpha)
+        assert y.grad_fn.name() == ty.grad_fn.name() == "BaddbmmBackward0"
+        assert (y.grad_fn._saved_beta, y.grad_fn._saved_alpha) == (beta, alpha)
+        assert y.grad_fn._saved_batch1 is b1 and y.grad_fn._saved_batch2 is b2
+        assert_close(y, ty, terms=4 + 2, scale=magnitude(ty, ta, tb1, tb2) ** 2 * 4)
+        _backward(y, ty, rng)
+        for p, q in ((a, ta), (b1, tb1), (b2, tb2)):
+            assert_close(p.grad, q.grad, terms=3 * 4 + 4,
+                         scale=magnitude(q.grad, ta, tb1, tb2) ** 2 * 4)
+    assert_close(a.baddbmm(b1, b2), torch.baddbmm(ta, tb1, tb2), terms=6,
+                 scale=magnitude(ta, tb1, tb2) ** 2 * 4)
+
+
+@pytest.mark.parametrize("args", [((2, 3), (2, 3, 4), (2, 4, 3)),
+                                  ((1, 3, 3), (2, 3), (2, 4, 3)),
+                                  ((1, 3, 3), (2, 3, 4), (2, 5, 3)),
+                                  ((1, 3, 3), (2, 3, 4), (3, 4, 3))])
+def test_baddbmm_errors_as_torch(torch, args):
+    messages = []
+    for L in (sg, torch):
+        with pytest.raises(RuntimeError) as info:
+            L.baddbmm(*[L.zeros(*s) for s in args])
+        messages.append(str(info.value))
+    assert messages[0] == messages[1]
+
+
+def test_safe_softmax_node_matches_torch(torch, cpu_backend):
+    """torch._safe_softmax: softmax, and zeros (zero gradient) on all -inf rows."""
+    from symgrad.ops import OPS
+    from symgrad.ops._ints import u64
+
+    data = np.array([[0.5, -1.0, 2.0], [-np.inf, -np.inf, -np.inf], [1.0, -np.inf, 0.0]])
+    w = np.random.default_rng(6).uniform(-1, 1, data.shape)
+    x, tx = sg.tensor(data, requires_grad=True), torch.tensor(data, requires_grad=True)
+    y = sg.autograd.function.apply(OPS["safe_softmax"], (x,), {"dim": u64(-1)})
+    ty = torch._safe_softmax(tx, -1)
+    assert y.grad_fn.name() == ty.grad_fn.name()
+    assert y.grad_fn._saved_dim == ty.grad_fn._saved_dim
+    assert_close(y.grad_fn._saved_result, ty.grad_fn._saved_result, terms=1)
+    assert_close(y, ty, terms=4, scale=1.0)
+    (y * sg.tensor(w)).sum().backward()
+    (ty * torch.tensor(w)).sum().backward()
+    assert_close(x.grad, tx.grad, terms=8, scale=magnitude(w))
+    assert not np.isnan(x.grad.numpy()).any()
+
+
+@pytest.mark.parametrize("mode", ["exact", "local"])
+def test_verify_baddbmm_and_masked_multihead_weights(mode):
+    """The new nodes are checked by the verifier: baddbmm with a broadcast input (the engine
+    sums its gradient back), and MultiheadAttention's masked weights path."""
+    rng = np.random.default_rng(11)
+    a, b1, b2 = (sg.tensor(rng.uniform(0.5, 1.5, s), requires_grad=True)
+                 for s in ((1, 2, 2), (2, 2, 3), (2, 3, 2)))
+    with sg.record():
+        y = (sg.baddbmm(a, b1, b2, beta=0.5, alpha=-2.0) ** 2).sum()
+    assert sg.verify(y, mode=mode).ok
+    mha = sg.nn.MultiheadAttention(4, 2).to(sg.float64)
+    x = sg.tensor(rng.uniform(-1, 1, (3, 1, 4)), requires_grad=True)
+    mask = sg.tensor(np.triu(np.full((3, 3), -2.0), 1))
+    with sg.record():
+        out, _ = mha(x, x, x, attn_mask=mask)
+        loss = (out * out).sum()
+    report = sg.verify(loss, mode=mode)
+    assert report.ok, report
+    assert "BaddbmmBackward0" in {n.name for n in report.nodes}

@@ -571,7 +571,8 @@ def _fuzz_fn(steps, leaves, weights):
             x.grad = None
         pool, it = [], iter(leaves)
         for step in steps:
-            pool.append(next(it) if step[0] == "leaf" else step[2](sg, pool))
+            value = next(it) if step[0] == "leaf" else step[2](sg, pool)
+            pool.extend(value if isinstance(value, tuple) else (value,))  # split's pieces
         loss = None
         for t, w in zip(pool, weights):
             if w is not None and t.requires_grad:

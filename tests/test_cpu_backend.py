@@ -554,6 +554,9 @@ NN_CASES = {
                     [(2, 4, 6, 5), (6, 2, 3, 3), (6,)]),
     "convolution-1d": (lambda m, x, w: m.nn.functional.conv1d(x, w, padding=2, dilation=2),
                        [(3, 2, 7), (4, 2, 3)]),
+    # scaled_dot_product_attention's _safe_softmax: softmax's fused backward kernel
+    "safe_softmax": (lambda m, a: m.safe_softmax(a, -1), [(3, 4)]),
+    "safe_softmax-first-dim": (lambda m, a: m.safe_softmax(a, 0), [(3, 4)]),
 }
 
 
@@ -562,7 +565,14 @@ def _lib(module):
     import types
 
     addmm = module.nn.functional.addmm if module is sg else module.addmm
-    return types.SimpleNamespace(addmm=addmm, nn=module.nn)
+    if module is sg:
+        from symgrad.ops._ints import u64
+
+        def safe_softmax(x, dim):
+            return sg.autograd.function.apply(OPS["safe_softmax"], (x,), {"dim": u64(dim)})
+    else:
+        safe_softmax = module._safe_softmax
+    return types.SimpleNamespace(addmm=addmm, nn=module.nn, safe_softmax=safe_softmax)
 
 
 @pytest.mark.parametrize("case", sorted(NN_CASES))

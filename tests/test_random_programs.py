@@ -80,10 +80,12 @@ class Builder:
         return self.draw(st.integers(-n, n - 1))
 
     def op(self, name, fn):
+        """Add ``fn(L, pool)``: one tensor, or a tuple of them (split's pieces all join
+        the pool, so each gets its own term in the loss)."""
         with sg.no_grad():
             value = fn(sg, self.shadow)
         self.steps.append(("op", name, fn))
-        self.shadow.append(value)
+        self.shadow.extend(value if isinstance(value, tuple) else (value,))
 
 
 def _pos(L, x):
@@ -342,6 +344,90 @@ def _list_op(kind):
     return gen
 
 
+def _split_op(kind):
+    """Pieces of a pool tensor, all of them or some (a piece left out gets no gradient)."""
+    def gen(b):
+        i = b.pick(lambda t: t.ndim >= 1, make=lambda: (3, 2))
+        t = b.shadow[i]
+        d = b.dim(t)
+        n = t.shape[d]
+        if kind == "split":
+            size = b.draw(st.integers(1 if n else 0, max(n, 1) + 1))
+            method = b.draw(st.sampled_from(["split", "chunk"]))
+            arg = size if method == "split" else b.draw(st.integers(1, 4))
+        elif kind == "split_with_sizes":
+            cuts = sorted(b.draw(st.lists(st.integers(0, n), max_size=3)))
+            arg = [e - s for s, e in zip([0] + cuts, cuts + [n])]
+            method = "split"
+        else:
+            method, arg = "unbind", None
+        count = len(getattr(sg, method)(t, *(() if arg is None else (arg,)), d))
+        keep = b.draw(st.lists(st.integers(0, max(count - 1, 0)), min_size=1, max_size=count,
+                               unique=True)) if count else []
+
+        def fn(L, P):
+            pieces = getattr(L, method)(P[i], *(() if arg is None else (arg,)), d)
+            return tuple(pieces[k] for k in keep) if keep else P[i] * 1
+
+        b.op(kind, fn)
+    return gen
+
+
+def _gen_diagonal(b):
+    i = b.pick(lambda t: t.ndim >= 2, make=lambda: (3, 3))
+    t = b.shadow[i]
+    d1 = b.dim(t)
+    d2 = b.draw(st.sampled_from([d for d in range(-t.ndim, t.ndim)
+                                 if d % t.ndim != d1 % t.ndim]))
+    offset = b.draw(st.integers(-2, 2))
+    b.op("diagonal", lambda L, P: P[i].diagonal(offset, d1, d2))
+
+
+def _gen_diagonal_backward(b):
+    """aten::diagonal_backward: zeros of (..., n, n + 1) with the pool tensor (..., n) on the
+    diagonal of offset 1 (torch records DiagonalBackwardBackward0)."""
+    i = b.pick(lambda t: t.ndim >= 1, make=lambda: (3,))
+    t = b.shadow[i]
+    n, k = t.shape[-1], t.ndim - 1
+    sizes = tuple(t.shape[:-1]) + (n, n + 1)
+
+    def fn(L, P):
+        if L is sg:
+            from symgrad.symbolic.audit import _sg_ops
+
+            return _sg_ops("diagonal_backward", (P[i],), {"input_sizes": sizes, "offset": 1,
+                                                          "dim1": k, "dim2": k + 1})
+        return torch.ops.aten.diagonal_backward(P[i], sizes, 1, k, k + 1)
+
+    b.op("diagonal_backward", fn)
+
+
+def _gen_baddbmm(b):
+    """beta * input + alpha * (batch1 @ batch2), input broadcast (MultiheadAttention's mask)."""
+    i = b.pick(lambda t: t.ndim == 3, make=lambda: (2, 2, 3))
+    s = b.shadow[i].shape
+    j = b.leaf((s[0], s[2], b.draw(st.integers(1, 3))))
+    k = b.leaf(b.bshape((s[0], s[1], b.shadow[j].shape[2])))
+    beta, alpha = b.draw(st.sampled_from([1, 0.5, 0])), b.draw(st.sampled_from([1, -2.0]))
+    b.op("baddbmm", lambda L, P: L.baddbmm(P[k], P[i], P[j], beta=beta, alpha=alpha))
+
+
+def _gen_safe_softmax(b):
+    """aten::_safe_softmax (scaled_dot_product_attention's), here on finite rows."""
+    i = b.pick()
+    d = _nonempty_dim(b, b.shadow[i])
+
+    def fn(L, P):
+        if L is sg:
+            from symgrad.ops._ints import u64
+            from symgrad.symbolic.audit import _sg_ops
+
+            return _sg_ops("safe_softmax", (P[i],), {"dim": u64(d)})
+        return torch._safe_softmax(P[i], d)
+
+    b.op("safe_softmax", fn)
+
+
 def _gen_where(b):
     i = b.pick()
     j = b.leaf(b.bshape(tuple(b.shadow[i].shape)))
@@ -496,6 +582,14 @@ GENERATORS = {
     "index_backward": _backward_op("index_backward"),
     "copy_slices": _setitem_op("copy_slices"), "setitem_copy": _setitem_op("setitem_copy"),
     "index_put": _setitem_op("index_put"), "cat": _list_op("cat"), "stack": _list_op("stack"),
+    "split": _split_op("split"), "split_with_sizes": _split_op("split_with_sizes"),
+    "unbind": _split_op("unbind"),
+    "diagonal": _gen_diagonal, "diagonal_backward": _gen_diagonal_backward,
+    "baddbmm": _gen_baddbmm, "safe_softmax": _gen_safe_softmax,
+    "masked_fill_tensor": _simple("masked_fill_tensor", lambda b, t: (
+        lambda grad_value: lambda L, x: x.masked_fill(x > 0.1, (x * 2).sum() if grad_value
+                                                      else L.tensor(0.5, dtype=x.dtype)))(
+        b.draw(st.booleans()))),
 }
 EXTRA = [_gen_matmul_batched]  # batched @ in all its torch dispatch forms
 
@@ -516,7 +610,8 @@ def _run(lib, steps, create_graph=False):
             leaves.append(x)
             pool.append(x)
         else:
-            pool.append(step[2](lib, pool))
+            value = step[2](lib, pool)
+            pool.extend(value if isinstance(value, tuple) else (value,))
     rng = np.random.default_rng(5)
     loss = None
     for t in pool:

@@ -40,6 +40,14 @@ CASES = {
     "masked_fill": ((3, 4), lambda L, x: x.masked_fill(x > 0.2, 1.0)),
     "masked_fill_broadcast": ((3, 4), lambda L, x: L.masked_fill(
         x, L.tensor([True, False, True, False]), -2.0)),
+    # a 0-dim tensor value (MaskedFillBackward1): its gradient, the sum over the masked
+    # places, flows on into x through the value's own graph
+    "masked_fill_tensor": ((3, 4), lambda L, x: x.masked_fill(x > 0.2, x[1, 2] * 2)),
+    "masked_fill_tensor_bcast": ((3, 4), lambda L, x: L.masked_fill(
+        x, L.tensor([True, False, True, False]), x.sum())),
+    "masked_fill_const_tensor": ((3, 4), lambda L, x: x.masked_fill(
+        x > 0, L.tensor(0.5, dtype=L.float64))),
+    "masked_fill_inplace": ((3, 4), lambda L, x: (x * 1).masked_fill_(x < 0, x.max())),
     "take_along_dim": ((3, 4), lambda L, x: L.take_along_dim(x, _idx(L, [[0], [1], [3]]), 1)),
     "take_along_dim_bcast": ((3, 4), lambda L, x: x.take_along_dim(_idx(L, [[0, 2]]), 1)),
     "take_along_dim_flat": ((3, 4), lambda L, x: L.take_along_dim(x, _idx(L, [5, 0, 11]))),
@@ -91,6 +99,25 @@ CASES = {
     "einsum_chain": ((3, 3), lambda L, x: L.einsum("ij,jk,kl->il", x, x.tril(), x * 3)),
     "einsum_implicit": ((2, 3, 4), lambda L, x: L.einsum("bij,bkj", x, x + 1)),
     "einsum_list": ((3, 4), lambda L, x: L.einsum("ijk->j", [x.reshape(2, 3, 2)])),
+    # a repeated index within one operand (DiagonalBackward0) and ``...`` (broadcast dims)
+    "einsum_diag": ((3, 3), lambda L, x: L.einsum("ii->i", x)),
+    "einsum_trace": ((3, 3), lambda L, x: L.einsum("ii", x)),
+    "einsum_diag_batched": ((2, 3, 3), lambda L, x: L.einsum("...ii->...i", x)),
+    "einsum_iji": ((2, 3, 2), lambda L, x: L.einsum("iji->j", x)),
+    "einsum_iii": ((2, 2, 2), lambda L, x: L.einsum("iii->i", x)),
+    "einsum_diag_times": ((3, 3), lambda L, x: L.einsum("ii,ij->j", x, x * 2)),
+    "einsum_ellipsis_bmm": ((2, 3, 3), lambda L, x: L.einsum("...ij,...jk->...ik", x,
+                                                             x.flip(0))),
+    "einsum_ellipsis_trailing": ((2, 3, 4), lambda L, x: L.einsum("ij...,kj...->ik...", x,
+                                                                  x * 2)),
+    "einsum_ellipsis_broadcast": ((2, 1, 3), lambda L, x: L.einsum("...,...->...", x,
+                                                                   x[0].t())),
+    "einsum_ellipsis_summed": ((2, 3, 4), lambda L, x: L.einsum("i...->i", x)),
+    "einsum_ellipsis_implicit": ((2, 3, 4), lambda L, x: L.einsum("...j,j", x, x[0, 0])),
+    "einsum_elementwise": ((3, 4), lambda L, x: L.einsum("ij,ij->ij", x, x.flip(0))),
+    "einsum_identity": ((3, 4), lambda L, x: L.einsum("ij", x)),
+    "diagonal": ((2, 3, 4), lambda L, x: x.diagonal(1, 0, 2)),
+    "diagonal_neg": ((3, 4), lambda L, x: L.diagonal(x, -1, -1, 0)),
 }
 
 
@@ -128,7 +155,9 @@ def test_values_grads_and_graph_match_torch(name, dtype, cpu_backend, torch):
 
 SECOND_ORDER = ["gather_dim1", "scatter_add", "index_select", "index_add", "cumsum1",
                 "cumprod", "cumprod_zeros", "var_dim", "std_all", "norm", "vector_norm_p3",
-                "flip", "masked_fill", "sort", "topk", "tril", "roll", "repeat", "outer"]
+                "flip", "masked_fill", "sort", "topk", "tril", "roll", "repeat", "outer",
+                "masked_fill_tensor", "masked_fill_tensor_bcast", "einsum_diag_times",
+                "einsum_ellipsis_bmm", "diagonal"]
 
 
 @pytest.mark.parametrize("name", SECOND_ORDER)
@@ -167,10 +196,17 @@ def test_einsum_outer_product_and_errors(torch):
     data = _input((2, 3), np.float64, seed=9)
     res = [L.einsum("i,j->ij", L.tensor(data[0]), L.tensor(data[1])) for L in (sg, torch)]
     assert_close(res[0], res[1], terms=1)
-    with pytest.raises(NotImplementedError, match="ellipsis|broadcast"):
-        sg.einsum("...ij->...ji", sg.ones(2, 3))
-    with pytest.raises(NotImplementedError, match="repeated index"):
-        sg.einsum("ii->i", sg.ones(2, 2))
+    errors = [("...ij", (3,)), ("ii->i", (3, 2)), ("i..j", (3, 3)), ("i......", (3, 3)),
+              ("ij", (2, 3, 4)), ("i->j", (3,)), ("ij->ii", (3, 3)),
+              ("...ij,...jk", (2, 3, 4), (5, 4, 2)), ("ij,j,k", (3, 3), (3,)),
+              ("ij", (3, 3), (3, 3))]
+    for eq, *shapes in errors:
+        messages = []
+        for L in (sg, torch):
+            with pytest.raises(RuntimeError) as info:
+                L.einsum(eq, *[L.ones(*s) for s in shapes])
+            messages.append(str(info.value))
+        assert messages[0] == messages[1], eq
 
 
 def test_saved_operands_read_back_like_torch(torch):
@@ -213,6 +249,9 @@ ERRORS = [
     (lambda L, x: x.index_add(0, L.tensor([5]), L.ones(1, 4)), RuntimeError),
     (lambda L, x: x.index_add(0, L.tensor([1]), L.ones(2, 4)), RuntimeError),
     (lambda L, x: x.masked_fill(L.tensor([1, 0, 1, 0]), 1.0), RuntimeError),
+    (lambda L, x: x.masked_fill(x > 0, L.ones(1, requires_grad=True)), RuntimeError),
+    (lambda L, x: L.zeros(3, 4, dtype=L.int64).masked_fill(
+        x > 0, L.tensor(1.0, requires_grad=True)), RuntimeError),
     (lambda L, x: x.cumsum(2), IndexError),
     (lambda L, x: L.tensor([1, 2]).var(), RuntimeError),
     (lambda L, x: x.flip(0, 0), RuntimeError),
@@ -232,6 +271,9 @@ def test_errors_have_torch_wording(k, torch):
 
 @pytest.mark.parametrize("name", ["gather_dim1", "scatter_src", "scatter_value",
                                   "scatter_add", "index_select", "index_add", "masked_fill",
+                                  "masked_fill_tensor", "masked_fill_inplace", "einsum_diag",
+                                  "einsum_trace", "einsum_diag_times", "einsum_ellipsis_bmm",
+                                  "einsum_ellipsis_broadcast", "diagonal_neg",
                                   "take_along_dim", "cumsum1", "cumprod", "cumprod_zeros",
                                   "var_dim", "std_all", "norm", "norm_p1_dim",
                                   "vector_norm_inf_dim", "vector_norm_p3", "flip_dims",
@@ -257,3 +299,32 @@ def test_verify_local_on_a_bigger_program():
     loss.backward(retain_graph=True)
     report = sg.verify(loss, mode="local")
     assert report.ok, report
+
+
+@pytest.mark.parametrize("dtypes", [(np.float32, np.float64), (np.float64, np.float32)])
+def test_masked_fill_tensor_value_gradient_and_dtypes_match_torch(dtypes, cpu_backend, torch):
+    """The value's gradient is the sum of the incoming gradient over the masked places, in
+    the value's own dtype; the result keeps the input's dtype; one node, two edges."""
+    x_dt, v_dt = dtypes
+    data = _input((3, 4), x_dt, seed=7)
+    mask = data > 0
+    w = np.random.default_rng(2).uniform(-1, 1, (3, 4)).astype(x_dt)
+    res = []
+    for L in (sg, torch):
+        x = L.tensor(data, requires_grad=True)
+        v = L.tensor(np.array(0.75, dtype=v_dt), requires_grad=True)
+        y = x.masked_fill(L.tensor(mask), v)
+        node = y.grad_fn
+        assert node.name() == "MaskedFillBackward1"
+        assert node._saved_mask.tolist() == mask.tolist()
+        assert [type(n).__name__ for n, _ in node.next_functions] == ["AccumulateGrad"] * 2
+        (y * L.tensor(w)).sum().backward()
+        res.append((y.detach().numpy(), str(y.dtype), x.grad.numpy(), v.grad.numpy(),
+                    str(v.grad.dtype)))
+    (y, ydt, gx, gv, gvdt), (ty, tydt, tgx, tgv, tgvdt) = res
+    assert ydt.split(".")[-1] == tydt.split(".")[-1] and gvdt.split(".")[-1] == tgvdt.split(".")[-1]
+    assert_close(y, ty, terms=1)
+    assert_close(gx, tgx, terms=1)
+    # summed in x's dtype, kept in v's: one of them is float32
+    assert_close(gv, tgv, terms=data.size, scale=np.abs(w).sum(), dtype=np.float32)
+    assert_close(gv, w[mask].sum(), terms=data.size, scale=np.abs(w).sum(), dtype=np.float32)

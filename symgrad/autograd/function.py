@@ -198,8 +198,8 @@ def _apply_general(spec, inputs, params):
             o = be.cast(o, dtype.np)
         storage = first._storage if (spec.view and _is_view_of(o, first._data, be)) else None
         wrapped.append(Tensor._wrap(o, device, storage))
-    if requires_grad and _state.enabled and spec.grad_fn is not None:
-        _record(spec, inputs, params, wrapped)
+    if requires_grad and _state.enabled and spec.grad_fn is not None and wrapped:
+        _record(spec, inputs, params, wrapped)  # (unbind of an empty dim has no outputs)
     return tuple(wrapped)
 
 
@@ -287,7 +287,7 @@ def _record(spec, inputs, params, outputs) -> None:
     node._input_meta = tuple([(x._data.shape, _DT_OF[x._data.dtype])
                               if isinstance(x, Tensor) else None for x in inputs]) \
         if reshaped else None
-    n_diff = spec.differentiable_outputs
+    n_diff = len(outputs) if spec.variadic_outputs else spec.differentiable_outputs
     if n_diff == 1:
         node._out_meta = ((out_shape, _DT_OF[out_dtype]),)
     else:

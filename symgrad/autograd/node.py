@@ -488,6 +488,27 @@ class OpNode(Node):
         return value
 
 
+class MultiOutputOpNode(OpNode):
+    """The grad_fn of an op with ``variadic_outputs`` (split, unbind): every output is an
+    edge into this one node (``output_nr`` k), and the formulas see all their gradients."""
+
+    __slots__ = ()
+
+    def apply(self, grad_outputs: list, needed: tuple[bool, ...]) -> list:
+        spec = type(self)._spec
+        if all(g is None for g in grad_outputs):
+            return [None] * len(spec.inputs)
+        grads = list(grad_outputs)  # None where an output got no gradient (the rule fills)
+        results = []
+        for i, input_name in enumerate(spec.inputs):
+            if not needed[i] or input_name not in spec.grads:
+                results.append(None)
+                continue
+            kwargs = {p: self._unpack_saved(p) for p in spec.formula_params[input_name]}
+            results.append(spec.grads[input_name](grads, **kwargs))
+        return results
+
+
 _FREED = object()  # marks a saved tensor released by backward
 
 
@@ -509,8 +530,9 @@ def node_class_for(spec) -> type:
     """The Node subclass named after ``spec.grad_fn`` (one per op spec)."""
     cls = _NODE_CLASSES.get(spec.name)
     if cls is None:
-        cls = type(spec.grad_fn, (OpNode,), {"__slots__": (), "_spec": spec,
-                                             "__module__": "symgrad.autograd.graph_nodes"})
+        base = MultiOutputOpNode if spec.variadic_outputs else OpNode
+        cls = type(spec.grad_fn, (base,), {"__slots__": (), "_spec": spec,
+                                           "__module__": "symgrad.autograd.graph_nodes"})
         _NODE_CLASSES[spec.name] = cls
     return cls
 

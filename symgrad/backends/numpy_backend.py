@@ -74,6 +74,21 @@ def _quiet(fn):
     return kernel
 
 
+def diagonal_view(x, offset: int, dim1: int, dim2: int):
+    """``torch.diagonal``: the ``offset`` diagonal of dims ``dim1 != dim2`` (normalized) as
+    the last dim, a *writeable* view (np.diagonal's is read-only; einsum's is not). Object
+    arrays too, so the SymPy backend shares it."""
+    moved = np.moveaxis(x, (dim1, dim2), (-2, -1))
+    n1, n2 = moved.shape[-2:]
+    if offset >= 0:
+        n = max(0, min(n1, n2 - offset))
+        moved = moved[..., :n, offset:offset + n]
+    else:
+        n = max(0, min(n1 + offset, n2))
+        moved = moved[..., -offset:-offset + n, :n]
+    return np.einsum("...ii->...i", moved)
+
+
 class NumpyBackend:
     name = "numpy"
     device_type = "cpu"
@@ -124,6 +139,10 @@ class NumpyBackend:
     @staticmethod
     def getitem(x, index):
         return np.asarray(x[index])
+
+    @staticmethod
+    def diagonal(x, offset, dim1, dim2):
+        return diagonal_view(x, offset, dim1, dim2)
 
     @staticmethod
     def setitem(x, index, value):

@@ -452,6 +452,12 @@ class SympyBackend:
         return x
 
     @staticmethod
+    def diagonal(x, offset, dim1, dim2):
+        from .numpy_backend import diagonal_view
+
+        return diagonal_view(obj(x), offset, dim1, dim2)
+
+    @staticmethod
     def where(cond, a, b):
         return obj(np.where(np.asarray(cond, dtype=bool), obj(a), obj(b)))
 

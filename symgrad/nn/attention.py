@@ -16,6 +16,7 @@ from ..autograd.function import apply
 from ..autograd.record import record
 from ..dtypes import bool_
 from ..ops import OPS
+from ..ops._ints import u64
 from ..tensor import Tensor
 
 __all__ = ["scaled_dot_product_attention"]
@@ -51,16 +52,9 @@ def _canonical_mask(mask: Tensor | None, dtype) -> Tensor | None:
 
 
 def _safe_softmax(x: Tensor, dim: int) -> Tensor:
-    """torch's ``_safe_softmax``: a row that is all -inf gives zeros (and zero gradient), not NaN.
-
-    The masked rows are replaced by zeros before the softmax so that neither the values nor
-    the softmax's backward ever see a NaN.
-    """
-    dead_rows = (x == _NEG_INF).all(dim=dim, keepdim=True)
-    zeros = creation.zeros((), dtype=x.dtype, device=x.device)
-    with record():  # the nodes keep the zeros (a temporary) for the verifier
-        out = _F.softmax(_F.where(dead_rows, zeros, x), dim)
-        return _F.where(dead_rows, zeros, out)
+    """torch's ``_safe_softmax`` node (SafeSoftmaxBackward0): a row that is all -inf gives
+    zeros (and zero gradient), not NaN."""
+    return apply(OPS["safe_softmax"], (x,), {"dim": u64(dim)})
 
 
 def _add_mask(scores: Tensor, mask: Tensor) -> Tensor:

@@ -11,6 +11,7 @@ import math
 
 from .. import creation
 from .. import functional as _F
+from ..autograd.record import record
 from ..tensor import Tensor
 from . import functional as F
 from . import init
@@ -213,9 +214,11 @@ class MultiheadAttention(Module):
     def _weighted(self, q, k, v, attn_mask, dropout_p, bsz, tgt_len):
         """The ``need_weights=True`` path: explicit softmax(q k^T / sqrt(d) + mask) v."""
         q_scaled = q * math.sqrt(1.0 / float(q.shape[-1]))
-        scores = _F.bmm(q_scaled, k.transpose(-2, -1))
-        if attn_mask is not None:
-            scores = _add_mask(scores, attn_mask)  # torch: baddbmm(attn_mask, q_scaled, k^T)
+        if attn_mask is not None:  # torch: baddbmm(attn_mask, q_scaled, k^T)
+            with record():  # the node keeps the (temporary) mask for the verifier
+                scores = _F.baddbmm(attn_mask, q_scaled, k.transpose(-2, -1))
+        else:
+            scores = _F.bmm(q_scaled, k.transpose(-2, -1))
         weights = _F.softmax(scores, dim=-1)
         if dropout_p > 0.0:
             weights = _dropout(weights, dropout_p)

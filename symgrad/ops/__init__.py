@@ -18,6 +18,7 @@ from . import (  # noqa: F401
                scan,  # cumsum, cumprod, flip (issue 21)
                shape,  # (registration)
                softmax,
+               split,  # split, split_with_sizes, unbind: one node, several views (issue 21)
                stats,  # var, std, linalg_vector_norm (issue 21)
 )
 from .registry import OPS, check_complete, register

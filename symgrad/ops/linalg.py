@@ -76,3 +76,22 @@ register(OpSpec(
     {"self": lambda grad, mat2: grad.bmm(mat2.transpose(1, 2)),
      "mat2": lambda grad, self: self.transpose(1, 2).bmm(grad)},
     STRUCTURAL, dtype_rule="same_required", formula_tex=_bmm_tex))
+
+
+def _baddbmm_forward(be, self, batch1, batch2, beta=1, alpha=1):
+    out = be.matmul(batch1, batch2)
+    if alpha != 1:
+        out = be.mul(out, alpha)
+    if beta == 0:  # self is ignored (a NaN in it does not propagate), as in torch
+        return out
+    return be.add(out, self if beta == 1 else be.mul(self, beta))
+
+
+register(OpSpec(
+    "baddbmm", "BaddbmmBackward0", ("self", "batch1", "batch2"), _baddbmm_forward,
+    {"self": lambda grad, beta: _scaled(grad, beta),
+     "batch1": lambda grad, batch2, alpha: _scaled(grad.bmm(batch2.transpose(1, 2)), alpha),
+     "batch2": lambda grad, batch1, alpha: _scaled(batch1.transpose(1, 2).bmm(grad), alpha)},
+    STRUCTURAL, dtype_rule="same",
+    doc="beta * self + alpha * (batch1 @ batch2); MultiheadAttention's masked scores. The "
+        "engine sums self's gradient back to its (broadcast) shape."))

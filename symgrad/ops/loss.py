@@ -10,7 +10,8 @@ overloads that torch's C++ loss composites record (so their graphs carry torch's
 - ``xlogy`` (XlogyBackward0): ``x * log(y)``, 0 where ``x == 0``; kl_div is composed from it.
 - ``mul_scalar`` (MulBackward1), ``div_scalar`` (DivBackward1) and ``masked_fill``
   (MaskedFillBackward0): aten's ``mul.Scalar``, ``div.Scalar`` and ``masked_fill.Scalar``,
-  which torch's cross_entropy composites (label smoothing, class probabilities) record.
+  which torch's cross_entropy composites (label smoothing, class probabilities) record;
+  ``masked_fill_tensor`` (MaskedFillBackward1) is ``masked_fill.Tensor``, a 0-dim value.
   From Python, ``t * 2`` is MulBackward0 in torch and here; these are for the composites.
 
 Reductions are torch's enum: 0 none, 1 mean, 2 sum. The forwards use only backend kernels,
@@ -145,3 +146,11 @@ register(OpSpec(
     {"self": lambda grad, mask: grad.where(mask.logical_not(), _zeros_like(grad))},
     STRUCTURAL, dtype_rule="same",
     doc="masked_fill(mask, number): mask is a bool param (saved, no edge), as in torch."))
+register(OpSpec(
+    "masked_fill_tensor", "MaskedFillBackward1", ("self", "value"),
+    lambda be, self, value, mask: be.where(_arr(mask), be.cast(value, self.dtype), self),
+    {"self": lambda grad, mask: grad.where(mask.logical_not(), _zeros_like(grad)),
+     "value": lambda grad, mask: grad.where(mask, _zeros_like(grad)).sum()},
+    STRUCTURAL, dtype_rule="same",
+    doc="masked_fill(mask, value) with a 0-dim tensor value (aten::masked_fill.Tensor): the "
+        "value's gradient is the sum of the incoming gradient over the masked positions."))

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from .. import _tensor_layer as _tl
 from . import _tex
 from ._ints import norm, norms, s64
-from .registry import register
+from .registry import OPS, register
 from .spec import STRUCTURAL, OpSpec
 
 #: the readable lines of the ops that only reshape or copy (the Inspector's formula line)
@@ -119,6 +120,37 @@ register(OpSpec(
     {"self": lambda grad: grad}, STRUCTURAL, dtype_rule="param",
     doc="dtype casts; the engine casts the gradient back to the input's dtype.",
     formula_tex=_COPY_TEX))
+
+
+def _diagonal_fwd(be, self, offset, dim1, dim2):
+    return be.diagonal(self, s64(offset), norm(dim1, self.ndim), norm(dim2, self.ndim))
+
+
+def _diagonal_backward_fwd(be, grad_output, input_sizes, offset, dim1, dim2):
+    """zeros(input_sizes) with ``grad_output`` written on the diagonal (a writeable view)."""
+    n = len(input_sizes)
+    out = be.full(tuple(input_sizes), 0, grad_output.dtype)
+    be.copy_(be.diagonal(out, s64(offset), norm(dim1, n), norm(dim2, n)), grad_output)
+    return out
+
+
+register(OpSpec(
+    "diagonal", "DiagonalBackward0", ("self",), _diagonal_fwd,
+    {"self": lambda grad, offset, dim1, dim2, self_sym_sizes: apply_op(
+        "diagonal_backward", (grad,), {"input_sizes": tuple(self_sym_sizes), "offset": offset,
+                                       "dim1": dim1, "dim2": dim2})},
+    STRUCTURAL, dtype_rule="same", view=True,
+    doc="torch.diagonal: a view with the diagonal of dims dim1, dim2 as its last dim."))
+register(OpSpec(
+    "diagonal_backward", "DiagonalBackwardBackward0", ("grad_output",), _diagonal_backward_fwd,
+    {"grad_output": lambda grad, offset, dim1, dim2: apply_op(
+        "diagonal", (grad,), {"offset": offset, "dim1": dim1, "dim2": dim2})},
+    STRUCTURAL, dtype_rule="same"))
+
+
+def apply_op(name, inputs, params):
+    # autograd's apply, plugged in by autograd/function.py (ops never import autograd)
+    return _tl.apply(OPS[name], inputs, params)
 
 
 def _swap(ndim, dim0, dim1):

@@ -55,6 +55,26 @@ def _logsumexp(be, self, dim, keepdim):
     return out
 
 
+def _dead_rows(be, x, ax):
+    """Rows (along ``ax``) that are all -inf: fully masked attention rows."""
+    if _symbolic(x):  # masked scores are SymPy's -oo, which equals float -inf
+        return (x == float("-inf")).astype(bool).all(axis=ax, keepdims=True)
+    return be.eq(be.amax(x, ax, True), float("-inf"))
+
+
+def _safe_softmax(be, self, dim):
+    """torch's ``_safe_softmax`` (scaled_dot_product_attention's math path): softmax, but a
+    row that is all -inf gives zeros instead of NaN (it is zeroed first, so no NaN is ever
+    computed, and the backward through the zeros is zero)."""
+    ax = _axis(self, dim)
+    if self.ndim == 0 or self.size == 0:
+        return _softmax(be, self, dim)
+    dead = _dead_rows(be, self, ax)
+    zeros = be.full(self.shape, 0, self.dtype)
+    out = _softmax(be, be.where(dead, zeros, self), dim)
+    return be.where(dead, zeros, out)
+
+
 def softmax_backward(grad, result, dim):
     if result.ndim == 0:
         return grad * 0
@@ -121,6 +141,12 @@ register(OpSpec(
     {"self": lambda grad, dim, result: softmax_backward(grad, result, dim)},
     STRUCTURAL, dtype_rule="same", fused_backward="softmax_backward",
     formula_tex=_softmax_tex))
+register(OpSpec(
+    "safe_softmax", "SafeSoftmaxBackward0", ("self",), _safe_softmax,
+    {"self": lambda grad, dim, result: softmax_backward(grad, result, dim)},
+    STRUCTURAL, dtype_rule="same", fused_backward="softmax_backward",
+    doc="aten::_safe_softmax: zeros where a whole row is -inf; softmax's backward (a zero "
+        "result row passes no gradient)."))
 register(OpSpec(
     "log_softmax", "LogSoftmaxBackward0", ("self",), _log_softmax,
     {"self": lambda grad, dim, result: log_softmax_backward(grad, result, dim)},

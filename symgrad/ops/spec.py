@@ -66,6 +66,11 @@ class OpSpec:
     outputs: tuple[str, ...] = ("result",)
     #: how many leading outputs carry gradients (max(dim) gives values + indices)
     differentiable_outputs: int = 1
+    #: the forward returns a tuple whose length its arguments decide (split, chunk, unbind:
+    #: PyTorch's one node with several ``output_nr``). Every output carries a gradient; the
+    #: formulas take ``grads`` (a list: one gradient per output, None where none arrived,
+    #: as torch's split_backward gets them) in place of ``grad``; ``outputs`` is ``()``.
+    variadic_outputs: bool = False
     #: inputs that never get a gradient (a where() condition, an index tensor)
     nondifferentiable: tuple[str, ...] = ()
     doc: str = ""
@@ -98,12 +103,16 @@ class OpSpec:
             self.kernel = self.name if self.scalar is not None else None
         self.grads = GradFormulas(self.grads)
         self.formula_params = {}
+        first = "grads" if self.variadic_outputs else "grad"
+        if self.variadic_outputs:
+            self.outputs = ()
         for input_name, formula in self.grads.items():
             if input_name not in self.inputs:
                 raise ValueError(f"{self.name}: gradient for unknown input {input_name!r}")
             params = tuple(inspect.signature(formula).parameters)
-            if not params or params[0] != "grad":
-                raise ValueError(f"{self.name}: formula for {input_name} must take grad first")
+            if not params or params[0] != first:
+                raise ValueError(f"{self.name}: formula for {input_name} must take {first} "
+                                 "first")
             self.formula_params[input_name] = params[1:]
         names: set[str] = set()
         for params in self.formula_params.values():

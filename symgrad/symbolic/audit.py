@@ -138,6 +138,9 @@ EXAMPLES = {
     "mean": lambda x, y: x.mean(),
     "mean_dim": lambda x, y: x.mean(0),
     "cat": lambda x, y: _sg().cat([x, y], 0),
+    "split": lambda x, y: _sg().split(x * y, 2, 1)[0],
+    "split_with_sizes": lambda x, y: x.split([1, 2], -1)[1],
+    "unbind": lambda x, y: (x * y).unbind(1)[2],
     "stack": lambda x, y: _sg().stack([x, y], 1),
     "softmax": lambda x, y: _sg().softmax(x, dim=1),
     "log_softmax": lambda x, y: _sg().log_softmax(x, dim=0),
@@ -157,6 +160,13 @@ EXAMPLES = {
     "mul_scalar": lambda x, y: _sg_ops("mul_scalar", (x,), {"other": 0.75}),
     "div_scalar": lambda x, y: _sg_ops("div_scalar", (x,), {"other": 3}),
     "masked_fill": lambda x, y: _sg_ops("masked_fill", (x,), {"mask": x > 1.0, "value": 0.0}),
+    "masked_fill_tensor": lambda x, y: x.masked_fill(x > 1.0, y[0, 1]),
+    "diagonal": lambda x, y: (x * y).diagonal(1),
+    "safe_softmax": lambda x, y: _sg_ops("safe_softmax", (x * y,), {"dim": 1}),
+    "baddbmm": lambda x, y: _sg().baddbmm(x[:, :2].reshape(1, 2, 2), x.reshape(1, 2, 3),
+                                         y.reshape(1, 3, 2), beta=0.5, alpha=2),
+    "diagonal_backward": lambda x, y: _sg_ops("diagonal_backward", (x.t() * 1,), {
+        "input_sizes": (2, 3, 3), "offset": 1, "dim1": 0, "dim2": 2}),
     "unsafe_view": lambda x, y: (x.t() * 1.0).reshape(6),
     "reshape_alias": lambda x, y: x[:, 0:2].reshape(2, 2, 1),
     "alias": lambda x, y: x[...],
@@ -377,11 +387,17 @@ def _prove(spec, node) -> RuleAudit:
         outs = g.forward_numeric(be, sym_in)
     else:
         return RuleAudit(spec.name, spec.grad_fn, "error", "no SymPy meaning")
-    n_diff = spec.differentiable_outputs
     outs = [obj(o) for o in outs]
-    G = np.empty(outs[0].shape, dtype=object)
-    for i, idx in enumerate(np.ndindex(*outs[0].shape)):
-        G[idx] = sympy.Symbol(f"g_{i}", real=True)
+    n_diff = len(outs) if spec.variadic_outputs else spec.differentiable_outputs
+    # one symbolic cotangent per element of each output that carries a gradient (all the
+    # pieces of a split; output 0 elsewhere, whose formula gets ``grad``)
+    Gs = []
+    for o_nr in range(len(outs) if spec.variadic_outputs else 1):
+        Gk = np.empty(outs[o_nr].shape, dtype=object)
+        for i, idx in enumerate(np.ndindex(*outs[o_nr].shape)):
+            Gk[idx] = sympy.Symbol(f"g_{i}" if o_nr == 0 else f"g{o_nr}_{i}", real=True)
+        Gs.append(Gk)
+    G = Gs[0]
     results = []
     with _symbolic_tensors(ev) as dev:
         saved_cache = {}
@@ -416,7 +432,7 @@ def _prove(spec, node) -> RuleAudit:
             saved_cache[p] = val
             return val
 
-        G_t = _wrap(dev, G)
+        G_t = [_wrap(dev, Gk) for Gk in Gs] if spec.variadic_outputs else _wrap(dev, G)
         for k, name in enumerate(spec.inputs):
             if k not in diff_syms or name not in spec.grads:
                 continue
@@ -424,7 +440,7 @@ def _prove(spec, node) -> RuleAudit:
             try:
                 R = spec.grads[name](G_t, **kwargs)
             except Exception as exc:  # the formula cannot run on symbolic tensors
-                return _numeric_check(spec, node, outs, diff_syms, values, G, exc)
+                return _numeric_check(spec, node, outs, diff_syms, values, Gs, exc)
             if R is None:
                 return RuleAudit(spec.name, spec.grad_fn, "failed", f"no gradient for {name}")
             shape = np.shape(sym_in[k])
@@ -436,18 +452,23 @@ def _prove(spec, node) -> RuleAudit:
         X = diff_syms[k]
         for idx in np.ndindex(*X.shape):
             s = X[idx]
-            truth = sympy.Add(*[G[o] * sympy.diff(outs[0][o], s)
-                                for o in np.ndindex(*outs[0].shape)
-                                if s in getattr(outs[0][o], "free_symbols", ())])
+            truth = _vjp(sympy, Gs, outs, s)
             d = _decide(sympy.sympify(R[idx]) - truth, values)
             if d == 0 or sympy.simplify(d) == 0:
                 continue
-            if _vanishes_numerically(d, values, G):
+            if _vanishes_numerically(d, values, np.concatenate([g.reshape(-1) for g in Gs])):
                 status, detail = "checked numerically", f"d/d{name}: simplify did not reach 0"
                 continue
             return RuleAudit(spec.name, spec.grad_fn, "failed",
                              f"d/d{name}{list(idx)}: rule - derivative = {sympy.sstr(d)[:200]}")
     return RuleAudit(spec.name, spec.grad_fn, status, detail)
+
+
+def _vjp(sympy, Gs, outs, s):
+    """sum over outputs o and elements i of g_o[i] * d out_o[i] / d s."""
+    return sympy.Add(*[Gk[o] * sympy.diff(out[o], s) for Gk, out in zip(Gs, outs)
+                       for o in np.ndindex(*out.shape)
+                       if s in getattr(out[o], "free_symbols", ())])
 
 
 def _decide(e, values):
@@ -492,17 +513,19 @@ def _decide(e, values):
     return rewrite(e)
 
 
-def _numeric_check(spec, node, outs, diff_syms, values, G, why) -> RuleAudit:
+def _numeric_check(spec, node, outs, diff_syms, values, Gs, why) -> RuleAudit:
     """The rule on float64 tensors at the example point against SymPy's derivative there."""
     import sympy
 
     from .. import tensor
 
     rng = np.random.default_rng(3)
-    gnum = rng.standard_normal(G.shape)
     subs = {s: sympy.Float(v) for s, v in values.items()}
-    subs.update({G[idx]: sympy.Float(float(gnum[idx])) for idx in np.ndindex(*G.shape)})
-    gt = tensor(gnum)
+    gts = []
+    for Gk in Gs:
+        gnum = rng.standard_normal(Gk.shape)
+        subs.update({Gk[idx]: sympy.Float(float(gnum[idx])) for idx in np.ndindex(*Gk.shape)})
+        gts.append(tensor(gnum))
     cache: dict = {}
     for k, name in enumerate(spec.inputs):
         if k not in diff_syms or name not in spec.grads:
@@ -512,16 +535,15 @@ def _numeric_check(spec, node, outs, diff_syms, values, G, why) -> RuleAudit:
             if p not in cache:
                 cache[p] = node._unpack_saved(p)
             kwargs[p] = cache[p]
-        R = spec.grads[name](gt.to(_dtype_of(kwargs)), **kwargs)
+        dt = _dtype_of(kwargs)
+        R = spec.grads[name]([g.to(dt) for g in gts] if spec.variadic_outputs
+                             else gts[0].to(dt), **kwargs)
         X = diff_syms[k]
         if tuple(R.shape) != X.shape:
             R = R.sum_to_size(X.shape)
         r = np.asarray(R.detach().numpy(), dtype=np.float64)
         for idx in np.ndindex(*X.shape):
-            s = X[idx]
-            truth = sympy.Add(*[G[o] * sympy.diff(outs[0][o], s)
-                                for o in np.ndindex(*outs[0].shape)
-                                if s in getattr(outs[0][o], "free_symbols", ())])
+            truth = _vjp(sympy, Gs, outs, X[idx])
             t = float(_decide(sympy.sympify(truth), values).xreplace(subs).evalf())
             if abs(r[idx] - t) > 1e-9 * (1 + abs(t)):
                 return RuleAudit(spec.name, spec.grad_fn, "failed",

@@ -337,7 +337,7 @@ def _saved_input(node, spec, name):
 def _spec_forward(spec, params):
     def fwd(be, arrays):
         out = spec.forward(be, *arrays, **params)
-        return tuple(out) if len(spec.outputs) > 1 else (out,)
+        return tuple(out) if len(spec.outputs) != 1 else (out,)  # (): variadic outputs
 
     return fwd
 

@@ -324,6 +324,11 @@ def walk_torch(root, names=None) -> Graph:
             g.out_dtypes = [np.asarray(_first_float(graph, g)).dtype]
             v = graph.value_of(("node", g.index, 0))
         g.out_shapes = [tuple(np.shape(v))]
+        if g.spec.variadic_outputs:  # SplitBackward0 ...: the replay made every piece
+            n = 1 + max(nr for j, nr in graph._values if j == g.index)
+            g.out_shapes = [tuple(np.shape(graph.value_of(("node", g.index, nr))))
+                            for nr in range(n)]
+            g.out_dtypes = g.out_dtypes[:1] * n
     assign_names(leaves, names, lambda t: None)
     graph.engine_grads = _torch_engine_grads
     graph.engine_hvp = _torch_engine_hvp

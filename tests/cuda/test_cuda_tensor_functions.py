@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 from _tolerance import assert_close, magnitude
 from test_norm_layers import F_CASES
+from test_split import CASES as SPLIT_CASES
+from test_split import USED as SPLIT_USED
 from test_tensor_functions import CASES, _input
 
 import symgrad as sg
@@ -189,3 +191,27 @@ def test_cuda_sort_and_cumsum_match_torch_on_ties_and_nan(torch):
     ints = np.array([[3, -1, 4, 1, -5, 9, 2, 6]])
     np.testing.assert_array_equal(sg.tensor(ints, device="cuda").cumprod(1).cpu().numpy(),
                                   torch.tensor(ints).cumprod(1).numpy())
+# -- split / chunk / unbind / tensor_split (tests/test_split.py) ------------------------------
+@pytest.mark.parametrize("name", sorted(SPLIT_CASES))
+def test_cuda_split_matches_cpu(name):
+    """Pieces (views on the device), their shared node and the joined gradient."""
+    data = _input(SPLIT_CASES[name][0], np.float64)
+    results = []
+    for dev in ("cpu", "cuda"):
+        x = sg.tensor(data, device=dev, requires_grad=True)
+        pieces = SPLIT_CASES[name][1](_OnDevice(dev), x)
+        used = SPLIT_USED.get(name, range(len(pieces)))
+        loss = None
+        for k, p in enumerate(pieces):
+            if k in used:
+                term = (p * p).sum() * (k + 1)
+                loss = term if loss is None else loss + term
+        (g,) = sg.autograd.grad(loss, x) if loss is not None else (sg.zeros_like(x),)
+        results.append((pieces, g))
+    (pieces, g), (c_pieces, c_g) = results
+    assert [p.grad_fn.name() for p in c_pieces] == [p.grad_fn.name() for p in pieces]
+    assert [p._output_nr for p in c_pieces] == [p._output_nr for p in pieces]
+    for p, cp in zip(pieces, c_pieces):
+        assert cp.device.type == "cuda"
+        assert_close(cp.cpu(), p, terms=1)
+    assert_close(c_g.cpu(), g, terms=2, scale=magnitude(g) + 1)

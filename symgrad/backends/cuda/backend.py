@@ -836,6 +836,21 @@ class CudaBackend:
                      x.offset)
 
     @staticmethod
+    def diagonal(x, offset, dim1, dim2):
+        """torch.diagonal as a strided view (the numpy backend's diagonal_view)."""
+        x = _coerce(x)
+        n1, n2 = x.shape[dim1], x.shape[dim2]
+        s1, s2 = x.estrides[dim1], x.estrides[dim2]
+        if offset >= 0:
+            n, start = max(0, min(n1, n2 - offset)), offset * s2
+        else:
+            n, start = max(0, min(n1 + offset, n2)), -offset * s1
+        keep = [k for k in range(x.ndim) if k not in (dim1, dim2)]
+        return _view(x, tuple(x.shape[k] for k in keep) + (n,),
+                     tuple(x.estrides[k] for k in keep) + (s1 + s2,),
+                     x.offset + (start if n else 0))
+
+    @staticmethod
     def broadcast_to(x, shape):
         x = _coerce(x)
         shape = tuple(int(s) for s in shape)
