@@ -147,12 +147,13 @@ def _softmax_nan_at_zeros(grad, dim, result):
 
 MUTATIONS = {
     # op, input, wrong formula, graph, node that must be named
-    "softmax 0.1% causal": ("softmax", "self",
+    # SDPA's math path in torch 2.13 is _safe_softmax (SafeSoftmaxBackward0)
+    "softmax 0.1% causal": ("safe_softmax", "self",
                             lambda grad, dim, result:
                             softmax_backward(grad, result, dim) * 1.001,
-                            _sdpa_causal, "SoftmaxBackward0"),
-    "softmax nan at masked zeros": ("softmax", "self", _softmax_nan_at_zeros, _sdpa_bool,
-                                    "SoftmaxBackward0"),
+                            _sdpa_causal, "SafeSoftmaxBackward0"),
+    "softmax nan at masked zeros": ("safe_softmax", "self", _softmax_nan_at_zeros, _sdpa_bool,
+                                    "SafeSoftmaxBackward0"),
     "mask add 0.1%": ("add", "self", lambda grad: grad * 1.001, _sdpa_bool, "AddBackward0"),
     "masked_fill scaled": ("masked_fill", "self", lambda grad, mask: grad * 1.001,
                            _masked_softmax, "MaskedFillBackward0"),

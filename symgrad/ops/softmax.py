@@ -7,6 +7,8 @@ so the forward replayed by the verifier *is* the op's meaning (STRUCTURAL).
 
 from __future__ import annotations
 
+import numpy as np
+
 from . import _tex
 from ._ints import norm, norms
 from .registry import register
@@ -57,7 +59,13 @@ def _logsumexp(be, self, dim, keepdim):
 
 def _dead_rows(be, x, ax):
     """Rows (along ``ax``) that are all -inf: fully masked attention rows."""
-    if _symbolic(x):  # masked scores are SymPy's -oo, which equals float -inf
+    if _symbolic(x):
+        # decided at the recorded values, as the backend decides max and where: a masked
+        # score is ``s - oo`` in SymPy, which is not structurally -oo
+        value = getattr(be, "valuation", None)
+        if value is not None:
+            v = np.frompyfunc(lambda e: float(value(e)), 1, 1)(x).astype(float)
+            return np.all(v == -np.inf, axis=ax, keepdims=True)
         return (x == float("-inf")).astype(bool).all(axis=ax, keepdims=True)
     return be.eq(be.amax(x, ax, True), float("-inf"))
 
@@ -145,6 +153,7 @@ register(OpSpec(
     "safe_softmax", "SafeSoftmaxBackward0", ("self",), _safe_softmax,
     {"self": lambda grad, dim, result: softmax_backward(grad, result, dim)},
     STRUCTURAL, dtype_rule="same", fused_backward="softmax_backward",
+    formula_tex=_softmax_tex,  # zero rows where every input is -inf (said in the doc)
     doc="aten::_safe_softmax: zeros where a whole row is -inf; softmax's backward (a zero "
         "result row passes no gradient)."))
 register(OpSpec(
