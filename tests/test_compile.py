@@ -251,6 +251,7 @@ def test_fused_backward_loops_are_proved_against_sympy(monkeypatch):
     from symgrad.compile import fuse
     from symgrad.compile.prove import prove_plan
 
+    monkeypatch.setenv("SYMGRAD_COMPILE_FWDBWD", "0")  # the plain fused path (fuse.py's loops)
     wrong = dict(fuse._LOCAL, mul=("{g} * {b}", "{g} * {b}"))  # d(a*b)/db = b: wrong
     monkeypatch.setattr(fuse, "_LOCAL", wrong)
     bad = sg.compile(_chain_fn(w, sg.optim.SGD([w], lr=0.01)))

@@ -217,6 +217,8 @@ def _backward(ops: list, root: Value, ctx: _Ctx, lines: list, grad_state: dict,
 def _fused_backward(group, need: set, grads: dict, values: dict, ctx: _Ctx,
                     lines: list) -> None:
     """The backward of a fused forward run as one generated loop (fuse.backward_kernel)."""
+    if group.design is not None:  # forward and backward generated together (fwdbwd.py)
+        return fuse.fwdbwd.backward_code(group, grads, values, ctx, lines, fuse.launch)
     seeds = [c.outputs[0] for c in group.calls if c.outputs[0].index in grads]
     if not seeds or not any(x.index in need for x in group.inputs):
         return
