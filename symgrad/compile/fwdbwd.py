@@ -163,10 +163,17 @@ def describe(group, d: Design, parallel: bool) -> dict:
             "export": d.export, "seeds": d.seeds, "wrt": d.wrt, "const": d.const}
 
 
+_SELF = None
+
+
 def _cache_path(desc: dict) -> str:
     from .loader import cache_dir
 
-    key = hashlib.sha1(json.dumps(desc, sort_keys=True).encode()).hexdigest()[:20]
+    global _SELF
+    if _SELF is None:  # the deriving code is part of the key: an edit here re-derives
+        with open(__file__, "rb") as fh:
+            _SELF = hashlib.sha1(fh.read()).hexdigest()
+    key = hashlib.sha1((_SELF + json.dumps(desc, sort_keys=True)).encode()).hexdigest()[:20]
     return os.path.join(cache_dir(), f"fwdbwd_{key}.json")
 
 
@@ -285,7 +292,8 @@ def derive(desc: dict) -> dict:
                 y = _evaluate(sp, fwd, dict(zip(names, A)), vocab)
                 val[p] = sym[("o", p)] = y
             if name == "pow":
-                partials = [sp.Integer(0) if e == 0 else mul(e, sp.Pow(A[0], e - 1))]
+                e1 = sp.Integer(int(e) - 1) if e.is_Integer else sp.Float(float(e) - 1)
+                partials = [sp.Integer(0) if e == 0 else mul(e, sp.Pow(A[0], e1))]
             else:
                 partials = [None if g is None or not D[k] else _evaluate(
                     sp, g, {"g": one, **dict(zip(names, A)), "y": y}, vocab)
