@@ -145,7 +145,9 @@ def design(group, facts: dict) -> Design | None:
 
 
 # -- the run as data: what derive() reads (and the cache key) ----------------------------------
-def describe(group, d: Design, parallel: bool) -> dict:
+def describe(group, d: Design, parallel: bool, simd: bool = True) -> dict:
+    """The run as JSON-able data; ``simd=False`` keeps the transcendental ops inside the
+    loop (one loop for forward and partials: the CUDA form, cuda_fused.py)."""
     made = {c.outputs[0].index: p for p, c in enumerate(group.calls)}
     inputs = {x.index: j for j, x in enumerate(group.inputs)}
     ops = []
@@ -160,7 +162,8 @@ def describe(group, d: Design, parallel: bool) -> dict:
             ops.append([c.spec.name, s.forward, list(s.grads), list(s.inputs), args])
     return {"version": VERSION, "dtype": group.calls[0].outputs[0].dtype.name,
             "parallel": parallel, "inputs": len(group.inputs), "ops": ops,
-            "export": d.export, "seeds": d.seeds, "wrt": d.wrt, "const": d.const}
+            "export": d.export, "seeds": d.seeds, "wrt": d.wrt, "const": d.const,
+            "simd": simd}
 
 
 _SELF = None
@@ -268,7 +271,7 @@ def derive(desc: dict) -> dict:
             if name == "pow":
                 e = names  # describe() puts pow's exponent in the names slot
                 e = sp.Integer(int(e)) if e == int(e) else sp.Float(e)
-            if name in SIMD:
+            if name in SIMD and desc["simd"]:
                 a = A[0]
                 if not isinstance(a, sp.Symbol):  # materialize the argument in a loop
                     q = args[0][1]
@@ -316,7 +319,7 @@ def derive(desc: dict) -> dict:
                 finals += [(f"p{s}_{j}", dval[s].get(j, sp.Integer(0))) for s in seeds]
         # a derivative's cos(u) with u already in a buffer: a ufunc too, not a libm call
         hoist = {}
-        for _, e in finals:
+        for _, e in finals if desc["simd"] else ():
             for f in sp.preorder_traversal(e):
                 if (getattr(f.func, "__name__", None) in SIMD and len(f.args) == 1
                         and isinstance(f.args[0], sp.Symbol) and f not in hoist):
