@@ -508,8 +508,23 @@ def backward_code(group, grads: dict, values: dict, ctx, lines: list, launch) ->
         return
     b = d.code["backward"]
     if b is not None:
-        args = [f"flat({grads[group.calls[int(n[1:])].outputs[0].index]})"
-                if n.startswith("e") else _buffer(group, n, ctx) for n in b["params"]]
+        from .codegen import _matmul_into
+
+        args = []
+        for n in b["params"]:
+            if not n.startswith("e"):
+                args.append(_buffer(group, n, ctx))
+                continue
+            v = group.calls[int(n[1:])].outputs[0]
+            g = grads[v.index]
+            buf = ctx.buf(v, f"{group.name}_e")  # a matmul's gradient: into a buffer of make
+            into = _matmul_into(g, buf) if g.startswith("np.matmul(") else None
+            if into is not None:
+                lines.append(into)
+                ctx.alloc(f"{buf}f = {buf}.reshape(-1)")
+                args.append(f"{buf}f")
+            else:
+                args.append(f"flat({g})")
         lines += launch(group.calls, f"{group.name}_b({', '.join(args)})")
     for j in d.wrt:
         x = group.inputs[j]
