@@ -381,6 +381,28 @@ def test_fused_forward_backward_wrong_partial_is_caught(monkeypatch):
         prove_plan(entry.module, entry.generated.plan)
 
 
+def test_forward_only_run_stores_only_what_leaves_it():
+    """No backward in the step: the fused loop computes no partial and stores only the
+    value returned (the plain path stores every intermediate for its backward)."""
+    sg.manual_seed(4)
+    w = sg.randn(7, 3, dtype=sg.float64)
+
+    def fn(x):
+        return (((x * w).tanh() * 2.0 + 1.0).sigmoid() * x).exp()
+
+    step = sg.compile(fn)
+    x = sg.randn(7, 3, dtype=sg.float64)
+    for _ in range(3):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            got = step(x)
+        assert_close(got, fn(x), terms=8)
+    (group,) = step._entries()[-1].generated.plan.fused_groups
+    assert not group.design.wrt and len(group.design.export) == 1
+    allocs = [line for line in step.source().splitlines() if "= np.empty((7, 3)" in line]
+    assert len(allocs) == 1 and "float64(" in step.source()
+
+
 def test_new_batch_size_retraces_and_stays_equal():
     step, eager, c, e = _pair(lambda ps: sg.optim.SGD(ps, lr=0.1, momentum=0.9))
     sizes = (4, 16, 3)
