@@ -251,6 +251,7 @@ def test_fused_backward_loops_are_proved_against_sympy(monkeypatch):
     from symgrad.compile import fuse
     from symgrad.compile.prove import prove_plan
 
+    monkeypatch.setenv("SYMGRAD_COMPILE_FWDBWD", "0")  # the plain fused path (fuse.py's loops)
     wrong = dict(fuse._LOCAL, mul=("{g} * {b}", "{g} * {b}"))  # d(a*b)/db = b: wrong
     monkeypatch.setattr(fuse, "_LOCAL", wrong)
     bad = sg.compile(_chain_fn(w, sg.optim.SGD([w], lr=0.01)))
@@ -264,6 +265,142 @@ def test_fused_backward_loops_are_proved_against_sympy(monkeypatch):
     entry = bad._entries()[-1]
     with pytest.raises(AssertionError, match="differs from SymPy"):
         prove_plan(entry.module, entry.generated.plan)
+
+
+def _compiled_and_eager(body, shape=(6, 5), seed=3):
+    """(compiled fn, eager fn, w, w_e, x): ``body(x, w)`` returns the loss; SGD steps."""
+    sg.manual_seed(seed)
+    w = sg.randn(*shape, requires_grad=True)
+    w_e = sg.tensor(w.detach().numpy().copy(), requires_grad=True)
+    x = sg.randn(*shape)
+
+    def make(w, opt):
+        def fn(x):
+            opt.zero_grad()
+            loss = body(x, w)
+            loss.backward()
+            opt.step()
+            return loss
+        return fn
+
+    step = sg.compile(make(w, sg.optim.SGD([w], lr=0.01)))
+    eager = make(w_e, sg.optim.SGD([w_e], lr=0.01))
+    return step, eager, w, w_e, x
+
+
+def _check_steps(step, eager, w, w_e, x, ops, steps=4):
+    n = x.numel()
+    for i in range(steps):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no fallback
+            got = step(x)
+        want = eager(x)
+        terms = (i + 1) * (ops + n)
+        assert_close(got, want, terms=terms, scale=abs(want.detach().numpy()) * n + 1)
+        assert_close(w, w_e, terms=terms)
+        assert_close(w.grad, w_e.grad, terms=terms)
+
+
+def _sigmoid_relu_loss(x, w):
+    h = (x * w).sigmoid() * 0.5 + x
+    return (h.relu() * h).sum()
+
+
+def _kernels_of(src: str, group: str = "fused_0") -> list[str]:
+    return [line for line in src.splitlines() if line.startswith(f"def {group}")]
+
+
+def test_fused_forward_and_backward_are_one_loop(monkeypatch):
+    """A run feeding the loss's sum: its gradient is written by the forward loop itself
+    (one loop where the plain fused path has a forward and a backward loop)."""
+    step, eager, w, w_e, x = _compiled_and_eager(_sigmoid_relu_loss)
+    _check_steps(step, eager, w, w_e, x, ops=7)
+    src = step.source()
+    assert len(_kernels_of(src)) == 1 and "fused_0_b" not in src
+    monkeypatch.setenv("SYMGRAD_COMPILE_FWDBWD", "0")
+    plain, eager, w, w_e, x = _compiled_and_eager(_sigmoid_relu_loss)
+    _check_steps(plain, eager, w, w_e, x, ops=7)
+    assert len(_kernels_of(plain.source())) == 2  # forward loop + backward loop
+
+
+def test_fused_loop_shares_subexpressions_and_mean_gradient():
+    """sigmoid's exp(-|x|) is computed once for its value and its derivative (SymPy cse);
+    the mean's 1/n gradient is folded into the forward loop."""
+    step, eager, w, w_e, x = _compiled_and_eager(lambda x, w: ((x * w).sigmoid() * x).mean())
+    _check_steps(step, eager, w, w_e, x, ops=4)
+    src = step.source()
+    (kernel,) = _kernels_of(src)
+    body = src.split(kernel, 1)[1].split("\n\n", 1)[0]
+    assert body.count("m_exp(") == 1 and "r1[k] =" in body
+    assert "fused_0_b" not in src
+
+
+def test_fused_run_with_two_seeds_has_one_backward_loop():
+    """A value of the run is also used outside it: the forward stores the partials of both
+    seeds, the backward is ``g1 * P1 + g2 * P2`` in one loop, proved by verify()."""
+    def body(x, w):
+        h = (x * w).tanh()
+        y = h * 2.0 + x
+        return y.sum() + (h * h).sum(dim=1).mean()
+
+    step, eager, w, w_e, x = _compiled_and_eager(body)
+    _check_steps(step, eager, w, w_e, x, ops=10)
+    src = step.source()
+    assert "def fused_0_b(" in src and "np.tanh(" in src
+    report = step.verify()
+    assert report.ok and step.stats["proofs"]["fused_0"] in ("proved", "checked at 16 points")
+
+
+def test_fused_forward_backward_wrong_partial_is_caught(monkeypatch):
+    from symgrad.compile import fwdbwd
+    from symgrad.compile.prove import prove_plan
+
+    step, *_ = _compiled_and_eager(_sigmoid_relu_loss)
+    step(sg.randn(6, 5))
+    assert step.verify().ok
+    assert step.stats["proofs"]["fused_0"] in ("proved", "checked at 16 points")
+
+    describe = fwdbwd.describe
+
+    def wrong(group, d, parallel):  # d(a*b)/db = b: wrong
+        desc = describe(group, d, parallel)
+        for op in desc["ops"]:
+            if op[0] == "mul":
+                op[2] = ["g * b", "g * b"]
+        return desc
+
+    monkeypatch.setattr(fwdbwd, "describe", wrong)
+    bad, *_ = _compiled_and_eager(_sigmoid_relu_loss)
+    with pytest.warns(UserWarning, match="differs from eager's on the traced call"):
+        bad(sg.randn(6, 5))  # the self-check after generation catches it first
+    monkeypatch.setattr(sys.modules["symgrad.compile.step"], "self_check", lambda *a: None)
+    bad, *_ = _compiled_and_eager(_sigmoid_relu_loss)
+    bad(sg.randn(6, 5))
+    entry = bad._entries()[-1]
+    with pytest.raises(AssertionError, match="differs from SymPy"):
+        prove_plan(entry.module, entry.generated.plan)
+
+
+def test_forward_only_run_stores_only_what_leaves_it():
+    """No backward in the step: the fused loop computes no partial and stores only the
+    value returned (the plain path stores every intermediate for its backward)."""
+    sg.manual_seed(4)
+    w = sg.randn(7, 3, dtype=sg.float64)
+
+    def fn(x):
+        return (((x * w).tanh() * 2.0 + 1.0).sigmoid() * x).exp()
+
+    step = sg.compile(fn)
+    x = sg.randn(7, 3, dtype=sg.float64)
+    for _ in range(3):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            got = step(x)
+        assert_close(got, fn(x), terms=8)
+    (group,) = step._entries()[-1].generated.plan.fused_groups
+    assert not group.design.wrt and len(group.design.export) == 1
+    allocs = [line for line in step.source().splitlines() if "= np.empty((7, 3)" in line]
+    assert len(allocs) == 1 and "float64(" in step.source()
 
 
 def test_new_batch_size_retraces_and_stays_equal():
@@ -546,6 +683,7 @@ _CHILD = textwrap.dedent("""
         chain(x)
     from symgrad.compile.fuse import cache_stats
     stats = cache_stats()
+    stats["sympy"] = "sympy" in sys.modules
     print(json.dumps(stats))
 """)
 
@@ -562,6 +700,7 @@ def test_disk_cache_second_process_compiles_nothing(tmp_path):
     assert first["kernels"] >= 1 and first["compiled"] >= 1
     assert second["kernels"] == first["kernels"]
     assert second["compiled"] == 0 and second["loaded"] == first["kernels"]
+    assert not second["sympy"]  # the fused runs' derivations come from the cache too
 
 
 def _fuzz_fn(steps, leaves, weights):

@@ -217,6 +217,8 @@ def _backward(ops: list, root: Value, ctx: _Ctx, lines: list, grad_state: dict,
 def _fused_backward(group, need: set, grads: dict, values: dict, ctx: _Ctx,
                     lines: list) -> None:
     """The backward of a fused forward run as one generated loop (fuse.backward_kernel)."""
+    if group.design is not None:  # forward and backward generated together (fwdbwd.py)
+        return fuse.fwdbwd.backward_code(group, grads, values, ctx, lines, fuse.launch)
     seeds = [c.outputs[0] for c in group.calls if c.outputs[0].index in grads]
     if not seeds or not any(x.index in need for x in group.inputs):
         return
@@ -332,26 +334,36 @@ def _step(k: int, event: Step, opt, leaves: dict, ctx: _Ctx, lines: list, grad_s
             layout.flags.append((k, gi, ("weight_decay", "decoupled_weight_decay"),
                                  (wd, decoupled)))
             lines.append(f"lr, (beta1, beta2), eps, wd = H[{h}]")
+        hoisted: set = set()  # the group's scalars, converted once per dtype (not per param)
         for slot in slots:
             v = leaves[slot]
             g = _grad_of(slot, v, ctx, grad_state, layout)
             if g is None:
                 continue
-            p, dt = v.name, f"np.{v.dtype.name}"
+            p, dt, d = v.name, f"np.{v.dtype.name}", v.dtype.name
             kernel = ctx.update_kernel(event.kind, v.dtype.name)
             if event.kind == "sgd":
+                if d not in hoisted:
+                    hoisted.add(d)
+                    lines.append(f"nlr_{d}, mom_{d}, wd_{d} = {dt}(-lr), {dt}(momentum), "
+                                 f"{dt}(wd)")
                 buf = _state_ref(layout, k, slot, "momentum_buffer") if mom else p
                 lines.append(f"{kernel}({p}.reshape(-1), {_flat(ctx, g)}, {buf}.reshape(-1), "
-                             f"{dt}(-lr), {dt}(momentum), {dt}(wd), {wd}, {mom})")
+                             f"nlr_{d}, mom_{d}, wd_{d}, {wd}, {mom})")
                 continue
+            if d not in hoisted:
+                hoisted.add(d)
+                lines.append(f"c1_{d}, b2_{d}, c2_{d}, eps_{d}, wd_{d}, dec_{d} = "
+                             f"{dt}(1 - beta1), {dt}(beta2), {dt}(1 - beta2), {dt}(eps), "
+                             f"{dt}(wd), {dt}(1 - lr * wd)")
             s, m, sq = (_state_ref(layout, k, slot, key)
                         for key in ("step", "exp_avg", "exp_avg_sq"))
             mode = 0 if not wd else (2 if decoupled else 1)
             lines += [f"np.add({s}, 1, out={s})", "t = float(" + s + ")",
                       f"{kernel}({p}.reshape(-1), {_flat(ctx, g)}, {m}.reshape(-1), "
-                      f"{sq}.reshape(-1), {dt}(1 - beta1), {dt}(beta2), {dt}(1 - beta2), "
+                      f"{sq}.reshape(-1), c1_{d}, b2_{d}, c2_{d}, "
                       f"{dt}(-(lr / (1 - beta1 ** t))), {dt}((1 - beta2 ** t) ** 0.5), "
-                      f"{dt}(eps), {dt}(wd), {mode}, {dt}(1 - lr * wd))"]
+                      f"eps_{d}, wd_{d}, {mode}, dec_{d})"]
 
 
 def _flat(ctx: _Ctx, buf: str) -> str:

@@ -9,10 +9,12 @@ writes every value of the run into its buffer (the backward reads them).
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass, field
 
 from ..ops.scalar import source
+from . import fwdbwd
 from .graph import OpCall, Program, Value
 from .runtime import scalar_names
 
@@ -55,6 +57,8 @@ class Group:
     inputs: list = field(default_factory=list)
     #: (kernel name, calls) in order; name None: one SIMD_FORWARD op as a NumPy ufunc
     segments: list = field(default_factory=list)
+    #: fwdbwd.Design when its forward and backward are generated together (else None)
+    design: object = None
 
     @property
     def name(self) -> str:
@@ -70,6 +74,14 @@ class Plan:
     helpers: dict = field(default_factory=dict)
     #: (name, group, seeds, outputs) of each fused backward loop, for prove.py
     backward_kernels: list = field(default_factory=list)
+    #: groups whose forward and backward fwdbwd.py generated together (prove_fused.py)
+    fused_groups: list = field(default_factory=list)
+
+
+def fwdbwd_enabled() -> bool:
+    """Forward+backward fusion (fwdbwd.py) is on unless ``SYMGRAD_COMPILE_FWDBWD=0`` (kept
+    to compare with the plain fused path)."""
+    return os.environ.get("SYMGRAD_COMPILE_FWDBWD", "1") != "0"
 
 
 def _fusible(call: OpCall) -> bool:
@@ -113,6 +125,7 @@ def plan(program: Program) -> Plan:
         current = [event] if isinstance(event, OpCall) and _fusible(event) else []
     runs.append(current)
     out = Plan()
+    facts = fwdbwd.analyze(program) if fwdbwd_enabled() else None
     for calls in runs:
         if len(calls) < 2:
             continue
@@ -125,6 +138,15 @@ def plan(program: Program) -> Plan:
             made.add(c.outputs[0].index)
         out.first[id(calls[0])] = group
         out.skip.update(id(c) for c in calls[1:])
+        d = fwdbwd.design(group, facts) if facts is not None else None
+        if d is not None:
+            d.code = fwdbwd.derived(fwdbwd.describe(group, d, parallel(calls)))
+            group.design = d
+            text, kernels = fwdbwd.module_kernels(group, d.code)
+            out.kernel_text += text
+            out.kernels += kernels
+            out.fused_groups.append(group)
+            continue
         for k, seg in enumerate(_segments(calls)):
             if seg[0].spec.name in SIMD_FORWARD:
                 group.segments.append((None, seg))
@@ -228,6 +250,8 @@ def _kernel(name: str, calls: list, helpers: dict) -> tuple[list[str], int]:
 def call_code(group: Group, ctx) -> list[str]:
     """Lines running the forward of ``group``: its kernels and SIMD ufuncs, in order, each
     value into its own buffer (the fused backward reads them)."""
+    if group.design is not None:
+        return fwdbwd.call_code(group, ctx, launch)
     lines = []
     made: set = set()
     for name, calls in group.segments:

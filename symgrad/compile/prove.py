@@ -152,6 +152,12 @@ def _numeric(sp, got, want, symbols: list, name: str, i: int, points: int = 16) 
 
 
 def prove_plan(module, plan) -> dict:
-    """{kernel name: how its backward was established} for every fused backward kernel."""
-    return {name: prove_kernel(module, name, group, seeds, outputs)
-            for name, group, seeds, outputs in plan.backward_kernels}
+    """{kernel name: how its backward was established} for every fused backward kernel,
+    and {group name: how} for each run fused forward+backward (prove_fused.py)."""
+    from .prove_fused import prove_group
+
+    out = {name: prove_kernel(module, name, group, seeds, outputs)
+           for name, group, seeds, outputs in plan.backward_kernels}
+    out.update({group.name: prove_group(module, group)
+                for group in getattr(plan, "fused_groups", ())})  # fwdbwd.py's runs
+    return out
