@@ -93,6 +93,8 @@ def worker_symgrad(t: Timer) -> dict:
     a = sg.tensor([1.0, 2.0, 3.0], requires_grad=True)
     b = sg.tensor([4.0, 5.0, 6.0])
     r["op_graph_us"] = t.best(lambda: a + b, 20000) * 1e6
+    r["op_graph_mul_us"] = t.best(lambda: a * b, 20000) * 1e6
+    r["op_graph_tanh_us"] = t.best(lambda: sg.tanh(a), 20000) * 1e6
     with sg.no_grad():
         r["op_nograd_us"] = t.best(lambda: a + b, 20000) * 1e6
     x = sg.tensor(0.5, requires_grad=True)
@@ -141,6 +143,8 @@ def worker_torch(t: Timer) -> dict:
     a = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
     b = torch.tensor([4.0, 5.0, 6.0])
     r["op_graph_us"] = t.best(lambda: a + b, 20000) * 1e6
+    r["op_graph_mul_us"] = t.best(lambda: a * b, 20000) * 1e6
+    r["op_graph_tanh_us"] = t.best(lambda: torch.tanh(a), 20000) * 1e6
     with torch.no_grad():
         r["op_nograd_us"] = t.best(lambda: a + b, 20000) * 1e6
     x = torch.tensor(0.5, requires_grad=True)
@@ -299,6 +303,11 @@ def main() -> None:
     rows = [
         ("per-op fwd with graph, a+b (3,), µs", s["op_graph_us"], tch["op_graph_us"],
          s["op_graph_us"] / tch["op_graph_us"], "<= 1.5x torch"),
+        ("per-op fwd with graph, a*b (3,), µs", s["op_graph_mul_us"], tch["op_graph_mul_us"],
+         s["op_graph_mul_us"] / tch["op_graph_mul_us"], "<= 1.5x torch"),
+        ("per-op fwd with graph, tanh(a) (3,), µs", s["op_graph_tanh_us"],
+         tch["op_graph_tanh_us"], s["op_graph_tanh_us"] / tch["op_graph_tanh_us"],
+         "<= 1.5x torch"),
         ("per-op fwd no_grad, a+b (3,), µs", s["op_nograd_us"], tch["op_nograd_us"],
          s["op_nograd_us"] / tch["op_nograd_us"], f"(numpy {npy['op_nograd_us']:.2f})"),
         ("10-op scalar chain fwd+bwd, µs/op", s["chain_fwd_bwd_us_per_op"],
