@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Value", "OpCall", "Backward", "ZeroGrad", "Step", "Program"]
+__all__ = ["Value", "OpCall", "CustomCall", "Backward", "ZeroGrad", "Step", "Program"]
 
 
 @dataclass(eq=False)
@@ -41,6 +41,37 @@ class OpCall:
     inputs: list
     params: dict
     outputs: list
+
+    @property
+    def tensor_inputs(self) -> list:
+        return [x for x in self.inputs if isinstance(x, Value)]
+
+
+@dataclass(eq=False)
+class CustomCall:
+    """One ``Function.apply`` (a custom autograd Function) as fn ran it.
+
+    Its forward's ops are ordinary OpCalls recorded just before this event (they ran
+    under no_grad, so none of them is on the gradient path); ``outputs[k]`` is the
+    Function's output ``k``, the same array as ``sources[k]`` (an inner op's output or an
+    input returned as it is). The ops the user's ``backward`` ran when ``loss.backward()``
+    reached this node are ``backward_ops``: on ``grad_inputs`` (one per output: a Value
+    standing for the incoming gradient, or None where backward saw None) and the forward's
+    values (``ctx.saved_tensors`` and tensors kept on ctx are the traced values), giving
+    ``grad_outputs`` (one per tensor argument, in ``positions`` order: a Value or None).
+    Non-tensor ctx attributes are constants of the trace."""
+
+    cls: Any
+    inputs: list
+    outputs: list
+    sources: list
+    forward: list
+    #: forward argument position of each tensor argument (the node's edges)
+    positions: tuple = ()
+    #: per output: (Value, "grad" | "zeros") or None; None before backward reached it
+    grad_inputs: list | None = None
+    backward_ops: list | None = None
+    grad_outputs: list | None = None
 
     @property
     def tensor_inputs(self) -> list:
@@ -94,3 +125,6 @@ class Program:
 
     def ops(self) -> list:
         return [e for e in self.events if isinstance(e, OpCall)]
+
+    def customs(self) -> list:
+        return [e for e in self.events if isinstance(e, CustomCall)]
