@@ -20,7 +20,7 @@ from typing import Any
 from ..autograd import function as _fn
 from ..backends import backend_for
 from ..tensor import Tensor
-from . import fuse, loader
+from . import fuse, loader, prove
 from .codegen import Generated, Unsupported, generate
 from .graph import Program, Step
 from .guards import signature
@@ -214,6 +214,8 @@ class CompiledStep:
                 reason = self_check(entry, args, result)
                 program.before = {}
                 if reason is None:
+                    reason = self._prove(entry)
+                if reason is None:
                     self._cache[key] = entry
             except (Unsupported, _Stale) as exc:
                 reason = str(exc)
@@ -222,6 +224,15 @@ class CompiledStep:
             self._warn(reason)
         self.stats["compile_s"] = time.perf_counter() - t0
         return result
+
+    def _prove(self, entry: Entry) -> str | None:
+        """Each fused backward loop against SymPy's derivative, once per generated module
+        (the outcome is kept next to it in the disk cache): None, or why it is not used."""
+        try:
+            self.stats["proofs"] = prove.at_generation(entry.module, entry.generated.plan)
+        except prove.ProofFailed as exc:
+            return f"a generated fused backward loop failed its SymPy proof: {exc}"
+        return None
 
     # -- inspection -----------------------------------------------------------------------
     def _entries(self) -> list:
@@ -257,10 +268,8 @@ class CompiledStep:
         if problems:
             raise RuntimeError("sg.compile: the generated step disagrees with eager: "
                                + "; ".join(problems))
-        from .prove import prove_plan
-
         try:
-            self.stats["proofs"] = prove_plan(entry.module, entry.generated.plan)
+            self.stats["proofs"] = prove.prove_plan(entry.module, entry.generated.plan)
         except AssertionError as exc:
             raise RuntimeError(f"sg.compile: a fused backward loop is wrong: {exc}") from None
         return report
