@@ -116,6 +116,8 @@ class Program:
     #: changed them (("leaf", slot), ("grad", slot), (step event, slot, key)); used once by
     #: the self-check after generation, then dropped
     before: dict = field(default_factory=dict)
+    #: guards.Constants: the Python values the trace read (module attributes, globals)
+    constants: Any = None
 
     def new_value(self, shape, dtype, requires_grad: bool, kind: str, slot: int = -1) -> Value:
         v = Value(len(self.values), tuple(shape), np.dtype(dtype), bool(requires_grad), kind,

@@ -64,6 +64,10 @@ class Entry:
         return t
 
     def _gather(self) -> tuple[list, list, list]:
+        constants = self.program.constants
+        changed = constants.changed() if constants is not None else None
+        if changed is not None:
+            raise _Stale(changed)
         for k, lists in self._param_lists.items():
             opt = self._opts[k]()
             if opt is None or len(opt.param_groups) != len(lists) or any(

@@ -25,6 +25,7 @@ from ..optim.optimizer import Optimizer
 from ..optim.sgd import SGD
 from ..tensor import Tensor
 from .graph import Backward, CustomCall, OpCall, Program, Step, ZeroGrad
+from .guards import Constants
 
 __all__ = ["Tracer", "trace"]
 
@@ -92,6 +93,8 @@ class Tracer:
         self._sink: list | None = None
         #: id(ctx) -> (CustomCall, Value of each ctx.save_for_backward entry)
         self._customs: dict[int, tuple] = {}
+        #: the modules whose forward ran in fn (their attributes are guarded)
+        self.modules: dict[int, Module] = {}
         for i, a in enumerate(args):
             if isinstance(a, Tensor):
                 if a._grad_fn is not None or a._requires_grad:
@@ -417,6 +420,14 @@ class Tracer:
             return orig_hooks(module, args, kwargs)
 
         patches.put(Module, "_call_with_hooks", _call_with_hooks)
+        orig_call = Module.__call__
+
+        def _call(module, *args, **kwargs):
+            if not tracer._quiet:
+                tracer.modules[id(module)] = module
+            return orig_call(module, *args, **kwargs)
+
+        patches.put(Module, "__call__", _call)
         # writes into a tensor's array that do not pass apply: x[i] = v, nn.init
         orig_setitem = Tensor.__setitem__
 
@@ -502,5 +513,7 @@ def trace(fn, args: tuple) -> tuple[Any, Program | None, str | None]:
         _fn._profiler = None
         patches.undo()
     tracer.program.result = _structure(result, tracer)
+    tracer.program.constants = Constants(fn, tracer.modules.values())
+    tracer.modules.clear()
     tracer._alive.clear()
     return result, (None if tracer.reason else tracer.program), tracer.reason
