@@ -163,6 +163,7 @@ def test_custom_functions_in_a_compiled_step_match_eager(make_opt):
         assert_close(got, want, terms=_terms(i + 1))
         _assert_same_state(*state, terms=_terms(i + 1))
     assert step.stats["traces"] == 1 and not step.stats["fallbacks"]
+    assert step.verify().ok  # the Functions' backwards are right, and so is the code
     src = step.source()
     assert "def run(" in src and "Tensor" not in src
     # the compiled calls ran the generated module, not the eager Function
@@ -306,3 +307,98 @@ def test_untraceable_custom_functions_fall_back_with_a_warning(fcls, match):
             assert_close(step(x), eager(x), terms=(i + 2) * 16)
     assert_close(w, w_e, terms=48)
     assert not step._entries() and step.stats["fallbacks"]
+
+
+class Square(Function):
+    """c x^2; saves None next to x."""
+
+    @staticmethod
+    def forward(ctx, x, c):
+        ctx.save_for_backward(x, None)
+        ctx.c = c
+        return x * x * c
+
+    @staticmethod
+    def backward(ctx, g):
+        x, none = ctx.saved_tensors
+        assert none is None
+        return g * 2.0 * x * ctx.c, None
+
+
+class ExpAndArgmax(Function):
+    """A non-differentiable integer output next to a differentiable one."""
+
+    @staticmethod
+    def forward(ctx, x):
+        idx = x.argmax(dim=1)
+        ctx.mark_non_differentiable(idx)
+        ctx.save_for_backward(x)
+        return x.exp(), idx
+
+    @staticmethod
+    def backward(ctx, g, _g_idx):
+        (x,) = ctx.saved_tensors
+        return g * x.exp()
+
+
+class BiasAdd(Function):
+    """A bias gradient reduced by the Function itself (sum over dim 0)."""
+
+    @staticmethod
+    def forward(ctx, x, b):
+        return x + b
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, g.sum(dim=0)
+
+
+def _in_chain(w, b, x):
+    """Custom Functions between fused elementwise runs (before and after them)."""
+    h = ((x * w).tanh() + 1.0) * 0.5
+    h = Square.apply(h, 3.0)
+    h = Square.apply(h.sin() * 2.0, 0.5).sigmoid() * 1.5 - 0.1
+    return BiasAdd.apply(h, b).exp().mean()
+
+
+def _non_differentiable_output(w, b, x):
+    y, idx = ExpAndArgmax.apply(x * w)
+    return (y * 0.1).sum() + (b * b).sum() + idx.sum() * 0
+
+
+def _applied_without_grad(w, b, x):
+    with sg.no_grad():  # no node: only the forward's ops are traced
+        z = Square.apply(x, 2.0)
+    return (z * w).sum() + b.sum()
+
+
+@pytest.mark.parametrize("loss_fn", [_in_chain, _non_differentiable_output,
+                                     _applied_without_grad])
+def test_more_custom_function_shapes_match_eager(loss_fn):
+    sg.manual_seed(0)
+    w, b = sg.randn(6, 5, requires_grad=True), sg.randn(5, requires_grad=True)
+    w_e, b_e = (sg.tensor(t.detach().numpy().copy(), requires_grad=True) for t in (w, b))
+
+    def make(w, b, opt):
+        def step(x):
+            opt.zero_grad()
+            loss = loss_fn(w, b, x)
+            loss.backward()
+            opt.step()
+            return loss
+
+        return step
+
+    step = sg.compile(make(w, b, sg.optim.Adam([w, b], lr=1e-2)))
+    eager = make(w_e, b_e, sg.optim.Adam([w_e, b_e], lr=1e-2))
+    x = sg.randn(6, 5)
+    for i in range(4):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            got = step(x)
+        terms = (i + 1) * (16 + 30)  # 16 chained ops, a sum of 30
+        assert_close(got, eager(x), terms=terms)
+        for p, q in ((w, w_e), (b, b_e)):
+            assert_close(p, q, terms=terms)
+            assert_close(p.grad, q.grad, terms=terms)
+    assert step.stats["traces"] == 1 and step._entries()
