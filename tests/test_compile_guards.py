@@ -121,6 +121,24 @@ def test_a_changed_closure_variable_retraces():
     assert step.stats["traces"] == 2
 
 
+def test_a_constant_changing_every_call_stops_retracing_with_a_warning():
+    step, eager, models = _pair()
+    sg.manual_seed(1)
+    x, y = sg.randn(6, 4), sg.randn(6, 3)
+    warned = []
+    for i in range(12):
+        for m in models:
+            m.scale = 0.1 * (i + 1)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got = step(x, y)
+        warned += [str(w.message) for w in caught]
+        assert_close(got, eager(x, y), terms=(i + 1) * 24)
+    assert step.stats["traces"] == 9  # the first trace, then cache_size (8) retraces
+    assert len(warned) == 1 and "retraced 9 times" in warned[0]
+    assert "attribute of module Scaled changed" in warned[0]
+
+
 def test_the_disk_cache_keeps_at_most_n_modules(tmp_path, monkeypatch):
     """Modules beyond SYMGRAD_COMPILE_CACHE_FILES are deleted oldest first with their
     records; modules this process imported stay (here the older ones are made to look

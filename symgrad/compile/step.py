@@ -162,6 +162,7 @@ class CompiledStep:
         #: traces, compile seconds of the last one, eager fallbacks (reasons)
         self.stats: dict[str, Any] = {"traces": 0, "compile_s": 0.0, "fallbacks": []}
         self._full_warned = False
+        self._retraces: dict = {}  # signature -> how often a guard made it retrace
 
     def __call__(self, *args, **kwargs):
         if kwargs:
@@ -179,8 +180,13 @@ class CompiledStep:
             return self.fn(*args)
         try:
             return entry(args)
-        except _Stale:
+        except _Stale as exc:
             del self._cache[key]
+            n = self._retraces[key] = self._retraces.get(key, 0) + 1
+            if n > self.cache_size:  # something changes every few calls: stop retracing
+                self._cache[key] = _Eager(str(exc))
+                return self._eager(f"retraced {n} times for one signature (last because "
+                                   f"{exc}); it runs eagerly from now on", args)
             return self._trace(key, args)
 
     def _eager(self, reason: str, args: tuple):
