@@ -31,7 +31,8 @@ class Scaled(nn.Module):
         self.scale = 0.5  # a Python float attribute used in forward
 
     def forward(self, x):
-        return self.lin(x).tanh() * self.scale * SCALE
+        scale = self.scale if self.training else 1.0  # `training` read: guarded too
+        return self.lin(x).tanh() * scale * SCALE
 
 
 def _pair():

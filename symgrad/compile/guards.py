@@ -60,15 +60,18 @@ def _global_names(code: types.CodeType) -> set:
 
 class Constants:
     """The Python constants a trace read, compared on every call (itemgetters over the
-    owners' dicts: well under a microsecond per owner). Modules are held weakly."""
+    owners' dicts: well under a microsecond per owner). ``modules``: those whose forward
+    ran (the globals their ``forward`` reads are guarded); ``reads``: (module, attribute
+    names) of the scalar instance attributes read during the trace. Modules are held
+    weakly."""
 
-    def __init__(self, fn, modules) -> None:
+    def __init__(self, fn, modules, reads=()) -> None:
         self._modules: list = []  # (weakref to module, getter, values, name)
         self._dicts: list = []  # (globals dict, getter, values, names)
         self._cells: list = []  # (cells, values)
         functions = [fn] + [getattr(type(m), "forward", None) for m in modules]
-        for m in modules:
-            keys = sorted(k for k, v in m.__dict__.items() if _guardable(v))
+        for m, names in reads:
+            keys = sorted(k for k in names if k in m.__dict__ and _guardable(m.__dict__[k]))
             if keys:
                 get = operator.itemgetter(*keys)
                 self._modules.append((weakref.ref(m), get, get(m.__dict__), type(m).__name__))
@@ -98,6 +101,8 @@ class Constants:
         self._want_m = [w for _, _, w, _ in self._modules]
         self._want_d = [w for _, _, w, _ in self._dicts]
         self._want_c = [w for _, w in self._cells]
+        #: anything to check at all (most steps read no Python constant: no cost per call)
+        self.active = bool(self._modules or self._dicts or self._cells)
 
     def changed(self) -> str | None:
         """None while every constant is as traced, else which changed (one comprehension

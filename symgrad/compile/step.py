@@ -50,6 +50,8 @@ class Entry:
         self._opts = {k: e.opt for k, e in enumerate(program.events) if isinstance(e, Step)}
         self._bound: list = []
         self._result = program.result
+        c = program.constants
+        self._constants = c if c is not None and c.active else None
         #: copies of the traced call's tensor arguments (step.verify replays on them)
         self.example: list = []
         #: each optimizer's param lists as traced: a group added or a list replaced retraces
@@ -64,10 +66,11 @@ class Entry:
         return t
 
     def _gather(self) -> tuple[list, list, list]:
-        constants = self.program.constants
-        changed = constants.changed() if constants is not None else None
-        if changed is not None:
-            raise _Stale(changed)
+        constants = self._constants
+        if constants is not None:
+            changed = constants.changed()
+            if changed is not None:
+                raise _Stale(changed)
         for k, lists in self._param_lists.items():
             opt = self._opts[k]()
             if opt is None or len(opt.param_groups) != len(lists) or any(

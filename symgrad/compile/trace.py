@@ -33,6 +33,9 @@ __all__ = ["Tracer", "trace"]
 _VALUE_READS = ("item", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__",
                 "__array__", "__repr__", "__format__", "register_hook", "retain_grad")
 
+#: Types of module attributes whose reads are guarded (a tuple's items are checked later).
+_GUARDABLE = frozenset((int, float, bool, str, type(None), tuple))
+
 #: Scalar types a param or input may hold and be baked into the generated code.
 _CONSTANTS = (int, float, bool, str, type(None), slice, type(Ellipsis))
 
@@ -93,8 +96,10 @@ class Tracer:
         self._sink: list | None = None
         #: id(ctx) -> (CustomCall, Value of each ctx.save_for_backward entry)
         self._customs: dict[int, tuple] = {}
-        #: the modules whose forward ran in fn (their attributes are guarded)
+        #: the modules whose forward ran in fn (the globals their forward reads are guarded)
         self.modules: dict[int, Module] = {}
+        #: id(module) -> (module, names of its scalar instance attributes fn read)
+        self.reads: dict[int, tuple] = {}
         for i, a in enumerate(args):
             if isinstance(a, Tensor):
                 if a._grad_fn is not None or a._requires_grad:
@@ -428,6 +433,16 @@ class Tracer:
             return orig_call(module, *args, **kwargs)
 
         patches.put(Module, "__call__", _call)
+        get_attribute = object.__getattribute__
+
+        def _getattribute(module, name):
+            value = get_attribute(module, name)
+            if (not tracer._quiet and type(value) in _GUARDABLE and not name.startswith("__")
+                    and name in get_attribute(module, "__dict__")):
+                tracer.reads.setdefault(id(module), (module, set()))[1].add(name)
+            return value
+
+        patches.put(Module, "__getattribute__", _getattribute)
         # writes into a tensor's array that do not pass apply: x[i] = v, nn.init
         orig_setitem = Tensor.__setitem__
 
@@ -513,7 +528,8 @@ def trace(fn, args: tuple) -> tuple[Any, Program | None, str | None]:
         _fn._profiler = None
         patches.undo()
     tracer.program.result = _structure(result, tracer)
-    tracer.program.constants = Constants(fn, tracer.modules.values())
+    tracer.program.constants = Constants(fn, tracer.modules.values(), tracer.reads.values())
     tracer.modules.clear()
+    tracer.reads.clear()
     tracer._alive.clear()
     return result, (None if tracer.reason else tracer.program), tracer.reason
