@@ -13,6 +13,7 @@ from __future__ import annotations
 import operator
 import types
 import weakref
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..autograd.grad_mode import _state
@@ -65,7 +66,7 @@ class Constants:
     names) of the scalar instance attributes read during the trace. Modules are held
     weakly."""
 
-    def __init__(self, fn, modules, reads=()) -> None:
+    def __init__(self, fn: Callable, modules: Iterable, reads: Iterable = ()) -> None:
         self._modules: list = []  # (weakref to module, getter, values, name)
         self._dicts: list = []  # (globals dict, getter, values, names)
         self._cells: list = []  # (cells, values)

@@ -22,6 +22,8 @@ import os
 import re
 import sys
 import textwrap
+import types
+from typing import Any
 
 __all__ = ["prove_plan", "at_generation", "ProofFailed"]
 
@@ -185,12 +187,12 @@ def _prove_all(module, plan) -> dict:
     return out
 
 
-def record_path(module) -> str:
+def record_path(module: types.ModuleType) -> str:
     """The proof record of a generated module: next to its file, same hash in the name."""
     return os.path.splitext(module.__file__)[0] + ".proof.json"
 
 
-def at_generation(module, plan) -> dict:
+def at_generation(module: types.ModuleType, plan: Any) -> dict:
     """{loop name: how it was established} for the fused backward loops of a generated
     module, proved now or read from the record a previous proof left in the disk cache;
     raises ProofFailed (also when the record says a proof failed)."""
