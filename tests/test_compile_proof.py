@@ -124,3 +124,35 @@ def test_a_cache_hit_does_not_import_sympy(tmp_path):
     assert first["sympy"] and first["proofs"] and not first["fallbacks"]
     assert not second["sympy"] and second["proofs"] == first["proofs"]
     assert not second["fallbacks"]
+
+
+def test_values_made_under_no_grad_are_constants_to_the_proof_and_verify():
+    """z = exp(x w) under no_grad fuses with z * w: the loop's gradient treats z as a
+    constant, as eager does; the proof (and verify's replay) must too, not call it wrong."""
+    sg.manual_seed(0)
+    w = sg.randn(6, 5, requires_grad=True)
+    w_e = sg.tensor(w.detach().numpy().copy(), requires_grad=True)
+
+    def make(w, opt):
+        def step(x):
+            opt.zero_grad()
+            with sg.no_grad():
+                z = (x * w).exp()
+            loss = (z * w).sum()
+            loss.backward()
+            opt.step()
+            return loss
+
+        return step
+
+    step = sg.compile(make(w, sg.optim.SGD([w], lr=0.01)))
+    eager = make(w_e, sg.optim.SGD([w_e], lr=0.01))
+    x = sg.randn(6, 5)
+    for i in range(3):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            got = step(x)
+        assert_close(got, eager(x), terms=(i + 1) * 34)
+        assert_close(w.grad, w_e.grad, terms=(i + 1) * 34)
+    assert step.stats["proofs"] and "fused_0_b" in step.source()
+    assert step.verify().ok

@@ -16,6 +16,7 @@ SymPy. SymPy is imported here only, and only when a proof actually runs.
 from __future__ import annotations
 
 import ast
+import hashlib
 import inspect
 import json
 import os
@@ -115,7 +116,13 @@ def prove_kernel(module, name: str, group, seeds: list, outputs: list) -> str:
     const = _Np(sp)
     sym = {v.index: sp.Symbol(f"x{v.index}", real=True) for v in group.inputs}
     meaning = dict(sym)
+    detached = []
     for c in group.calls:
+        y = c.outputs[0]
+        if not y.requires_grad:  # made under no_grad (or from constants): a constant to
+            detached.append(sp.Symbol(f"c{y.index}", real=True))  # the backward, as in eager
+            meaning[y.index] = detached[-1]
+            continue
         args = [meaning[x.index] if hasattr(x, "index") else _exact(sp, x) for x in c.inputs]
         params = {k: (_exact(sp, v) if isinstance(v, (int, float)) and not isinstance(v, bool)
                       else v) for k, v in c.params.items()}
@@ -147,7 +154,8 @@ def prove_kernel(module, name: str, group, seeds: list, outputs: list) -> str:
         got = sp.sympify(lane.written)
         if sp.simplify(sp.piecewise_fold(got - want)) == 0:
             continue
-        how = _numeric(sp, got, want, list(sym.values()) + list(gs.values()), name, i)
+        how = _numeric(sp, got, want, list(sym.values()) + detached + list(gs.values()),
+                       name, i)
     return how
 
 
@@ -187,6 +195,18 @@ def _prove_all(module, plan) -> dict:
     return out
 
 
+_VERSION: list = []
+
+
+def _version() -> str:
+    """symgrad's version and this prover's own hash: a record from another one is redone."""
+    if not _VERSION:
+        with open(__file__, "rb") as fh:
+            digest = hashlib.sha1(fh.read()).hexdigest()[:12]
+        _VERSION.append(f"{getattr(sys.modules.get('symgrad'), '__version__', '')}+{digest}")
+    return _VERSION[0]
+
+
 def record_path(module: types.ModuleType) -> str:
     """The proof record of a generated module: next to its file, same hash in the name."""
     return os.path.splitext(module.__file__)[0] + ".proof.json"
@@ -199,12 +219,12 @@ def at_generation(module: types.ModuleType, plan: Any) -> dict:
     if not plan.backward_kernels:
         return {}
     path = record_path(module)
-    version = getattr(sys.modules.get("symgrad"), "__version__", "")
+    version = _version()
     try:
         with open(path) as fh:
             data = json.load(fh)
         if not isinstance(data, dict) or "ok" not in data or data.get("symgrad") != version:
-            data = None  # unreadable, or left by another symgrad (the ops' meanings may differ)
+            data = None  # unreadable, or left by another symgrad or prover
     except (OSError, ValueError):
         data = None
     if data is None:

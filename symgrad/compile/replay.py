@@ -8,9 +8,12 @@ under ``record()``: a graph with every value, and no side effect on the model.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import numpy as np
 
 from ..autograd.function import apply
+from ..autograd.grad_mode import no_grad
 from ..autograd.record import record
 from ..tensor import Tensor
 from .graph import Backward, CustomCall, OpCall, Program, Value
@@ -49,8 +52,12 @@ def replay(program: Program, example: list) -> tuple[Tensor, dict]:
                 for v, t in zip(event.outputs, out if isinstance(out, tuple) else (out,)):
                     tensors[v.index] = t
             elif isinstance(event, OpCall) and id(event) not in inner:
-                out = apply(event.spec, [get(x) for x in event.inputs],
-                            {k: get(x) for k, x in event.params.items()})
+                # an op whose outputs did not require grad when traced ran under no_grad
+                # (or on constants): no graph through it here either
+                with nullcontext() if any(v.requires_grad for v in event.outputs) \
+                        else no_grad():
+                    out = apply(event.spec, [get(x) for x in event.inputs],
+                                {k: get(x) for k, x in event.params.items()})
                 for v, t in zip(event.outputs, out if isinstance(out, tuple) else (out,)):
                     tensors[v.index] = t
     raise RuntimeError("the compiled step has no backward() to verify")
