@@ -353,6 +353,31 @@ class BiasAdd(Function):
         return g, g.sum(dim=0)
 
 
+class TwoWays(Function):
+    """set_materialize_grads(False): backward sees None for the output without gradient."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(x)
+        return x * 2.0, x.cos()
+
+    @staticmethod
+    def backward(ctx, ga, gb):
+        (x,) = ctx.saved_tensors
+        g = ga * 2.0 if ga is not None else None
+        if gb is not None:
+            gb = -gb * x.sin()
+            g = gb if g is None else g + gb
+        return g
+
+
+def _unmaterialized(w, b, x):
+    a, _ = TwoWays.apply(x * w)
+    _, c = TwoWays.apply(x + b)
+    return (a * a).sum() + c.sum()
+
+
 def _in_chain(w, b, x):
     """Custom Functions between fused elementwise runs (before and after them)."""
     h = ((x * w).tanh() + 1.0) * 0.5
@@ -373,7 +398,7 @@ def _applied_without_grad(w, b, x):
 
 
 @pytest.mark.parametrize("loss_fn", [_in_chain, _non_differentiable_output,
-                                     _applied_without_grad])
+                                     _applied_without_grad, _unmaterialized])
 def test_more_custom_function_shapes_match_eager(loss_fn):
     sg.manual_seed(0)
     w, b = sg.randn(6, 5, requires_grad=True), sg.randn(5, requires_grad=True)
