@@ -427,3 +427,27 @@ def test_more_custom_function_shapes_match_eager(loss_fn):
             assert_close(p, q, terms=terms)
             assert_close(p.grad, q.grad, terms=terms)
     assert step.stats["traces"] == 1 and step._entries()
+
+
+def test_a_custom_function_step_keeps_no_tensor_alive_by_itself():
+    """No reference cycle through the traced Functions: dropping the step (and the fn
+    closing over the model) frees the parameters at once, without the cycle collector."""
+    import gc
+    import weakref
+
+    def build():
+        step, _, (model, _, _, _) = _pair(lambda ps: sg.optim.Adam(ps, lr=1e-2))
+        x, y = _data()
+        step(x, y, 0.5)
+        step(x, y, 0.5)
+        return step, weakref.ref(model.l2.weight)
+
+    gc.collect()
+    gc.disable()
+    try:
+        step, ref = build()
+        assert ref() is not None and step._entries()
+        del step
+        assert ref() is None
+    finally:
+        gc.enable()
