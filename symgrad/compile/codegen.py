@@ -19,7 +19,7 @@ import numpy as np
 
 from ..ops.scalar import source
 from . import fuse
-from .graph import Backward, OpCall, Program, Step, Value, ZeroGrad
+from .graph import Backward, CustomCall, OpCall, Program, Step, Value, ZeroGrad
 from .rules import BROADCASTING, RULES, backward_code, forward_code, has_backward
 
 __all__ = ["Generated", "Unsupported", "generate"]
@@ -130,7 +130,7 @@ class _Ctx:
     def transposed_view(self, x) -> bool:
         """Is ``x`` the ``t()`` of a 2-D tensor (``nn.Linear``'s ``W.t()``)?"""
         call = self.producer.get(x.index) if isinstance(x, Value) else None
-        return call is not None and call.spec.name == "t" and len(x.shape) == 2
+        return isinstance(call, OpCall) and call.spec.name == "t" and len(x.shape) == 2
 
     def scalar_grad(self, spec, i: int) -> str:
         """A NumPy helper computing the stanza's ``Scalar.grads[i]`` on arrays."""
@@ -172,6 +172,9 @@ def _backward(ops: list, root: Value, ctx: _Ctx, lines: list, grad_state: dict,
     member = {id(c): grp for grp in ctx.plan.first.values() for c in grp.calls}
     done: set = set()
     for call in reversed(ops):
+        if isinstance(call, CustomCall):
+            _custom_backward(call, need, grads, values, ctx, lines)
+            continue
         out = call.outputs[0]
         group = member.get(id(call))
         if group is not None:
@@ -246,6 +249,46 @@ def _fused_backward(group, need: set, grads: dict, values: dict, ctx: _Ctx,
             grads[x.index] = f"g{x.index}"
         else:
             grads[x.index] = b
+
+
+def _custom_backward(call: CustomCall, need: set, grads: dict, values: dict, ctx: _Ctx,
+                     lines: list) -> None:
+    """A custom Function's backward: the ops its ``backward`` ran in the traced call,
+    replayed on the incoming gradients and the traced forward values (so a wrong backward
+    is reproduced, as eager runs it), then summed back to each input's shape as the
+    engine's ``_fit_to_inputs`` does."""
+    if not any(o.index in grads for o in call.outputs) or not any(
+            x.index in need for x in call.tensor_inputs):
+        return
+    name = call.cls.__name__
+    if call.backward_ops is None:
+        raise Unsupported(f"custom Function {name}: its backward did not run in the traced "
+                          "call")
+    for out, gi in zip(call.outputs, call.grad_inputs):
+        if gi is None or (gi[1] == "grad") != (out.index in grads):
+            if gi is None and out.index not in grads:
+                continue
+            raise Unsupported(f"custom Function {name}: gradients reach its outputs "
+                              "differently than in the traced call")
+        v, how = gi
+        lines.append(f"{v.name} = {grads[out.index]}" if how == "grad" else
+                     f"{v.name} = np.zeros({v.shape!r}, np.{v.dtype.name})")
+    for op in call.backward_ops:
+        lines += forward_code(op, ctx)
+    for j, g in zip(call.positions, call.grad_outputs):
+        x = call.inputs[j]
+        if g is None or x.index not in need:
+            continue
+        if g.dtype != x.dtype:
+            raise Unsupported(f"custom Function {name}'s backward returns a {g.dtype} gradient "
+                              f"for a {x.dtype} input (eager casts; no compile rule yet)")
+        values[x.index] = x
+        expr = g.name if g.shape == x.shape else _sum_to_code(g.name, g.shape, x.shape)
+        if x.index in grads:
+            lines.append(f"g{x.index} = {grads[x.index]} + {expr}")
+            grads[x.index] = f"g{x.index}"
+        else:
+            grads[x.index] = expr
 
 
 def _closing(s: str, start: int) -> int:
@@ -398,6 +441,9 @@ def generate(program: Program, backend) -> Generated:
                 body += fuse.call_code(group, ctx)
             else:
                 body += forward_code(event, ctx)
+        elif isinstance(event, CustomCall):  # its forward's ops came just before it
+            ops_so_far.append(event)
+            body += [f"{o.name} = {src.name}" for o, src in zip(event.outputs, event.sources)]
         elif isinstance(event, Backward):
             _backward(ops_so_far, event.root, ctx, body, grad_state, layout)
         elif isinstance(event, ZeroGrad):

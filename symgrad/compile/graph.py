@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Value", "OpCall", "Backward", "ZeroGrad", "Step", "Program"]
+__all__ = ["Value", "OpCall", "CustomCall", "Backward", "ZeroGrad", "Step", "Program"]
 
 
 @dataclass(eq=False)
@@ -41,6 +41,37 @@ class OpCall:
     inputs: list
     params: dict
     outputs: list
+
+    @property
+    def tensor_inputs(self) -> list:
+        return [x for x in self.inputs if isinstance(x, Value)]
+
+
+@dataclass(eq=False)
+class CustomCall:
+    """One ``Function.apply`` (a custom autograd Function) as fn ran it.
+
+    Its forward's ops are ordinary OpCalls recorded just before this event (they ran
+    under no_grad, so none of them is on the gradient path); ``outputs[k]`` is the
+    Function's output ``k``, the same array as ``sources[k]`` (an inner op's output or an
+    input returned as it is). The ops the user's ``backward`` ran when ``loss.backward()``
+    reached this node are ``backward_ops``: on ``grad_inputs`` (one per output: a Value
+    standing for the incoming gradient, or None where backward saw None) and the forward's
+    values (``ctx.saved_tensors`` and tensors kept on ctx are the traced values), giving
+    ``grad_outputs`` (one per tensor argument, in ``positions`` order: a Value or None).
+    Non-tensor ctx attributes are constants of the trace."""
+
+    cls: Any
+    inputs: list
+    outputs: list
+    sources: list
+    forward: list
+    #: forward argument position of each tensor argument (the node's edges)
+    positions: tuple = ()
+    #: per output: (Value, "grad" | "zeros") or None; None before backward reached it
+    grad_inputs: list | None = None
+    backward_ops: list | None = None
+    grad_outputs: list | None = None
 
     @property
     def tensor_inputs(self) -> list:
@@ -85,6 +116,8 @@ class Program:
     #: changed them (("leaf", slot), ("grad", slot), (step event, slot, key)); used once by
     #: the self-check after generation, then dropped
     before: dict = field(default_factory=dict)
+    #: guards.Constants: the Python values the trace read (module attributes, globals)
+    constants: Any = None
 
     def new_value(self, shape, dtype, requires_grad: bool, kind: str, slot: int = -1) -> Value:
         v = Value(len(self.values), tuple(shape), np.dtype(dtype), bool(requires_grad), kind,
@@ -94,3 +127,6 @@ class Program:
 
     def ops(self) -> list:
         return [e for e in self.events if isinstance(e, OpCall)]
+
+    def customs(self) -> list:
+        return [e for e in self.events if isinstance(e, CustomCall)]

@@ -5,17 +5,32 @@ loaded from the generated module, is executed here with SymPy expressions in pla
 array elements: the group's inputs become symbols, its stored values their SymPy meaning
 (``OpSpec.sympy``), the incoming gradients symbols ``g_j``. What the body writes for input
 ``x`` must equal ``d/dx sum_j g_j * value_j``: checked with ``simplify`` (exact), or where
-SymPy cannot settle it (piecewise kinks), at random points away from the kinks. SymPy is
-imported here only, by ``CompiledStep.verify``.
+SymPy cannot settle it (piecewise kinks), at random points away from the kinks.
+
+``at_generation`` runs this when a module is first generated (``CompiledStep`` does not use
+a module whose proof fails) and records the outcome next to the module file in the disk
+cache, so another process loading the same module reads the record and never imports
+SymPy. SymPy is imported here only, and only when a proof actually runs.
 """
 
 from __future__ import annotations
 
 import ast
+import hashlib
 import inspect
+import json
+import os
+import re
+import sys
 import textwrap
+import types
+from typing import Any
 
-__all__ = ["prove_plan"]
+__all__ = ["prove_plan", "at_generation", "ProofFailed"]
+
+
+class ProofFailed(Exception):
+    """A generated fused backward loop is not its ops' derivative (the message says which)."""
 
 
 class _Lanes:
@@ -101,7 +116,13 @@ def prove_kernel(module, name: str, group, seeds: list, outputs: list) -> str:
     const = _Np(sp)
     sym = {v.index: sp.Symbol(f"x{v.index}", real=True) for v in group.inputs}
     meaning = dict(sym)
+    detached = []
     for c in group.calls:
+        y = c.outputs[0]
+        if not y.requires_grad:  # made under no_grad (or from constants): a constant to
+            detached.append(sp.Symbol(f"c{y.index}", real=True))  # the backward, as in eager
+            meaning[y.index] = detached[-1]
+            continue
         args = [meaning[x.index] if hasattr(x, "index") else _exact(sp, x) for x in c.inputs]
         params = {k: (_exact(sp, v) if isinstance(v, (int, float)) and not isinstance(v, bool)
                       else v) for k, v in c.params.items()}
@@ -109,7 +130,8 @@ def prove_kernel(module, name: str, group, seeds: list, outputs: list) -> str:
     gs = {v.index: sp.Symbol(f"g{v.index}", real=True) for v in seeds}
     target_f = sum(gs[i] * meaning[i] for i in gs)
     src = inspect.getsource(getattr(module, name).py_func)
-    body = src.split("for k in range(", 1)[1].split("\n", 1)[1]
+    # the loop of a serial (range) or parallel (prange) kernel
+    body = re.split(r"for k in p?range\(", src, maxsplit=1)[1].split("\n", 1)[1]
     ns: dict = {"np": const, "k": 0}
     for line in src.splitlines():
         if line.strip().startswith("s") and " = 1 if " in line:
@@ -132,7 +154,8 @@ def prove_kernel(module, name: str, group, seeds: list, outputs: list) -> str:
         got = sp.sympify(lane.written)
         if sp.simplify(sp.piecewise_fold(got - want)) == 0:
             continue
-        how = _numeric(sp, got, want, list(sym.values()) + list(gs.values()), name, i)
+        how = _numeric(sp, got, want, list(sym.values()) + detached + list(gs.values()),
+                       name, i)
     return how
 
 
@@ -161,3 +184,74 @@ def prove_plan(module, plan) -> dict:
     out.update({group.name: prove_group(module, group)
                 for group in getattr(plan, "fused_groups", ())})  # fwdbwd.py's runs
     return out
+
+
+def _prove_all(module, plan) -> dict:
+    """prove_plan, with any failure (a wrong loop, or one SymPy could not establish) as a
+    ProofFailed naming the loop."""
+    from .prove_fused import prove_group
+
+    jobs = [(name, lambda k=k: prove_kernel(module, *k))
+            for k in plan.backward_kernels for name in (k[0],)]
+    jobs += [(group.name, lambda g=group: prove_group(module, g))
+             for group in getattr(plan, "fused_groups", ())]  # fwdbwd.py's runs
+    out = {}
+    for name, prove in jobs:
+        try:
+            out[name] = prove()
+        except AssertionError as exc:
+            raise ProofFailed(str(exc)) from None
+        except Exception as exc:  # the prover could not run on it: not proved, not used
+            raise ProofFailed(f"{name}: could not be proved ({type(exc).__name__}: {exc})") \
+                from None
+    return out
+
+
+_VERSION: list = []
+
+
+def _version() -> str:
+    """symgrad's version and this prover's own hash: a record from another one is redone."""
+    if not _VERSION:
+        with open(__file__, "rb") as fh:
+            digest = hashlib.sha1(fh.read()).hexdigest()[:12]
+        _VERSION.append(f"{getattr(sys.modules.get('symgrad'), '__version__', '')}+{digest}")
+    return _VERSION[0]
+
+
+def record_path(module: types.ModuleType) -> str:
+    """The proof record of a generated module: next to its file, same hash in the name."""
+    return os.path.splitext(module.__file__)[0] + ".proof.json"
+
+
+def at_generation(module: types.ModuleType, plan: Any) -> dict:
+    """{loop name: how it was established} for the fused backward loops of a generated
+    module, proved now or read from the record a previous proof left in the disk cache;
+    raises ProofFailed (also when the record says a proof failed)."""
+    if not plan.backward_kernels:
+        return {}
+    path = record_path(module)
+    version = _version()
+    try:
+        with open(path) as fh:
+            data = json.load(fh)
+        if not isinstance(data, dict) or "ok" not in data or data.get("symgrad") != version:
+            data = None  # unreadable, or left by another symgrad or prover
+    except (OSError, ValueError):
+        data = None
+    if data is None:
+        try:
+            data = {"ok": True, "proofs": _prove_all(module, plan)}
+        except ProofFailed as exc:
+            data = {"ok": False, "failure": str(exc)}
+        data["symgrad"] = version
+        try:  # atomic, as the module file itself: concurrent processes write the same
+            tmp = f"{path}.{os.getpid()}.tmp"
+            with open(tmp, "w") as fh:
+                json.dump(data, fh)
+            os.replace(tmp, path)
+        except OSError:
+            pass  # a read-only cache: the proof just runs again next time
+    if not data["ok"]:
+        raise ProofFailed(data["failure"])
+    return data["proofs"]

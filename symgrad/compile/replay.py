@@ -8,12 +8,15 @@ under ``record()``: a graph with every value, and no side effect on the model.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import numpy as np
 
 from ..autograd.function import apply
+from ..autograd.grad_mode import no_grad
 from ..autograd.record import record
 from ..tensor import Tensor
-from .graph import Backward, OpCall, Program, Value
+from .graph import Backward, CustomCall, OpCall, Program, Value
 
 __all__ = ["replay", "check_generated"]
 
@@ -39,13 +42,22 @@ def replay(program: Program, example: list) -> tuple[Tensor, dict]:
     def get(x):
         return tensors[x.index] if isinstance(x, Value) else x
 
+    inner = {id(c) for e in program.events if isinstance(e, CustomCall) for c in e.forward}
     with record():
         for event in program.events:
             if isinstance(event, Backward):
                 return tensors[event.root.index], names
-            if isinstance(event, OpCall):
-                out = apply(event.spec, [get(x) for x in event.inputs],
-                            {k: get(x) for k, x in event.params.items()})
+            if isinstance(event, CustomCall):  # applied again: its node is the Function's
+                out = event.cls.apply(*[get(x) for x in event.inputs])
+                for v, t in zip(event.outputs, out if isinstance(out, tuple) else (out,)):
+                    tensors[v.index] = t
+            elif isinstance(event, OpCall) and id(event) not in inner:
+                # an op whose outputs did not require grad when traced ran under no_grad
+                # (or on constants): no graph through it here either
+                with nullcontext() if any(v.requires_grad for v in event.outputs) \
+                        else no_grad():
+                    out = apply(event.spec, [get(x) for x in event.inputs],
+                                {k: get(x) for k, x in event.params.items()})
                 for v, t in zip(event.outputs, out if isinstance(out, tuple) else (out,)):
                     tensors[v.index] = t
     raise RuntimeError("the compiled step has no backward() to verify")

@@ -20,7 +20,7 @@ from typing import Any
 from ..autograd import function as _fn
 from ..backends import backend_for
 from ..tensor import Tensor
-from . import fuse, loader
+from . import fuse, loader, prove
 from .codegen import Generated, Unsupported, generate
 from .graph import Program, Step
 from .guards import signature
@@ -50,6 +50,8 @@ class Entry:
         self._opts = {k: e.opt for k, e in enumerate(program.events) if isinstance(e, Step)}
         self._bound: list = []
         self._result = program.result
+        c = program.constants
+        self._constants = c if c is not None and c.active else None
         #: copies of the traced call's tensor arguments (step.verify replays on them)
         self.example: list = []
         #: each optimizer's param lists as traced: a group added or a list replaced retraces
@@ -64,6 +66,11 @@ class Entry:
         return t
 
     def _gather(self) -> tuple[list, list, list]:
+        constants = self._constants
+        if constants is not None:
+            changed = constants.changed()
+            if changed is not None:
+                raise _Stale(changed)
         for k, lists in self._param_lists.items():
             opt = self._opts[k]()
             if opt is None or len(opt.param_groups) != len(lists) or any(
@@ -158,6 +165,7 @@ class CompiledStep:
         #: traces, compile seconds of the last one, eager fallbacks (reasons)
         self.stats: dict[str, Any] = {"traces": 0, "compile_s": 0.0, "fallbacks": []}
         self._full_warned = False
+        self._retraces: dict = {}  # signature -> how often a guard made it retrace
 
     def __call__(self, *args, **kwargs):
         if kwargs:
@@ -175,8 +183,13 @@ class CompiledStep:
             return self.fn(*args)
         try:
             return entry(args)
-        except _Stale:
+        except _Stale as exc:
             del self._cache[key]
+            n = self._retraces[key] = self._retraces.get(key, 0) + 1
+            if n > self.cache_size:  # something changes every few calls: stop retracing
+                self._cache[key] = _Eager(str(exc))
+                return self._eager(f"retraced {n} times for one signature (last because "
+                                   f"{exc}); it runs eagerly from now on", args)
             return self._trace(key, args)
 
     def _eager(self, reason: str, args: tuple):
@@ -214,6 +227,8 @@ class CompiledStep:
                 reason = self_check(entry, args, result)
                 program.before = {}
                 if reason is None:
+                    reason = self._prove(entry)
+                if reason is None:
                     self._cache[key] = entry
             except (Unsupported, _Stale) as exc:
                 reason = str(exc)
@@ -222,6 +237,15 @@ class CompiledStep:
             self._warn(reason)
         self.stats["compile_s"] = time.perf_counter() - t0
         return result
+
+    def _prove(self, entry: Entry) -> str | None:
+        """Each fused backward loop against SymPy's derivative, once per generated module
+        (the outcome is kept next to it in the disk cache): None, or why it is not used."""
+        try:
+            self.stats["proofs"] = prove.at_generation(entry.module, entry.generated.plan)
+        except prove.ProofFailed as exc:
+            return f"a generated fused backward loop failed its SymPy proof: {exc}"
+        return None
 
     # -- inspection -----------------------------------------------------------------------
     def _entries(self) -> list:
@@ -257,10 +281,8 @@ class CompiledStep:
         if problems:
             raise RuntimeError("sg.compile: the generated step disagrees with eager: "
                                + "; ".join(problems))
-        from .prove import prove_plan
-
         try:
-            self.stats["proofs"] = prove_plan(entry.module, entry.generated.plan)
+            self.stats["proofs"] = prove.prove_plan(entry.module, entry.generated.plan)
         except AssertionError as exc:
             raise RuntimeError(f"sg.compile: a fused backward loop is wrong: {exc}") from None
         return report

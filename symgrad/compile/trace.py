@@ -14,6 +14,8 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
+import numpy as np
+
 from ..autograd import function as _fn
 from ..autograd.anomaly_mode import _anomaly
 from ..nn import init as _init
@@ -22,13 +24,17 @@ from ..optim.adam import Adam
 from ..optim.optimizer import Optimizer
 from ..optim.sgd import SGD
 from ..tensor import Tensor
-from .graph import Backward, OpCall, Program, Step, ZeroGrad
+from .graph import Backward, CustomCall, OpCall, Program, Step, ZeroGrad
+from .guards import Constants
 
 __all__ = ["Tracer", "trace"]
 
 #: Tensor methods that hand a value to Python (so fn may branch on it) or register hooks.
 _VALUE_READS = ("item", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__",
                 "__array__", "__repr__", "__format__", "register_hook", "retain_grad")
+
+#: Types of module attributes whose reads are guarded (a tuple's items are checked later).
+_GUARDABLE = frozenset((int, float, bool, str, type(None), tuple))
 
 #: Scalar types a param or input may hold and be baked into the generated code.
 _CONSTANTS = (int, float, bool, str, type(None), slice, type(Ellipsis))
@@ -86,6 +92,14 @@ class Tracer:
         #: test compares with ==, which is an op on tensors)
         self._born: dict[int, weakref.ref] = {}
         self._quiet = 0  # > 0 inside backward / optimizer calls: their ops are not fn's
+        #: where ops go while a custom Function's backward runs (None: program.events)
+        self._sink: list | None = None
+        #: id(ctx) -> (CustomCall, Value of each ctx.save_for_backward entry)
+        self._customs: dict[int, tuple] = {}
+        #: the modules whose forward ran in fn (the globals their forward reads are guarded)
+        self.modules: dict[int, Module] = {}
+        #: id(module) -> (module, names of its scalar instance attributes fn read)
+        self.reads: dict[int, tuple] = {}
         for i, a in enumerate(args):
             if isinstance(a, Tensor):
                 if a._grad_fn is not None or a._requires_grad:
@@ -153,14 +167,134 @@ class Tracer:
             v = self.program.new_value(t._data.shape, t._data.dtype, t._requires_grad, "op")
             self._bind(t, v)
             call.outputs.append(v)
-        self.program.events.append(call)
+        (self.program.events if self._sink is None else self._sink).append(call)
         return out
 
     def _record_call(self, name, kind, inputs, fn, *args, quiet=False, sequence_nr=-1):
+        if kind == "function" and not self._quiet and self._sink is None:
+            return self._custom_forward(fn, *args)
         if not self._quiet:
-            what = "custom autograd Function" if kind == "function" else "in-place op"
-            self.fail(f"{what} {name.removeprefix('symgrad::')} (no compile rule yet)")
+            if kind == "function":
+                self.fail(f"custom autograd Function {name} called inside another custom "
+                          "Function's backward")
+            else:
+                self.fail(f"in-place op {name.removeprefix('symgrad::')} (no compile rule "
+                          "yet)")
         return self._run_quiet(fn, *args)
+
+    # -- custom autograd Functions --------------------------------------------------------
+    def _custom_forward(self, fn, cls, args: tuple, kwargs: dict):
+        """``cls.apply(*args)``: its forward's ops are recorded as fn's own (they run under
+        no_grad, as in eager), then one CustomCall stands for the Function; its backward is
+        recorded when ``loss.backward()`` reaches the node (``custom_backward``)."""
+        name = cls.__name__
+        if kwargs:
+            self.fail(f"custom Function {name} called with keyword arguments")
+            return self._run_quiet(fn, cls, args, kwargs)
+        operands = [self._operand(a) for a in args]
+        start = len(self.program.events)
+        out = fn(cls, args, kwargs)
+        inner = self.program.events[start:]
+        if any(not isinstance(e, OpCall) for e in inner):
+            self.fail(f"custom Function {name}'s forward calls backward, zero_grad or an "
+                      "optimizer")
+            return out
+        outs = out if isinstance(out, tuple) else (out,)
+        if any(not isinstance(o, Tensor) for o in outs):
+            self.fail(f"custom Function {name} returns a non-tensor")
+            return out
+        ctx = next((o._grad_fn for o in outs if isinstance(o._grad_fn, _fn.BackwardCFunction)
+                    and o._grad_fn._forward_cls is cls), None)
+        if ctx is None:  # nothing required grad: only the forward's ops matter
+            return out
+        if ctx.dirty_tensors:
+            self.fail(f"custom Function {name} uses ctx.mark_dirty (in-place)")
+            return out
+        sources = []
+        for o in outs:
+            src = self._values.get(id(o))
+            if src is None:  # an input returned as it is: a new tensor over its array
+                src = next((self._values[id(a)] for a in args
+                            if isinstance(a, Tensor) and a._data is o._data), None)
+            if src is None:
+                self.fail(f"custom Function {name} returns a tensor not computed by traced "
+                          "ops")
+                return out
+            sources.append(src)
+        values = []
+        for o in outs:
+            v = self.program.new_value(o._data.shape, o._data.dtype, o._requires_grad, "op")
+            self._bind(o, v)
+            values.append(v)
+        saved = []
+        for s in ctx._saved or ():
+            if s is None:
+                saved.append(None)
+            elif s._unpack is not None:
+                self.fail(f"saved-tensor hooks on custom Function {name}")
+                return out
+            elif s.output_nr >= 0:
+                saved.append(values[s.output_nr])
+            else:
+                saved.append(self._operand(s._tensor))
+        call = CustomCall(cls, operands, values, sources, inner, ctx._tensor_positions)
+        self._customs[id(ctx)] = (call, saved)
+        self._alive.append(ctx)
+        self.program.events.append(call)
+        return out
+
+    def saved_tensors(self, fget, node) -> tuple:
+        """``ctx.saved_tensors`` in a traced backward: a saved output unpacks as a new
+        tensor, which is the traced value it was saved from."""
+        tensors = fget(node)
+        rec = self._customs.get(id(node))
+        if rec is not None and self._sink is not None:
+            for t, v in zip(tensors, rec[1]):
+                if t is not None and v is not None:
+                    self._bind(t, v)
+        return tensors
+
+    def custom_backward(self, original, node, grads, needed):
+        """The engine running a traced custom Function's backward: its ops are recorded
+        into the CustomCall (the generated backward replays them)."""
+        rec = self._customs.get(id(node))
+        if rec is None or self._sink is not None or not self._quiet:
+            return original(node, grads, needed)
+        call = rec[0]
+        name = call.cls.__name__
+        if call.backward_ops is not None:
+            self.fail(f"backward through custom Function {name} twice (retain_graph)")
+            return original(node, grads, needed)
+        grads = list(grads)
+        grad_inputs: list = []
+        for k, g in enumerate(grads):
+            how = "grad"
+            if g is None:
+                meta = node._out_meta[k]
+                if not node.materialize_grads or meta is None:
+                    grad_inputs.append(None)
+                    continue
+                g = grads[k] = Tensor._wrap(np.zeros(meta[0], meta[1].np))  # as eager does
+                how = "zeros"
+            v = self.program.new_value(g._data.shape, g._data.dtype, False, "op")
+            self._bind(g, v)
+            grad_inputs.append((v, how))
+        sink: list = []
+        quiet, profiler = self._quiet, _fn._profiler
+        self._quiet, self._sink, _fn._profiler = 0, sink, self
+        try:
+            outs = original(node, grads, needed)
+        finally:
+            self._quiet, self._sink, _fn._profiler = quiet, None, profiler
+        grad_outputs = []
+        for g in outs:
+            v = None if g is None else self._values.get(id(g))
+            if g is not None and v is None:
+                self.fail(f"custom Function {name}'s backward returns a tensor not computed "
+                          "by traced ops")
+            grad_outputs.append(v)
+        call.grad_inputs, call.backward_ops, call.grad_outputs = grad_inputs, sink, grad_outputs
+        return outs
 
     def _record_node(self, node, fn, *args):
         if not self._quiet:
@@ -271,6 +405,14 @@ class Tracer:
             return t
 
         patches.put(Tensor, "_wrap", classmethod(_wrap))
+        custom = _fn.BackwardCFunction
+        orig_apply = custom.apply
+        patches.put(custom, "apply", lambda node, grads, needed: tracer.custom_backward(
+            orig_apply, node, grads, needed))
+        saved_fget = custom.__dict__["saved_tensors"].fget
+        saved = property(lambda node: tracer.saved_tensors(saved_fget, node))
+        patches.put(custom, "saved_tensors", saved)
+        patches.put(custom, "saved_variables", saved)
         for cls in (Optimizer, Module):
             orig_zero = cls.__dict__["zero_grad"]
             patches.put(cls, "zero_grad", _zero_wrapper(tracer, orig_zero))
@@ -285,6 +427,24 @@ class Tracer:
             return orig_hooks(module, args, kwargs)
 
         patches.put(Module, "_call_with_hooks", _call_with_hooks)
+        orig_call = Module.__call__
+
+        def _call(module, *args, **kwargs):
+            if not tracer._quiet:
+                tracer.modules[id(module)] = module
+            return orig_call(module, *args, **kwargs)
+
+        patches.put(Module, "__call__", _call)
+        get_attribute = object.__getattribute__
+
+        def _getattribute(module, name):
+            value = get_attribute(module, name)
+            if (not tracer._quiet and type(value) in _GUARDABLE and not name.startswith("__")
+                    and name in get_attribute(module, "__dict__")):
+                tracer.reads.setdefault(id(module), (module, set()))[1].add(name)
+            return value
+
+        patches.put(Module, "__getattribute__", _getattribute)
         # writes into a tensor's array that do not pass apply: x[i] = v, nn.init
         orig_setitem = Tensor.__setitem__
 
@@ -370,5 +530,8 @@ def trace(fn, args: tuple) -> tuple[Any, Program | None, str | None]:
         _fn._profiler = None
         patches.undo()
     tracer.program.result = _structure(result, tracer)
+    tracer.program.constants = Constants(fn, tracer.modules.values(), tracer.reads.values())
+    tracer.modules.clear()
+    tracer.reads.clear()
     tracer._alive.clear()
     return result, (None if tracer.reason else tracer.program), tracer.reason

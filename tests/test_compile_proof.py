@@ -1,0 +1,158 @@
+"""sg.compile proves each generated fused backward loop against SymPy when it generates the
+module (not only in step.verify()), and keeps the outcome in the disk cache so that a
+process loading the module from there does not import SymPy."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+from _tolerance import assert_close
+
+import symgrad as sg
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path, monkeypatch):
+    """A fresh cache per test: the proof records are what is tested."""
+    monkeypatch.setenv("SYMGRAD_COMPILE_CACHE", str(tmp_path / "cc"))
+
+
+def _chain_fn(w, opt):
+    def chain(x):
+        opt.zero_grad()
+        h = (x * w).tanh() + 1.0
+        h = (h * h).sigmoid() - x
+        loss = (h.exp() * 0.5).sum()
+        loss.backward()
+        opt.step()
+        return loss
+
+    return chain
+
+
+def _pair(seed=3):
+    sg.manual_seed(seed)
+    w = sg.randn(6, 5, requires_grad=True)
+    w_e = sg.tensor(w.detach().numpy().copy(), requires_grad=True)
+    return (sg.compile(_chain_fn(w, sg.optim.SGD([w], lr=0.01))),
+            _chain_fn(w_e, sg.optim.SGD([w_e], lr=0.01)), w, w_e)
+
+
+def test_fused_backward_loops_are_proved_when_generated(tmp_path):
+    step, _, _, _ = _pair()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        step(sg.randn(6, 5))
+    proofs = step.stats["proofs"]  # set at generation: verify() was not called
+    assert proofs and all(name.startswith("fused_") for name in proofs)
+    assert set(proofs.values()) <= {"proved", "checked at 16 points"}
+    records = list((tmp_path / "cc").glob("symgrad_step_*.proof.json"))
+    assert len(records) == 1
+    data = json.loads(records[0].read_text())
+    assert data["ok"] and data["proofs"] == proofs
+
+
+def test_a_wrong_fused_loop_is_caught_at_generation(monkeypatch, tmp_path):
+    """The self-check is switched off, so only the proof can catch the wrong loop: the
+    module is not used (eager runs, with a warning naming the loop), and the failure is
+    recorded, so a second process would not use it either."""
+    from symgrad.compile import fuse
+
+    monkeypatch.setattr(sys.modules["symgrad.compile.step"], "self_check", lambda *a: None)
+    wrong = dict(fuse._LOCAL, mul=("{g} * {b}", "{g} * {b}"))  # d(a*b)/db = b: wrong
+    monkeypatch.setattr(fuse, "_LOCAL", wrong)
+    step, eager, w, w_e = _pair()
+    x = sg.randn(6, 5)
+    with pytest.warns(UserWarning, match=r"failed its SymPy proof: fused_0_b\d+: gradient of "
+                                         r"x\d+ differs from SymPy"):
+        got = step(x)
+    assert not step._entries()
+    assert_close(got, eager(x), terms=20 + 30)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for i in range(2):
+            assert_close(step(x), eager(x), terms=(i + 2) * (20 + 30))
+    assert_close(w, w_e, terms=3 * (20 + 30))
+    (record,) = (tmp_path / "cc").glob("symgrad_step_*.proof.json")
+    assert not json.loads(record.read_text())["ok"]
+    # a fresh step generating the same text reads the failure from the record
+    again, _, _, _ = _pair()
+    monkeypatch.setattr(sys.modules["symgrad.compile.prove"], "_prove_all",
+                        lambda *a: pytest.fail("proved again despite the record"))
+    with pytest.warns(UserWarning, match="failed its SymPy proof"):
+        again(x)
+
+
+_CHILD = textwrap.dedent("""
+    import json, sys
+    import symgrad as sg
+    sg.manual_seed(3)
+    w = sg.randn(6, 5, requires_grad=True)
+    opt = sg.optim.SGD([w], lr=0.01)
+
+    @sg.compile
+    def chain(x):
+        opt.zero_grad()
+        h = (x * w).tanh() + 1.0
+        loss = ((h * h).sigmoid() * 0.5).sum()
+        loss.backward()
+        opt.step()
+        return loss
+
+    for _ in range(3):
+        chain(sg.randn(6, 5))
+    print(json.dumps({"sympy": "sympy" in sys.modules, "proofs": chain.stats["proofs"],
+                      "fallbacks": chain.stats["fallbacks"]}))
+""")
+
+
+def test_a_cache_hit_does_not_import_sympy(tmp_path):
+    env = dict(os.environ, SYMGRAD_COMPILE_CACHE=str(tmp_path), NUMBA_CACHE_DIR=str(tmp_path))
+    runs = []
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True,
+                             text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    first, second = runs
+    assert first["sympy"] and first["proofs"] and not first["fallbacks"]
+    assert not second["sympy"] and second["proofs"] == first["proofs"]
+    assert not second["fallbacks"]
+
+
+def test_values_made_under_no_grad_are_constants_to_the_proof_and_verify():
+    """z = exp(x w) under no_grad fuses with z * w: the loop's gradient treats z as a
+    constant, as eager does; the proof (and verify's replay) must too, not call it wrong."""
+    sg.manual_seed(0)
+    w = sg.randn(6, 5, requires_grad=True)
+    w_e = sg.tensor(w.detach().numpy().copy(), requires_grad=True)
+
+    def make(w, opt):
+        def step(x):
+            opt.zero_grad()
+            with sg.no_grad():
+                z = (x * w).exp()
+            loss = (z * w).sum()
+            loss.backward()
+            opt.step()
+            return loss
+
+        return step
+
+    step = sg.compile(make(w, sg.optim.SGD([w], lr=0.01)))
+    eager = make(w_e, sg.optim.SGD([w_e], lr=0.01))
+    x = sg.randn(6, 5)
+    for i in range(3):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            got = step(x)
+        assert_close(got, eager(x), terms=(i + 1) * 34)
+        assert_close(w.grad, w_e.grad, terms=(i + 1) * 34)
+    assert step.stats["proofs"] and "fused_0_b" in step.source()
+    assert step.verify().ok
