@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from ..ops.scalar import source
 from . import fwdbwd
-from .graph import OpCall, Program, Value
+from .graph import CustomCall, OpCall, Program, Value
 from .runtime import scalar_names
 
 __all__ = ["plan", "call_code", "cache_stats", "warm"]
@@ -125,7 +125,10 @@ def plan(program: Program) -> Plan:
         current = [event] if isinstance(event, OpCall) and _fusible(event) else []
     runs.append(current)
     out = Plan()
-    facts = fwdbwd.analyze(program) if fwdbwd_enabled() else None
+    # fwdbwd's seed analysis follows OpCalls only; a custom Function's backward (ops the
+    # user wrote) also carries gradients, so a program with one keeps the plain path
+    facts = fwdbwd.analyze(program) if fwdbwd_enabled() and not any(
+        isinstance(e, CustomCall) for e in program.events) else None
     for calls in runs:
         if len(calls) < 2:
             continue
