@@ -543,3 +543,114 @@ def test_verify_baddbmm_and_masked_multihead_weights(mode):
     report = sg.verify(loss, mode=mode)
     assert report.ok, report
     assert "BaddbmmBackward0" in {n.name for n in report.nodes}
+
+
+# -- the whole graph MultiheadAttention records (issue 21) -----------------------------------
+
+def _graph(fn) -> list[tuple]:
+    """Every node reachable from ``fn`` in first-visit order: its name, its edges (as indices
+    into this list, with output_nr) and its saved operands (tensors by shape, the rest by
+    value), so two graphs compare equal only if nodes, edges and saved operands match."""
+    ids, order, stack = {}, [], [fn]
+    while stack:
+        f = stack.pop()
+        if f is None or id(f) in ids:
+            continue
+        ids[id(f)] = len(ids)
+        order.append(f)
+        stack.extend(n for n, _ in reversed(f.next_functions))
+
+    def saved(f):
+        out = {}
+        for name in sorted(a for a in dir(f) if a.startswith("_saved_")):
+            value = getattr(f, name)
+            out[name] = ("tensor", tuple(value.shape)) if hasattr(value, "shape") else (
+                tuple(value) if isinstance(value, (list, tuple)) else value)
+        return out
+
+    return [(f.name().replace("torch::autograd::", ""),
+             [(None if n is None else ids[id(n)], nr) for n, nr in f.next_functions],
+             saved(f)) for f in order]
+
+
+MHA_GRAPH_CASES = [
+    # identities of (query, key, value), batch_first, bias, need_weights, masks, batched
+    ("qkv", False, True, True, "none", True),
+    ("qkv", True, True, False, "none", True),
+    ("qkv", False, False, False, "none", True),
+    ("qkv", True, False, True, "bool", True),
+    ("qkv", False, True, False, "padding", True),
+    ("qkv", False, True, True, "none", False),
+    ("kv", False, True, True, "none", True),
+    ("kv", True, True, False, "float", True),
+    ("kv", False, False, True, "none", True),
+    ("kv", True, False, False, "padding", True),
+    ("all", False, True, True, "none", True),
+    ("all", True, True, False, "none", True),
+    ("all", False, False, False, "float", True),
+    ("all", True, True, True, "padding", True),
+]
+
+
+@pytest.mark.filterwarnings("ignore:Support for mismatched key_padding_mask")
+@pytest.mark.parametrize("case", MHA_GRAPH_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_mha_records_torchs_whole_graph(torch, case):
+    """q is k is v: one packed linear cut by unflatten/unsqueeze/transpose/squeeze/clone and
+    select; k is v: split([E, 2E]) of the weight and bias, a q linear and one k/v linear;
+    otherwise chunk(3) and three linears. need_weights=False is compared with torch's math
+    SDPA backend (symgrad's SDPA follows the math path; torch's CPU default is a fused
+    flash node)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    same, batch_first, bias, need_weights, masks, batched = case
+    ours, theirs = _mha_pair(torch, "float64", batch_first=batch_first, bias=bias)
+    rng = np.random.default_rng(12)
+    L, S, N, E = 4, 5, 3, 8
+
+    def shaped(length):
+        if not batched:
+            return (length, E)
+        return (N, length, E) if batch_first else (length, N, E)
+
+    lengths = {"qkv": (L, L, L), "kv": (L, S, S), "all": (L, S, S)}[same]
+    leaves, tleaves = _leaves(torch, rng, "float64", *(shaped(n) for n in lengths))
+    if same == "qkv":
+        leaves, tleaves = [leaves[0]] * 3, [tleaves[0]] * 3
+    elif same == "kv":
+        leaves, tleaves = leaves[:2] + leaves[1:2], tleaves[:2] + tleaves[1:2]
+    src = lengths[1]
+    kw, tkw = {"need_weights": need_weights}, {"need_weights": need_weights}
+    if masks == "padding":
+        pad = np.zeros((N, src), dtype=bool)
+        pad[:, -1] = True
+        kw["key_padding_mask"], tkw["key_padding_mask"] = sg.tensor(pad), torch.tensor(pad)
+    elif masks != "none":
+        m = np.triu(np.ones((L, src), dtype=bool), 1)
+        m = m if masks == "bool" else np.where(m, -1.0, 0.5)
+        kw["attn_mask"], tkw["attn_mask"] = sg.tensor(m), torch.tensor(m)
+    out, _ = ours(*leaves, **kw)
+    with sdpa_kernel(SDPBackend.MATH):
+        t_out, _ = theirs(*tleaves, **tkw)
+    ours_graph, theirs_graph = _graph(out.grad_fn), _graph(t_out.grad_fn)
+    assert ours_graph == theirs_graph
+    names = [n for n, _, _ in ours_graph]
+    path = same if batched else "all"  # unbatched input is unsqueezed: the identities go
+    packed_cuts = {"qkv": ("SelectBackward0", 3), "kv": ("SplitWithSizesBackward0", 1 + bias),
+                   "all": ("SplitBackward0", 1 + bias)}[path]
+    assert names.count(packed_cuts[0]) == packed_cuts[1]
+    assert not batched or ("SqueezeBackward1" in names) == (path != "all")
+    assert_close(out, t_out, terms=CHAIN + 3 * E + S, scale=magnitude(t_out, *tleaves))
+
+
+def test_linear_on_non_contiguous_input_records_matmul_and_add_as_torch(torch):
+    """at::linear folds only contiguous N-d input into one addmm; a transposed input (as
+    MultiheadAttention's batch_first makes) goes through matmul, then the bias is added."""
+    rng = np.random.default_rng(13)
+    (x, w, b), (tx, tw, tb) = _leaves(torch, rng, "float64", (3, 4, 5), (2, 5), (2,))
+    for transpose in (False, True):
+        xi, txi = (x.transpose(0, 1), tx.transpose(0, 1)) if transpose else (x, tx)
+        y = sg.nn.functional.linear(xi, w, b)
+        ty = torch.nn.functional.linear(txi, tw, tb)
+        assert _graph(y.grad_fn) == _graph(ty.grad_fn)
+        assert ("AddBackward0" == y.grad_fn.name()) == transpose
+        assert_close(y, ty, terms=5 + 1, scale=magnitude(ty, tx, tw, tb))

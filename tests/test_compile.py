@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -787,3 +788,47 @@ def test_random_programs_compiled_equal_eager():
                                      msg=f"leaf {k}")
 
     run()
+
+
+# -- ops with several outputs: split / chunk / unbind (one node) -----------------------------
+
+class GLU(nn.Module):
+    """``a * sigmoid(b)`` of the two halves of the last dim (``chunk``: one SplitBackward0)."""
+
+    def forward(self, h):
+        a, b = h.chunk(2, -1)
+        return a * b.sigmoid()
+
+
+class SplitUnbind(nn.Module):
+    """Uneven ``split`` with an unused piece (its gradient is zeros) and ``unbind``."""
+
+    def forward(self, h):
+        a, _, c = h.split([3, 2, 3], dim=1)
+        rows = (a * c).unbind(0)
+        return sg.stack([rows[0] * 2.0, rows[-1]], 0).tanh() + a[:2]
+
+
+@pytest.mark.parametrize("block,width,opt_kind",
+                         [(GLU, 4, "sgd"), (GLU, 4, "momentum"), (SplitUnbind, 3, "sgd")],
+                         ids=["glu-sgd", "glu-momentum", "split-unbind-sgd"])
+def test_several_output_ops_run_compiled_and_equal_eager(block, width, opt_kind):
+    """chunk/split/unbind compile (forward: the pieces as views; backward: concatenate or
+    stack of the pieces' gradients, zeros for unused pieces): no eager fallback, several
+    SGD steps equal eager's."""
+    sg.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), block(), nn.Linear(width, 3))
+    model_e = copy.deepcopy(model)
+    kw = {"lr": 0.05, "momentum": 0.9} if opt_kind == "momentum" else {"lr": 0.05}
+    opt, opt_e = sg.optim.SGD(model.parameters(), **kw), sg.optim.SGD(model_e.parameters(), **kw)
+    step, eager = _step_fn(model, opt), _step_fn(model_e, opt_e)
+    step = sg.compile(step)
+    batch = 2 if block is SplitUnbind else 6
+    _run_both(step, eager, (model, opt), (model_e, opt_e), _data(batch), (4, 8, 3))
+    assert step.stats["traces"] == 1 and step.stats["fallbacks"] == []
+    src = step.source()
+    assert "np.concatenate((" in src
+    assert ("np.stack((" in src) == (block is SplitUnbind)
+    joins = [line for line in src.splitlines() if "np.concatenate((" in line]
+    # the unused middle piece joins as a bound zeros constant (Z<value>_<k>)
+    assert any(re.search(r"\bZ\d+_\d+\b", line) for line in joins) == (block is SplitUnbind)

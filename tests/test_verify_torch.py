@@ -90,3 +90,90 @@ def test_freed_torch_graph_says_how_to_keep_it(torch):
     y = (a * 3.0).exp().sum()
     y.backward(retain_graph=True)
     assert verify(y).ok
+
+
+# -- attention graphs torch records (issue 21) ---------------------------------------------
+
+def _torch_mha_loss(torch, need_weights: bool, same: str, L=3, N=2, E=4, H=2):
+    """``(out * out).sum()`` of a torch MultiheadAttention (float64, random biases)."""
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(E, H).double()
+    with torch.no_grad():
+        mha.in_proj_bias.uniform_(-0.5, 0.5)
+        mha.out_proj.bias.uniform_(-0.5, 0.5)
+    x = torch.randn(L, N, E, dtype=torch.float64, requires_grad=True)
+    y = torch.randn(L + 1, N, E, dtype=torch.float64, requires_grad=True)
+    args = {"qkv": (x, x, x), "kv": (x, y, y), "all": (x, y, y * 0.5)}[same]
+    out, _ = mha(*args, need_weights=need_weights)
+    return (out * out).sum()
+
+
+@pytest.mark.parametrize("need_weights", [True, False])
+@pytest.mark.parametrize("same", ["qkv", "kv", "all"])
+def test_torch_multihead_attention_verifies_locally(torch, need_weights, same):
+    """The packed in-projection (select / split_with_sizes / split nodes), bmm and softmax
+    (need_weights) or torch's fused CPU attention node (need_weights=False)."""
+    loss = _torch_mha_loss(torch, need_weights, same)
+    rep = verify(loss, mode="local")
+    assert rep.ok and rep.mode == "local", str(rep)
+    names = {n.name for n in rep.nodes}
+    assert ("ScaledDotProductFlashAttentionForCpuBackward0" in names) == (not need_weights)
+    assert {"qkv": "SelectBackward0", "kv": "SplitWithSizesBackward0",
+            "all": "SplitBackward0"}[same] in names
+
+
+@pytest.mark.parametrize("need_weights", [True, False])
+def test_torch_multihead_attention_verifies_exactly_on_a_tiny_case(torch, need_weights):
+    rep = verify(_torch_mha_loss(torch, need_weights, "qkv", L=2, N=1, E=2, H=1),
+                 mode="exact")
+    assert rep.ok and rep.mode == "exact", str(rep)
+
+
+def _torch_sdpa_loss(torch, shape, **kw):
+    torch.manual_seed(1)
+    q, k, v = (torch.randn(*shape, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    if kw.pop("mask", False):
+        kw["attn_mask"] = torch.randn(shape[-2], shape[-2], dtype=torch.float64)
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, **kw)
+    return (out * out).sum(), out.grad_fn.name()
+
+
+@pytest.mark.parametrize("kw", [{}, {"mask": True}, {"is_causal": True}, {"scale": 0.3}],
+                         ids=["plain", "mask", "causal", "scale"])
+def test_torch_sdpa_fused_cpu_node_verifies(torch, kw):
+    """4-D q, k, v of one head size: torch records its fused CPU node; its meaning is
+    symgrad's math-path attention with the node's saved mask, causality and scale."""
+    tiny, node = _torch_sdpa_loss(torch, (1, 1, 2, 2), **dict(kw))
+    assert node == "ScaledDotProductFlashAttentionForCpuBackward0"
+    rep = verify(tiny, mode="exact")
+    assert rep.ok and rep.mode == "exact", str(rep)
+    bigger, _ = _torch_sdpa_loss(torch, (2, 3, 5, 4), **dict(kw))
+    rep = verify(bigger, mode="local")
+    assert rep.ok and rep.mode == "local", str(rep)
+
+
+def test_torch_sdpa_math_path_verifies(torch):
+    """2-D inputs take torch's math path: mul, matmul, _safe_softmax (SafeSoftmaxBackward0)."""
+    loss, _ = _torch_sdpa_loss(torch, (2, 2))
+    rep = verify(loss, mode="exact")
+    assert rep.ok and "SafeSoftmaxBackward0" in {n.name for n in rep.nodes}, str(rep)
+    loss, _ = _torch_sdpa_loss(torch, (5, 3))
+    assert verify(loss, mode="local").ok
+
+
+def test_a_wrong_meaning_of_the_fused_attention_node_is_caught(torch, monkeypatch):
+    """The fused node is really checked: a meaning with another scale is a mismatch."""
+    from symgrad.symbolic import torch_graph
+
+    right = torch_graph._FlashAttentionForCpu.forward
+
+    def wrong(ctx, q, k, v, mask, p, causal, scale):
+        return right(ctx, q, k, v, mask, p, causal, 0.9)
+
+    monkeypatch.setattr(torch_graph._FlashAttentionForCpu, "forward", staticmethod(wrong))
+    for mode, shape in (("exact", (1, 1, 2, 2)), ("local", (2, 3, 5, 4))):
+        loss, _ = _torch_sdpa_loss(torch, shape)
+        rep = verify(loss, mode=mode)
+        assert not rep.ok and rep.status == "mismatch", str(rep)
+        bad = [n.name for n in rep.nodes if n.status != "ok"]
+        assert bad == ["ScaledDotProductFlashAttentionForCpuBackward0"], bad

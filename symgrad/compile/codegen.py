@@ -20,7 +20,14 @@ import numpy as np
 from ..ops.scalar import source
 from . import fuse
 from .graph import Backward, CustomCall, OpCall, Program, Step, Value, ZeroGrad
-from .rules import BROADCASTING, RULES, backward_code, forward_code, has_backward
+from .rules import (
+    BROADCASTING,
+    RULES,
+    backward_code,
+    forward_code,
+    has_backward,
+    multi_backward_code,
+)
 
 __all__ = ["Generated", "Unsupported", "generate"]
 
@@ -160,6 +167,26 @@ def _ancestors(ops: list, root: Value) -> set:
 _G = "GRAD__"  # placeholder a rule's expressions use for the incoming gradient
 
 
+def _multi_backward(call, need: set, grads: dict, values: dict, ctx: _Ctx,
+                    lines: list) -> None:
+    """A several-output op (split, chunk, unbind): its input's gradient joins the outputs'
+    gradients (zeros for outputs that got none), as the eager node does."""
+    got = [grads.get(v.index) if v.index in need else None for v in call.outputs]
+    x = call.inputs[0]
+    if all(g is None for g in got) or not isinstance(x, Value) or x.index not in need:
+        return
+    if not has_backward(call, ctx.backend):
+        raise Unsupported(f"no compile rule for the backward of {call.spec.name}")
+    got = [g if g is None or g.isidentifier() else f"({g})" for g in got]
+    expr = multi_backward_code(call, ctx, got)[0]
+    values[x.index] = x
+    if x.index in grads:
+        lines.append(f"g{x.index} = {grads[x.index]} + {expr}")
+        grads[x.index] = f"g{x.index}"
+    else:
+        grads[x.index] = expr
+
+
 def _backward(ops: list, root: Value, ctx: _Ctx, lines: list, grad_state: dict,
               layout: Layout) -> None:
     """Reverse-mode code over the ops before this backward. A gradient used once stays an
@@ -174,6 +201,9 @@ def _backward(ops: list, root: Value, ctx: _Ctx, lines: list, grad_state: dict,
     for call in reversed(ops):
         if isinstance(call, CustomCall):
             _custom_backward(call, need, grads, values, ctx, lines)
+            continue
+        if call.spec.variadic_outputs:
+            _multi_backward(call, need, grads, values, ctx, lines)
             continue
         out = call.outputs[0]
         group = member.get(id(call))

@@ -4,19 +4,23 @@ Forward: a few ops get ``out=`` forms into preallocated buffers (BLAS matmuls, t
 elementwise arithmetic); every other op calls its own stanza's forward on arrays (the
 exact eager kernel, no Tensor), so the forward of any registered op compiles. Backward:
 one rule per op below, written from the stanza's formula; unary elementwise ops read
-theirs from ``OpSpec.scalar.grad`` directly. An op on the gradient path without a rule
-makes ``sg.compile`` fall back to eager, naming the op.
+theirs from ``OpSpec.scalar.grad`` directly; the several-output ops (split, unbind) have
+``multi_backward_code``, which takes every output's gradient at once. An op on the
+gradient path without a rule makes ``sg.compile`` fall back to eager, naming the op.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
+
 from ..ops._ints import norm, norms
 from .graph import OpCall, Value
 from .runtime import MATH, scalar_names, view_grad_ok
 
-__all__ = ["forward_code", "backward_code", "has_backward", "BROADCASTING", "UFUNCS"]
+__all__ = ["forward_code", "backward_code", "has_backward", "multi_backward_code",
+           "BROADCASTING", "UFUNCS", "MULTI_OUTPUT"]
 
 #: op -> inputs whose gradient has the output's shape and is summed back to the input's
 BROADCASTING = {"add": "all", "sub": "all", "mul": "all", "div": "all",
@@ -343,8 +347,27 @@ for _name in ("view", "reshape_alias", "unsafe_view", "unsqueeze", "squeeze", "s
 _VIEW_GRAD = frozenset({"slice", "select"})
 
 
+# -- ops with several outputs (one node: split, split_with_sizes, unbind) -------------------
+#: op -> how the pieces' gradients join into the input's: along the op's dim
+MULTI_OUTPUT = {"split": "np.concatenate", "split_with_sizes": "np.concatenate",
+                "unbind": "np.stack"}
+
+
+def multi_backward_code(call: OpCall, ctx, grads: list) -> dict[int, str]:
+    """The input's gradient of a several-output op from its outputs' gradients (``None``
+    where an output got none): torch's split_backward / unbind_backward, a concatenate
+    (stack for unbind) with zeros in the unused pieces' places."""
+    x = call.inputs[0]
+    d = norm(call.params.get("dim", 0), len(x.shape))
+    parts = [g if g is not None else ctx.bind(np.zeros(v.shape, v.dtype), f"Z{v.index}")
+             for g, v in zip(grads, call.outputs)]
+    return {0: f"{MULTI_OUTPUT[call.spec.name]}(({', '.join(parts)},), axis={d})"}
+
+
 def has_backward(call: OpCall, backend=None) -> bool:
     spec = call.spec
+    if spec.name in MULTI_OUTPUT:
+        return isinstance(call.inputs[0], Value)
     if spec.name == "nll_loss":
         return _nll_ok(call)
     if spec.name in ("cat", "stack") or spec.name.startswith(("cat[", "stack[")):

@@ -159,8 +159,6 @@ class Tracer:
             return out
         if _anomaly.enabled:
             self.fail("anomaly mode is on")
-        if spec.variadic_outputs:
-            self.fail(f"{spec.name} (one node with several outputs: no compile rule yet)")
         call = OpCall(spec, [self._operand(x) for x in inputs],
                       {k: self._operand(v) for k, v in (params or {}).items()}, [])
         for t in (out if isinstance(out, tuple) else (out,)):

@@ -65,6 +65,8 @@ def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
                            f"{_torch_name(other)} and {_torch_name(weight.dtype)}")
     if input.ndim == 2:
         return addmm(bias, input, _F.t(weight))
+    if not input.is_contiguous():  # torch: matmul, then the bias added (AddBackward0)
+        return _F.matmul(input, _F.t(weight)) + bias
     lead = tuple(input.shape[:-1])
     out = addmm(bias, _F.reshape(input, (-1, input.shape[-1])), _F.t(weight))
     return _F.reshape(out, lead + (weight.shape[0],))

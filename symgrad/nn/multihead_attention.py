@@ -69,9 +69,16 @@ def _attn_mask_3d(attn_mask: Tensor, bsz_heads: int, tgt_len: int, src_len: int)
     raise RuntimeError(f"attn_mask's dimension {attn_mask.dim()} is not supported")
 
 
+def _packed_pieces(proj: Tensor, n: int, E: int) -> Tensor:
+    """``(..., n*E)`` -> ``(n, ..., E)`` contiguous, as torch's ``unflatten(-1, (n, E))
+    .unsqueeze(0).transpose(0, -2).squeeze(-2).contiguous()`` (same nodes recorded)."""
+    proj = proj.reshape(*proj.shape[:-1], n, E)
+    return proj.unsqueeze(0).transpose(0, -2).squeeze(-2).contiguous()
+
+
 def _heads_first(x: Tensor, bsz: int, num_heads: int, head_dim: int) -> Tensor:
     """``(len, bsz, E)`` -> ``(bsz * heads, len, head_dim)`` as torch's view + transpose."""
-    return x.reshape(x.shape[0], bsz * num_heads, head_dim).transpose(0, 1)
+    return x.view(x.shape[0], bsz * num_heads, head_dim).transpose(0, 1)
 
 
 class MultiheadAttention(Module):
@@ -139,16 +146,31 @@ class MultiheadAttention(Module):
             init.constant_(self.out_proj.bias, 0.0)
 
     def _in_projection(self, query: Tensor, key: Tensor, value: Tensor):
-        """q, k, v projected by their thirds of the packed weight (or their own weights)."""
+        """q, k, v projected as torch's ``_in_projection_packed`` / ``_in_projection`` do.
+
+        The identities ``q is k is v`` (self-attention) and ``k is v`` pick torch's packed
+        paths: one linear (or a q linear and one k/v linear) whose output is cut into heads'
+        inputs, so the recorded graph has torch's nodes; otherwise the packed weight (and
+        bias) are chunked into three linears.
+        """
         E = self.embed_dim
-        if self._qkv_same_embed_dim:
-            w = self.in_proj_weight
-            weights = (w[:E], w[E:2 * E], w[2 * E:])
-        else:
-            weights = (self.q_proj_weight, self.k_proj_weight, self.v_proj_weight)
-        b = self.in_proj_bias
-        biases = (None, None, None) if b is None else (b[:E], b[E:2 * E], b[2 * E:])
-        return tuple(F.linear(x, w, bb) for x, w, bb in zip((query, key, value), weights, biases))
+        w, b = self.in_proj_weight, self.in_proj_bias
+        if not self._qkv_same_embed_dim:  # torch: in_proj_bias.chunk(3), three own weights
+            b_q, b_k, b_v = (None, None, None) if b is None else b.chunk(3)
+            return (F.linear(query, self.q_proj_weight, b_q),
+                    F.linear(key, self.k_proj_weight, b_k),
+                    F.linear(value, self.v_proj_weight, b_v))
+        if key is value:
+            if query is key:
+                proj = _packed_pieces(F.linear(query, w, b), 3, E)
+                return proj[0], proj[1], proj[2]
+            w_q, w_kv = w.split([E, 2 * E])
+            b_q, b_kv = (None, None) if b is None else b.split([E, 2 * E])
+            kv = _packed_pieces(F.linear(key, w_kv, b_kv), 2, E)
+            return F.linear(query, w_q, b_q), kv[0], kv[1]
+        w_q, w_k, w_v = w.chunk(3)
+        b_q, b_k, b_v = (None, None, None) if b is None else b.chunk(3)
+        return F.linear(query, w_q, b_q), F.linear(key, w_k, b_k), F.linear(value, w_v, b_v)
 
     def forward(self, query: Tensor, key: Tensor, value: Tensor,
                 key_padding_mask: Tensor | None = None, need_weights: bool = True,
@@ -156,8 +178,15 @@ class MultiheadAttention(Module):
                 is_causal: bool = False) -> tuple[Tensor, Tensor | None]:
         """``(attn_output, attn_weights)``; the weights are None unless ``need_weights``."""
         is_batched = query.dim() == 3
-        if self.batch_first and is_batched:
-            query, key, value = (x.transpose(1, 0) for x in (query, key, value))
+        if self.batch_first and is_batched:  # keep torch's "is" identities (packed paths)
+            if key is value:
+                if query is key:
+                    query = key = value = query.transpose(1, 0)
+                else:
+                    query, key = (x.transpose(1, 0) for x in (query, key))
+                    value = key
+            else:
+                query, key, value = (x.transpose(1, 0) for x in (query, key, value))
         out, weights = self._attention(query, key, value, key_padding_mask, need_weights,
                                        attn_mask, average_attn_weights, is_causal)
         if self.batch_first and is_batched:
@@ -222,8 +251,8 @@ class MultiheadAttention(Module):
         weights = _F.softmax(scores, dim=-1)
         if dropout_p > 0.0:
             weights = _dropout(weights, dropout_p)
-        out = _F.bmm(weights, v).transpose(0, 1).contiguous()
-        out = self._project_out(out.reshape(tgt_len * bsz, self.embed_dim), tgt_len, bsz)
+        out = _F.bmm(weights, v).transpose(0, 1).reshape(tgt_len * bsz, self.embed_dim)
+        out = self._project_out(out, tgt_len, bsz)
         return out, weights.reshape(bsz, self.num_heads, tgt_len, k.shape[1])
 
     def _fused(self, q, k, v, attn_mask, dropout_p, is_causal, bsz, tgt_len):
@@ -233,10 +262,10 @@ class MultiheadAttention(Module):
             if attn_mask.shape[0] == 1 and attn_mask.dim() == 3:
                 attn_mask = attn_mask.unsqueeze(0)
             else:
-                attn_mask = attn_mask.reshape(bsz, H, -1, src_len)
-        q = q.reshape(bsz, H, tgt_len, self.head_dim)
-        k = k.reshape(bsz, H, src_len, self.head_dim)
-        v = v.reshape(bsz, H, src_len, self.head_dim)
+                attn_mask = attn_mask.view(bsz, H, -1, src_len)
+        q = q.view(bsz, H, tgt_len, self.head_dim)
+        k = k.view(bsz, H, src_len, self.head_dim)
+        v = v.view(bsz, H, src_len, self.head_dim)
         out = scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal)
-        out = out.permute(2, 0, 1, 3).contiguous().reshape(bsz * tgt_len, self.embed_dim)
+        out = out.permute(2, 0, 1, 3).reshape(bsz * tgt_len, self.embed_dim)
         return self._project_out(out, tgt_len, bsz), None

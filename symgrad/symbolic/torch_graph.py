@@ -219,7 +219,8 @@ def walk_torch(root, names=None) -> Graph:
         if meta:
             out_shape[id(node)] = tuple(int(s) for s in meta[0].shape)
     for node in order:
-        spec = None if _custom_cls(node) is not None else _spec_for(node.name())
+        spec = None if _custom_cls(node) is not None or node.name() in _FUSED_MEANINGS \
+            else _spec_for(node.name())
         for i, (nxt, _) in enumerate(node.next_functions):
             if nxt is None or spec is None or i >= len(spec.inputs):
                 continue
@@ -245,6 +246,9 @@ def walk_torch(root, names=None) -> Graph:
         name = node.name()
         if _custom_cls(node) is not None:
             gnodes.append(_custom_gnode(j, node, index, leaf_ref, missing))
+            continue
+        if name in _FUSED_MEANINGS:
+            gnodes.append(_fused_gnode(j, node, index, leaf_ref, missing))
             continue
         spec = _spec_for(name)
         if spec is None:
@@ -333,6 +337,81 @@ def walk_torch(root, names=None) -> Graph:
     graph.engine_grads = _torch_engine_grads
     graph.engine_hvp = _torch_engine_hvp
     return graph
+
+
+class _FlashAttentionForCpu:
+    """The meaning of torch's fused CPU attention node (ScaledDotProductFlashAttentionForCpu
+    Backward0, what ``scaled_dot_product_attention`` and MultiheadAttention's
+    ``need_weights=False`` record on CPU): symgrad's math-path ``scaled_dot_product_attention``
+    with the node's saved mask, causality and scale, traced on symbols like a custom
+    Function's forward. Only the attention output is differentiable (torch's logsumexp is
+    not), so the node has one output; its backward is torch's own node."""
+
+    @staticmethod
+    def forward(ctx, query, key, value, attn_mask, dropout_p, is_causal, scale):
+        from .. import creation
+        from ..nn.attention import scaled_dot_product_attention
+
+        if dropout_p:
+            raise NotImplementedError("the verifier cannot give dropout a meaning")
+        mask = None if attn_mask is None else creation.tensor(
+            np.asarray(attn_mask), dtype=query.dtype, device=query.device)
+        return scaled_dot_product_attention(query, key, value, mask, 0.0, bool(is_causal),
+                                            scale)
+
+    @classmethod
+    def apply(cls, *args):
+        return cls.forward(None, *args)
+
+
+#: torch nodes of fused kernels with no registry op: the composite that gives their meaning.
+_FUSED_MEANINGS = {"ScaledDotProductFlashAttentionForCpuBackward0": _FlashAttentionForCpu}
+_FUSED_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale")
+
+
+def _fused_gnode(j, node, index, leaf_ref, missing):
+    """A fused torch node read as a custom-Function node: q, k, v from its edges, the rest
+    from what torch saved; replayed by the aten kernel, differentiated by the node itself."""
+    import torch
+
+    name = node.name()
+    inputs = []
+    for k, (nxt, nr) in enumerate(node.next_functions):
+        if nxt is not None and type(nxt).__name__ == "AccumulateGrad":
+            inputs.append(leaf_ref(nxt.variable, True))
+        elif nxt is not None and id(nxt) in index:
+            inputs.append(("node", index[id(nxt)], nr))
+        else:  # a query/key/value that needs no gradient: torch saved it
+            try:
+                t = getattr(node, f"_saved_{_FUSED_ARGS[k]}")
+            except RuntimeError as exc:
+                raise FreedGraphError(f"{exc} (torch graph: use retain_graph=True or "
+                                      "verify before backward)") from None
+            inputs.append(leaf_ref(t, False))
+    mask = node._saved_attn_mask
+    inputs.append(("scalar", None if mask is None else _np(mask)))
+    inputs += [("scalar", node._saved_dropout_p), ("scalar", bool(node._saved_is_causal)),
+               ("scalar", node._saved_scale)]
+    meta = list(node._input_metadata)
+    needs = tuple(n is not None for n, _ in node.next_functions) + (False,) * 4
+    g = GNode(j, node, name, None, inputs, {}, [tuple(int(s) for s in m.shape) for m in meta],
+              [_torch_np_dtype(m.dtype) for m in meta], needs=needs,
+              custom=_FUSED_MEANINGS[name], input_names=_FUSED_ARGS)
+    g.torch_positions = (0, 1, 2)
+
+    def forward_numeric(be, arrays):
+        if be.name != "numpy":
+            raise NotImplementedError
+        q, k, v = (torch.from_numpy(np.array(a)) for a in arrays[:3])
+        m = None if arrays[3] is None else torch.from_numpy(np.array(arrays[3]))
+        with torch.no_grad():
+            out = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                q, k, v, float(arrays[4]), bool(arrays[5]), attn_mask=m, scale=arrays[6])
+        return (_np(out[0]),)
+
+    g.forward_numeric = forward_numeric
+    g.backward = _torch_backward
+    return g
 
 
 def _custom_cls(node):
