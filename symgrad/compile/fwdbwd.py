@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..ops.scalar import _parse
-from .graph import Backward, OpCall, Program, Value
+from .graph import Backward, OpCall, Program, Value, ancestors
 
 __all__ = ["Design", "analyze", "design", "call_code", "backward_code"]
 
@@ -56,20 +56,6 @@ class Design:
 
 
 # -- analysis: which values leave the run, which get gradients ---------------------------------
-def _ancestors(ops: list, root: Value) -> set:
-    producer = {v.index: c for c in ops for v in c.outputs}
-    need, todo = set(), [root]
-    while todo:
-        v = todo.pop()
-        if v.index in need or not v.requires_grad:
-            continue
-        need.add(v.index)
-        call = producer.get(v.index)
-        if call is not None:
-            todo.extend(call.tensor_inputs)
-    return need
-
-
 def _result_indices(result, out: set) -> set:
     kind, x = result
     if kind == "value":
@@ -109,7 +95,7 @@ def design(group, facts: dict) -> Design | None:
             continue
         need = facts["needs"].get(k)
         if need is None:
-            need = facts["needs"][k] = _ancestors(ops, root)
+            need = facts["needs"][k] = ancestors(ops, root)
         if any(v.index in need for v in outs):
             involved.append((root, ops, need))
     if len(involved) > 1:
