@@ -214,7 +214,13 @@ class CompiledStep:
         t0 = time.perf_counter()
         if program is not None:
             try:
-                gen = generate(program, backend_for("cpu"))
+                try:
+                    gen = generate(program, backend_for("cpu"))
+                except Unsupported:
+                    raise
+                except Exception as exc:  # fn already ran eagerly: its result stands
+                    raise Unsupported(f"code generation failed (a sg.compile bug: "
+                                      f"{type(exc).__name__}: {exc})") from None
                 try:
                     module = loader.load(gen.text)
                     fuse.warm(module)
