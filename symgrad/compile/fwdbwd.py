@@ -83,8 +83,14 @@ def analyze(program: Program) -> dict:
 
 def design(group, facts: dict) -> Design | None:
     """The fused forward+backward of ``group``, or None where the plain path is used (the
-    run takes part in two backwards; more partials than values to store)."""
+    run takes part in two backwards; more partials than values to store; an op in it ran
+    under no_grad)."""
     calls = group.calls
+    if any(not c.outputs[0].requires_grad and any(x.requires_grad for x in c.tensor_inputs)
+           for c in calls):
+        # an op that ran under no_grad: its value is a constant to the gradient, which the
+        # derivation (differentiating through the run's meaning) does not know
+        return None
     last = facts["position"][id(calls[-1])]
     mine = {id(c) for c in calls}
     outs = [c.outputs[0] for c in calls]
