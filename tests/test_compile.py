@@ -363,7 +363,6 @@ def test_fused_run_with_two_seeds_has_one_backward_loop():
 
 def test_fused_forward_backward_wrong_partial_is_caught(monkeypatch):
     from symgrad.compile import fwdbwd
-    from symgrad.compile.prove import prove_plan
 
     step, *_ = _compiled_and_eager(_sigmoid_relu_loss)
     step(sg.randn(6, 5))
@@ -385,10 +384,10 @@ def test_fused_forward_backward_wrong_partial_is_caught(monkeypatch):
         bad(sg.randn(6, 5))  # the self-check after generation catches it first
     monkeypatch.setattr(sys.modules["symgrad.compile.step"], "self_check", lambda *a: None)
     bad, *_ = _compiled_and_eager(_sigmoid_relu_loss)
-    bad(sg.randn(6, 5))
-    entry = bad._entries()[-1]
-    with pytest.raises(AssertionError, match="differs from SymPy"):
-        prove_plan(entry.module, entry.generated.plan)
+    with pytest.warns(UserWarning, match=r"failed its SymPy proof: fused_0: gradient of x\d+ "
+                                         r"differs from SymPy's derivative at"):
+        bad(sg.randn(6, 5))  # without the self-check, the proof at generation catches it
+    assert not bad._entries()
 
 
 def test_forward_only_run_stores_only_what_leaves_it():

@@ -155,11 +155,11 @@ def prove_kernel(module, name: str, group, seeds: list, outputs: list) -> str:
         if sp.simplify(sp.piecewise_fold(got - want)) == 0:
             continue
         how = _numeric(sp, got, want, list(sym.values()) + detached + list(gs.values()),
-                       name, i)
+                       name, f"gradient of x{i}")
     return how
 
 
-def _numeric(sp, got, want, symbols: list, name: str, i: int, points: int = 16) -> str:
+def _numeric(sp, got, want, symbols: list, name: str, what: str, points: int = 16) -> str:
     """Where ``simplify`` leaves a residue (kinks): compare at random points off zero."""
     import random
 
@@ -169,7 +169,7 @@ def _numeric(sp, got, want, symbols: list, name: str, i: int, points: int = 16) 
     for _ in range(points):
         vals = [rng.choice((-1, 1)) * rng.uniform(0.1, 2.0) for _ in symbols]
         if not abs(f(*vals)) <= 1e-9 * scale(*vals):
-            raise AssertionError(f"{name}: gradient of x{i} differs from SymPy's derivative "
+            raise AssertionError(f"{name}: {what} differs from SymPy's derivative "
                                  f"at {vals}: {f(*vals)}")
     return f"checked at {points} points"
 
