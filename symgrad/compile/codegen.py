@@ -19,7 +19,17 @@ import numpy as np
 
 from ..ops.scalar import source
 from . import fuse
-from .graph import Backward, CustomCall, OpCall, Program, Step, Value, ZeroGrad, ancestors
+from .graph import (
+    Backward,
+    CustomCall,
+    OpCall,
+    Program,
+    Step,
+    Unsupported,
+    Value,
+    ZeroGrad,
+    ancestors,
+)
 from .rules import (
     BROADCASTING,
     RULES,
@@ -30,10 +40,6 @@ from .rules import (
 )
 
 __all__ = ["Generated", "Unsupported", "generate"]
-
-
-class Unsupported(Exception):
-    """The program uses something the code generator has no rule for (the message says)."""
 
 
 @dataclass
@@ -236,7 +242,8 @@ def _fused_backward(group, need: set, grads: dict, values: dict, ctx: _Ctx,
                     lines: list) -> None:
     """The backward of a fused forward run as one generated loop (fuse.backward_kernel)."""
     if group.design is not None:  # forward and backward generated together (fwdbwd.py)
-        return fuse.fwdbwd.backward_code(group, grads, values, ctx, lines, fuse.launch)
+        return fuse.fwdbwd.backward_code(group, grads, values, ctx, lines, fuse.launch,
+                                         _matmul_into)
     seeds = [c.outputs[0] for c in group.calls if c.outputs[0].index in grads]
     if not seeds or not any(x.index in need for x in group.inputs):
         return

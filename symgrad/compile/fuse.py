@@ -74,7 +74,7 @@ class Plan:
     helpers: dict = field(default_factory=dict)
     #: (name, group, seeds, outputs) of each fused backward loop, for prove.py
     backward_kernels: list = field(default_factory=list)
-    #: groups whose forward and backward fwdbwd.py generated together (prove_fused.py)
+    #: groups whose forward and backward fwdbwd.py generated together (prove.prove_group)
     fused_groups: list = field(default_factory=list)
 
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..ops.scalar import _parse
-from .graph import Backward, OpCall, Program, Value, ancestors
+from .graph import Backward, OpCall, Program, Unsupported, Value, ancestors
 
 __all__ = ["Design", "analyze", "design", "call_code", "backward_code"]
 
@@ -486,22 +486,19 @@ def call_code(group, ctx, launch) -> list[str]:
     return lines
 
 
-def backward_code(group, grads: dict, values: dict, ctx, lines: list, launch) -> None:
+def backward_code(group, grads: dict, values: dict, ctx, lines: list, launch,
+                  matmul_into) -> None:
     """The backward of a designed group: ``g * P`` in one loop, or nothing when the
     forward already wrote the gradients."""
     d = group.design
     seeds = [p for p, c in enumerate(group.calls) if c.outputs[0].index in grads]
     if seeds != d.seeds:
-        from .codegen import Unsupported
-
         raise Unsupported(f"fused run {group.name}: gradients reach {seeds}, planned "
                           f"{d.seeds} (a compile bug)")
     if not d.wrt:
         return
     b = d.code["backward"]
     if b is not None:
-        from .codegen import _matmul_into
-
         args = []
         for n in b["params"]:
             if not n.startswith("e"):
@@ -510,7 +507,7 @@ def backward_code(group, grads: dict, values: dict, ctx, lines: list, launch) ->
             v = group.calls[int(n[1:])].outputs[0]
             g = grads[v.index]
             buf = ctx.buf(v, f"{group.name}_e")  # a matmul's gradient: into a buffer of make
-            into = _matmul_into(g, buf) if g.startswith("np.matmul(") else None
+            into = matmul_into(g, buf) if g.startswith("np.matmul(") else None
             if into is not None:
                 lines.append(into)
                 ctx.alloc(f"{buf}f = {buf}.reshape(-1)")

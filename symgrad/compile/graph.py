@@ -16,6 +16,10 @@ import numpy as np
 __all__ = ["Value", "OpCall", "CustomCall", "Backward", "ZeroGrad", "Step", "Program"]
 
 
+class Unsupported(Exception):
+    """The program uses something the code generator has no rule for (the message says)."""
+
+
 @dataclass(eq=False)
 class Value:
     """One array of the program: an argument, a leaf read from outside fn, or an op output."""
