@@ -25,10 +25,13 @@ from typing import Any
 
 import numpy as np
 
+from .. import _tensor_layer as _tl
 from ..autograd import function as _fn
 from ..autograd.grad_mode import no_grad
 from ..backends import backend_for
 from ..device import device as _device
+from ..ops.nn import MEAN as _MEAN
+from ..ops.nn import NONE as _NONE
 from ..tensor import Tensor
 from .codegen import _HYPER, Generated, Layout, Unsupported, _ancestors
 from .graph import Backward, CustomCall, OpCall, Program, Step, Value, ZeroGrad
@@ -87,6 +90,42 @@ def _forward(call: OpCall, be):
     return run
 
 
+def _nll_grad_device(grad, self, target, weight, reduction, ignore_index, total_weight):
+    """nll_loss's formula (symgrad/ops/nn.py ``_nll_grad``) without its host read: with
+    no class weights, "every target ignored" is ``total_weight == 0``, chosen on the device
+    by ``where`` (eager reads the count back to branch on it). Same values: the kept
+    case is ``coef * (grad / total_weight)``; the ignored case zeros (``+ 0.0`` maps
+    -0. to 0. in both, as the eager branch does in its own)."""
+    c = self.shape[-1]
+    t = target.reshape(-1, 1) if self.ndim == 2 else target.reshape(1)
+    hit = t == _tl.arange(c, device=self.device)
+    if 0 <= ignore_index < c:
+        hit = hit & (t != ignore_index)
+    coef = -hit.to(self.dtype)
+    if reduction == _MEAN:
+        be, g, tw = backend_for("cuda"), grad._data, total_weight._data
+        scaled = _fn.as_array(be.where(be.ne(tw, 0), be.div(g, tw), 0.0))
+        return coef * Tensor._wrap(be.cast(scaled, g.dtype), grad.device) + 0.0
+    return coef * (grad.unsqueeze(-1) if self.ndim == 2 and reduction == _NONE else grad)
+
+
+#: backwards of structural ops written on arrays: the backend call eager's formula makes
+#: (``grad.t()`` is the t op's transpose; a reshape's inverse is ``be.reshape`` to the
+#: input's sizes), without wrapping the arrays in Tensors
+_ARRAY_RULES = {
+    "t": lambda be, g, shape: be.transpose(g, tuple(range(g.ndim))[::-1]),
+    **{name: (lambda be, g, shape: be.reshape(g, shape))
+       for name in ("view", "unsqueeze", "squeeze", "squeeze_")},
+}
+
+
+def _device_formula(spec, call: OpCall, input_name: str):
+    """A device form of a formula that reads a value into Python, where one is known."""
+    if spec.name == "nll_loss" and call.params.get("weight") is None and spec.grads.pristine:
+        return _nll_grad_device
+    return spec.grads[input_name]
+
+
 def _const(value):
     return lambda env: value
 
@@ -143,6 +182,8 @@ def _op_backward(call: OpCall, be, dev):
     ins = call.inputs
     out0 = call.outputs[0] if call.outputs else None
 
+    formula = {n: _device_formula(spec, call, n) for n in spec.grads}
+
     def formulas(env, grad):
         with no_grad():
             g = grad if spec.variadic_outputs else Tensor._wrap(grad, dev)
@@ -162,12 +203,17 @@ def _op_backward(call: OpCall, be, dev):
                             v = Tensor._wrap(v, dev)
                         cache[p] = v
                     kwargs[p] = cache[p]
-                r = spec.grads[input_name](g, **kwargs)
+                r = formula[input_name](g, **kwargs)
                 res.append(None if r is None else r._data)
             return res
 
+    rule = _ARRAY_RULES.get(spec.name) if spec.grads.pristine else None
+    in_shape = tuple(ins[0].shape) if ins and isinstance(ins[0], Value) else None
+
     def run(env, grads):
-        if spec.variadic_outputs:
+        if rule is not None and grads[0] is not None:
+            outs = [_fn.as_array(rule(be, grads[0], in_shape))]
+        elif spec.variadic_outputs:
             grad = [None if gr is None else Tensor._wrap(gr, dev) for gr in grads]
             outs = formulas(env, grad)
         else:
