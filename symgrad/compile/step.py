@@ -281,6 +281,11 @@ class CompiledStep:
         if not entries:
             raise RuntimeError("nothing compiled yet: call the step first")
         entry = entries[-1]
+        if entry.device.type != "cpu":
+            raise RuntimeError("sg.compile: verify() replays on NumPy arrays and proves the "
+                               "CPU module's fused loops; a CUDA step has neither (its plan "
+                               "runs eager's device kernels): compile and verify the same "
+                               "step on CPU tensors")
         root, names = replay(entry.program, entry.example)
         # symgrad.verify is the public, lazy entry to the verifier (it sits above the core,
         # which may not import it); the package is loaded whenever a step exists

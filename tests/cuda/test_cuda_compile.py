@@ -333,3 +333,30 @@ def test_cuda_step_with_custom_function_falls_back():
         step(x)
     make(w_e)(x)
     assert_close(w.grad.cpu(), w_e.grad.cpu(), terms=2)
+
+
+def test_cuda_step_follows_lr_changes_and_retraces_on_guards():
+    """Hyperparameters are read every call (an LR change is followed, as eager's), and a
+    structural change (momentum switched on) retraces instead of running stale code."""
+    step, eager, c, e = _cuda_pair("tanh", "sgd", "mse")
+    for i in range(2):
+        x, y = _cuda_data(i, "mse")
+        step(x, y)
+        eager(x, y)
+    for opt in (c[1], e[1]):
+        opt.param_groups[0]["lr"] = 0.03
+    x, y = _cuda_data(2, "mse")
+    step(x, y)
+    eager(x, y)
+    _assert_same(c, e, 3)
+    assert step.stats["traces"] == 1
+    for opt in (c[1], e[1]):
+        opt.param_groups[0]["momentum"] = 0.5
+    for i in range(3, 5):
+        x, y = _cuda_data(i, "mse")
+        step(x, y)
+        eager(x, y)
+    _assert_same(c, e, 5)
+    assert step.stats["traces"] == 2 and step.stats["fallbacks"] == []
+    with pytest.raises(RuntimeError, match="CUDA step"):
+        step.verify()
