@@ -21,6 +21,7 @@ Functions. Everything else the tracer accepts and the backend runs is reproduced
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -246,6 +247,55 @@ def _op_backward(call: OpCall, be, dev):
     return run
 
 
+class _Fused:
+    """A run fwdbwd.py designed (forward values + partials together) as cuda_fused.py's
+    kernels: its forward replaces the run's ops, its backward (``g * P``, or nothing when
+    the forward already wrote the gradients) replaces theirs."""
+
+    def __init__(self, group, be) -> None:
+        from . import cuda_fused
+
+        self.group, self.be, self.cf = group, be, cuda_fused
+        self.code = cuda_fused.derive(group, group.design)
+        self.name = group.name
+        self.module = cuda_fused.load(self.name, self.code)
+        out = group.calls[0].outputs[0]
+        self.shape, self.dtype, self.n = out.shape, out.dtype, int(np.prod(out.shape))
+        names = {p for st in self.code["stages"] for p in st[2]}
+        if self.code["backward"]:
+            names |= set(self.code["backward"]["params"])
+        # not the run's inputs (in<j>) nor the seeds' incoming gradients (e<p>)
+        self.own = sorted(n for n in names if not re.fullmatch(r"in\d+|e\d+", n))
+
+    def buffers(self) -> dict:
+        """The run's own device buffers (exports, partials, results), made once per make."""
+        return {n: self.be.empty(self.shape, self.dtype) for n in self.own}
+
+    def _flat(self, a):
+        return self.cf.flat(a if a.is_contiguous else self.be.copy(a))
+
+    def forward(self, env, bufs: dict) -> None:
+        args = {n: self.cf.flat(a) for n, a in bufs.items()}
+        for j, x in enumerate(self.group.inputs):
+            args[f"in{j}"] = self._flat(env[x.index])
+        self.cf.forward(self.module, self.name, self.code, args)
+        for p in self.group.design.export:
+            env[self.group.calls[p].outputs[0].index] = bufs[f"ex{p}"]
+        env[("fused", self.name)] = args, bufs
+
+    def backward(self, env, grads: dict) -> list:
+        """(input value, gradient) pairs of the run's inputs that need one."""
+        d, (args, bufs) = self.group.design, env[("fused", self.name)]
+        if self.code["backward"] is not None:
+            for p in d.seeds:
+                g = grads[self.group.calls[p].outputs[0].index]
+                if tuple(g.shape) != tuple(self.shape):
+                    g = self.be.broadcast_to(g, self.shape)
+                args[f"e{p}"] = self._flat(g)
+            self.cf.backward(self.module, self.name, self.code, args)
+        return [(self.group.inputs[j], bufs[f"r{j}"]) for j in d.wrt]
+
+
 class _Builder:
     def __init__(self, program: Program) -> None:
         self.program = program
@@ -265,10 +315,28 @@ class _Builder:
         return len(self.layout.leaves) + self.layout.state.index(entry)
 
     def build(self) -> Generated:
+        from . import fuse
+
+        groups = fuse.plan(self.program)
+        self.fused: dict = {}  # id(call) -> _Fused, for every call of a designed run
+        self.fused_bufs: dict = {}
+        for group in groups.fused_groups:
+            f = _Fused(group, self.be)
+            for c in group.calls:
+                self.fused[id(c)] = f
         ops: list = []
         for k, event in enumerate(self.program.events):
             if isinstance(event, OpCall):
                 ops.append(event)
+                f = self.fused.get(id(event))
+                if f is not None:
+                    if event is f.group.calls[0]:
+                        self.plan.append(lambda env, ctx, f=f: f.forward(env, ctx["F"][f.name]))
+                        self.text.append(f"fused kernels {f.name} ("
+                                         f"{', '.join(c.spec.name for c in f.group.calls)}) -> "
+                                         + ", ".join(f.group.calls[p].outputs[0].name
+                                                     for p in f.group.design.export))
+                    continue
                 fwd = _forward(event, self.be)
                 self.plan.append(lambda env, ctx, f=fwd: f(env))
                 self.text.append(f"forward {event.spec.name} -> "
@@ -295,8 +363,15 @@ class _Builder:
         be = self.be
         need = _ancestors(ops, root)
         steps = []
+        seen: set = set()
         for call in reversed(ops):
             if not any(o.index in need for o in call.outputs):
+                continue
+            f = self.fused.get(id(call))
+            if f is not None:
+                if f.name not in seen:
+                    seen.add(f.name)
+                    steps.append((f, None))
                 continue
             if call.spec.grad_fn is None:
                 continue
@@ -320,6 +395,11 @@ class _Builder:
             grads = {root.index: ctx["ONE"].setdefault(root.index,
                                                        be.full(shape, 1, dtype))}
             for call, back in steps:
+                if back is None:  # a fused run
+                    for x, g in call.backward(env, grads):
+                        old = grads.get(x.index)
+                        grads[x.index] = g if old is None else be.add(old, g)
+                    continue
                 gs = [grads.get(o.index) for o in call.outputs]
                 if all(g is None for g in gs):
                     continue
@@ -341,7 +421,7 @@ class _Builder:
                     be.copy_(buf, g)
         self.plan.append(run)
         self.text.append(f"backward from {root.name}: "
-                         + ", ".join(c.spec.name for c, _ in steps))
+                         + ", ".join(c.name if b is None else c.spec.name for c, b in steps))
 
     def step(self, k: int, event: Step, opt) -> None:
         be, layout = self.be, self.layout
@@ -429,7 +509,8 @@ class _Builder:
         def build():
             G = {slot: be.empty(self.leaves[slot].shape, self.leaves[slot].dtype)
                  for slot in self.leaves}
-            ctx: dict = {"G": G, "ONE": {}}
+            F = {f.name: f.buffers() for f in set(self.fused.values())}
+            ctx: dict = {"G": G, "ONE": {}, "F": F}
             env: dict = {}
 
             def run(A, L, E, H):
@@ -440,7 +521,9 @@ class _Builder:
                 ctx["L"], ctx["E"], ctx["H"] = L, E, H
                 for f in plan:
                     f(env, ctx)
-                return tuple(env[v.index] for v in result)
+                out = tuple(env[v.index] for v in result)
+                env.clear()  # hold no array of this call past it
+                return out
             return run, {name: G[slot] for slot, name in final.items()}
 
         text = "\n".join(['"""CUDA step plan (symgrad.compile.cuda_step): each line one '

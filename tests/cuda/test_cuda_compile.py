@@ -360,3 +360,56 @@ def test_cuda_step_follows_lr_changes_and_retraces_on_guards():
     assert step.stats["traces"] == 2 and step.stats["fallbacks"] == []
     with pytest.raises(RuntimeError, match="CUDA step"):
         step.verify()
+
+
+def test_cuda_step_runs_fused_kernels_for_elementwise_runs():
+    """The GELU run (8 elementwise ops) is cuda_fused's value+partials kernel and its g*P
+    kernel, launched in place of the ops' own kernels; results equal eager's."""
+    step, eager, c, e = _cuda_pair("gelu", "sgd", "mse")
+    x, y = _cuda_data(0, "mse")
+    step(x, y)
+    eager(x, y)
+    with Counter() as cnt:
+        step(x, y)
+    eager(x, y)
+    assert "fused_0_0" in cnt.names and "fused_0_b" in cnt.names
+    assert not any("tanh" in n or "pow" in n for n in cnt.names)
+    assert cnt.transfers == 0
+    _assert_same(c, e, 2)
+    assert "fused kernels fused_0 (mul, pow, mul, add, mul, tanh, add, mul)" in step.source()
+
+
+def test_cuda_step_fused_run_into_the_loss_writes_the_gradient_in_its_forward():
+    """A run whose only seed is the loss's sum: the forward kernel writes the gradient (no
+    backward kernel), as on the CPU; compiled equals eager every step."""
+    sg.manual_seed(0)
+    w = sg.randn(4, 5, device="cuda").requires_grad_()
+    w_e = w.detach().clone().requires_grad_()
+
+    def make(w):
+        opt = sg.optim.SGD([w], lr=0.05)
+
+        def fn(x):
+            opt.zero_grad()
+            loss = _chain(x, w)
+            loss.backward()
+            opt.step()
+            return loss
+        return fn
+
+    step, eager = sg.compile(make(w)), make(w_e)
+    for i in range(3):
+        sg.manual_seed(10 + i)
+        x = sg.randn(4, 5).to("cuda")
+        with Counter() as cnt:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                got = step(x)
+        want = eager(x)
+        if i:
+            assert "fused_0_0" in cnt.names and "fused_0_b" not in cnt.names
+            assert cnt.transfers == 0
+        terms = (i + 1) * (12 + w.numel())
+        assert_close(got.cpu(), want.detach().cpu(), terms=terms)
+        assert_close(w.detach().cpu(), w_e.detach().cpu(), terms=terms)
+        assert_close(w.grad.cpu(), w_e.grad.cpu(), terms=terms)
