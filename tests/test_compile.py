@@ -363,7 +363,6 @@ def test_fused_run_with_two_seeds_has_one_backward_loop():
 
 def test_fused_forward_backward_wrong_partial_is_caught(monkeypatch):
     from symgrad.compile import fwdbwd
-    from symgrad.compile.prove import prove_plan
 
     step, *_ = _compiled_and_eager(_sigmoid_relu_loss)
     step(sg.randn(6, 5))
@@ -385,10 +384,10 @@ def test_fused_forward_backward_wrong_partial_is_caught(monkeypatch):
         bad(sg.randn(6, 5))  # the self-check after generation catches it first
     monkeypatch.setattr(sys.modules["symgrad.compile.step"], "self_check", lambda *a: None)
     bad, *_ = _compiled_and_eager(_sigmoid_relu_loss)
-    bad(sg.randn(6, 5))
-    entry = bad._entries()[-1]
-    with pytest.raises(AssertionError, match="differs from SymPy"):
-        prove_plan(entry.module, entry.generated.plan)
+    with pytest.warns(UserWarning, match=r"failed its SymPy proof: fused_0: gradient of x\d+ "
+                                         r"differs from SymPy's derivative at"):
+        bad(sg.randn(6, 5))  # without the self-check, the proof at generation catches it
+    assert not bad._entries()
 
 
 def test_forward_only_run_stores_only_what_leaves_it():
@@ -834,3 +833,43 @@ def test_several_output_ops_run_compiled_and_equal_eager(block, width, opt_kind)
     joins = [line for line in src.splitlines() if "np.concatenate((" in line]
     # the unused middle piece joins as a bound zeros constant (Z<value>_<k>)
     assert any(re.search(r"\bZ\d+_\d+\b", line) for line in joins) == (block is SplitUnbind)
+
+
+def test_cat_with_an_empty_legacy_input_compiles():
+    """cat skips an empty 1-D input (torch's legacy rule); its gradient is empty (found by
+    the custom-Function fuzz: the code generator raised KeyError)."""
+    a, e, b = sg.randn(3, requires_grad=True), sg.zeros(0, requires_grad=True), \
+        sg.randn(2, requires_grad=True)
+
+    def fn():
+        for t in (a, e, b):
+            t.grad = None
+        loss = (sg.cat([a, e, b]) * 2.0).sum()
+        loss.backward()
+        return loss
+
+    step = sg.compile(fn)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(2):
+            step()
+    assert step._entries()
+    assert np.array_equal(a.grad.numpy(), np.full(3, 2.0, np.float32))
+    assert e.grad is not None and tuple(e.grad.shape) == (0,)
+
+
+def test_a_code_generation_crash_falls_back_with_a_warning(monkeypatch):
+    """fn already ran eagerly when code generation starts: a bug there must not raise
+    out of the call, only keep the signature eager (and say it is a bug)."""
+    from symgrad.compile import rules
+
+    def broken(c, ctx, g):
+        raise KeyError("boom")
+
+    monkeypatch.setitem(rules.RULES, "mse_loss", broken)
+    step, eager, c, e = _pair(lambda ps: sg.optim.SGD(ps, lr=0.1))
+    with pytest.warns(UserWarning, match=r"code generation failed \(a sg.compile bug: "
+                                         r"KeyError"):
+        got = step(*_data(4))
+    assert_close(got, eager(*_data(4)))
+    _assert_same_state(c, e, 1, (4, 16, 3))

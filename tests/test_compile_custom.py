@@ -451,3 +451,153 @@ def test_a_custom_function_step_keeps_no_tensor_alive_by_itself():
         assert ref() is None
     finally:
         gc.enable()
+
+
+# -- random programs with custom Functions ---------------------------------------------------
+class _CScale(Function):
+    @staticmethod
+    def forward(ctx, x, c):
+        ctx.c = c
+        return x * c
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.c, None
+
+
+class _CTanh(Function):
+    @staticmethod
+    def forward(ctx, x):
+        y = x.tanh()
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        (y,) = ctx.saved_tensors
+        return g * (1 - y * y)
+
+
+class _CMul(Function):
+    """Broadcasting product: the engine (and the generated code) sums each gradient back."""
+
+    @staticmethod
+    def forward(ctx, x, y):
+        ctx.save_for_backward(x, y)
+        return x * y
+
+    @staticmethod
+    def backward(ctx, g):
+        x, y = ctx.saved_tensors
+        return g * y, g * x
+
+
+class _CSum(Function):
+    @staticmethod
+    def forward(ctx, x, dim):
+        ctx.dim, ctx.shape = dim, tuple(x.shape)
+        return x.sum(dim=dim, keepdim=True)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.expand(*ctx.shape), None
+
+
+def _custom_generators(st):
+    """Drawers in the style of tests/test_random_programs.py (``st``: hypothesis's
+    strategies, optional at import)."""
+
+    def scale(b):
+        i = b.pick()
+        c = b.draw(st.sampled_from([-1.5, 0.5, 2.0]))
+        b.op("custom_scale", lambda L, P: _CScale.apply(P[i], c))
+
+    def tanh(b):
+        i = b.pick()
+        b.op("custom_tanh", lambda L, P: _CTanh.apply(P[i]))
+
+    def mul(b):
+        i = b.pick()
+        j = b.pick(make=lambda: b.bshape(tuple(b.shadow[i].shape)))
+        try:
+            np.broadcast_shapes(tuple(b.shadow[i].shape), tuple(b.shadow[j].shape))
+        except ValueError:
+            j = b.leaf(b.bshape(tuple(b.shadow[i].shape)))
+        b.op("custom_mul", lambda L, P: _CMul.apply(P[i], P[j]))
+
+    def csum(b):
+        i = b.pick(lambda t: t.ndim > 0)
+        d = b.dim(b.shadow[i])
+        b.op("custom_sum", lambda L, P: _CSum.apply(P[i], d))
+
+    return [scale, tanh, mul, csum]
+
+
+def test_random_programs_with_custom_functions_compiled_equal_eager():
+    """tests/test_compile.py's random programs with custom Functions drawn among the
+    registry's ops (a third of the steps): compiled or fallen back, every call gives
+    eager's values and leaf gradients."""
+    pytest.importorskip("hypothesis")
+    pytest.importorskip("torch")
+    import os
+
+    from _tolerance import magnitude
+    from hypothesis import HealthCheck, Phase, given, reject, settings
+    from hypothesis import strategies as st
+    from test_compile import _fuzz_fn
+    from test_random_programs import GENERATORS, NAMES, Builder
+
+    customs = _custom_generators(st)
+    compiled = []
+
+    @settings(derandomize=True, max_examples=int(os.environ.get("SYMGRAD_COMPILE_FUZZ", 30)),
+              deadline=None, database=None, phases=(Phase.explicit, Phase.generate),
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                     HealthCheck.filter_too_much])
+    @given(st.data())
+    def run(data):
+        b = Builder(data)
+        try:
+            for _ in range(data.draw(st.integers(1, 3))):
+                b.leaf(b.shape())
+            for _ in range(data.draw(st.integers(2, 6))):
+                if data.draw(st.integers(0, 2)) == 0:
+                    data.draw(st.sampled_from(customs))(b)
+                else:
+                    GENERATORS[data.draw(st.sampled_from(NAMES))](b)
+        except RuntimeError:
+            reject()
+        rng = np.random.default_rng(5)
+        weights = [sg.tensor(rng.uniform(-1, 1, tuple(t.shape)), dtype=t.dtype)
+                   if t.dtype.is_floating_point else None for t in b.shadow]
+        arrays = [s[1] for s in b.steps if s[0] == "leaf"]
+        sides = []
+        for _ in range(2):
+            leaves = [sg.tensor(a.copy(), requires_grad=True) for a in arrays]
+            sides.append((leaves, _fuzz_fn(b.steps, leaves, weights)))
+        (leaves_c, fn_c), (leaves_e, fn_e) = sides
+        step = sg.compile(fn_c)
+        n = sum(max(int(np.prod(t.shape)), 1) for t in b.shadow) + len(b.steps)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # fallbacks are expected for many programs
+            for _ in range(3):
+                got, want = step(), fn_e()
+                pool = magnitude(*[t.detach().numpy() for t in want])
+                for x, y in zip(got, want):
+                    assert tuple(x.shape) == tuple(y.shape) and x.dtype == y.dtype
+                    assert_close(x, y, terms=n, scale=max(magnitude(y.detach().numpy()), pool))
+                for k, (p, q) in enumerate(zip(leaves_c, leaves_e)):
+                    assert (p.grad is None) == (q.grad is None), f"leaf {k}"
+                    if q.grad is not None:
+                        assert_close(p.grad, q.grad, terms=2 * n,
+                                     scale=max(magnitude(q.grad.numpy()), pool),
+                                     msg=f"leaf {k}")
+        bugs = [r for r in step.stats["fallbacks"] if "sg.compile bug" in r]
+        assert not bugs, bugs
+        if step._entries() and any(s[1].startswith("custom_") for s in b.steps
+                                   if s[0] == "op"):
+            compiled.append(1)
+
+    run()
+    print(f"{len(compiled)} programs with custom Functions compiled")
+    assert compiled  # some programs with custom Functions did compile (not all fell back)

@@ -65,6 +65,7 @@ def test_a_wrong_fused_loop_is_caught_at_generation(monkeypatch, tmp_path):
     from symgrad.compile import fuse
 
     monkeypatch.setattr(sys.modules["symgrad.compile.step"], "self_check", lambda *a: None)
+    monkeypatch.setenv("SYMGRAD_COMPILE_FWDBWD", "0")  # the plain path's loops (fuse._LOCAL)
     wrong = dict(fuse._LOCAL, mul=("{g} * {b}", "{g} * {b}"))  # d(a*b)/db = b: wrong
     monkeypatch.setattr(fuse, "_LOCAL", wrong)
     step, eager, w, w_e = _pair()

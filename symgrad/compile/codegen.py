@@ -19,7 +19,7 @@ import numpy as np
 
 from ..ops.scalar import source
 from . import fuse
-from .graph import Backward, CustomCall, OpCall, Program, Step, Value, ZeroGrad
+from .graph import Backward, CustomCall, OpCall, Program, Step, Value, ZeroGrad, ancestors
 from .rules import (
     BROADCASTING,
     RULES,
@@ -149,21 +149,6 @@ class _Ctx:
         return name
 
 
-def _ancestors(ops: list, root: Value) -> set:
-    """Values that gradient reaches from ``root`` (those requiring grad that it depends on)."""
-    producer = {v.index: c for c in ops for v in c.outputs}
-    need, todo = set(), [root]
-    while todo:
-        v = todo.pop()
-        if v.index in need or not v.requires_grad:
-            continue
-        need.add(v.index)
-        call = producer.get(v.index)
-        if call is not None:
-            todo.extend(call.tensor_inputs)
-    return need
-
-
 _G = "GRAD__"  # placeholder a rule's expressions use for the incoming gradient
 
 
@@ -192,7 +177,7 @@ def _backward(ops: list, root: Value, ctx: _Ctx, lines: list, grad_state: dict,
     """Reverse-mode code over the ops before this backward. A gradient used once stays an
     expression inlined into its use (so ``W.t()``'s double transpose cancels and a weight
     gradient is one BLAS call writing into its buffer); others get a variable."""
-    need = _ancestors(ops, root)
+    need = ancestors(ops, root)
     ctx.producer = {v.index: c for c in ops for v in c.outputs}
     grads: dict[int, str] = {root.index: ctx.bind(np.ones(root.shape, root.dtype), "ONE")}
     values: dict[int, Value] = {root.index: root}

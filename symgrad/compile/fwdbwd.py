@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..ops.scalar import _parse
-from .graph import Backward, OpCall, Program, Value
+from .graph import Backward, OpCall, Program, Value, ancestors
 
 __all__ = ["Design", "analyze", "design", "call_code", "backward_code"]
 
@@ -56,20 +56,6 @@ class Design:
 
 
 # -- analysis: which values leave the run, which get gradients ---------------------------------
-def _ancestors(ops: list, root: Value) -> set:
-    producer = {v.index: c for c in ops for v in c.outputs}
-    need, todo = set(), [root]
-    while todo:
-        v = todo.pop()
-        if v.index in need or not v.requires_grad:
-            continue
-        need.add(v.index)
-        call = producer.get(v.index)
-        if call is not None:
-            todo.extend(call.tensor_inputs)
-    return need
-
-
 def _result_indices(result, out: set) -> set:
     kind, x = result
     if kind == "value":
@@ -97,8 +83,14 @@ def analyze(program: Program) -> dict:
 
 def design(group, facts: dict) -> Design | None:
     """The fused forward+backward of ``group``, or None where the plain path is used (the
-    run takes part in two backwards; more partials than values to store)."""
+    run takes part in two backwards; more partials than values to store; an op in it ran
+    under no_grad)."""
     calls = group.calls
+    if any(not c.outputs[0].requires_grad and any(x.requires_grad for x in c.tensor_inputs)
+           for c in calls):
+        # an op that ran under no_grad: its value is a constant to the gradient, which the
+        # derivation (differentiating through the run's meaning) does not know
+        return None
     last = facts["position"][id(calls[-1])]
     mine = {id(c) for c in calls}
     outs = [c.outputs[0] for c in calls]
@@ -109,7 +101,7 @@ def design(group, facts: dict) -> Design | None:
             continue
         need = facts["needs"].get(k)
         if need is None:
-            need = facts["needs"][k] = _ancestors(ops, root)
+            need = facts["needs"][k] = ancestors(ops, root)
         if any(v.index in need for v in outs):
             involved.append((root, ops, need))
     if len(involved) > 1:

@@ -132,3 +132,18 @@ class Program:
 
     def customs(self) -> list:
         return [e for e in self.events if isinstance(e, CustomCall)]
+
+
+def ancestors(ops: list, root: Value) -> set:
+    """Values that gradient reaches from ``root`` (those requiring grad that it depends on)."""
+    producer = {v.index: c for c in ops for v in c.outputs}
+    need, todo = set(), [root]
+    while todo:
+        v = todo.pop()
+        if v.index in need or not v.requires_grad:
+            continue
+        need.add(v.index)
+        call = producer.get(v.index)
+        if call is not None:
+            todo.extend(call.tensor_inputs)
+    return need

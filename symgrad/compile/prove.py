@@ -155,11 +155,11 @@ def prove_kernel(module, name: str, group, seeds: list, outputs: list) -> str:
         if sp.simplify(sp.piecewise_fold(got - want)) == 0:
             continue
         how = _numeric(sp, got, want, list(sym.values()) + detached + list(gs.values()),
-                       name, i)
+                       name, f"gradient of x{i}")
     return how
 
 
-def _numeric(sp, got, want, symbols: list, name: str, i: int, points: int = 16) -> str:
+def _numeric(sp, got, want, symbols: list, name: str, what: str, points: int = 16) -> str:
     """Where ``simplify`` leaves a residue (kinks): compare at random points off zero."""
     import random
 
@@ -169,7 +169,7 @@ def _numeric(sp, got, want, symbols: list, name: str, i: int, points: int = 16) 
     for _ in range(points):
         vals = [rng.choice((-1, 1)) * rng.uniform(0.1, 2.0) for _ in symbols]
         if not abs(f(*vals)) <= 1e-9 * scale(*vals):
-            raise AssertionError(f"{name}: gradient of x{i} differs from SymPy's derivative "
+            raise AssertionError(f"{name}: {what} differs from SymPy's derivative "
                                  f"at {vals}: {f(*vals)}")
     return f"checked at {points} points"
 
@@ -182,7 +182,7 @@ def prove_plan(module, plan) -> dict:
     out = {name: prove_kernel(module, name, group, seeds, outputs)
            for name, group, seeds, outputs in plan.backward_kernels}
     out.update({group.name: prove_group(module, group)
-                for group in getattr(plan, "fused_groups", ())})  # fwdbwd.py's runs
+                for group in plan.fused_groups})  # fwdbwd.py's runs
     return out
 
 
@@ -194,7 +194,7 @@ def _prove_all(module, plan) -> dict:
     jobs = [(name, lambda k=k: prove_kernel(module, *k))
             for k in plan.backward_kernels for name in (k[0],)]
     jobs += [(group.name, lambda g=group: prove_group(module, g))
-             for group in getattr(plan, "fused_groups", ())]  # fwdbwd.py's runs
+             for group in plan.fused_groups]  # fwdbwd.py's runs
     out = {}
     for name, prove in jobs:
         try:
@@ -225,10 +225,11 @@ def record_path(module: types.ModuleType) -> str:
 
 
 def at_generation(module: types.ModuleType, plan: Any) -> dict:
-    """{loop name: how it was established} for the fused backward loops of a generated
-    module, proved now or read from the record a previous proof left in the disk cache;
-    raises ProofFailed (also when the record says a proof failed)."""
-    if not plan.backward_kernels:
+    """{loop name: how it was established} for the fused backward loops (and the runs whose
+    forward and backward fwdbwd.py generated together) of a generated module, proved now or
+    read from the record a previous proof left in the disk cache; raises ProofFailed (also
+    when the record says a proof failed)."""
+    if not plan.backward_kernels and not plan.fused_groups:
         return {}
     path = record_path(module)
     version = _version()

@@ -220,11 +220,18 @@ class CompiledStep:
         if program is not None:
             try:
                 cuda = program.device == "cuda"
-                if cuda:  # a plan of device calls (cuda_step.py), no module text to load
-                    gen = generate_cuda(program)
+                try:
+                    # CUDA: a plan of device calls (cuda_step.py), no module text to load
+                    gen = generate_cuda(program) if cuda else generate(program,
+                                                                       backend_for("cpu"))
+                except Unsupported:
+                    raise
+                except Exception as exc:  # fn already ran eagerly: its result stands
+                    raise Unsupported(f"code generation failed (a sg.compile bug: "
+                                      f"{type(exc).__name__}: {exc})") from None
+                if cuda:
                     module = gen.module
                 else:
-                    gen = generate(program, backend_for("cpu"))
                     try:
                         module = loader.load(gen.text)
                         fuse.warm(module)
