@@ -7,9 +7,8 @@ CUDA backend's own device functions (``symgrad.backends.cuda.kernels.CUDA_MATH``
 ones its stanza kernels use). Arrays stay on the device: the kernels read and write the
 backend's device buffers.
 
-This is a building block for compiling CUDA steps: ``sg.compile`` of a CUDA step
-(cuda_step.py) does not call these kernels yet; its elementwise ops run one kernel each
-(docs/compile.md, "CUDA steps").
+``sg.compile`` of a CUDA step (cuda_step.py) runs each run fwdbwd designs with these
+kernels (docs/compile.md, "CUDA steps").
 """
 
 from __future__ import annotations
