@@ -34,8 +34,8 @@ from ..device import device as _device
 from ..ops.nn import MEAN as _MEAN
 from ..ops.nn import NONE as _NONE
 from ..tensor import Tensor
-from .codegen import _HYPER, Generated, Layout, Unsupported, _ancestors
-from .graph import Backward, CustomCall, OpCall, Program, Step, Value, ZeroGrad
+from .codegen import _HYPER, Generated, Layout, Unsupported
+from .graph import Backward, CustomCall, OpCall, Program, Step, Value, ZeroGrad, ancestors
 
 __all__ = ["generate_cuda"]
 
@@ -361,7 +361,7 @@ class _Builder:
 
     def backward(self, ops: list, root: Value) -> None:
         be = self.be
-        need = _ancestors(ops, root)
+        need = ancestors(ops, root)
         steps = []
         seen: set = set()
         for call in reversed(ops):
