@@ -13,7 +13,10 @@ executes in order on the CUDA backend's arrays (everything stays on the device):
   back over broadcast dims and cast as the engine's ``_fit_to_inputs`` does, and land in
   persistent ``.grad`` buffers on the device;
 - SGD and Adam updates are eager's backend calls on the arrays, in its order (Adam's
-  ``step`` count stays where eager keeps it, on the host).
+  ``step`` count stays where eager keeps it, on the host);
+- an elementwise run fwdbwd.py designs is cuda_fused.py's kernels: values and partials
+  in one kernel in place of the run's ops, ``g * P`` in the backward (or nothing, when
+  the forward wrote the gradient of a loss-sum seed).
 
 Not supported here (the signature runs eagerly, with the reason): custom autograd
 Functions. Everything else the tracer accepts and the backend runs is reproduced.
