@@ -18,8 +18,9 @@ executes in order on the CUDA backend's arrays (everything stays on the device):
   in one kernel in place of the run's ops, ``g * P`` in the backward (or nothing, when
   the forward wrote the gradient of a loss-sum seed).
 
-Not supported here (the signature runs eagerly, with the reason): custom autograd
-Functions. Everything else the tracer accepts and the backend runs is reproduced.
+Custom autograd Functions: the ops their backward ran in the traced call, replayed on
+the device (as codegen does on the CPU). Everything the tracer accepts and the backend
+runs is reproduced; a CustomCall the CPU path refuses is refused here too.
 """
 
 from __future__ import annotations
@@ -299,6 +300,53 @@ class _Fused:
         return [(self.group.inputs[j], bufs[f"r{j}"]) for j in d.wrt]
 
 
+class _Custom:
+    """A custom Function's backward: the ops its ``backward`` ran in the traced call,
+    replayed on the incoming gradients and the traced forward values (a wrong backward is
+    reproduced, as eager runs it), summed back to each input's shape as the engine's
+    ``_fit_to_inputs`` does (codegen._custom_backward's CUDA form)."""
+
+    def __init__(self, call: CustomCall, need: set, be) -> None:
+        name = self.name = f"custom {call.cls.__name__}"
+        if call.backward_ops is None:
+            raise Unsupported(f"custom Function {call.cls.__name__}: its backward did not "
+                              "run in the traced call")
+        self.call, self.be = call, be
+        self.ops = [_forward(op, be) for op in call.backward_ops]
+        self.results = []
+        for j, g in zip(call.positions, call.grad_outputs):
+            x = call.inputs[j]
+            if g is None or not isinstance(x, Value) or x.index not in need:
+                continue
+            if g.dtype != x.dtype:
+                raise Unsupported(f"{name}'s backward returns a {g.dtype} gradient for a "
+                                  f"{x.dtype} input (eager casts; no compile rule yet)")
+            self.results.append((x, g))
+
+    def backward(self, env, grads: dict) -> list:
+        call, be = self.call, self.be
+        if not any(o.index in grads for o in call.outputs):
+            return []
+        for out, gi in zip(call.outputs, call.grad_inputs):
+            if gi is None or (gi[1] == "grad") != (out.index in grads):
+                if gi is None and out.index not in grads:
+                    continue
+                raise RuntimeError(f"{self.name}: gradients reach its outputs differently "
+                                   "than in the traced call")
+            v, how = gi
+            env[v.index] = grads[out.index] if how == "grad" else be.full(v.shape, 0, v.dtype)
+        for run in self.ops:
+            run(env)
+        out = []
+        for x, g in self.results:
+            a = env[g.index]
+            if tuple(a.shape) != tuple(x.shape):
+                with no_grad():
+                    a = Tensor._wrap(a, _device("cuda")).sum_to_size(x.shape)._data
+            out.append((x, a))
+        return out
+
+
 class _Builder:
     def __init__(self, program: Program) -> None:
         self.program = program
@@ -344,9 +392,16 @@ class _Builder:
                 self.plan.append(lambda env, ctx, f=fwd: f(env))
                 self.text.append(f"forward {event.spec.name} -> "
                                  f"{', '.join(o.name for o in event.outputs)}")
-            elif isinstance(event, CustomCall):
-                raise Unsupported("custom autograd Functions in a CUDA step (compiled on the "
-                                  "CPU only)")
+            elif isinstance(event, CustomCall):  # its forward's ops came just before it
+                ops.append(event)
+                pairs = [(o.index, src.index) for o, src in zip(event.outputs, event.sources)]
+
+                def alias(env, ctx, pairs=pairs):
+                    for o, src in pairs:
+                        env[o] = env[src]
+                self.plan.append(alias)
+                self.text.append(f"custom Function {event.cls.__name__} -> "
+                                 f"{', '.join(o.name for o in event.outputs)}")
             elif isinstance(event, Backward):
                 self.backward(list(ops), event.root)
             elif isinstance(event, ZeroGrad):
@@ -369,6 +424,9 @@ class _Builder:
         seen: set = set()
         for call in reversed(ops):
             if not any(o.index in need for o in call.outputs):
+                continue
+            if isinstance(call, CustomCall):
+                steps.append((_Custom(call, need, be), None))
                 continue
             f = self.fused.get(id(call))
             if f is not None:

@@ -300,9 +300,9 @@ def test_cuda_step_with_several_devices_falls_back():
     assert step.stats["traces"] == 1 and not step._entries()
 
 
-def test_cuda_step_with_custom_function_falls_back():
-    """Custom autograd Functions compile on the CPU only: a CUDA step with one runs
-    eagerly, saying so, and its results are eager's."""
+def test_cuda_step_with_custom_function_equals_eager():
+    """A custom Function in a CUDA step: its backward's ops (traced) run on the device on
+    the incoming gradient and the saved tensor; compiled equals eager every step."""
 
     class Square(sg.autograd.Function):
         @staticmethod
@@ -320,19 +320,31 @@ def test_cuda_step_with_custom_function_falls_back():
     w_e = w.detach().clone().requires_grad_()
 
     def make(w):
+        opt = sg.optim.SGD([w], lr=0.1)
+
         def fn(x):
-            w.grad = None
+            opt.zero_grad()
             loss = (Square.apply(w) * x).sum()
             loss.backward()
+            opt.step()
             return loss
         return fn
 
-    step = sg.compile(make(w))
-    x = sg.randn(4, device="cuda")
-    with pytest.warns(UserWarning, match="custom autograd Functions in a CUDA step"):
-        step(x)
-    make(w_e)(x)
-    assert_close(w.grad.cpu(), w_e.grad.cpu(), terms=2)
+    step, eager = sg.compile(make(w)), make(w_e)
+    for i in range(3):
+        x = sg.randn(4).to("cuda")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with Counter() as cnt:
+                got = step(x)
+        want = eager(x)
+        if i:
+            assert cnt.transfers == 0
+        terms = (i + 1) * 8
+        assert_close(got.cpu(), want.detach().cpu(), terms=terms)
+        assert_close(w.detach().cpu(), w_e.detach().cpu(), terms=terms)
+        assert_close(w.grad.cpu(), w_e.grad.cpu(), terms=terms)
+    assert "custom Function Square" in step.source()
 
 
 def test_cuda_step_follows_lr_changes_and_retraces_on_guards():
