@@ -573,16 +573,18 @@ def test_generated_code_that_disagrees_with_the_traced_call_falls_back(monkeypat
     _assert_same_state(c, e, 3, (4, 16, 3))
 
 
-def test_cuda_arguments_fall_back():
+def test_other_device_arguments_fall_back():
+    """cpu and cuda steps compile (CUDA ones: tests/cuda/test_cuda_compile.py); a tensor
+    on any other device type makes the signature run eagerly, saying so."""
     from symgrad.compile.guards import signature
 
-    class FakeCuda:
-        type = "cuda"
+    class FakeDevice:
+        type = "xla"
 
     t = sg.randn(2)
-    t._device = FakeCuda()
+    t._device = FakeDevice()
     key, reason = signature((t,))
-    assert key is None and "CUDA" in reason
+    assert key is None and "xla" in reason
 
 
 def test_source_and_no_tensors_in_the_hot_path(monkeypatch):

@@ -7,8 +7,8 @@ CUDA backend's own device functions (``symgrad.backends.cuda.kernels.CUDA_MATH``
 ones its stanza kernels use). Arrays stay on the device: the kernels read and write the
 backend's device buffers.
 
-This is the building block for compiling CUDA steps; ``sg.compile`` itself still runs
-CUDA steps eagerly (docs/compile.md says what is missing).
+``sg.compile`` of a CUDA step (cuda_step.py) runs each run fwdbwd designs with these
+kernels (docs/compile.md, "CUDA steps").
 """
 
 from __future__ import annotations

@@ -122,6 +122,8 @@ class Program:
     before: dict = field(default_factory=dict)
     #: guards.Constants: the Python values the trace read (module attributes, globals)
     constants: Any = None
+    #: the device type of every tensor fn read ("cpu" or "cuda"; None: none read)
+    device: Any = None
 
     def new_value(self, shape, dtype, requires_grad: bool, kind: str, slot: int = -1) -> Value:
         v = Value(len(self.values), tuple(shape), np.dtype(dtype), bool(requires_grad), kind,

@@ -29,10 +29,11 @@ def signature(args: tuple) -> tuple[Any, str | None]:
     parts: list = [_state.enabled, _state.inference]
     for i, a in enumerate(args):
         if isinstance(a, Tensor):
-            if a._device.type != "cpu":
-                return None, "CUDA tensors: sg.compile of CUDA steps is not implemented yet"
+            kind = a._device.type
+            if kind not in ("cpu", "cuda"):
+                return None, f"{kind} tensors (compiled: cpu, cuda)"
             d = a._data
-            parts.append((d.shape, d.dtype.str, a._requires_grad))
+            parts.append((d.shape, d.dtype.str, a._requires_grad, kind))
         elif type(a) in _SCALARS:
             parts.append((type(a), a))
         else:

@@ -14,8 +14,18 @@ from __future__ import annotations
 import numpy as np
 
 from ..tensor import Tensor
+from .trace import _copy
 
 __all__ = ["self_check"]
+
+
+def _host(a):
+    """A device array read back to the host (the self-check runs once per trace)."""
+    if a is None or isinstance(a, np.ndarray):
+        return a
+    from ..backends import backend_for
+
+    return np.asarray(backend_for("cuda").to_host(a))
 
 
 def _close(got: np.ndarray, want: np.ndarray, terms: int, scale: float) -> bool:
@@ -44,20 +54,27 @@ def self_check(entry, args: tuple, result) -> str | None:
     """None if the generated code reproduces the traced call, else what differed."""
     program, layout = entry.program, entry.layout
     before = program.before
-    leaves = [before[("leaf", v.slot)].copy() for v in entry._leaf_values]
+    leaves = [_copy(before[("leaf", v.slot)]) for v in entry._leaf_values]
     state = []
     for k, slot, key in layout.state:
         old = before.get((k, slot, key))
         if old is None:  # made by eager's first step: zeros are its starting point
             like = before[("leaf", slot)]
-            old = np.zeros((), np.float32) if key == "step" else np.zeros_like(like)
-        state.append(old.copy())
+            if key == "step":
+                old = np.zeros((), np.float32)
+            elif isinstance(like, np.ndarray):
+                old = np.zeros_like(like)
+            else:
+                from ..backends import backend_for
+
+                old = backend_for("cuda").full(like.shape, 0, like.dtype)
+        state.append(_copy(old))
     grads = [before[("grad", s)] for s in layout.entry_grads]
     _, _, hyper = entry._gather()
     run, buffers = entry.module.make(entry.generated.constants)
     tensors = [a._data for a in args if isinstance(a, Tensor)]
     try:
-        outs = run(tensors, leaves + state, [None if g is None else g.copy() for g in grads],
+        outs = run(tensors, leaves + state, [None if g is None else _copy(g) for g in grads],
                    hyper)
     except Exception as exc:  # a compile bug: say so, and stay eager
         return f"the generated code failed on the traced call: {type(exc).__name__}: {exc}"
@@ -79,8 +96,9 @@ def self_check(entry, args: tuple, result) -> str | None:
             checks.append((f"gradient of parameter {slot}", buffers[name], g._data, None))
     for i, (got, want) in enumerate(zip(outs, _flat(result))):
         if isinstance(want, Tensor):
-            checks.append((f"returned value {i}", np.asarray(got), want._data, None))
+            checks.append((f"returned value {i}", got, want._data, None))
     for what, got, want, extra in checks:
+        got, want, extra = _host(got), _host(want), _host(extra)
         if not _close(np.asarray(got), want, terms, _magnitude(want, extra)):
             return f"{what} differs from eager's on the traced call"
     return None

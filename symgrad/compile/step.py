@@ -19,13 +19,15 @@ from typing import Any
 
 from ..autograd import function as _fn
 from ..backends import backend_for
+from ..device import device as _device
 from ..tensor import Tensor
 from . import fuse, loader, prove
 from .codegen import Generated, Unsupported, generate
+from .cuda_step import generate_cuda
 from .graph import Program, Step
 from .guards import signature
 from .selfcheck import self_check
-from .trace import trace
+from .trace import _copy, trace
 
 __all__ = ["CompiledStep"]
 
@@ -45,7 +47,8 @@ class Entry:
         self.run, grad_buffers = module.make(gen.constants)
         by_slot = {v.slot: v for v in program.values if v.kind == "leaf"}
         self._leaf_values = [by_slot[s] for s in self.layout.leaves]
-        self._grad_tensors = {slot: Tensor._wrap(grad_buffers[name])
+        self.device = _device(program.device or "cpu")
+        self._grad_tensors = {slot: Tensor._wrap(grad_buffers[name], self.device)
                               for slot, name in self.layout.final_grads.items() if name}
         self._opts = {k: e.opt for k, e in enumerate(program.events) if isinstance(e, Step)}
         self._bound: list = []
@@ -140,6 +143,8 @@ def _rebuild(structure, outs, args, entry):
             return args[x.slot]
         if x.kind == "leaf":
             return entry._leaf(x.slot)
+        if entry.device.type != "cpu":
+            return Tensor._wrap(backend_for(entry.device.type).copy(arr), entry.device)
         return Tensor._wrap(arr.copy())
     if kind in ("tuple", "list"):
         items = [_rebuild(y, outs, args, entry) for y in x]
@@ -214,25 +219,31 @@ class CompiledStep:
         t0 = time.perf_counter()
         if program is not None:
             try:
+                cuda = program.device == "cuda"
                 try:
-                    gen = generate(program, backend_for("cpu"))
+                    # CUDA: a plan of device calls (cuda_step.py), no module text to load
+                    gen = generate_cuda(program) if cuda else generate(program,
+                                                                       backend_for("cpu"))
                 except Unsupported:
                     raise
                 except Exception as exc:  # fn already ran eagerly: its result stands
                     raise Unsupported(f"code generation failed (a sg.compile bug: "
                                       f"{type(exc).__name__}: {exc})") from None
-                try:
-                    module = loader.load(gen.text)
-                    fuse.warm(module)
-                except Exception as exc:  # a compile bug: say so, and stay eager
-                    raise Unsupported(f"the generated code did not load ({type(exc).__name__}:"
-                                      f" {exc})") from None
+                if cuda:
+                    module = gen.module
+                else:
+                    try:
+                        module = loader.load(gen.text)
+                        fuse.warm(module)
+                    except Exception as exc:  # a compile bug: say so, and stay eager
+                        raise Unsupported(f"the generated code did not load ("
+                                          f"{type(exc).__name__}: {exc})") from None
                 entry = Entry(program, gen, module)
                 entry._gather()  # binds the arrays; raises _Stale if they cannot be used
-                entry.example = [a._data.copy() if isinstance(a, Tensor) else a for a in args]
+                entry.example = [_copy(a._data) if isinstance(a, Tensor) else a for a in args]
                 reason = self_check(entry, args, result)
                 program.before = {}
-                if reason is None:
+                if reason is None and not cuda:
                     reason = self._prove(entry)
                 if reason is None:
                     self._cache[key] = entry
@@ -277,6 +288,11 @@ class CompiledStep:
         if not entries:
             raise RuntimeError("nothing compiled yet: call the step first")
         entry = entries[-1]
+        if entry.device.type != "cpu":
+            raise RuntimeError("sg.compile: verify() replays on NumPy arrays and proves the "
+                               "CPU module's fused loops; a CUDA step has neither (its plan "
+                               "runs eager's device kernels): compile and verify the same "
+                               "step on CPU tensors")
         root, names = replay(entry.program, entry.example)
         # symgrad.verify is the public, lazy entry to the verifier (it sits above the core,
         # which may not import it); the package is loaded whenever a step exists

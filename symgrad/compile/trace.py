@@ -106,6 +106,7 @@ class Tracer:
                     self.fail(f"argument {i} requires grad (only parameters may)")
                 v = self.program.new_value(a._data.shape, a._data.dtype, False, "arg", i)
                 self._bind(a, v)
+                self.device(a)
                 self.program.args.append(("tensor", v))
             elif _constant(a):
                 self.program.args.append(("const", a))
@@ -117,6 +118,16 @@ class Tracer:
     def fail(self, reason: str) -> None:
         if self.reason is None:
             self.reason = reason
+
+    def device(self, t) -> None:
+        """Every tensor fn reads from outside is on one device (the program's)."""
+        kind = t._device.type
+        if self.program.device is None:
+            self.program.device = kind
+        elif kind != self.program.device:
+            self.fail(f"tensors on several devices ({self.program.device} and {kind})")
+        if kind not in ("cpu", "cuda"):
+            self.fail(f"{kind} tensors (compiled: cpu, cuda)")
 
     def _bind(self, t, v) -> None:
         self._values[id(t)] = v
@@ -133,13 +144,12 @@ class Tracer:
                       ".grad, .detach(), optimizer state)")
         elif t._grad_fn is not None:
             self.fail("a tensor with a graph computed outside fn")
-        elif t._device.type != "cpu":
-            self.fail("CUDA tensors: sg.compile is CPU-only in this version")
+        self.device(t)
         slot = len(self.program.leaves)
         self.program.leaves.append(weakref.ref(t))
         # the values before fn touched them, for the self-check of the generated code
-        self.program.before[("leaf", slot)] = t._data.copy()
-        self.program.before[("grad", slot)] = None if t._grad is None else t._grad._data.copy()
+        self.program.before[("leaf", slot)] = _copy(t._data)
+        self.program.before[("grad", slot)] = None if t._grad is None else _copy(t._grad._data)
         v = self.program.new_value(t._data.shape, t._data.dtype, t._requires_grad, "leaf", slot)
         self._leaf_slots[id(t)] = slot
         self._bind(t, v)
@@ -380,7 +390,7 @@ class Tracer:
                     for p, slot in zip(g["params"], slots):
                         for key, value in opt.state.get(p, {}).items():
                             if isinstance(value, Tensor):
-                                self.program.before[(k, slot, key)] = value._data.copy()
+                                self.program.before[(k, slot, key)] = _copy(value._data)
         return self._quietly(original, opt, closure)
 
     def install(self, patches: _Patches) -> None:
@@ -480,6 +490,15 @@ def _step_wrapper(tracer, original):
     return lambda opt, closure=None: tracer.step(original, opt, closure)
 
 
+def _copy(a):
+    """A copy of a tensor's array on its own device (NumPy or the CUDA backend's)."""
+    if isinstance(a, np.ndarray):
+        return a.copy()
+    from ..backends import backend_for
+
+    return backend_for("cuda").copy(a)
+
+
 def _unsupported_optimizer(opt, closure) -> str | None:
     if closure is not None:
         return "optimizer.step(closure)"
@@ -492,8 +511,8 @@ def _unsupported_optimizer(opt, closure) -> str | None:
         if isinstance(opt, SGD) and (g["nesterov"] or g["dampening"] != 0):
             return "SGD with nesterov or dampening"
         for p in g["params"]:
-            if p._device.type != "cpu":
-                return "CUDA tensors: sg.compile is CPU-only in this version"
+            if p._device.type not in ("cpu", "cuda"):
+                return f"{p._device.type} tensors (compiled: cpu, cuda)"
     return None
 
 
