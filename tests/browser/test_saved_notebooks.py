@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+import urllib.error
 
 GRAPH_MIME = "application/vnd.symgrad.graph+json"
 GRAPH = ".jp-OutputArea-output .sg-view[data-symgrad=graph]"
@@ -44,8 +45,16 @@ def _wait_kernel_idle(server, timeout: float = 60) -> None:
     idle, then give the page a moment to attach to it."""
     deadline = time.monotonic() + timeout
     while True:
-        kernels = server.api("GET", "/api/kernels")
-        if kernels and all(k["execution_state"] == "idle" for k in kernels):
+        try:
+            kernels = server.api("GET", "/api/kernels")
+        except urllib.error.HTTPError as exc:
+            # the kernel list can answer 500 while a kernel is being started (seen once in
+            # a clean-clone run): ask again, and show the server's log if it never settles
+            if exc.code < 500:
+                raise
+            kernels = f"HTTP {exc.code}\n{server.log_tail()}"
+        if isinstance(kernels, list) and kernels and \
+                all(k["execution_state"] == "idle" for k in kernels):
             break
         assert time.monotonic() < deadline, f"no idle kernel: {kernels}"
         time.sleep(0.25)
