@@ -29,9 +29,21 @@ def _pow(a, b):
     return np.power(a, b)
 
 
+def _torch_sign(x, out=None):
+    """NumPy's sign, but 0 (not NaN) for NaN: torch 2.13 computes (0 < x) - (x < 0)."""
+    s = np.sign(x) if out is None else np.sign(x, out=out)
+    if getattr(s, "dtype", None) is not None and s.dtype.kind == "f":
+        nan = np.isnan(s)
+        if nan.any():
+            if not isinstance(s, np.ndarray):
+                return s.dtype.type(0)
+            s[nan] = 0
+    return s
+
+
 #: The scalar-math vocabulary (symgrad/ops/scalar.py) as NumPy ufuncs.
 NUMPY_MATH = {"exp": np.exp, "log": np.log, "sin": np.sin, "cos": np.cos, "tanh": np.tanh,
-              "sqrt": np.sqrt, "abs": np.abs, "sign": np.sign, "where": np.where,
+              "sqrt": np.sqrt, "abs": np.abs, "sign": _torch_sign, "where": np.where,
               "maximum": np.maximum, "minimum": np.minimum, "log1p": np.log1p,
               "expm1": np.expm1, "erf": _erf, "atan2": np.arctan2, "hypot": np.hypot,
               "pow": _pow, "pi": math.pi}

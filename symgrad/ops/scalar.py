@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 __all__ = ["FUNCTIONS", "TRANSCENDENTAL", "Scalar", "build", "source"]
 
 #: The vocabulary an expression may call. ``where(c, a, b)`` is a select, ``sign`` follows
-#: torch (sign(0) = 0, NaN stays NaN), ``maximum`` propagates NaN as torch.maximum does.
+#: torch 2.13 (sign(0) = 0 and sign(NaN) = 0), ``maximum`` propagates NaN as torch.maximum does.
 FUNCTIONS = ("exp", "log", "sin", "cos", "tanh", "sqrt", "abs", "sign", "where", "maximum",
              "minimum", "log1p", "expm1", "erf", "atan2", "hypot", "pow")
 #: Functions a backend computes with a libm call (the CPU backend keeps NumPy's SIMD ones).

@@ -74,8 +74,10 @@ def _safe_softmax(be, self, dim):
     """torch's ``_safe_softmax`` (scaled_dot_product_attention's math path): softmax, but a
     row that is all -inf gives zeros instead of NaN (it is zeroed first, so no NaN is ever
     computed, and the backward through the zeros is zero)."""
+    if self.ndim == 0:  # a row of one: 1, or 0 where it is -inf (torch)
+        return be.reshape(_safe_softmax(be, be.reshape(self, (1,)), 0), ())
     ax = _axis(self, dim)
-    if self.ndim == 0 or self.size == 0:
+    if self.size == 0:
         return _softmax(be, self, dim)
     dead = _dead_rows(be, self, ax)
     zeros = be.full(self.shape, 0, self.dtype)
@@ -84,15 +86,15 @@ def _safe_softmax(be, self, dim):
 
 
 def softmax_backward(grad, result, dim):
-    if result.ndim == 0:
-        return grad * 0
+    if result.ndim == 0:  # the sum over the dim is the element itself; 0, or NaN as torch
+        return (grad - grad * result) * result
     d = norm(dim, result.ndim)
     return (grad - (grad * result).sum(d, keepdim=True)) * result
 
 
 def log_softmax_backward(grad, result, dim):
-    if result.ndim == 0:
-        return grad * 0
+    if result.ndim == 0:  # as softmax_backward
+        return grad - result.exp() * grad
     d = norm(dim, result.ndim)
     return grad - result.exp() * grad.sum(d, keepdim=True)
 

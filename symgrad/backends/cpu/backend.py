@@ -500,8 +500,8 @@ class CpuBackend(NumpyBackend):
         y = result
         if not _same_float_arrays(grad, y):
             return None  # the formulas handle it
-        if y.ndim == 0:
-            return (_arr(np.multiply(grad, 0)),)
+        if y.ndim == 0:  # the row is the element: 0, or NaN where y is (as torch)
+            return (_arr((grad - grad * y) * y),)
         d = _dim(dim, y.ndim)
         if y.size >= FUSED_MIN and d == y.ndim - 1 and y.flags.c_contiguous:
             g = np.ascontiguousarray(grad).reshape(-1, y.shape[-1])
@@ -561,7 +561,7 @@ class CpuBackend(NumpyBackend):
         if not _same_float_arrays(grad, y):
             return None  # the formulas handle it
         if y.ndim == 0:
-            return (_arr(np.multiply(grad, 0)),)
+            return (_arr(grad - np.exp(y) * grad),)
         d = _dim(dim, y.ndim)
         return (_arr(grad - np.exp(y) * grad.sum(d, keepdims=True)),)
 

@@ -15,8 +15,8 @@ from ...ops.scalar import TRANSCENDENTAL, build
 
 
 def sign(x):
-    """torch.sign on a float: 0 for ±0, NaN for NaN (``x - x``)."""
-    return 1.0 if x > 0 else (-1.0 if x < 0 else x - x)
+    """torch.sign on a float: 0 for ±0 and for NaN (torch 2.13 computes (0 < x) - (x < 0))."""
+    return 1.0 if x > 0 else (-1.0 if x < 0 else 0.0)
 
 
 def where(c, a, b):

@@ -104,12 +104,14 @@ def _f_zero(x):
 
 # -- the scalar vocabulary's own helpers (symgrad/ops/scalar.py), as device functions ---------
 def _v_sign(x):
-    """torch.sign: 0 for +-0, NaN for NaN."""
+    """torch.sign: 0 for +-0 and for NaN (torch 2.13 computes (0 < x) - (x < 0))."""
     if x > 0:
         return x * 0 + 1
     if x < 0:
         return x * 0 - 1
-    return x
+    if x == x:
+        return x - x
+    return 0.0
 
 
 def _v_where(c, a, b):
