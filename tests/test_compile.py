@@ -20,7 +20,7 @@ import warnings
 
 import numpy as np
 import pytest
-from _tolerance import assert_close
+from _tolerance import assert_close, magnitude
 
 import symgrad as sg
 from symgrad import nn
@@ -735,12 +735,42 @@ def _fuzz_fn(steps, leaves, weights):
     return fn
 
 
+def _compiled_equals_eager(b):
+    """Compile the drawn program ``b`` and check three calls against eager: results, and
+    the leaves' gradients (tolerances from the pool's element count). Returns the step."""
+    rng = np.random.default_rng(5)
+    weights = [sg.tensor(rng.uniform(-1, 1, tuple(t.shape)), dtype=t.dtype)
+               if t.dtype.is_floating_point else None for t in b.shadow]
+    arrays = [s[1] for s in b.steps if s[0] == "leaf"]
+    sides = []
+    for _ in range(2):
+        leaves = [sg.tensor(a.copy(), requires_grad=True) for a in arrays]
+        sides.append((leaves, _fuzz_fn(b.steps, leaves, weights)))
+    (leaves_c, fn_c), (leaves_e, fn_e) = sides
+    step = sg.compile(fn_c)
+    n = sum(max(int(np.prod(t.shape)), 1) for t in b.shadow) + len(b.steps)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # fallbacks are expected for many programs
+        for _ in range(3):
+            got, want = step(), fn_e()
+            pool = magnitude(*[t.detach().numpy() for t in want])
+            for x, y in zip(got, want):
+                assert tuple(x.shape) == tuple(y.shape) and x.dtype == y.dtype
+                assert_close(x, y, terms=n, scale=max(magnitude(y.detach().numpy()), pool))
+            for k, (p, q) in enumerate(zip(leaves_c, leaves_e)):
+                assert (p.grad is None) == (q.grad is None), f"leaf {k}"
+                if q.grad is not None:
+                    assert_close(p.grad, q.grad, terms=2 * n,
+                                 scale=max(magnitude(q.grad.numpy()), pool),
+                                 msg=f"leaf {k}")
+    return step
+
+
 def test_random_programs_compiled_equal_eager():
     """Programs drawn from the whole op registry (tests/test_random_programs.py's drawers):
     compiled or fallen back, every call gives eager's values and leaf gradients."""
     pytest.importorskip("hypothesis")
     pytest.importorskip("torch")
-    from _tolerance import magnitude
     from hypothesis import HealthCheck, Phase, given, reject, settings
     from hypothesis import strategies as st
     from test_random_programs import EXTRA, GENERATORS, NAMES, Builder
@@ -762,31 +792,7 @@ def test_random_programs_compiled_equal_eager():
                     GENERATORS[data.draw(st.sampled_from(NAMES))](b)
         except RuntimeError:  # a drawer's rare invalid program (not what is tested here)
             reject()
-        rng = np.random.default_rng(5)
-        weights = [sg.tensor(rng.uniform(-1, 1, tuple(t.shape)), dtype=t.dtype)
-                   if t.dtype.is_floating_point else None for t in b.shadow]
-        arrays = [s[1] for s in b.steps if s[0] == "leaf"]
-        sides = []
-        for _ in range(2):
-            leaves = [sg.tensor(a.copy(), requires_grad=True) for a in arrays]
-            sides.append((leaves, _fuzz_fn(b.steps, leaves, weights)))
-        (leaves_c, fn_c), (leaves_e, fn_e) = sides
-        step = sg.compile(fn_c)
-        n = sum(max(int(np.prod(t.shape)), 1) for t in b.shadow) + len(b.steps)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # fallbacks are expected for many programs
-            for _ in range(3):
-                got, want = step(), fn_e()
-                pool = magnitude(*[t.detach().numpy() for t in want])
-                for x, y in zip(got, want):
-                    assert tuple(x.shape) == tuple(y.shape) and x.dtype == y.dtype
-                    assert_close(x, y, terms=n, scale=max(magnitude(y.detach().numpy()), pool))
-                for k, (p, q) in enumerate(zip(leaves_c, leaves_e)):
-                    assert (p.grad is None) == (q.grad is None), f"leaf {k}"
-                    if q.grad is not None:
-                        assert_close(p.grad, q.grad, terms=2 * n,
-                                     scale=max(magnitude(q.grad.numpy()), pool),
-                                     msg=f"leaf {k}")
+        _compiled_equals_eager(b)
 
     run()
 

@@ -541,10 +541,9 @@ def test_random_programs_with_custom_functions_compiled_equal_eager():
     pytest.importorskip("torch")
     import os
 
-    from _tolerance import magnitude
     from hypothesis import HealthCheck, Phase, given, reject, settings
     from hypothesis import strategies as st
-    from test_compile import _fuzz_fn
+    from test_compile import _compiled_equals_eager
     from test_random_programs import GENERATORS, NAMES, Builder
 
     customs = _custom_generators(st)
@@ -567,31 +566,7 @@ def test_random_programs_with_custom_functions_compiled_equal_eager():
                     GENERATORS[data.draw(st.sampled_from(NAMES))](b)
         except RuntimeError:
             reject()
-        rng = np.random.default_rng(5)
-        weights = [sg.tensor(rng.uniform(-1, 1, tuple(t.shape)), dtype=t.dtype)
-                   if t.dtype.is_floating_point else None for t in b.shadow]
-        arrays = [s[1] for s in b.steps if s[0] == "leaf"]
-        sides = []
-        for _ in range(2):
-            leaves = [sg.tensor(a.copy(), requires_grad=True) for a in arrays]
-            sides.append((leaves, _fuzz_fn(b.steps, leaves, weights)))
-        (leaves_c, fn_c), (leaves_e, fn_e) = sides
-        step = sg.compile(fn_c)
-        n = sum(max(int(np.prod(t.shape)), 1) for t in b.shadow) + len(b.steps)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # fallbacks are expected for many programs
-            for _ in range(3):
-                got, want = step(), fn_e()
-                pool = magnitude(*[t.detach().numpy() for t in want])
-                for x, y in zip(got, want):
-                    assert tuple(x.shape) == tuple(y.shape) and x.dtype == y.dtype
-                    assert_close(x, y, terms=n, scale=max(magnitude(y.detach().numpy()), pool))
-                for k, (p, q) in enumerate(zip(leaves_c, leaves_e)):
-                    assert (p.grad is None) == (q.grad is None), f"leaf {k}"
-                    if q.grad is not None:
-                        assert_close(p.grad, q.grad, terms=2 * n,
-                                     scale=max(magnitude(q.grad.numpy()), pool),
-                                     msg=f"leaf {k}")
+        step = _compiled_equals_eager(b)
         bugs = [r for r in step.stats["fallbacks"] if "sg.compile bug" in r]
         assert not bugs, bugs
         if step._entries() and any(s[1].startswith("custom_") for s in b.steps
