@@ -23,12 +23,15 @@ def eligible(spec) -> bool:
     return len(spec.outputs) == 1 and not spec.view and spec.dtype_rule in FAST_RULES
 
 
-def source(spec) -> str:
-    """The text of ``fast(inputs, params)`` for ``spec``'s arity."""
+def source(spec, saved_display) -> str:
+    """The text of ``fast(inputs, params)`` for ``spec``'s arity; ``saved_display(spec,
+    needs)`` gives the save plan as a dict display (function._saved_display)."""
     n = len(spec.inputs)
     xs = ", ".join(f"x{i}" for i in range(n)) + ("," if n == 1 else "")
     lines = [
-        "def fast(inputs, params):",
+        "def fast(inputs, params=None):",
+        "    if fn_module._profiler is not None:",
+        "        return fn_module._profiler._record_op(spec, inputs, params)",
         "    try:",
         f"        {xs} = inputs",
         "    except ValueError:",
@@ -56,8 +59,11 @@ def source(spec) -> str:
             "        return general(spec, inputs, params)",
         ]
     arrays = ", ".join(f"a{i}" for i in range(n))
-    # an elementwise op's default forward only calls the backend's stanza kernel
+    # an elementwise op's default forward only calls the backend's stanza kernel; add's
+    # and sub's do so at their default alpha (``kernel_params``)
     kernel = getattr(spec.forward, "backend_kernel", None)
+    plain = "not params" if not getattr(spec.forward, "kernel_params", None) \
+        else "params == kernel_params"
     lines += [
         "    dt = DT_OF[d]",
         "    if not dt.is_floating_point:",
@@ -69,7 +75,7 @@ def source(spec) -> str:
         "    if params is None:",
         "        params = {}",
         "    try:",
-        *(["        if not params and spec.forward is stanza_forward:",
+        *([f"        if {plain} and spec.forward is stanza_forward:",
            f"            out = getattr(be, {kernel!r})({arrays})",
            "        else:",
            f"            out = spec.forward(be, {arrays}, **params)"] if kernel else
@@ -83,22 +89,36 @@ def source(spec) -> str:
         # Tensor._wrap written out (tests/test_eager_fast_path.py compares every slot)
         "    result = new(Tensor)",
         "    result._data = out",
-        "    result._storage = new_storage(out.nbytes, dev.type)",
+        # memory.new_storage written out
+        "    storage = new(Storage)",
+        "    storage.nbytes = nbytes = out.nbytes",
+        "    storage.device_type = kind = dev.type",
+        "    storage.version = 0",
+        "    now = live[kind] = live[kind] + nbytes",
+        "    if now > peak[kind]:",
+        "        peak[kind] = now",
+        "    result._storage = storage",
         "    result._device = dev",
-        "    result._requires_grad = result._retains_grad = False",
-        "    result._grad = result._grad_fn = result._accumulator = None",
-        "    result._backward_hooks = result.name = None",
+        "    result._retains_grad = False",
+        "    result._grad = result._accumulator = result._backward_hooks = result.name = None",
         "    result._output_nr = 0",
     ]
+    no_graph = ["result._requires_grad = False", "result._grad_fn = None"]
     if spec.grad_fn is None:
-        return "\n".join(lines + ["    return result", ""])
+        return "\n".join(lines + ["    " + x for x in no_graph] + ["    return result", ""])
     lines += [
         "    if not rg or not state.enabled:",
+        *["        " + x for x in no_graph],
         "        return result",
         "    if anomaly.enabled:",
+        *["        " + x for x in no_graph],
         "        record(spec, inputs, params, (result,))",
         "        return result",
-        "    node = node_cls()",
+        # Node.__init__ written out
+        "    node = new(node_cls)",
+        "    node._sequence_nr = next_sequence()",
+        "    node._metadata = node._pre_hooks = node._hooks = None",
+        "    node._tensor_hooks = node._retained = None",
         "    needs = 0",
     ]
     for i in range(n):
@@ -132,10 +152,8 @@ def source(spec) -> str:
         "    node._out_meta = ((shape, dt),)",
         "    node._freed = False",
         "    node._params = params",
-        "    saver = savers.get(needs)",
-        "    node._saved = (saver or make_saver(spec, needs))(inputs, params, (result,))",
+        *_inline_savers(spec, n, saved_display),
         "    result._grad_fn = node",
-        "    result._output_nr = 0",
         "    result._requires_grad = True",
         "    return result",
         "",
@@ -143,11 +161,40 @@ def source(spec) -> str:
     return "\n".join(lines)
 
 
+def _inline_savers(spec, n: int, saved_display) -> list[str]:
+    """``node._saved = {...}``: the save plan of each set of inputs needing a gradient
+    written inline for ops of one or two inputs (a call less), the saver call otherwise."""
+    call = ["saver = savers.get(needs)",
+            "node._saved = (saver or make_saver(spec, needs))(inputs, params, (result,))"]
+    if n > 2:
+        return ["    " + line for line in call]
+    branches = []
+    for needs in range(1, 1 << n):
+        display = saved_display(spec, needs).replace("outputs[0]", "result")
+        for j in range(n):
+            display = display.replace(f"inputs[{j}]", f"x{j}")
+        if "outputs" not in display and "inputs" not in display:
+            branches.append((needs, display))
+    if not branches:
+        return ["    " + line for line in call]
+    if n == 1:  # needs is 1
+        return [f"    node._saved = {branches[0][1]}"]
+    lines = []
+    for k, (needs, display) in enumerate(branches):
+        last = k == len(branches) - 1 and len(branches) == (1 << n) - 1
+        test = "else" if last else f"{'if' if k == 0 else 'elif'} needs == {needs}"
+        lines += [f"    {test}:", f"        node._saved = {display}"]
+    if len(branches) < (1 << n) - 1:
+        lines += ["    else:"] + ["        " + line for line in call]
+    return lines
+
+
 def build(spec, namespace: dict):
     """``fast`` for ``spec``, or None when the op's calls never fit the straight line."""
     if not eligible(spec):
         return None
-    glb = define(source(spec), f"<symgrad fast apply {spec.name}>",
+    glb = define(source(spec, namespace["saved_display"]), f"<symgrad fast apply {spec.name}>",
                  {**namespace, "spec": spec, "stanza_forward": spec.forward,
+                  "kernel_params": getattr(spec.forward, "kernel_params", None),
                   "savers": spec.__dict__.setdefault("_savers", {})})
     return glb["fast"]

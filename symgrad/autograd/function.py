@@ -8,6 +8,7 @@ weak references to all inputs for the verifier.
 
 from __future__ import annotations
 
+import sys
 import weakref
 from typing import Any
 
@@ -16,9 +17,12 @@ import numpy as np
 from .. import _tensor_layer as _tl
 from ..backends import _BACKENDS, _DEVICE_DEFAULT, backend_for
 from ..dtypes import bool_, default_float, float64, int64, promote
-from ..memory import new_storage
+from .. import memory as _memory
+from ..memory import Storage, new_storage
+from ..ops import spec as _spec_module
 from ..ops.scalar import define
 from . import fast_apply as _fast_apply
+from . import node as _node_module
 from .anomaly_mode import _anomaly
 from .grad_mode import _state, no_grad
 from .node import FREED_MESSAGE, Node, SavedTensor, _WrappedScalar, node_class_for
@@ -30,7 +34,8 @@ __all__ = ["apply", "edge_of", "Function", "FunctionCtx", "BackwardCFunction",
 
 _tensor_cls = None
 
-#: The active ``profiler.profile`` (None when not profiling): ``apply`` tests it once.
+#: The active ``profiler.profile`` or compile tracer (None when not set): each op's entry
+#: tests it once.
 _profiler = None
 
 
@@ -101,34 +106,38 @@ _SAME_DTYPE_RULES = {"promote": True, "same": True, "bool_compare": True,
 
 def apply(spec, inputs, params=None):
     """Run ``spec`` on ``inputs`` (tensors or Python scalars, in ``spec.inputs`` order)."""
-    if _profiler is not None:
-        return _profiler._record_op(spec, inputs, params)
-    fast = spec.__dict__.get("_fast", _UNBUILT)
-    if fast is _UNBUILT:
-        fast = _build_fast(spec)
-    if fast is not None:
-        return fast(inputs, params)
-    return _apply_general(spec, inputs, params)
+    return spec._run(inputs, params)
 
 
-_UNBUILT = object()
-
-
-def _build_fast(spec):
-    """The op's straight-line apply (fast_apply.py), built on its first call."""
+def _build_entry(spec):
+    """The op's entry (``OpSpec._run``): its straight-line apply (fast_apply.py) or the
+    general one; either hands the call to the profiler or tracer when one is set."""
     _T()
-    fast = spec.__dict__["_fast"] = _fast_apply.build(spec, {
+    fast = _fast_apply.build(spec, {
         "Tensor": _tensor_cls, "DT_OF": _DT_OF, "BACKENDS": _BACKENDS,
         "DEVICE_DEFAULT": _DEVICE_DEFAULT, "ndarray": np.ndarray, "as_array": as_array,
-        "shape_error": _shape_error, "new": object.__new__, "new_storage": new_storage,
-        "state": _state,
+        "shape_error": _shape_error, "new": object.__new__, "Storage": Storage,
+        "live": _memory._live, "peak": _memory._peak,
+        "state": _state, "fn_module": sys.modules[__name__],
         "anomaly": _anomaly, "record": _record, "recording": _recording,
         "node_cls": spec.__dict__.get("_node_cls") or _node_cls(spec)
         if spec.grad_fn is not None else None,
         "accumulator_of": accumulator_of, "NO_EDGE": _NO_EDGE, "wref": weakref.ref,
-        "make_saver": _saver,
+        "next_sequence": _node_module._sequence.__next__,
+        "make_saver": _saver, "saved_display": _saved_display, **_saver_namespace(spec),
         "general": _apply_general})
-    return fast
+    if fast is not None:
+        return fast
+
+    def run(inputs, params=None):
+        if _profiler is not None:
+            return _profiler._record_op(spec, inputs, params)
+        return _apply_general(spec, inputs, params)
+
+    return run
+
+
+_spec_module.entry_builder = _build_entry
 
 
 def _apply_general(spec, inputs, params):
@@ -308,9 +317,10 @@ def _record(spec, inputs, params, outputs) -> None:
         o._requires_grad = True
 
 
-def _saver(spec, needs: int):
-    """``saver(inputs, params, outputs) -> dict`` of the op's saved operands when the
-    inputs in ``needs`` get a gradient: the save plan written out as one dict display."""
+def _saved_display(spec, needs: int) -> str:
+    """The save plan of ``spec`` when the inputs in ``needs`` get a gradient, as one dict
+    display over ``inputs``, ``params`` and ``outputs`` (the saver's body; fast_apply.py
+    writes it inline for the commonest calls)."""
     items = []
     for name, how, j in _save_plan(spec, needs):
         if how is _PARAM:
@@ -329,10 +339,19 @@ def _saver(spec, needs: int):
         else:
             value = f"save(spec, {name!r}, inputs, params, outputs)"
         items.append(f"{name!r}: {value}")
-    src = "def saver(inputs, params, outputs):\n    return {" + ", ".join(items) + "}\n"
-    saver = define(src, f"<symgrad saver {spec.name} {needs}>", {
-        "spec": spec, "SavedTensor": SavedTensor, "Tensor": _T(), "save": _save,
-        "save_number": _save_number, "strides_of": _strides_of})["saver"]
+    return "{" + ", ".join(items) + "}"
+
+
+def _saver_namespace(spec) -> dict:
+    return {"spec": spec, "SavedTensor": SavedTensor, "Tensor": _T(), "save": _save,
+            "save_number": _save_number, "strides_of": _strides_of}
+
+
+def _saver(spec, needs: int):
+    """``saver(inputs, params, outputs) -> dict`` of the op's saved operands when the
+    inputs in ``needs`` get a gradient: the save plan written out as one dict display."""
+    src = f"def saver(inputs, params, outputs):\n    return {_saved_display(spec, needs)}\n"
+    saver = define(src, f"<symgrad saver {spec.name} {needs}>", _saver_namespace(spec))["saver"]
     spec.__dict__.setdefault("_savers", {})[needs] = saver
     return saver
 

@@ -150,18 +150,29 @@ def unary_fused_backward() -> tuple[str, ...]:
 # torch's maybe_multiply leaves the gradient unscaled at alpha == 1, so add's and sub's
 # tensor-level formulas and meanings are written out.
 _AB = ("a", "b")
+
+
+def _scaled_other(kernel: str):
+    """``be.<kernel>(self, alpha * other)``; at alpha 1 it is the stanza kernel alone, which
+    autograd's fast path then calls directly (``kernel_params``)."""
+
+    def forward(be, self, other, alpha=1):
+        return getattr(be, kernel)(self, other if alpha == 1 else be.mul(other, alpha))
+
+    forward.backend_kernel, forward.kernel_params = kernel, {"alpha": 1}
+    return forward
+
+
 elementwise(
     "add", "AddBackward0", Scalar("a + b", ("g", "g"), inputs=_AB), inputs=("self", "other"),
-    forward=lambda be, self, other, alpha=1:
-        be.add(self, other if alpha == 1 else be.mul(other, alpha)),
+    forward=_scaled_other("add"),
     dtype_rule="promote", fused=False,
     grads={"self": lambda grad: grad,
            "other": lambda grad, alpha: grad if alpha == 1 else grad * alpha},
     sympy=lambda sp, x, y, alpha=1: x + alpha * y)
 elementwise(
     "sub", "SubBackward0", Scalar("a - b", ("g", "-g"), inputs=_AB), inputs=("self", "other"),
-    forward=lambda be, self, other, alpha=1:
-        be.sub(self, other if alpha == 1 else be.mul(other, alpha)),
+    forward=_scaled_other("sub"),
     dtype_rule="promote", fused=False,
     grads={"self": lambda grad: grad,
            "other": lambda grad, alpha: -grad if alpha == 1 else grad * -alpha},

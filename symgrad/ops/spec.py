@@ -23,6 +23,10 @@ STRUCTURAL = "structural"
 #: Saved names that are read from an input tensor's metadata rather than kept as tensors.
 _META_SUFFIXES = ("_sym_sizes", "_sym_strides", "_sym_numel")
 
+#: ``builder(spec) -> run(inputs, params=None)``: the op's entry into autograd, set by the
+#: layer above (symgrad.autograd.function); ops never import autograd.
+entry_builder: Callable[[Any], Callable[..., Any]] | None = None
+
 
 class GradFormulas(dict):
     """The backward formulas of one op; remembers whether they are still the registered ones.
@@ -124,6 +128,13 @@ class OpSpec:
     @property
     def differentiable(self) -> bool:
         return self.grad_fn is not None
+
+    def _run(self, inputs, params=None):
+        """Run the op on tensors (``autograd.function.apply``). The first call installs the
+        op's own entry as an instance attribute of the same name, so later calls skip this
+        one; deleting ``_run`` from the instance's ``__dict__`` builds it again."""
+        run = self.__dict__["_run"] = entry_builder(self)
+        return run(inputs, params)
 
     def saved_kind(self, saved_name: str) -> tuple[str, str | None]:
         """Classify a saved name: input, output, meta (sizes/strides/numel) or param."""

@@ -261,24 +261,29 @@ def _binary(name: str, ref):
     body = name + "_f"
 
     def kernel(a, b):
+        # below PARALLEL_MIN elements (of a, or of b when a is a number) straight to NumPy
+        if type(a) is np.ndarray:
+            if a.size < PARALLEL_MIN:
+                return ref(a, b)
+        elif type(b) is not np.ndarray or b.size < PARALLEL_MIN:
+            return ref(a, b)
         ta, tb = type(a) is np.ndarray, type(b) is np.ndarray
         big = a if ta else b
-        if (ta or tb) and big.size >= PARALLEL_MIN:  # else straight to NumPy (tiny: fast)
-            if ta and tb:
-                if _same(a, b):
-                    out = _empty(a)
-                    _run(body, a.size, _flat(a), _flat(b), _flat(out), 1, 1)
-                    return out
-            else:
-                s = b if ta else a
-                if _same(big) and type(s) in (int, float):
-                    s = np.full(1, s, dtype=big.dtype)  # NumPy 2: the array's dtype wins
-                    out = _empty(big)
-                    if ta:
-                        _run(body, a.size, _flat(a), s, _flat(out), 1, 0)
-                    else:
-                        _run(body, b.size, s, _flat(b), _flat(out), 0, 1)
-                    return out
+        if ta and tb:
+            if _same(a, b):
+                out = _empty(a)
+                _run(body, a.size, _flat(a), _flat(b), _flat(out), 1, 1)
+                return out
+        else:
+            s = b if ta else a
+            if _same(big) and type(s) in (int, float):
+                s = np.full(1, s, dtype=big.dtype)  # NumPy 2: the array's dtype wins
+                out = _empty(big)
+                if ta:
+                    _run(body, a.size, _flat(a), s, _flat(out), 1, 0)
+                else:
+                    _run(body, b.size, s, _flat(b), _flat(out), 0, 1)
+                return out
         return ref(a, b)
 
     kernel.__name__ = name
