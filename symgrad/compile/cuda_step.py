@@ -45,11 +45,14 @@ __all__ = ["generate_cuda"]
 
 
 class _Module:
-    """Stands for a generated module: ``make(K)`` and a readable listing."""
+    """Stands for a generated module: ``make(K)``, a readable listing, and the fused runs
+    (``_Fused``: each one's kernels module, group and derivation) that ``step.verify()``
+    proves against SymPy."""
 
-    def __init__(self, build, text: str) -> None:
+    def __init__(self, build, text: str, runs: list) -> None:
         self._build = build
         self.text = text
+        self.runs = runs
 
     def make(self, constants):
         return self._build()
@@ -590,7 +593,8 @@ class _Builder:
         text = "\n".join(['"""CUDA step plan (symgrad.compile.cuda_step): each line one '
                           'prepared call on device arrays."""'] + self.text)
         gen = Generated(text, {}, layout, [], None)
-        gen.module = _Module(build, text)
+        runs = sorted(set(self.fused.values()), key=lambda f: f.group.index)
+        gen.module = _Module(build, text, runs)
         return gen
 
 

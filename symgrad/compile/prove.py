@@ -26,7 +26,7 @@ import textwrap
 import types
 from typing import Any
 
-__all__ = ["prove_plan", "prove_group", "at_generation", "ProofFailed"]
+__all__ = ["prove_plan", "prove_group", "prove_runs", "at_generation", "ProofFailed"]
 
 
 class ProofFailed(Exception):
@@ -283,8 +283,15 @@ def at_generation(module: types.ModuleType, plan: Any) -> dict:
 # equal the ops' ``OpSpec.sympy`` meaning, and the gradient written for input ``x`` (by the
 # backward loop from symbols ``g_j``, or by the forward loop where the incoming gradient is a
 # known constant ``c``) must equal ``d/dx sum_j g_j * value_j`` (``c * value``).
+def _python(fn):
+    """The Python function a kernel was compiled from: numba's ``py_func`` (``@njit`` and
+    ``@cuda.jit`` dispatchers); numba's CUDA simulator keeps it as ``fn``."""
+    py = getattr(fn, "py_func", None)
+    return py if py is not None else fn.fn
+
+
 def _body(fn) -> str:
-    src = inspect.getsource(fn.py_func)
+    src = inspect.getsource(_python(fn))
     body = src.split("    for k in ", 1)[1].split("\n", 1)[1]
     return textwrap.dedent(body)
 
@@ -295,11 +302,14 @@ def _settled(sp, got, want, symbols: list, name: str, what: str) -> str:
     return _numeric(sp, got, want, symbols, name, what)
 
 
-def prove_group(module, group) -> str:
-    """"proved", "checked at N points" or AssertionError naming what differs."""
+def prove_group(module, group, code: dict | None = None) -> str:
+    """"proved", "checked at N points" or AssertionError naming what differs. ``code`` is
+    the derivation ``module``'s kernels were made from: the design's own (the CPU loops) by
+    default, or its CUDA form (cuda_fused.derive, one loop, kernels under ``@cuda.jit``)."""
     import sympy as sp
 
     d = group.design
+    code = d.code if code is None else code
     vocab = _vocabulary(sp)
     base = {"np": _Np(sp), "k": 0, "_cmp": vocab["_cmp"]}
     base.update({f"m_{k}": v for k, v in vocab.items()})
@@ -311,7 +321,7 @@ def prove_group(module, group) -> str:
                       else v) for k, v in c.params.items()}
         meaning[c.outputs[0].index] = c.spec.sympy(sp, *args, **params)
     env = {f"in{j}": s for j, s in sym.items()}
-    for st in d.code["stages"]:
+    for st in code["stages"]:
         if st[0] == "ufunc":
             env[st[3]] = getattr(sp, st[1])(env[st[2]])
             continue
@@ -334,7 +344,7 @@ def prove_group(module, group) -> str:
             target = _exact(sp, d.const) * meaning[outs[s].index]
         else:
             target = sum(gs[p] * meaning[outs[p].index] for p in d.seeds)
-            b = d.code["backward"]
+            b = code["backward"]
             lanes = {n: _Lanes(gs[int(n[1:])] if n.startswith("e") else env.get(n))
                      for n in b["params"]}
             ns = dict(base)
@@ -346,3 +356,10 @@ def prove_group(module, group) -> str:
             how.add(_settled(sp, env[f"r{j}"], sp.diff(target, sym[j]), symbols, group.name,
                              f"gradient of x{group.inputs[j].index}"))
     return "proved" if how <= {"proved"} else sorted(how - {"proved"})[0]
+
+
+def prove_runs(runs) -> dict:
+    """{run name: how} for fused runs given as objects with ``name``, ``module``, ``group``
+    and ``code`` (a CUDA step's runs, cuda_step._Fused: the kernels as loaded, proved on
+    the derivation they were made from); AssertionError naming what differs."""
+    return {r.name: prove_group(r.module, r.group, r.code) for r in runs}

@@ -4,6 +4,10 @@ The verifier reads a recorded autograd graph; the compiled step keeps no graph (
 its point). So the program's ops up to its first ``backward`` are applied again with the
 registered ops, on copies of the current parameters and of the traced call's arguments,
 under ``record()``: a graph with every value, and no side effect on the model.
+
+The replay is always on the CPU (NumPy copies; a CUDA step's device arrays are read
+back), where the verifier works; the generated code (``check_generated``) runs on copies
+on its own device, a CUDA step's plan on device copies.
 """
 
 from __future__ import annotations
@@ -17,24 +21,36 @@ from ..autograd.grad_mode import no_grad
 from ..autograd.record import record
 from ..tensor import Tensor
 from .graph import Backward, CustomCall, OpCall, Program, Value
+from .trace import _copy
 
 __all__ = ["replay", "check_generated"]
 
 
+def _host(a) -> np.ndarray:
+    """A NumPy copy of a NumPy or CUDA backend array (the caller's array is not touched)."""
+    if isinstance(a, np.ndarray):
+        return a.copy()
+    from ..backends import backend_for
+
+    return np.array(backend_for("cuda").to_host(a))
+
+
 def replay(program: Program, example: list) -> tuple[Tensor, dict]:
-    """(root tensor of the first backward, {name: leaf tensor}) rebuilt from ``program``."""
+    """(root tensor of the first backward, {name: leaf tensor}) rebuilt from ``program``
+    on the CPU, on host copies of the parameters and of ``example`` (the traced call's
+    arguments, NumPy or device arrays)."""
     tensors: dict[int, Tensor] = {}
     names: dict[str, Tensor] = {}
     for kind, v in program.args:
         if kind == "tensor":
-            tensors[v.index] = Tensor._wrap(example[v.slot].copy())
+            tensors[v.index] = Tensor._wrap(_host(example[v.slot]))
             names[f"arg{v.slot}"] = tensors[v.index]
     for v in program.values:
         if v.kind == "leaf":
             t = program.leaves[v.slot]()
             if t is None:
                 raise RuntimeError("a parameter of the compiled step was freed")
-            copy = Tensor._wrap(t._data.copy())
+            copy = Tensor._wrap(_host(t._data))
             copy.requires_grad_(v.requires_grad)
             tensors[v.index] = copy
             names[f"leaf{v.slot}"] = copy
@@ -65,16 +81,17 @@ def replay(program: Program, example: list) -> tuple[Tensor, dict]:
 
 def check_generated(program: Program, example: list, make, constants: dict, layout,
                     arrays: list, hyper: list) -> list[str]:
-    """Run a fresh instance of the generated code on copies of everything and compare its
-    gradients with the eager engine's on the replayed graph; returns the disagreements
-    (empty: they agree within float rounding). Only for programs with one backward."""
+    """Run a fresh instance of the generated code on copies of everything (on its device:
+    a CUDA plan on device copies) and compare its gradients with the eager engine's on the
+    replayed graph (CPU); returns the disagreements (empty: they agree within float
+    rounding). Only for programs with one backward."""
     if sum(isinstance(e, Backward) for e in program.events) != 1:
         return []
     root, names = replay(program, example)
     root.backward()
     run, buffers = make(constants)
-    tensors = [example[v.slot].copy() for kind, v in program.args if kind == "tensor"]
-    run(tensors, [a.copy() for a in arrays], [None] * len(layout.entry_grads), hyper)
+    tensors = [_copy(example[v.slot]) for kind, v in program.args if kind == "tensor"]
+    run(tensors, [_copy(a) for a in arrays], [None] * len(layout.entry_grads), hyper)
     terms = len(program.events) + max((max(v.shape, default=1) for v in program.values),
                                       default=1)
     problems = []
@@ -82,7 +99,7 @@ def check_generated(program: Program, example: list, make, constants: dict, layo
         leaf = names.get(f"leaf{slot}")
         if name is None or leaf is None or leaf.grad is None:
             continue
-        want, got = leaf.grad._data, buffers[name]
+        want, got = leaf.grad._data, _host(buffers[name])
         bound = 4 * terms * np.finfo(want.dtype).eps * max(float(np.abs(want).max()), 1e-30)
         err = float(np.abs(got - want).max())
         if not err <= bound:

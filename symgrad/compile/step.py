@@ -277,22 +277,19 @@ class CompiledStep:
 
     def verify(self, **kwargs):
         """Prove the latest signature's step: ``sg.verify`` on its traced forward, replayed
-        on copies of the current parameters and of the traced call's arguments (no side
-        effects), and the generated code's gradients compared with the eager engine's on
-        that replay, and each fused backward loop proved against SymPy's derivative
-        (``stats["proofs"]``); a disagreement raises RuntimeError. Returns the Report;
-        keywords go to ``sg.verify`` (``mode="auto"`` picks local checks on big shapes)."""
+        on the CPU on copies of the current parameters and of the traced call's arguments
+        (no side effects; a CUDA step's arrays are read back to the host), and the generated
+        code's gradients (a fresh instance, on copies on its own device) compared with the
+        eager engine's on that replay, and each fused backward loop (a CUDA step: each fused
+        run's kernels) proved against SymPy's derivative (``stats["proofs"]``); a
+        disagreement raises RuntimeError. Returns the Report; keywords go to ``sg.verify``
+        (``mode="auto"`` picks local checks on big shapes)."""
         from .replay import check_generated, replay
 
         entries = self._entries()
         if not entries:
             raise RuntimeError("nothing compiled yet: call the step first")
         entry = entries[-1]
-        if entry.device.type != "cpu":
-            raise RuntimeError("sg.compile: verify() replays on NumPy arrays and proves the "
-                               "CPU module's fused loops; a CUDA step has neither (its plan "
-                               "runs eager's device kernels): compile and verify the same "
-                               "step on CPU tensors")
         root, names = replay(entry.program, entry.example)
         # symgrad.verify is the public, lazy entry to the verifier (it sits above the core,
         # which may not import it); the package is loaded whenever a step exists
@@ -303,8 +300,12 @@ class CompiledStep:
         if problems:
             raise RuntimeError("sg.compile: the generated step disagrees with eager: "
                                + "; ".join(problems))
+        cuda = entry.device.type == "cuda"
         try:
-            self.stats["proofs"] = prove.prove_plan(entry.module, entry.generated.plan)
+            # CUDA: each fused run's kernels (cuda_fused.py), as loaded, on their derivation
+            self.stats["proofs"] = (prove.prove_runs(entry.module.runs) if cuda else
+                                    prove.prove_plan(entry.module, entry.generated.plan))
         except AssertionError as exc:
-            raise RuntimeError(f"sg.compile: a fused backward loop is wrong: {exc}") from None
+            what = "fused CUDA kernel" if cuda else "fused backward loop"
+            raise RuntimeError(f"sg.compile: a {what} is wrong: {exc}") from None
         return report

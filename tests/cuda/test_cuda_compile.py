@@ -370,8 +370,7 @@ def test_cuda_step_follows_lr_changes_and_retraces_on_guards():
         eager(x, y)
     _assert_same(c, e, 5)
     assert step.stats["traces"] == 2 and step.stats["fallbacks"] == []
-    with pytest.raises(RuntimeError, match="CUDA step"):
-        step.verify()
+    assert step.verify().ok  # the retraced entry's (momentum on)
 
 
 def test_cuda_step_runs_fused_kernels_for_elementwise_runs():
