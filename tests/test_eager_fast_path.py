@@ -188,3 +188,85 @@ def test_a_replaced_forward_is_used_by_the_fast_path(monkeypatch):
     assert (a * a).tolist() == [2.0, 4.0]
     monkeypatch.undo()
     assert (a * a).tolist() == [1.0, 4.0]
+
+
+OPERATORS = [("add", lambda x, y: x + y, {"alpha": 1}), ("sub", lambda x, y: x - y, {"alpha": 1}),
+             ("mul", lambda x, y: x * y, {}), ("div", lambda x, y: x / y, {})]
+
+
+@pytest.mark.parametrize("dtype", [sg.float32, sg.float64])
+@pytest.mark.parametrize("kind", ["tensor", "both_grad", "broadcast", "non_leaf", "scalar",
+                                  "int_scalar"])
+@pytest.mark.parametrize(("op", "call", "params"), OPERATORS, ids=[o[0] for o in OPERATORS])
+def test_operators_make_the_same_tensor_and_node_as_the_general_path(op, call, params, kind,
+                                                                       dtype):
+    """``a + b`` runs the op's line as a Tensor method (tensor.py _install_operator_lines)."""
+    a, b = _inputs(kind, dtype)
+    fast = call(a, b)
+    slow = fn_mod._apply_general(OPS[op], (a, b), dict(params))
+    _same_result(fast, slow)
+
+
+@pytest.mark.parametrize(("call", "op", "number", "params"), [
+    (lambda a: 2.0 + a, "add", 2.0, {"alpha": 1}), (lambda a: 2 * a, "mul", 2, {})])
+def test_reflected_operators_match_the_functional_form(call, op, number, params):
+    a = sg.tensor([0.5, -1.5, 2.0], requires_grad=True)
+    _same_result(call(a), fn_mod._apply_general(OPS[op], (a, number), params))
+
+
+def test_operators_off_the_line_behave_as_the_functional_form():
+    a = sg.tensor([1.0, 2.0], requires_grad=True)
+    out = a + np.float32(0.5)  # a NumPy scalar: the functional form converts it
+    np.testing.assert_array_equal(out._data, np.array([1.5, 2.5], np.float32))
+    assert out.grad_fn.name() == "AddBackward0"
+    with pytest.raises(TypeError) as via_operator:
+        a + "x"
+    with pytest.raises(TypeError) as via_function:
+        sg.add(a, "x")
+    assert str(via_operator.value) == str(via_function.value)
+    i = sg.tensor([1, 2])
+    assert (i * i).dtype == sg.int64 and (i * i).tolist() == [1, 4]
+
+
+def test_operators_are_seen_by_the_profiler():
+    a = sg.tensor([1.0, 2.0], requires_grad=True)
+    with sg.autograd.profiler.profile() as prof:
+        ((a + a) * a - a / a).sum()
+    names = [e.name for e in prof.function_events]
+    for op in ("add", "mul", "sub", "div"):
+        assert f"symgrad::{op}" in names, names
+
+
+def test_small_arrays_skip_the_parallel_loop_and_large_ones_take_it(monkeypatch):
+    """The line calls the CPU backend's NumPy reference below PARALLEL_MIN elements (read
+    per call) and the backend's kernel, with its parallel loop, from there on."""
+    from symgrad.backends.cpu import backend as cpu_module
+
+    if fn_mod._DEVICE_DEFAULT["cpu"] != "cpu":
+        pytest.skip("the Numba CPU backend is not the default in this run")
+    loops = []
+    real = cpu_module._run
+    monkeypatch.setattr(cpu_module, "_run", lambda *args: (loops.append(args[0]),
+                                                           real(*args))[1])
+    a = sg.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    b = sg.tensor([4.0, 5.0, 6.0])
+    small = (a + b, a * b, a.relu(), sg.add(a, b))
+    assert loops == []
+    monkeypatch.setattr(cpu_module, "PARALLEL_MIN", 2)
+    large = (a + b, a * b, a.relu(), sg.add(a, b))
+    assert loops == ["add_f", "mul_f", "relu_f", "add_f"]
+    for s, g in zip(small, large):
+        np.testing.assert_array_equal(s._data, g._data)
+        assert type(s.grad_fn) is type(g.grad_fn)
+
+
+def test_memory_is_counted_as_by_the_general_path():
+    a = sg.randn(64, requires_grad=True)
+    before = sg.memory_allocated()
+    fast = a * 2.0
+    after_fast = sg.memory_allocated()
+    slow = fn_mod._apply_general(OPS["mul"], (a, 2.0), {})
+    assert after_fast - before == sg.memory_allocated() - after_fast == fast._data.nbytes
+    assert sg.max_memory_allocated() >= sg.memory_allocated()
+    del fast, slow
+    assert sg.memory_allocated() == before

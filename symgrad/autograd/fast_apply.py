@@ -12,6 +12,9 @@ the same tensors and the same nodes (tests/test_eager_fast_path.py compares them
 
 from __future__ import annotations
 
+import re
+
+from ..backends import small_kernel
 from ..ops.scalar import define
 
 #: dtype rules whose result, when every tensor has one floating dtype d, is d with no cast
@@ -62,6 +65,7 @@ def source(spec, saved_display) -> str:
     # an elementwise op's default forward only calls the backend's stanza kernel; add's
     # and sub's do so at their default alpha (``kernel_params``)
     kernel = getattr(spec.forward, "backend_kernel", None)
+    small = kernel is not None and small_kernel(kernel) is not None
     plain = "not params" if not getattr(spec.forward, "kernel_params", None) \
         else "params == kernel_params"
     lines += [
@@ -76,7 +80,11 @@ def source(spec, saved_display) -> str:
         "        params = {}",
         "    try:",
         *([f"        if {plain} and spec.forward is stanza_forward:",
-           f"            out = getattr(be, {kernel!r})({arrays})",
+           *(["            if be is small_be and a0.size < limits.PARALLEL_MIN:",
+              f"                out = small_fn({arrays})",
+              "            else:",
+              f"                out = be.{kernel}({arrays})"] if small else
+             [f"            out = be.{kernel}({arrays})"]),
            "        else:",
            f"            out = spec.forward(be, {arrays}, **params)"] if kernel else
           [f"        out = spec.forward(be, {arrays}, **params)"]),
@@ -161,6 +169,23 @@ def source(spec, saved_display) -> str:
     return "\n".join(lines)
 
 
+def method_source(spec, saved_display, params: str) -> str:
+    """The straight line as a binary Tensor method ``fast(x0, x1)`` (``a + b``): one Python
+    call and one tuple fewer than ``functional.add``'s route. ``params`` is the display
+    of the op's parameters at their defaults (``{'alpha': 1}``); anything off the line, and
+    a call while a profiler or tracer is set, goes to ``fallback`` (the functional form)."""
+    if len(spec.inputs) != 2:
+        raise ValueError("method_source is for binary ops")
+    head = source(spec, saved_display).split("\n")
+    start = head.index("    if not isinstance(x0, Tensor):")
+    lines = ["def fast(x0, x1):",
+             "    if fn_module._profiler is not None:",
+             "        return fallback(x0, x1)",
+             f"    params = {params}"] + head[start:]
+    text = "\n".join(lines).replace("general(spec, inputs, params)", "fallback(x0, x1)")
+    return re.sub(r"\binputs\b", "(x0, x1)", text)
+
+
 def _inline_savers(spec, n: int, saved_display) -> list[str]:
     """``node._saved = {...}``: the save plan of each set of inputs needing a gradient
     written inline for ops of one or two inputs (a call less), the saver call otherwise."""
@@ -189,12 +214,30 @@ def _inline_savers(spec, n: int, saved_display) -> list[str]:
     return lines
 
 
+def _op_namespace(spec, namespace: dict) -> dict:
+    """``namespace`` (function._entry_namespace) plus what one op's line reads."""
+    kernel = getattr(spec.forward, "backend_kernel", None)
+    small_be, small_fn, limits = (kernel and small_kernel(kernel)) or (None, None, None)
+    return {**namespace, "spec": spec, "stanza_forward": spec.forward,
+            "kernel_params": getattr(spec.forward, "kernel_params", None),
+            "savers": spec.__dict__.setdefault("_savers", {}),
+            "small_be": small_be, "small_fn": small_fn, "limits": limits}
+
+
+def build_method(spec, namespace: dict, params: str, fallback):
+    """``method_source``'s function for ``spec``, named and documented as ``fallback``."""
+    glb = define(method_source(spec, namespace["saved_display"], params),
+                 f"<symgrad fast method {spec.name}>",
+                 {**_op_namespace(spec, namespace), "fallback": fallback})
+    fast = glb["fast"]
+    fast.__name__, fast.__qualname__, fast.__doc__ = \
+        fallback.__name__, fallback.__qualname__, fallback.__doc__
+    return fast
+
+
 def build(spec, namespace: dict):
     """``fast`` for ``spec``, or None when the op's calls never fit the straight line."""
     if not eligible(spec):
         return None
-    glb = define(source(spec, namespace["saved_display"]), f"<symgrad fast apply {spec.name}>",
-                 {**namespace, "spec": spec, "stanza_forward": spec.forward,
-                  "kernel_params": getattr(spec.forward, "kernel_params", None),
-                  "savers": spec.__dict__.setdefault("_savers", {})})
-    return glb["fast"]
+    return define(source(spec, namespace["saved_display"]), f"<symgrad fast apply {spec.name}>",
+                  _op_namespace(spec, namespace))["fast"]

@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 
 from .. import _tensor_layer as _tl
+from .. import memory as _memory
 from ..backends import _BACKENDS, _DEVICE_DEFAULT, backend_for
 from ..dtypes import bool_, default_float, float64, int64, promote
-from .. import memory as _memory
-from ..memory import Storage, new_storage
+from ..memory import Storage
 from ..ops import spec as _spec_module
 from ..ops.scalar import define
 from . import fast_apply as _fast_apply
@@ -109,11 +109,10 @@ def apply(spec, inputs, params=None):
     return spec._run(inputs, params)
 
 
-def _build_entry(spec):
-    """The op's entry (``OpSpec._run``): its straight-line apply (fast_apply.py) or the
-    general one; either hands the call to the profiler or tracer when one is set."""
+def _entry_namespace(spec) -> dict:
+    """What the generated straight lines (fast_apply.py) read."""
     _T()
-    fast = _fast_apply.build(spec, {
+    return {
         "Tensor": _tensor_cls, "DT_OF": _DT_OF, "BACKENDS": _BACKENDS,
         "DEVICE_DEFAULT": _DEVICE_DEFAULT, "ndarray": np.ndarray, "as_array": as_array,
         "shape_error": _shape_error, "new": object.__new__, "Storage": Storage,
@@ -125,7 +124,13 @@ def _build_entry(spec):
         "accumulator_of": accumulator_of, "NO_EDGE": _NO_EDGE, "wref": weakref.ref,
         "next_sequence": _node_module._sequence.__next__,
         "make_saver": _saver, "saved_display": _saved_display, **_saver_namespace(spec),
-        "general": _apply_general})
+        "general": _apply_general}
+
+
+def _build_entry(spec):
+    """The op's entry (``OpSpec._run``): its straight-line apply (fast_apply.py) or the
+    general one; either hands the call to the profiler or tracer when one is set."""
+    fast = _fast_apply.build(spec, _entry_namespace(spec))
     if fast is not None:
         return fast
 
@@ -135,6 +140,13 @@ def _build_entry(spec):
         return _apply_general(spec, inputs, params)
 
     return run
+
+
+def binary_method(spec, params: str, fallback):
+    """``Tensor.__add__`` and the like: ``spec``'s straight line called as ``a + b`` with
+    its parameters at their defaults (``params``, a dict display); any other call goes to
+    ``fallback(a, b)``, the functional form (tensor.py installs these)."""
+    return _fast_apply.build_method(spec, _entry_namespace(spec), params, fallback)
 
 
 _spec_module.entry_builder = _build_entry

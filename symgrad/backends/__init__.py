@@ -30,6 +30,17 @@ def backend_for(device_type: str):
         raise RuntimeError(f"no backend for device type {device_type!r}") from None
 
 
+def small_kernel(kernel: str):
+    """``(backend, fn, limits)``: ``backend`` runs stanza kernel ``kernel`` as plain ``fn``
+    when its first array input has fewer than ``limits.PARALLEL_MIN`` elements (read per
+    call: tests lower it), so a hot caller may call ``fn`` itself; None if none does."""
+    from .cpu import backend as cpu_module
+
+    be = _BACKENDS.get("cpu")
+    fn = cpu_module.SMALL_KERNELS.get(kernel)
+    return None if be is None or fn is None else (be, fn, cpu_module)
+
+
 def set_cpu_backend(name: str) -> str:
     """Select the CPU backend by name; returns the previous one (tests run both)."""
     if name not in _BACKENDS:

@@ -133,7 +133,9 @@ class OpSpec:
         """Run the op on tensors (``autograd.function.apply``). The first call installs the
         op's own entry as an instance attribute of the same name, so later calls skip this
         one; deleting ``_run`` from the instance's ``__dict__`` builds it again."""
-        run = self.__dict__["_run"] = entry_builder(self)
+        run = self.__dict__.get("_run")  # built already (this bound method was kept)
+        if run is None:
+            run = self.__dict__["_run"] = entry_builder(self)
         return run(inputs, params)
 
     def saved_kind(self, saved_name: str) -> tuple[str, str | None]:

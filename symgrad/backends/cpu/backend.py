@@ -646,6 +646,11 @@ class CpuBackend(NumpyBackend):
         return NumpyBackend.copy(x)
 
 
+#: Stanza kernels that are their NumPy reference when their first input has fewer than
+#: PARALLEL_MIN elements (``_unary``, ``_binary``): a hot caller may call the reference
+#: itself and save a Python call (backends.small_kernel; autograd's straight line does).
+SMALL_KERNELS: dict = {}
+
 # the elementwise kernels from the op stanzas: memory-bound ones get Numba loops (parallel
 # above PARALLEL_MIN; three-input ones from FUSED_MIN, saving temporaries), a lone libm call
 # (exp, log, sqrt) skips the reference's np.errstate context for one in-domain value
@@ -658,6 +663,8 @@ for _kernel in scalar_kernels():
         else:
             _method = (_unary if _arity == 1 else _binary if _arity == 2 else _nary)(
                 _kernel, _ref)
+            if _arity <= 2:
+                SMALL_KERNELS[_kernel] = _ref
         setattr(CpuBackend, _kernel, _method)
     elif _arity == 1 and _lone_call(OPS[_kernel].scalar) in _QUIET_DOMAIN:
         setattr(CpuBackend, _kernel, _one_value_fast(_kernel, _ref))
