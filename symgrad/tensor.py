@@ -66,9 +66,11 @@ class Size(tuple):
 
 
 class Tensor(TensorBase):
+    # _weak: the tensor's weak reference to itself, kept once a node took it as an input
+    # (weakref.ref would return that same object; reading the slot is cheaper than the call)
     __slots__ = ("_data", "_storage", "_device", "_requires_grad", "_grad", "_grad_fn",
                  "_output_nr", "_retains_grad", "_accumulator", "_backward_hooks", "name",
-                 "__weakref__")
+                 "_weak", "__weakref__")
 
     __array_priority__ = 1000  # numpy scalars defer to our reflected operators
 
@@ -86,7 +88,7 @@ class Tensor(TensorBase):
         t._retains_grad = False
         t._accumulator = None
         t._backward_hooks = None
-        t.name = None
+        t.name = t._weak = None
         return t
 
     @classmethod

@@ -18,7 +18,7 @@ from symgrad.autograd import function as fn_mod
 from symgrad.autograd.record import record
 from symgrad.ops.registry import OPS
 
-TENSOR_SLOTS = ("_device", "_requires_grad", "_grad", "_output_nr", "_retains_grad",
+TENSOR_SLOTS = ("_device", "_requires_grad", "_grad", "_output_nr", "_retains_grad", "_weak",
                 "_backward_hooks", "name")
 NODE_SLOTS = ("_input_meta", "_out_meta", "_freed", "_params")
 

@@ -108,7 +108,8 @@ def source(spec, saved_display) -> str:
         "    result._storage = storage",
         "    result._device = dev",
         "    result._retains_grad = False",
-        "    result._grad = result._accumulator = result._backward_hooks = result.name = None",
+        "    result._grad = result._accumulator = result._backward_hooks = result.name = \\",
+        "        result._weak = None",
         "    result._output_nr = 0",
     ]
     no_graph = ["result._requires_grad = False", "result._grad_fn = None"]
@@ -125,8 +126,8 @@ def source(spec, saved_display) -> str:
         # Node.__init__ written out
         "    node = new(node_cls)",
         "    node._sequence_nr = next_sequence()",
-        "    node._metadata = node._pre_hooks = node._hooks = None",
-        "    node._tensor_hooks = node._retained = None",
+        "    node._metadata = node._pre_hooks = node._hooks = node._tensor_hooks = \\",
+        "        node._retained = None",
         "    needs = 0",
     ]
     for i in range(n):
@@ -146,15 +147,18 @@ def source(spec, saved_display) -> str:
         ]
     edges = ", ".join(f"e{i}" for i in range(n)) + ("," if n == 1 else "")
     strong = ", ".join(f"x{i}" for i in range(n)) + ("," if n == 1 else "")
-    weak = ", ".join(["wref(x0)"] + [f"wref(x{i}) if t{i} else x{i}" for i in range(1, n)]) \
-        + ("," if n == 1 else "")
+    weak = ", ".join(["w0"] + [f"w{i}" for i in range(1, n)]) + ("," if n == 1 else "")
     differs = " or ".join(["a0.shape != shape"]
                           + [f"(t{i} and a{i}.shape != shape)" for i in range(1, n)])
     metas = ", ".join(["(a0.shape, dt)"] + [f"(a{i}.shape, dt) if t{i} else None"
                                              for i in range(1, n)]) + ("," if n == 1 else "")
     lines += [
         f"    node.next_functions = ({edges})",
-        f"    node._input_refs = ({strong}) if recording else ({weak})",
+        "    if recording:",
+        f"        node._input_refs = ({strong})",
+        "    else:",
+        *_weak_refs(n),
+        f"        node._input_refs = ({weak})",
         "    shape = out.shape",
         f"    node._input_meta = ({metas}) if {differs} else None",
         "    node._out_meta = ((shape, dt),)",
@@ -182,8 +186,21 @@ def method_source(spec, saved_display, params: str) -> str:
              "    if fn_module._profiler is not None:",
              "        return fallback(x0, x1)",
              f"    params = {params}"] + head[start:]
-    text = "\n".join(lines).replace("general(spec, inputs, params)", "fallback(x0, x1)")
+    text = "\n".join(lines).replace("    if params is None:\n        params = {}\n", "").replace("general(spec, inputs, params)", "fallback(x0, x1)")
     return re.sub(r"\binputs\b", "(x0, x1)", text)
+
+
+def _weak_refs(n: int) -> list[str]:
+    """``w<i>``: input i's weak reference to itself (made once per tensor, ``_weak``), or the
+    number itself."""
+    lines = []
+    for i in range(n):
+        pad = "        " if i == 0 else "            "
+        if i:
+            lines += [f"        w{i} = x{i}", f"        if t{i}:"]
+        lines += [f"{pad}w{i} = x{i}._weak", f"{pad}if w{i} is None:",
+                  f"{pad}    w{i} = x{i}._weak = wref(x{i})"]
+    return lines
 
 
 def _inline_savers(spec, n: int, saved_display) -> list[str]:
@@ -196,8 +213,11 @@ def _inline_savers(spec, n: int, saved_display) -> list[str]:
     branches = []
     for needs in range(1, 1 << n):
         display = saved_display(spec, needs).replace("outputs[0]", "result")
-        for j in range(n):
+        for j in range(n):  # whether x_j is a tensor is known: t_j (x0 always is)
+            display = display.replace(f"isinstance(inputs[{j}], Tensor)",
+                                      f"t{j}" if j else "True")
             display = display.replace(f"inputs[{j}]", f"x{j}")
+        display = display.replace(" if True else save_number(x0)", "")
         if "outputs" not in display and "inputs" not in display:
             branches.append((needs, display))
     if not branches:
