@@ -24,7 +24,7 @@ __all__ = ["forward_code", "backward_code", "has_backward", "multi_backward_code
 
 #: op -> inputs whose gradient has the output's shape and is summed back to the input's
 BROADCASTING = {"add": "all", "sub": "all", "mul": "all", "div": "all",
-                "addmm": (0,)}
+                "addmm": (0,), "copy_": (1,), "masked_fill": (0,), "masked_fill_tensor": (0,)}
 #: the binary ops with a NumPy ufunc taking ``out=``
 UFUNCS = {"add": "np.add", "sub": "np.subtract", "mul": "np.multiply", "div": "np.divide"}
 #: unary stanza ops with a NumPy ufunc taking ``out=`` (others run their stanza forward)
@@ -326,6 +326,31 @@ def _bmm(c, ctx, g):
             1: f"np.matmul(np.swapaxes({a}, 1, 2), {g})"}
 
 
+def _zeros(c, ctx, g):
+    """A constant's gradient (zero_, fill_, the in-place comparisons): zeros, made without
+    multiplying (``g * 0`` would turn an infinite gradient into NaN), as eager's formula."""
+    return {i: f"np.zeros({x.shape!r}, {ctx.dtype(x)})" for i, x in enumerate(c.inputs)
+            if isinstance(x, Value)}
+
+
+def _fill_tensor(c, ctx, g):
+    return {**_zeros(c, ctx, g), 1: f"np.asarray({g}.sum())"}
+
+
+def _copy(c, ctx, g):
+    """``t.copy_(src)`` (in place: a new value from src): src's gradient is the incoming one
+    (summed back to src's shape by the caller), t's old values get zeros."""
+    return {**_zeros(c, ctx, g), 1: g}
+
+
+def _masked_fill(c, ctx, g):
+    mask = ctx.ref(c.params["mask"])
+    out = {0: f"np.where({mask}, 0, {g})"}
+    if len(c.inputs) > 1:  # masked_fill_tensor: the 0-dim value gets the masked positions'
+        out[1] = f"np.asarray(np.where({mask}, {g}, 0).sum())"
+    return out
+
+
 RULES: dict[str, Callable] = {
     "add": _add, "sub": _sub, "rsub": _rsub, "mul": _mul, "div": _div, "pow": _pow,
     "mm": _mm, "addmm": _addmm, "sum": _sum, "sum_dim": _sum_dim, "mean": _mean,
@@ -343,6 +368,12 @@ RULES: dict[str, Callable] = {
 for _name in ("view", "reshape_alias", "unsafe_view", "unsqueeze", "squeeze", "squeeze_",
               "squeeze_all", "squeeze_dims"):
     RULES[_name] = _reshape
+# the ops in-place methods record (zero_, fill_, copy_, masked_fill_, gt_ ...: the tracer
+# records ``t.<op>_()`` as the op out of place, see trace.py)
+RULES.update({"zero_": _zeros, "fill_": _zeros, "fill_tensor_": _fill_tensor, "copy_": _copy,
+              "masked_fill": _masked_fill, "masked_fill_tensor": _masked_fill})
+for _name in ("gt", "ge", "lt", "le", "eq", "ne"):
+    RULES[f"{_name}_"] = RULES[f"{_name}_tensor_"] = _zeros
 
 
 #: view ops whose gradient is ``view_grad`` (probed per call site by ``view_grad_ok``)

@@ -7,6 +7,11 @@ tracer plugs in there (no core file changes), and for the few calls that bypass 
 the methods for the duration of the run only. Nothing is ever raised into fn: an
 untraceable thing only records its reason, fn's eager run finishes untouched, and the
 caller falls back to eager for this signature.
+
+An in-place method (``h.relu_()``, ``h.add_(b)``) on a tensor fn computed, that is no view
+and has none, is recorded as its out-of-place op: a new Value, to which the tensor is
+rebound (later reads of the same tensor object see the new value, earlier ones kept the
+old one, as the array's contents were in eager). See :meth:`Tracer._inplace`.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import numpy as np
 
 from ..autograd import function as _fn
 from ..autograd.anomaly_mode import _anomaly
+from ..functional import _INITIALISERS
 from ..nn import init as _init
 from ..nn.modules import Module
 from ..optim.adam import Adam
@@ -35,6 +41,10 @@ _VALUE_READS = ("item", "tolist", "numpy", "__bool__", "__float__", "__int__", "
 
 #: Types of module attributes whose reads are guarded (a tuple's items are checked later).
 _GUARDABLE = frozenset((int, float, bool, str, type(None), tuple))
+
+#: In-place random initialisers (``uniform_`` ...): the numbers drawn are a constant of the
+#: traced call, not an op of the step.
+_RANDOM_INPLACE = frozenset(f.__name__ for f in _INITIALISERS)
 
 #: Scalar types a param or input may hold and be baked into the generated code.
 _CONSTANTS = (int, float, bool, str, type(None), slice, type(Ellipsis))
@@ -86,7 +96,13 @@ class Tracer:
         self.program = Program()
         self.reason: str | None = None
         self._values: dict[int, Any] = {}  # id(tensor) -> Value
-        self._alive: list = []  # keeps traced tensors alive so ids stay unique
+        #: id -> weak reference of each bound tensor: its entry (and its _values entry)
+        #: goes when it dies, so an id is never reused under a stale value, and the traced
+        #: call keeps no tensor alive that eager would have freed (eager's in-place checks
+        #: read whether a view's base is still alive)
+        self._refs: dict[int, weakref.ref] = {}
+        #: custom Functions' ctx objects (their ids key _customs)
+        self._keep: list = []
         self._leaf_slots: dict[int, int] = {}
         #: id -> weakref of every tensor made during the run (not a WeakSet: its membership
         #: test compares with ==, which is an op on tensors)
@@ -96,6 +112,9 @@ class Tracer:
         self._sink: list | None = None
         #: id(ctx) -> (CustomCall, Value of each ctx.save_for_backward entry)
         self._customs: dict[int, tuple] = {}
+        #: per custom Function forward running: (ids of its tensor arguments, ids of those
+        #: it changed in place while they required grad: they must be ctx.mark_dirty'd)
+        self._forwards: list[tuple[set, set]] = []
         #: the modules whose forward ran in fn (the globals their forward reads are guarded)
         self.modules: dict[int, Module] = {}
         #: id(module) -> (module, names of its scalar instance attributes fn read)
@@ -130,8 +149,10 @@ class Tracer:
             self.fail(f"{kind} tensors (compiled: cpu, cuda)")
 
     def _bind(self, t, v) -> None:
-        self._values[id(t)] = v
-        self._alive.append(t)
+        key = id(t)
+        self._values[key] = v
+        if key not in self._refs:
+            self._refs[key] = weakref.ref(t, _forget(weakref.ref(self), key))
 
     def leaf(self, t) -> Any:
         """The Value of a tensor fn read from outside (a parameter, a buffer)."""
@@ -186,9 +207,102 @@ class Tracer:
                 self.fail(f"custom autograd Function {name} called inside another custom "
                           "Function's backward")
             else:
-                self.fail(f"in-place op {name.removeprefix('symgrad::')} (no compile rule "
-                          "yet)")
+                return self._inplace(name.removeprefix("symgrad::"), inputs, fn, args)
         return self._run_quiet(fn, *args)
+
+    # -- in-place ops ---------------------------------------------------------------------
+    def _inplace(self, method: str, inputs, fn, args: tuple):
+        """``target.<method>(...)``: eager runs it (its errors are eager's), then the op it
+        stands for runs out of place on a copy of the old values, bound to the target's old
+        Value, through the tracer: its OpCalls are recorded as fn's and the target is
+        rebound to their result. Where that rewrite could differ from eager (a view, state
+        outside fn, another dtype, other values) the signature falls back instead."""
+        target = inputs[0] if inputs else None
+        reason = self._inplace_refusal(method, target, fn, args)
+        if reason is not None:
+            self.fail(f"in-place op {method} {reason}")
+            return self._run_quiet(fn, *args)
+        old = self._values[id(target)]
+        requires_grad = target._requires_grad
+        before = _copy(target._data)
+        out = self._run_quiet(fn, *args)  # eager's in-place op, on the real tensor
+        if self.reason is not None:
+            return out
+        stand_in = Tensor._wrap(before, target._device)
+        stand_in._requires_grad = requires_grad
+        self._bind(stand_in, old)
+        try:
+            result = args[2](stand_in)  # the out-of-place op: recorded by _record_op
+        except Exception as exc:  # eager did it in place; the rewrite cannot
+            self.fail(f"in-place op {method}: its out-of-place form failed "
+                      f"({type(exc).__name__}: {exc})")
+            return out
+        new = self._values.get(id(result)) if isinstance(result, Tensor) else None
+        if new is None:
+            self.fail(f"in-place op {method}: its out-of-place form gave no traced tensor")
+            return out
+        if new.shape != old.shape or new.dtype != old.dtype:
+            self.fail(f"in-place op {method}: the out-of-place result is {new.dtype} "
+                      f"{list(new.shape)}, eager casts it into {old.dtype} {list(old.shape)}")
+            return out
+        if not _same(result._data, target._data):
+            self.fail(f"in-place op {method}: its out-of-place op gives other values than "
+                      "the in-place kernel")
+            return out
+        if new.requires_grad != bool(target._requires_grad):
+            forward = self._forwards[-1] if self._forwards else None
+            if forward is not None and id(target) in forward[0] and not new.requires_grad:
+                forward[1].add(id(target))  # a custom Function's input: ctx.mark_dirty?
+            else:
+                self.fail(f"in-place op {method} under no_grad (or not differentiable) on a "
+                          "tensor that requires grad: it keeps its old grad_fn")
+                return out
+        self._bind(target, new)
+        return out
+
+    def _inplace_refusal(self, method: str, target, fn, args: tuple) -> str | None:
+        """Why ``target.<method>(...)`` cannot be recorded as its out-of-place op (None: it
+        can)."""
+        if (getattr(fn, "__func__", None) is not Tensor.__dict__.get("_inplace_impl")
+                or len(args) != 7 or not callable(args[2]) or not isinstance(target, Tensor)):
+            return "(no compile rule for this in-place call)"
+        if method in _RANDOM_INPLACE:
+            return "draws random numbers (in-place random initialisers are not compiled)"
+        if self._sink is not None:
+            return "inside a custom Function's backward (it may change the engine's gradient)"
+        v = self._values.get(id(target))
+        if v is None:
+            born = self._born.get(id(target))
+            if born is not None and born() is target:
+                return ("on a tensor made inside fn outside the traced ops (a creation "
+                        "function, .grad, .detach(), .data)")
+            return ("on a tensor from outside fn (a parameter, buffer or other state: a side "
+                    "effect outside the trace)")
+        if v.kind == "arg":
+            return f"on argument {v.slot} of fn (a side effect outside the trace)"
+        if v.kind == "leaf":
+            return ("on a parameter or a tensor read from outside fn (a side effect outside "
+                    "the trace)")
+        if self._aliased(target):
+            return ("on a view or on a tensor that has views (they would see the change; "
+                    "the out-of-place rewrite would not)")
+        return None
+
+    def _aliased(self, target) -> bool:
+        """Does another live tensor of this run share ``target``'s memory? Traced tensors
+        and every tensor made during the run (``.detach()``, ``.data``, aliases). One that
+        died cannot see the change; one a backward node saved is version checked by eager
+        (the traced call raises eager's error)."""
+        storage, data = target._storage, target._data
+        seen = {id(target)}
+        refs = list(self._refs.values()) + list(self._born.values())
+        for t in (r() for r in refs):
+            if t is None or id(t) in seen:
+                continue
+            seen.add(id(t))
+            if t._storage is storage or _overlap(t._data, data):
+                return True
+        return False
 
     # -- custom autograd Functions --------------------------------------------------------
     def _custom_forward(self, fn, cls, args: tuple, kwargs: dict):
@@ -201,7 +315,12 @@ class Tracer:
             return self._run_quiet(fn, cls, args, kwargs)
         operands = [self._operand(a) for a in args]
         start = len(self.program.events)
-        out = fn(cls, args, kwargs)
+        changed: set = set()
+        self._forwards.append(({id(a) for a in args if isinstance(a, Tensor)}, changed))
+        try:
+            out = fn(cls, args, kwargs)
+        finally:
+            self._forwards.pop()
         inner = self.program.events[start:]
         if any(not isinstance(e, OpCall) for e in inner):
             self.fail(f"custom Function {name}'s forward calls backward, zero_grad or an "
@@ -214,9 +333,12 @@ class Tracer:
         ctx = next((o._grad_fn for o in outs if isinstance(o._grad_fn, _fn.BackwardCFunction)
                     and o._grad_fn._forward_cls is cls), None)
         if ctx is None:  # nothing required grad: only the forward's ops matter
+            if changed:
+                self.fail(f"custom Function {name} changes an input in place")
             return out
-        if ctx.dirty_tensors:
-            self.fail(f"custom Function {name} uses ctx.mark_dirty (in-place)")
+        reason = self._dirty_refusal(ctx, args, operands, outs, changed)
+        if reason is not None:
+            self.fail(f"custom Function {name} {reason}")
             return out
         sources = []
         for o in outs:
@@ -247,9 +369,31 @@ class Tracer:
                 saved.append(self._operand(s._tensor))
         call = CustomCall(cls, operands, values, sources, inner, ctx._tensor_positions)
         self._customs[id(ctx)] = (call, saved)
-        self._alive.append(ctx)
+        self._keep.append(ctx)
         self.program.events.append(call)
         return out
+
+    def _dirty_refusal(self, ctx, args, operands, outs, changed: set) -> str | None:
+        """``ctx.mark_dirty``: compiled where each dirty tensor is an input fn computed (no
+        view, none alive) that the Function returns; its in-place ops in the forward were
+        recorded out of place (``_inplace``), so the output is a new Value over the last."""
+        dirty = {id(t) for t in ctx.dirty_tensors}
+        if changed - dirty:
+            return ("changes an input that requires grad in place without ctx.mark_dirty "
+                    "(eager keeps its old grad_fn)")
+        values = {id(a): v for a, v in zip(args, operands) if isinstance(a, Tensor)}
+        for t in ctx.dirty_tensors:
+            v = values.get(id(t))
+            if v is None:
+                return "marks a tensor dirty that is not one of its inputs"
+            if not any(o is t for o in outs):
+                return "marks an input dirty that it does not return"
+            if v.kind != "op":
+                return ("marks dirty an argument of fn or a tensor from outside fn (a side "
+                        "effect outside the trace)")
+            if self._aliased(t):
+                return "marks dirty a view or a tensor that has views"
+        return None
 
     def saved_tensors(self, fget, node) -> tuple:
         """``ctx.saved_tensors`` in a traced backward: a saved output unpacks as a new
@@ -336,7 +480,11 @@ class Tracer:
             else:
                 self._check_hooks(t)
                 self.program.events.append(Backward(v))
-        return self._quietly(original, t, gradient, retain_graph, create_graph, inputs)
+        try:
+            return self._quietly(original, t, gradient, retain_graph, create_graph, inputs)
+        except Exception as exc:  # fn may catch it; the trace holds a backward eager did not
+            self.fail(f"backward() raised {type(exc).__name__}")
+            raise
 
     def _check_hooks(self, root) -> None:
         """Hooks on the graph below ``root`` (registered before fn ran) run Python code."""
@@ -462,6 +610,23 @@ class Tracer:
             return orig_setitem(t, index, value)
 
         patches.put(Tensor, "__setitem__", _setitem)
+        # changes of a tensor's place in the graph that do not pass apply either
+        orig_detach_ = Tensor.detach_
+
+        def _detach_(t):
+            if not tracer._quiet and (t._requires_grad or t._grad_fn is not None):
+                tracer.fail("detach_() inside fn (changes a tensor's graph in place)")
+            return orig_detach_(t)
+
+        patches.put(Tensor, "detach_", _detach_)
+        orig_requires_grad_ = Tensor.requires_grad_
+
+        def _requires_grad_(t, requires_grad=True):
+            if not tracer._quiet and bool(requires_grad) != t._requires_grad:
+                tracer.fail("requires_grad_() inside fn changes a tensor's requires_grad")
+            return orig_requires_grad_(t, requires_grad)
+
+        patches.put(Tensor, "requires_grad_", _requires_grad_)
         orig_write = _init._write
 
         def _write(tensor, values):
@@ -470,6 +635,18 @@ class Tracer:
             return orig_write(tensor, values)
 
         patches.put(_init, "_write", _write)
+
+
+def _forget(tracer_ref, key: int):
+    """The callback of a bound tensor's weak reference: drop its id's entries (the tracer
+    is held weakly: no reference cycle keeps it or its Values alive)."""
+    def forget(_ref) -> None:
+        tracer = tracer_ref()
+        if tracer is not None:
+            tracer._values.pop(key, None)
+            tracer._refs.pop(key, None)
+
+    return forget
 
 
 def _value_read(tracer, name, original):
@@ -497,6 +674,29 @@ def _copy(a):
     from ..backends import backend_for
 
     return backend_for("cuda").copy(a)
+
+
+def _same(a, b) -> bool:
+    """Bit for bit the same values (NaN where NaN), on the host."""
+    a, b = _host(a), _host(b)
+    return a.shape == b.shape and bool(np.array_equal(a, b, equal_nan=a.dtype.kind in "fc"))
+
+
+def _host(a) -> np.ndarray:
+    if isinstance(a, np.ndarray):
+        return a
+    from ..backends import backend_for
+
+    return np.asarray(backend_for("cuda").to_host(a))
+
+
+def _overlap(a, b) -> bool:
+    """May arrays ``a`` and ``b`` share memory? (A CUDA array: the same device block.)"""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and \
+            bool(np.may_share_memory(a, b))
+    block = getattr(a, "block", None)
+    return block is None or block is getattr(b, "block", None)
 
 
 def _unsupported_optimizer(opt, closure) -> str | None:
@@ -550,5 +750,6 @@ def trace(fn, args: tuple) -> tuple[Any, Program | None, str | None]:
     tracer.program.constants = Constants(fn, tracer.modules.values(), tracer.reads.values())
     tracer.modules.clear()
     tracer.reads.clear()
-    tracer._alive.clear()
+    tracer._keep.clear()
+    tracer._refs.clear()
     return result, (None if tracer.reason else tracer.program), tracer.reason
