@@ -186,7 +186,8 @@ def method_source(spec, saved_display, params: str) -> str:
              "    if fn_module._profiler is not None:",
              "        return fallback(x0, x1)",
              f"    params = {params}"] + head[start:]
-    text = "\n".join(lines).replace("    if params is None:\n        params = {}\n", "").replace("general(spec, inputs, params)", "fallback(x0, x1)")
+    text = "\n".join(lines).replace("    if params is None:\n        params = {}\n", "")
+    text = text.replace("general(spec, inputs, params)", "fallback(x0, x1)")
     return re.sub(r"\binputs\b", "(x0, x1)", text)
 
 
