@@ -579,14 +579,16 @@ class Tensor(TensorBase):
 
     def add_(self, other, alpha=1) -> Tensor:
         src = other._data if isinstance(other, Tensor) else other
-        if alpha != 1:
-            src = src * alpha
+        if alpha != 1:  # on the tensor's backend: a CUDA array has no NumPy operators
+            src = _backend_for(self._device.type).mul(src, alpha) \
+                if isinstance(other, Tensor) else src * alpha
         return self._inplace("add_", "add", (other,), {"alpha": alpha}, "add_", src)
 
     def sub_(self, other, alpha=1) -> Tensor:
         src = other._data if isinstance(other, Tensor) else other
-        if alpha != 1:
-            src = src * alpha
+        if alpha != 1:  # on the tensor's backend: a CUDA array has no NumPy operators
+            src = _backend_for(self._device.type).mul(src, alpha) \
+                if isinstance(other, Tensor) else src * alpha
         return self._inplace("sub_", "sub", (other,), {"alpha": alpha}, "sub_", src)
 
     def mul_(self, other) -> Tensor:

@@ -16,7 +16,8 @@ W = np.array([0.5, 1.5, 0.25, 0.75], dtype=np.float32)
 
 @pytest.mark.parametrize("call", ["cos_()", "exp_()", "sigmoid_()", "relu_()", "pow_(w)",
                                   "clamp_(-0.3, 0.6)", "clamp_min_(w)", "addcmul_(w, w)",
-                                  "gt_(w)", "logical_not_()", "mul_(w)", "div_(2)"])
+                                  "gt_(w)", "logical_not_()", "mul_(w)", "div_(2)",
+                                  "add_(w, alpha=2)", "sub_(w, alpha=0.5)", "add_(2, alpha=3)"])
 def test_inplace_forms_on_cuda_match_the_cpu(call):
     got = []
     for device in ("cpu", "cuda"):
