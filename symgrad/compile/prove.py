@@ -246,7 +246,31 @@ def at_generation(module: types.ModuleType, plan: Any) -> dict:
     when the record says a proof failed)."""
     if not plan.backward_kernels and not plan.fused_groups:
         return {}
-    path = record_path(module)
+    return _recorded(record_path(module), lambda: _prove_all(module, plan))
+
+
+def cuda_at_generation(runs) -> dict:
+    """``at_generation`` for a CUDA step's fused runs (cuda_step._Fused): a CUDA step has no
+    module file, so the record is named by a hash of the runs' derivations."""
+    if not runs:
+        return {}
+    from .loader import cache_dir
+
+    text = json.dumps([(r.name, r.code) for r in runs], sort_keys=True)
+    digest = hashlib.sha1(text.encode()).hexdigest()[:20]
+
+    def prove_all() -> dict:
+        try:
+            return prove_runs(runs)
+        except AssertionError as exc:
+            raise ProofFailed(str(exc)) from None
+
+    return _recorded(os.path.join(cache_dir(), f"cuda_{digest}.proof.json"), prove_all)
+
+
+def _recorded(path: str, prove_all) -> dict:
+    """``prove_all()``'s outcome, read from the record at ``path`` when one from this
+    symgrad and prover exists, else proved now and recorded; raises ProofFailed."""
     version = _version()
     try:
         with open(path) as fh:
@@ -257,7 +281,7 @@ def at_generation(module: types.ModuleType, plan: Any) -> dict:
         data = None
     if data is None:
         try:
-            data = {"ok": True, "proofs": _prove_all(module, plan)}
+            data = {"ok": True, "proofs": prove_all()}
         except ProofFailed as exc:
             data = {"ok": False, "failure": str(exc)}
         data["symgrad"] = version

@@ -243,8 +243,8 @@ class CompiledStep:
                 entry.example = [_copy(a._data) if isinstance(a, Tensor) else a for a in args]
                 reason = self_check(entry, args, result)
                 program.before = {}
-                if reason is None and not cuda:
-                    reason = self._prove(entry)
+                if reason is None:
+                    reason = self._prove(entry, cuda)
                 if reason is None:
                     self._cache[key] = entry
             except (Unsupported, _Stale) as exc:
@@ -255,13 +255,16 @@ class CompiledStep:
         self.stats["compile_s"] = time.perf_counter() - t0
         return result
 
-    def _prove(self, entry: Entry) -> str | None:
-        """Each fused backward loop against SymPy's derivative, once per generated module
-        (the outcome is kept next to it in the disk cache): None, or why it is not used."""
+    def _prove(self, entry: Entry, cuda: bool) -> str | None:
+        """Each fused backward loop (a CUDA step: each fused run's kernels) against SymPy's
+        derivative, once per generated code (the outcome is kept in the disk cache): None,
+        or why it is not used."""
         try:
-            self.stats["proofs"] = prove.at_generation(entry.module, entry.generated.plan)
+            self.stats["proofs"] = prove.cuda_at_generation(entry.module.runs) if cuda else \
+                prove.at_generation(entry.module, entry.generated.plan)
         except prove.ProofFailed as exc:
-            return f"a generated fused backward loop failed its SymPy proof: {exc}"
+            what = "fused CUDA kernel" if cuda else "generated fused backward loop"
+            return f"a {what} failed its SymPy proof: {exc}"
         return None
 
     # -- inspection -----------------------------------------------------------------------

@@ -136,10 +136,27 @@ def test_verify_reports_a_wrong_custom_backward_in_a_cuda_step():
     assert "WrongTanhBackward" in str(report)
 
 
+def test_fused_cuda_kernels_are_proved_when_generated_and_recorded(monkeypatch):
+    """As on the CPU: each fused run proved once, the outcome recorded in the disk cache;
+    the same derivation compiled again reads the record (no proof runs)."""
+    from symgrad.compile import prove
+
+    step, _, _, _ = _cuda_pair("gelu", "sgd", "mse")
+    x, y = _cuda_data(0, "mse")
+    step(x, y)
+    assert step.stats["proofs"] and all(v in _PROVED for v in step.stats["proofs"].values())
+    ran = []
+    monkeypatch.setattr(prove, "prove_runs", lambda runs: ran.append(runs) or {})
+    again, _, _, _ = _cuda_pair("gelu", "sgd", "mse")
+    again(x, y)
+    assert ran == [] and again.stats["proofs"] == step.stats["proofs"]
+
+
 def test_verify_catches_a_corrupted_fused_cuda_kernel(monkeypatch):
-    """A wrong derivation of the GELU run (d(a*b)/db = b) with the self-check off: the
-    generated code's gradients disagree with eager's on the replay (naming the leaf), and
-    with that comparison off too, the SymPy proof of the CUDA kernel catches it."""
+    """A wrong derivation of the GELU run (d(a*b)/db = b) with the self-check off: the proof
+    at generation keeps the step eager; without it, verify() finds the generated code's
+    gradients disagree with eager's on the replay (naming the leaf), and with that
+    comparison off too, the SymPy proof of the CUDA kernel catches it."""
     describe = fwdbwd.describe
 
     def wrong(group, d, parallel, simd=True):
@@ -150,9 +167,18 @@ def test_verify_catches_a_corrupted_fused_cuda_kernel(monkeypatch):
         return desc
 
     monkeypatch.setattr(fwdbwd, "describe", wrong)
-    monkeypatch.setattr(sys.modules["symgrad.compile.step"], "self_check", lambda *a: None)
+    step_module = sys.modules["symgrad.compile.step"]
+    monkeypatch.setattr(step_module, "self_check", lambda *a: None)
+    # the proof when the step is generated catches it first: the signature stays eager
     step, _, c, _ = _cuda_pair("gelu", "sgd", "mse")
     x, y = _cuda_data(0, "mse")
+    with pytest.warns(UserWarning, match=r"a fused CUDA kernel failed its SymPy proof: "
+                                         r"fused_0: gradient of x\d+ differs"):
+        step(x, y)
+    assert not step._entries()
+    # with that proof off, verify() still finds it
+    monkeypatch.setattr(step_module.CompiledStep, "_prove", lambda *a: None)
+    step, _, c, _ = _cuda_pair("gelu", "sgd", "mse")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         step(x, y)
