@@ -163,7 +163,7 @@ class _Ctx:
     def loop_kernel(self, name: str, dtype: str) -> str:
         """One of fuse.LOOPS (single-op loops), registered once per dtype."""
         if name not in self.plan.helpers:
-            self.plan.helpers[name] = fuse.LOOPS[name]
+            self.plan.helpers[name] = fuse.loop_import(name)
         if (name, dtype, fuse.LOOP_CODES[name]) not in self.plan.kernels:
             self.plan.kernels.append((name, dtype, fuse.LOOP_CODES[name]))
         return name

@@ -430,6 +430,29 @@ def bias_relu_rows(h, b, out):
             out[i, j] = 0 if v <= 0 else v
     return out
 """
+_LOOPS_MODULE = None
+
+
+def loops():
+    """LOOPS as one module every generated step imports them from, loaded from the compile
+    cache dir: Numba compiles each loop once per machine and dtype, not once per step."""
+    global _LOOPS_MODULE
+    if _LOOPS_MODULE is None:
+        from .._codefiles import import_text
+        from .loader import cache_dir
+
+        text = "\n".join(['"""fuse.LOOPS: single-op loops the generated steps share."""',
+                          "import numpy as np", "", *PRELUDE, *LOOPS.values()])
+        _LOOPS_MODULE = import_text(text, cache_dir(), "symgrad_loops")
+    return _LOOPS_MODULE
+
+
+def loop_import(name: str) -> str:
+    """The generated module's line binding LOOPS' ``name`` from the shared module."""
+    return (f"from symgrad.compile.fuse import loops as _loops  # noqa: E402\n"
+            f"{name} = _loops().{name}\n")
+
+
 #: their argument kinds (A: 2-D array, I: 1-D int64 array, a: 1-D array)
 LOOP_CODES = {"log_softmax_rows": "AA", "log_softmax_rows_b": "AAA", "nll_rows": "AIiba",
               "nll_rows_b": "sIibsA", "relu_rows": "AA", "relu_rows_b": "AAA",
