@@ -497,7 +497,8 @@ def _state_ref(layout: Layout, k: int, slot: int, key: str) -> str:
 #: ``m * k * n`` of a float ``x @ W.t()`` from which it is formed as ``(W @ x.T).T``:
 #: OpenBLAS's sgemm (NumPy's, one thread, this 2-vCPU AMD EPYC) writes the column-major
 #: product faster: 280 instead of 337 µs for 64x784 @ 784x256, 91 instead of 111 µs for
-#: 64x256 @ 256x256; the same for 64x128 @ 128x256 and slower below (docs/compile.md)
+#: 64x256 @ 256x256; for 64x128 @ 128x256 no gain once copied back row-major, and slower
+#: for batch-1 products (docs/compile.md, "The 784-256-256-10 step")
 TPROD_MIN = 1 << 22
 
 
