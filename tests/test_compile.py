@@ -191,6 +191,137 @@ def test_adamw_and_plain_sgd_match_eager():
         _run_both(step, eager, c, e, _data(5), (4, 16, 3), steps=4)
 
 
+# -- wide layers: products formed column-major, single-op loops (codegen TPROD_MIN) --------
+_WIDE = (256, 256, 256, 10)  # 64 x 256 @ 256 x 256 reaches TPROD_MIN
+
+
+def _wide_step(model, opt, loss, grads):
+    """A training step on the wide MLP; ``grads``: "zero_grad", "accumulate" (no zero_grad:
+    the gradients add up over calls) or "first_none" (only the first weight's .grad = None)."""
+    def step(x, y):
+        if grads == "zero_grad":
+            opt.zero_grad()
+        elif grads == "first_none":
+            model[0].weight.grad = None
+        out = model(x)
+        value = F.mse_loss(out, y) if loss == "mse" else F.cross_entropy(out, y)
+        value.backward()
+        opt.step()
+        return value
+
+    return step
+
+
+@pytest.mark.parametrize("act,loss,grads", [
+    (nn.ReLU, "ce", "zero_grad"), (nn.Tanh, "mse", "zero_grad"),
+    (nn.ReLU, "ce", "accumulate"), (nn.ReLU, "mse", "first_none")])
+def test_wide_layers_form_products_column_major_and_match_eager(act, loss, grads):
+    """``x @ W.t()`` of nn.Linear formed as ``W @ x.T`` into column-major buffers, relu's
+    loops (with the bias add for the relu right after the product), the bias gradient as
+    a product with ones, cross_entropy's row loops: eager's values over several steps,
+    also when .grad is not cleared (the gradients land in the .grad buffers by addition)
+    or cleared for one parameter only."""
+    model = _mlp(act, _WIDE)
+    make = lambda ps: sg.optim.SGD(ps, lr=0.05, momentum=0.9)  # noqa: E731
+    opt = make(model.parameters())
+    model_e = copy.deepcopy(model)
+    opt_e = make(model_e.parameters())
+    step = sg.compile(_wide_step(model, opt, loss, grads))
+    eager = _wide_step(model_e, opt_e, loss, grads)
+    _run_both(step, eager, (model, opt), (model_e, opt_e), _data(64, _WIDE, loss), _WIDE,
+              steps=4)
+    src = step.source()
+    assert src.count("order='F'") >= 2 and "np.matmul(ONES_" in src
+    assert ("bias_relu_rows(" in src) == (act is nn.ReLU)
+    assert ("relu_rows_b(" in src) == (act is nn.ReLU)
+    assert ("log_softmax_rows(" in src and "nll_rows_b(" in src) == (loss == "ce")
+
+
+def test_wide_products_read_by_other_ops_and_cross_entropy_options():
+    """A bias-free ``x @ W.t()`` read by softmax (not a ufunc: copied back row-major) and
+    one read by relu (stays column-major, relu's own loops), and cross_entropy with
+    ignore_index (some targets ignored) and reduction="sum"."""
+    sg.manual_seed(4)
+    ws = [sg.randn(256, 256) * 0.06, sg.randn(256, 256) * 0.06, sg.randn(10, 256) * 0.06]
+    ws = [w.detach().requires_grad_() for w in ws]
+    ws_e = [sg.tensor(w.detach().numpy().copy(), requires_grad=True) for w in ws]
+
+    def make(ws, opt):
+        def fn(x, y):
+            opt.zero_grad()
+            h = (x @ ws[0].t()).softmax(dim=1) * 10.0
+            h = (h @ ws[1].t()).relu()
+            out = h @ ws[2].t()
+            loss = F.cross_entropy(out, y, ignore_index=3, reduction="sum")
+            loss.backward()
+            opt.step()
+            return loss
+        return fn
+
+    step = sg.compile(make(ws, sg.optim.SGD(ws, lr=0.01)))
+    eager = make(ws_e, sg.optim.SGD(ws_e, lr=0.01))
+    sg.manual_seed(5)
+    x = sg.randn(64, 256)
+    y = sg.randint(0, 10, (64,))
+    assert (y.numpy() == 3).any()
+    for i in range(3):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            got = step(x, y)
+        want = eager(x, y)
+        terms = (i + 1) * (3 * 256 + 64 + 16)
+        assert_close(got, want, terms=terms, scale=magnitude(want.detach().numpy()) * 64)
+        for w, w_e in zip(ws, ws_e):
+            assert_close(w, w_e, terms=terms)
+            assert_close(w.grad, w_e.grad, terms=terms)
+    src = step.source()
+    assert "np.copyto(b" in src and "relu_rows(" in src and "bias_relu_rows(" not in src
+    bad = sg.tensor(np.where(y.numpy() == 0, 10, y.numpy()))  # a target out of range
+    with pytest.raises(IndexError):
+        eager(x, bad)
+    with pytest.raises(IndexError):
+        step(x, bad)
+
+
+def test_single_op_loops_keep_eagers_special_values():
+    """fuse.LOOPS against eager's ops on NaN, infinities and signed zeros: relu (0 for
+    -0.0), its mask, log_softmax rows (a NaN or infinite max gives NaN), nll_loss."""
+    from symgrad.compile import fuse
+
+    mod = fuse.loops()
+    nan, inf = float("nan"), float("inf")
+    x = np.array([[-0.0, 0.0, nan, -inf, inf, -1.0, 2.0, 3.0]] * 2, np.float32)
+    want = F.relu(sg.tensor(x)).numpy()
+    got = mod.relu_rows(x, np.empty_like(x))
+    assert np.array_equal(got, want, equal_nan=True)
+    assert np.array_equal(np.signbit(got), np.signbit(want))
+    g = np.array([[1.0, -1.0, inf, -2.0, nan, 3.0, -5.0, inf]] * 2, np.float32)
+    with np.errstate(invalid="ignore"):
+        mask = g * (want > 0)
+    got = mod.relu_rows_b(g, want, np.empty_like(g))
+    assert np.array_equal(got, mask, equal_nan=True)
+    assert np.array_equal(np.signbit(got), np.signbit(mask))
+    rows = np.array([[1.0, 2.0, 3.0], [nan, 0.0, 1.0], [inf, 0.0, 1.0], [-inf, -inf, -inf],
+                     [-inf, 0.0, 5.0], [-1e30, 1e30, 0.0]], np.float32)
+    want = F.log_softmax(sg.tensor(rows), dim=1).numpy()
+    got = mod.log_softmax_rows(rows, np.empty_like(rows))
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    assert_close(got[~np.isnan(want)], want[~np.isnan(want)], terms=4)
+    t = np.array([2, 0, 1, -100, 0, 1], np.int64)
+    out = np.empty(2, np.float32)
+    fin = np.isfinite(want).all(axis=1)
+    for mean in (True, False):
+        keep = fin & (t != -100)
+        mod.nll_rows(want[keep], t[keep], -100, mean, out)
+        loss = F.nll_loss(sg.tensor(want[keep]), sg.tensor(t[keep]),
+                          reduction="mean" if mean else "sum")
+        assert_close(out[0], loss.numpy(), terms=8)
+        assert out[1] == keep.sum()
+    grad = mod.nll_rows_b(np.float32(1), t, -100, True, np.float32(5), np.empty((6, 3),
+                                                                               np.float32))
+    assert grad[3].tolist() == [0, 0, 0] and grad[0, 2] == np.float32(-1 / 5)
+
+
 def _chain_fn(w, opt):
     def chain(x):
         opt.zero_grad()

@@ -37,6 +37,7 @@ from .rules import (
     forward_code,
     has_backward,
     multi_backward_code,
+    ufunc_forward,
 )
 
 __all__ = ["Generated", "Unsupported", "generate"]
@@ -89,7 +90,18 @@ class _Ctx:
         self.plan = None
         #: value index -> the OpCall that made it (set for each backward)
         self.producer: dict[int, OpCall] = {}
+        #: matmul outputs formed transposed (``W @ x.T``, see ``_transposed_products``):
+        #: value index -> True where the value stays column-major, False where it is
+        #: copied back row-major; ``fortran``: every value laid out column-major
+        self.tprod: dict[int, bool] = {}
+        self.fortran: set[int] = set()
+        #: column-major product -> the relu that is its only reader and the next op: the
+        #: bias add and the relu run as one loop (fuse.LOOPS' bias_relu_rows)
+        self.epilogue: dict[int, OpCall] = {}
+        #: id of each op whose output an earlier op's code already wrote
+        self.written: set[int] = set()
         self._ids: dict[int, str] = {}
+        self._arrays: dict[tuple, str] = {}
 
     def ref(self, x) -> str:
         """Code for an operand: a value's name, a literal, or a bound constant (dtypes,
@@ -112,13 +124,21 @@ class _Ctx:
         name = f"{prefix}{v.index}"
         if name not in self.buffers:
             self.buffers.append(name)
-            self.allocs.append(f"{name} = np.empty({v.shape!r}, np.{v.dtype.name})")
+            order = ", order='F'" if prefix == "b" and v.index in self.fortran else ""
+            self.allocs.append(f"{name} = np.empty({v.shape!r}, np.{v.dtype.name}{order})")
         return name
 
     def alloc(self, line: str) -> None:
         """A line of ``make`` (buffer allocation, flat view), once."""
         if line not in self.allocs:
             self.allocs.append(line)
+
+    def bind_array(self, a: np.ndarray, hint: str) -> str:
+        """``bind`` for a constant array, one name per distinct shape, dtype and values."""
+        key = (hint, a.shape, a.dtype.str, a.tobytes())
+        if key not in self._arrays:
+            self._arrays[key] = self.bind(a, hint)
+        return self._arrays[key]
 
     def bind(self, obj, hint: str) -> str:
         """The name of ``make``'s local holding ``obj`` (op names like ``stack[3]`` made
@@ -140,8 +160,29 @@ class _Ctx:
             self.plan.kernels.append((name, dtype, codes))
         return name
 
+    def loop_kernel(self, name: str, dtype: str) -> str:
+        """One of fuse.LOOPS (single-op loops), registered once per dtype."""
+        if name not in self.plan.helpers:
+            self.plan.helpers[name] = fuse.loop_import(name)
+        if (name, dtype, fuse.LOOP_CODES[name]) not in self.plan.kernels:
+            self.plan.kernels.append((name, dtype, fuse.LOOP_CODES[name]))
+        return name
+
+    def rows(self, v: Value, x: str, buffer: bool = False) -> str:
+        """``x`` (value ``v``'s array, or its buffer) as the 2-D array a fuse.LOOPS loop
+        walks: ``.T`` of a column-major 2-D value (C-contiguous then), else ``(1, size)``."""
+        if v.index in self.fortran:
+            return f"{x}.T"
+        if buffer:
+            self.alloc(f"{x}r = {x}.reshape(1, -1)")
+            return f"{x}r"
+        return f"{x}.reshape(1, -1)"
+
     def transposed_view(self, x) -> bool:
-        """Is ``x`` the ``t()`` of a 2-D tensor (``nn.Linear``'s ``W.t()``)?"""
+        """Is ``x`` the ``t()`` of a 2-D tensor (``nn.Linear``'s ``W.t()``), or a 2-D value
+        laid out column-major (``fortran``)? Its gradient is then formed transposed too."""
+        if isinstance(x, Value) and x.index in self.fortran:
+            return True
         call = self.producer.get(x.index) if isinstance(x, Value) else None
         return isinstance(call, OpCall) and call.spec.name == "t" and len(x.shape) == 2
 
@@ -225,7 +266,7 @@ def _backward(ops: list, root: Value, ctx: _Ctx, lines: list, grad_state: dict,
             values[x.index] = x
             expr = simplify(exprs[pos].replace(_G, g))
             if (bcast == "all" or pos in bcast) and x.shape != out.shape:
-                expr = _sum_to_code(expr, out.shape, x.shape)
+                expr = _sum_to_code(expr, out.shape, x.shape, ctx, x.dtype)
             if x.index in grads:
                 lines.append(f"g{x.index} = {grads[x.index]} + {expr}")
                 grads[x.index] = f"g{x.index}"
@@ -333,8 +374,18 @@ def simplify(expr: str) -> str:
     return expr
 
 
-def _sum_to_code(expr: str, shape: tuple, to: tuple) -> str:
+#: rows from which a 2-D gradient summed over its rows (a bias gradient) is a BLAS
+#: product with a vector of ones: 64x256 float32 takes 1.7 µs there, 3.3 µs in NumPy's
+#: add.reduce (7.7 µs for a column-major gradient)
+SUM_ROWS_GEMV_MIN = 8
+
+
+def _sum_to_code(expr: str, shape: tuple, to: tuple, ctx=None, dtype=None) -> str:
     """A broadcast gradient of ``shape`` summed back to ``to`` (axes known statically)."""
+    if ctx is not None and len(shape) == 2 and to == shape[1:] and \
+            shape[0] >= SUM_ROWS_GEMV_MIN and dtype in (np.float32, np.float64):
+        ones = ctx.bind_array(np.ones(shape[0], dtype), "ONES")
+        return f"np.matmul({ones}, {expr})"
     lead = len(shape) - len(to)
     kept = tuple(i + lead for i, s in enumerate(to) if s == 1 and shape[i + lead] != 1)
     if not kept:
@@ -443,6 +494,113 @@ def _state_ref(layout: Layout, k: int, slot: int, key: str) -> str:
     return f"S{layout.state.index(entry)}"
 
 
+#: ``m * k * n`` of a float ``x @ W.t()`` from which it is formed as ``(W @ x.T).T``:
+#: OpenBLAS's sgemm (NumPy's, one thread, this 2-vCPU AMD EPYC) writes the column-major
+#: product faster: 280 instead of 337 µs for 64x784 @ 784x256, 91 instead of 111 µs for
+#: 64x256 @ 256x256; for 64x128 @ 128x256 no gain once copied back row-major, and slower
+#: for batch-1 products (docs/compile.md, "The 784-256-256-10 step")
+TPROD_MIN = 1 << 22
+
+
+def _values_in(obj, out: list) -> list:
+    """Every Value in a nested structure of lists, tuples, dicts and Values."""
+    if isinstance(obj, Value):
+        out.append(obj)
+    elif isinstance(obj, (list, tuple)):
+        for x in obj:
+            _values_in(x, out)
+    elif isinstance(obj, dict):
+        for x in obj.values():
+            _values_in(x, out)
+    return out
+
+
+def _transposed_products(program: Program, groups) -> tuple[dict, set, dict]:
+    """Which ``x @ W.t()`` (``mm``/``addmm`` whose second operand is the ``t()`` of a 2-D
+    tensor) are formed as ``W @ x.T`` into a column-major buffer (TPROD_MIN), and which
+    values stay column-major: the product, when every op reading it (and, transitively,
+    every elementwise op it feeds, whose output is then column-major too) is an unfused
+    NumPy ufunc of forward_code or the first operand of another such product; otherwise
+    the product is copied back row-major while the bias is added (``False``). And the
+    epilogues: a column-major ``addmm`` whose only reader is a relu right after it."""
+    producer: dict[int, OpCall] = {}
+    uses: dict[int, list] = {}  # value index -> [(reading OpCall or None, input position)]
+    fused = set(groups.skip) | set(groups.first)
+
+    def used(v, call, pos):
+        uses.setdefault(v.index, []).append((call, pos))
+
+    for e in program.events:
+        if isinstance(e, OpCall):
+            for pos, x in enumerate(e.inputs):
+                if isinstance(x, Value):
+                    used(x, None if id(e) in fused else e, pos)
+            for x in _values_in(e.params, []):
+                used(x, None, -1)
+            for o in e.outputs:
+                producer[o.index] = e
+        elif isinstance(e, CustomCall):
+            for op in e.backward_ops or []:
+                for x in _values_in([op.inputs, op.params], []):
+                    used(x, None, -1)
+            for x in _values_in([e.inputs, e.sources, e.outputs], []):
+                used(x, None, -1)
+        elif isinstance(e, Backward):
+            used(e.root, None, -1)
+    for x in _values_in(program.result, []):
+        used(x, None, -1)
+
+    def product(call) -> bool:
+        if call.spec.name not in ("mm", "addmm") or id(call) in fused:
+            return False
+        p = call.params
+        a, b = call.inputs[-2:]
+        out = call.outputs[0]
+        if call.spec.name == "addmm" and (p.get("alpha", 1) != 1 or p.get("beta", 1) != 1):
+            return False
+        if len(call.outputs) != 1 or out.dtype.kind != "f" or len(out.shape) != 2 or not all(
+                isinstance(x, Value) and x.dtype == out.dtype for x in call.inputs):
+            return False
+        w = producer.get(b.index)
+        if not (isinstance(w, OpCall) and w.spec.name == "t" and len(b.shape) == 2):
+            return False
+        m, k = a.shape
+        return m > 1 and m * k * b.shape[1] >= TPROD_MIN
+
+    tprod: dict[int, bool] = {}
+    fortran: set[int] = set()
+    epilogue: dict[int, OpCall] = {}
+    events = program.events
+    for i, call in enumerate(events):
+        if not isinstance(call, OpCall) or not product(call):
+            continue
+        out = call.outputs[0]
+        members, todo, ok = [], [out], True
+        while todo and ok:
+            v = todo.pop()
+            members.append(v.index)
+            for c, pos in uses.get(v.index, []):
+                if c is not None and c.spec.name in ("mm", "addmm") and \
+                        pos == len(c.inputs) - 2:
+                    continue  # the first operand of a product: BLAS takes it transposed
+                if c is None or not ufunc_forward(c):
+                    ok = False
+                    break
+                if c.outputs[0].shape == out.shape and c.outputs[0].index not in members:
+                    todo.append(c.outputs[0])
+        tprod[out.index] = ok
+        if ok:
+            fortran.update(members)
+            readers = uses.get(out.index, [])
+            nxt = events[i + 1] if i + 1 < len(events) else None
+            bias = call.inputs[0]
+            if call.spec.name == "addmm" and isinstance(nxt, OpCall) and len(readers) == 1 \
+                    and readers[0][0] is nxt and nxt.spec.name == "relu" and \
+                    nxt.outputs[0].shape == out.shape and bias.shape == out.shape[1:]:
+                epilogue[out.index] = nxt
+    return tprod, fortran, epilogue
+
+
 def generate(program: Program, backend) -> Generated:
     """Write the module text for ``program`` (raises Unsupported with the reason)."""
     ctx = _Ctx(backend)
@@ -453,10 +611,14 @@ def generate(program: Program, backend) -> Generated:
     ops_so_far: list[OpCall] = []
     grad_state: dict[int, str] = {}
     groups = ctx.plan = fuse.plan(program)
+    ctx.tprod, ctx.fortran, ctx.epilogue = _transposed_products(program, groups)
     for k, event in enumerate(program.events):
         if isinstance(event, OpCall):
             ops_so_far.append(event)
             if id(event) in groups.skip:
+                continue
+            if id(event) in ctx.written:
+                body += [f"{v.name} = {ctx.buf(v)}" for v in event.outputs]
                 continue
             group = groups.first.get(id(event))
             if group is not None:

@@ -20,7 +20,7 @@ from .graph import OpCall, Value
 from .runtime import MATH, scalar_names, view_grad_ok
 
 __all__ = ["forward_code", "backward_code", "has_backward", "multi_backward_code",
-           "BROADCASTING", "UFUNCS", "MULTI_OUTPUT"]
+           "ufunc_forward", "BROADCASTING", "UFUNCS", "UNARY_UFUNCS", "MULTI_OUTPUT"]
 
 #: op -> inputs whose gradient has the output's shape and is summed back to the input's
 BROADCASTING = {"add": "all", "sub": "all", "mul": "all", "div": "all",
@@ -32,9 +32,25 @@ UNARY_UFUNCS = {"tanh": "np.tanh", "exp": "np.exp", "log": "np.log", "neg": "np.
                 "sqrt": "np.sqrt", "abs": "np.abs", "sin": "np.sin", "cos": "np.cos"}
 
 
+#: elements from which relu runs as fuse.LOOPS' loops (fuse.py: 5x faster than NumPy on
+#: 64x256; below, NumPy's calls cost about what a loop's call does, and no Numba compile)
+LOOP_MIN = 4096
+
+
 def _same_dtype(call: OpCall) -> bool:
     dts = {v.dtype for v in call.tensor_inputs} | {call.outputs[0].dtype}
     return len(dts) == 1 and call.outputs[0].dtype.kind == "f"
+
+
+def ufunc_forward(call: OpCall) -> bool:
+    """Does forward_code write ``call`` as one NumPy ufunc into its output's buffer (so a
+    column-major input gives a column-major output, without a copy)?"""
+    name = call.spec.name
+    if not (_same_dtype(call) and len(call.outputs) == 1):
+        return False
+    if name in UFUNCS:
+        return call.params.get("alpha", 1) == 1 and len(call.inputs) == 2
+    return name in UNARY_UFUNCS or name == "relu"
 
 
 def forward_code(call: OpCall, ctx) -> list[str]:
@@ -44,6 +60,23 @@ def forward_code(call: OpCall, ctx) -> list[str]:
     ins = [ctx.ref(x) for x in call.inputs]
     if _same_dtype(call) and len(call.outputs) == 1:
         p = call.params
+        keep = ctx.tprod.get(out.index)
+        if keep is not None:  # x @ W.t() formed as W @ x.T (codegen._transposed_products)
+            b = ctx.buf(out)
+            t = f"t{out.index}"
+            ctx.alloc(f"{t} = {b}.T" if keep else
+                      f"{t} = np.empty({out.shape[::-1]!r}, np.{out.dtype.name})")
+            lines = [f"np.matmul({ins[-1]}.T, {ins[-2]}.T, out={t})"]
+            relu = ctx.epilogue.get(out.index)
+            if relu is not None:  # bias add and relu in one loop; the relu's code is this
+                ctx.written.add(id(relu))
+                k = ctx.loop_kernel("bias_relu_rows", out.dtype.name)
+                return lines + [f"{k}({t}, {ins[0]}, {ctx.buf(relu.outputs[0])}.T)",
+                                f"{out.name} = {b}"]
+            if name == "addmm":
+                src = b if keep else f"{t}.T"
+                return lines + [f"{out.name} = np.add({src}, {ins[0]}, out={b})"]
+            return lines + ([] if keep else [f"np.copyto({b}, {t}.T)"]) + [f"{out.name} = {b}"]
         if name == "addmm" and p.get("alpha", 1) == 1 and p.get("beta", 1) == 1:
             b = ctx.buf(out)
             return [f"np.matmul({ins[1]}, {ins[2]}, out={b})",
@@ -51,15 +84,31 @@ def forward_code(call: OpCall, ctx) -> list[str]:
         if name == "mm":
             b = ctx.buf(out)
             return [f"{out.name} = np.matmul({ins[0]}, {ins[1]}, out={b})"]
-        if name in UFUNCS and p.get("alpha", 1) == 1 and len(ins) == 2:
-            return [f"{out.name} = {UFUNCS[name]}({ins[0]}, {ins[1]}, out={ctx.buf(out)})"]
-        if name in UNARY_UFUNCS:
-            return [f"{out.name} = {UNARY_UFUNCS[name]}({ins[0]}, out={ctx.buf(out)})"]
-        if name == "relu":
-            return [f"{out.name} = np.maximum({ins[0]}, 0, out={ctx.buf(out)})"]
+        if name == "relu" and ufunc_forward(call) and _numel(out.shape) >= LOOP_MIN:
+            b = ctx.buf(out)
+            k = ctx.loop_kernel("relu_rows", out.dtype.name)
+            return [f"{k}({ctx.rows(out, ins[0])}, {ctx.rows(out, b, True)})",
+                    f"{out.name} = {b}"]
+        if ufunc_forward(call):
+            f = {**UFUNCS, **UNARY_UFUNCS, "relu": "np.maximum"}[name]
+            args = ins[:2] if name in UFUNCS else [ins[0], "0"] if name == "relu" else ins[:1]
+            return [f"{out.name} = {f}({', '.join(args)}, out={ctx.buf(out)})"]
     view = _view_code(call, ins[0] if ins else "")
     if view is not None:
         return [f"{out.name} = {view}"]
+    if name == "log_softmax" and _rows_ok(call):
+        k = ctx.loop_kernel("log_softmax_rows", out.dtype.name)
+        return [f"{out.name} = {k}({ins[0]}, {ctx.buf(out)})"]
+    if name == "nll_loss" and _nll_rows_ok(call):
+        k = ctx.loop_kernel("nll_rows", out.dtype.name)
+        p = call.params
+        n = f"n{out.index}"
+        ctx.alloc(f"{n} = np.empty(2, np.{out.dtype.name})")
+        for j in range(len(call.outputs)):
+            ctx.alloc(f"{n}_{j} = {n}[{j}:{j + 1}].reshape(())")
+        return [f"{k}({ins[0]}, {ctx.ref(p['target'])}, {ctx.ref(p.get('ignore_index', -100))}, "
+                f"{p.get('reduction', 1) == 1}, {n})",
+                *(f"{v.name} = {n}_{j}" for j, v in enumerate(call.outputs))]
     if name == "mse_loss" and _same_dtype(call) and call.params.get("reduction", 1) == 1:
         # eager: be.mean(be.mul(d, d)); np.mean is add.reduce / n, spelled without its
         # Python wrapper
@@ -236,10 +285,37 @@ def _mse(c, ctx, g):
     return {0: grad, 1: f"-{grad}"}
 
 
+def _rows_small(x) -> bool:
+    """A non-empty 2-D float array below the CPU backend's PARALLEL_MIN (from there eager
+    runs its parallel kernels, which compile keeps)."""
+    from ..backends.cpu import backend as cpu
+
+    return isinstance(x, Value) and len(x.shape) == 2 and 0 < x.shape[0] * x.shape[1] < \
+        cpu.PARALLEL_MIN and x.dtype in (np.float32, np.float64)
+
+
+def _rows_ok(c) -> bool:
+    """log_softmax over the last dim of a small 2-D array: fuse.LOOPS' row loops."""
+    x, out = c.inputs[0], c.outputs[0]
+    return _rows_small(x) and out.dtype == x.dtype and norm(c.params["dim"], 2) == 1
+
+
+def _nll_rows_ok(c) -> bool:
+    """nll_loss (mean or sum, no class weights) of a small 2-D input, int64 targets."""
+    x, t = c.inputs[0], c.params.get("target")
+    return _nll_ok(c) and _rows_small(x) and c.params.get("reduction", 1) in (1, 2) and \
+        c.outputs[0].dtype == x.dtype and t.dtype == np.int64 and t.shape == x.shape[:1]
+
+
 def _log_softmax(c, ctx, g):
     y = c.outputs[0].name
     if not c.outputs[0].shape:
         return {0: f"({g} * 0)"}
+    if _rows_ok(c):  # one buffer per call site (two calls' gradients may meet in a sum)
+        out = c.outputs[0]
+        b = f"gl{out.index}"
+        ctx.alloc(f"{b} = np.empty({out.shape!r}, np.{out.dtype.name})")
+        return {0: f"{ctx.loop_kernel('log_softmax_rows_b', out.dtype.name)}({g}, {y}, {b})"}
     d = norm(c.params["dim"], len(c.outputs[0].shape))
     return {0: f"({g} - np.exp({y}) * {g}.sum(axis={d}, keepdims=True))"}
 
@@ -255,6 +331,13 @@ def _softmax(c, ctx, g):
 def _nll(c, ctx, g):
     p = c.params
     shape = _shape_of(c)
+    if _nll_rows_ok(c):
+        x = c.inputs[0]
+        b = f"gn{c.outputs[0].index}"
+        ctx.alloc(f"{b} = np.empty({shape!r}, np.{x.dtype.name})")
+        k = ctx.loop_kernel("nll_rows_b", x.dtype.name)
+        return {0: f"{k}({g}[()], {ctx.ref(p['target'])}, {ctx.ref(p.get('ignore_index', -100))}, "
+                   f"{p.get('reduction', 1) == 1}, {c.outputs[1].name}[()], {b})"}
     return {0: f"nll_grad({g}, {shape!r}, {ctx.dtype(c.inputs[0])}, {ctx.ref(p['target'])}, "
                f"{p.get('reduction', 1)}, {p.get('ignore_index', -100)}, "
                f"{c.outputs[1].name})"}
@@ -273,6 +356,20 @@ def _scalar_rule(c, ctx, g):
                      + [ctx.ref(c.params[p]) for p in sc.params])
     return {i: f"{ctx.scalar_grad(c.spec, i)}({g}, {args})"
             for i, text in enumerate(sc.grads) if text is not None}
+
+
+def _relu(c, ctx, g):
+    """The stanza's ``g * (y > 0)`` as fuse.LOOPS' relu_rows_b, into a buffer of this
+    call site's, laid out like ``y``."""
+    y = c.outputs[0]
+    if not _same_dtype(c) or _numel(y.shape) < LOOP_MIN:
+        return _scalar_rule(c, ctx, g)
+    b = f"gr{y.index}"
+    order = ", order='F'" if y.index in ctx.fortran else ""
+    ctx.alloc(f"{b} = np.empty({y.shape!r}, np.{y.dtype.name}{order})")
+    k = ctx.loop_kernel("relu_rows_b", y.dtype.name)
+    loop = f"{k}({ctx.rows(y, g)}, {ctx.rows(y, y.name)}, {ctx.rows(y, b, True)})"
+    return {0: f"{loop}.T" if y.index in ctx.fortran else f"{loop}.reshape({y.shape!r})"}
 
 
 def _clamp(c, ctx, g):
@@ -357,7 +454,7 @@ RULES: dict[str, Callable] = {
     "mean_dim": _mean_dim, "t": _t, "transpose": _transpose, "permute": _permute,
     "expand": _expand, "clone": _identity, "alias": _identity, "to_copy": _to_copy,
     "mse_loss": _mse, "log_softmax": _log_softmax, "softmax": _softmax, "nll_loss": _nll,
-    "mv": _mv, "dot": _dot, "bmm": _bmm, "clamp": _clamp,
+    "mv": _mv, "dot": _dot, "bmm": _bmm, "clamp": _clamp, "relu": _relu,
     "clamp_min": lambda c, ctx, g: {0: f"({g} * ({ctx.ref(c.inputs[0])} >= "
                                        f"{ctx.ref(c.params['min'])}))"},
     "clamp_max": lambda c, ctx, g: {0: f"({g} * ({ctx.ref(c.inputs[0])} <= "
