@@ -14,39 +14,17 @@ import warnings
 import pytest
 from _count import Counter
 from _tolerance import assert_close
+from test_compile_inplace import SIZES, Double, Net  # the CPU test's model and Function
 
 import symgrad as sg
-from symgrad import nn
-from symgrad.autograd import Function
 from symgrad.nn import functional as F
 
-SIZES = (5, 8, 3)
 STEPS = 3
 
 
 @pytest.fixture(autouse=True)
 def _private_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("SYMGRAD_COMPILE_CACHE", str(tmp_path_factory.getbasetemp() / "cc"))
-
-
-class Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(SIZES[0], SIZES[1])
-        self.fc2 = nn.Linear(SIZES[1], SIZES[2])
-        self.shift = nn.Parameter(sg.randn(SIZES[1]) * 0.1)
-
-
-class Double(Function):
-    @staticmethod
-    def forward(ctx, x):
-        x.mul_(2.0)
-        ctx.mark_dirty(x)
-        return x
-
-    @staticmethod
-    def backward(ctx, g):
-        return g * 2.0
 
 
 def _view(m, h, x):

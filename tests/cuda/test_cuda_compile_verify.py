@@ -17,7 +17,7 @@ import warnings
 import numpy as np
 import pytest
 from _tolerance import assert_close
-from test_compile_custom import WrongTanh
+from test_compile_custom import _wrong_fn
 from test_cuda_compile import _assert_same, _cuda_data, _cuda_pair
 
 import symgrad as sg
@@ -100,17 +100,6 @@ def test_verify_cuda_step_is_clean_proves_its_kernels_and_has_no_side_effect(act
     eager(x, y)
     _assert_same(c, e, 3)
     assert step.stats["traces"] == 1 and step.stats["fallbacks"] == []
-
-
-def _wrong_fn(w, opt):
-    def step(x):
-        opt.zero_grad()
-        loss = (WrongTanh.apply(x.mm(w)) * 2.0).sum()
-        loss.backward()
-        opt.step()
-        return loss
-
-    return step
 
 
 def test_verify_reports_a_wrong_custom_backward_in_a_cuda_step():
