@@ -216,3 +216,28 @@ def test_second_derivatives_match_torch(case, torch):
         return
     for a, b, g in zip(h_ours, h_theirs, g_theirs):
         assert_close(a, b, terms=terms, inputs=arrays, scale=_hessian_scale(case, g, arrays))
+
+
+CAT_LAYOUTS = [
+    # shapes before the permutation, permutation of each, cat dim
+    ([(4, 6, 3), (4, 6, 3)], [(1, 0, 2), (1, 0, 2)], 1),
+    ([(4, 6, 3), (6, 2, 3)], [(1, 0, 2), (0, 1, 2)], 1),
+    ([(3, 5), (3, 5)], [(1, 0), (1, 0)], 0),
+    ([(2, 4, 5, 3), (2, 4, 5, 3)], [(0, 3, 1, 2), (0, 3, 1, 2)], 1),
+    ([(2, 4, 5, 3), (2, 3, 4, 5)], [(0, 3, 1, 2), (0, 1, 2, 3)], 0),
+    ([(2, 3, 4, 5, 2), (2, 3, 4, 5, 2)], [(0, 4, 1, 2, 3), (0, 4, 1, 2, 3)], 2),
+]
+
+
+@pytest.mark.parametrize("case", CAT_LAYOUTS, ids=range(len(CAT_LAYOUTS)))
+def test_cat_output_layout_follows_torch(case, torch, cpu_backend):
+    """torch.cat writes a contiguous result unless every 4-D/5-D input is channels-last
+    (then channels-last), whatever the first input's strides: later views (MHA's heads-first
+    k and v after add_zero_attn) record ViewBackward0 or ReshapeAliasBackward0 from it."""
+    shapes, perms, dim = case
+    arrays = [R.standard_normal(s) for s in shapes]
+    ours = sg.cat([sg.tensor(a).permute(*p) for a, p in zip(arrays, perms)], dim)
+    theirs = torch.cat([torch.tensor(a).permute(*p) for a, p in zip(arrays, perms)], dim)
+    assert ours.stride() == theirs.stride()
+    assert ours.is_contiguous() == theirs.is_contiguous()
+    assert_close(ours, theirs, terms=1)

@@ -67,6 +67,19 @@ def _one_operator(kernel: str) -> bool:
 _CONSTANTS: dict = {}
 
 
+def _channels_last_order(xs):
+    """The NHWC / NDHWC axis order when every input is laid out so (and not contiguous),
+    as torch's ``suggest_memory_format`` agreement in ``cat``; else None."""
+    ndim = np.ndim(xs[0])
+    if ndim not in (4, 5):
+        return None
+    order = (0, *range(2, ndim), 1)
+    for x in xs:
+        if x.flags.c_contiguous or not x.transpose(order).flags.c_contiguous:
+            return None
+    return order
+
+
 def constant_value(expression: str) -> float:
     """A variable-free scalar expression in float64 (cached: formulas ask per call)."""
     value = _CONSTANTS.get(expression)
@@ -185,7 +198,17 @@ class NumpyBackend:
 
     @staticmethod
     def concatenate(xs, axis):
-        return np.concatenate(xs, axis=axis)
+        """torch.cat's layout: channels-last when every 4-D/5-D input is, else contiguous
+        (numpy alone would follow the first input's strides, e.g. a transposed one's)."""
+        xs = [np.asarray(x) for x in xs]
+        shape = list(xs[0].shape)
+        shape[axis] = sum(x.shape[axis] for x in xs)
+        order = _channels_last_order(xs)
+        if order is None:
+            return np.concatenate(xs, axis=axis, out=np.empty(shape, np.result_type(*xs)))
+        out = np.empty([shape[d] for d in order], np.result_type(*xs)).transpose(
+            np.argsort(order))
+        return np.concatenate(xs, axis=axis, out=out)
 
     @staticmethod
     def stack(xs, axis):
