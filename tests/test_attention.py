@@ -321,9 +321,7 @@ def test_no_reference_cycles_in_attention(no_gc):
     assert gc.collect() == 0
 
 
-def test_mha_refuses_what_it_does_not_implement():
-    with pytest.raises(NotImplementedError, match="add_bias_kv"):
-        sg.nn.MultiheadAttention(8, 2, add_bias_kv=True)
+def test_mha_refuses_heads_that_do_not_divide_embed_dim():
     with pytest.raises(AssertionError, match="divisible"):
         sg.nn.MultiheadAttention(8, 3)
 
@@ -589,6 +587,14 @@ MHA_GRAPH_CASES = [
     ("all", True, True, False, "none", True),
     ("all", False, False, False, "float", True),
     ("all", True, True, True, "padding", True),
+    # (add_bias_kv, add_zero_attn): bias_k/v repeated and concatenated, zero rows, masks padded
+    ("qkv", False, True, True, "none", True, (True, False)),
+    ("qkv", True, True, False, "padding", True, (True, True)),
+    ("qkv", False, True, True, "bool", False, (False, True)),
+    ("kv", False, False, True, "padding", True, (False, True)),
+    ("kv", True, True, False, "float", True, (True, False)),
+    ("all", False, True, True, "bool", True, (True, True)),
+    ("all", True, False, False, "none", True, (True, True)),
 ]
 
 
@@ -599,11 +605,14 @@ def test_mha_records_torchs_whole_graph(torch, case):
     select; k is v: split([E, 2E]) of the weight and bias, a q linear and one k/v linear;
     otherwise chunk(3) and three linears. need_weights=False is compared with torch's math
     SDPA backend (symgrad's SDPA follows the math path; torch's CPU default is a fused
-    flash node)."""
+    flash node). add_bias_kv: RepeatBackward0 of bias_k/v and CatBackward0 onto k/v;
+    add_zero_attn: CatBackward0 of the heads-first k/v with zeros (a None edge)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    same, batch_first, bias, need_weights, masks, batched = case
-    ours, theirs = _mha_pair(torch, "float64", batch_first=batch_first, bias=bias)
+    same, batch_first, bias, need_weights, masks, batched, *options = case
+    bias_kv, zero_attn = options[0] if options else (False, False)
+    ours, theirs = _mha_pair(torch, "float64", batch_first=batch_first, bias=bias,
+                             add_bias_kv=bias_kv, add_zero_attn=zero_attn)
     rng = np.random.default_rng(12)
     L, S, N, E = 4, 5, 3, 8
 
@@ -621,7 +630,7 @@ def test_mha_records_torchs_whole_graph(torch, case):
     src = lengths[1]
     kw, tkw = {"need_weights": need_weights}, {"need_weights": need_weights}
     if masks == "padding":
-        pad = np.zeros((N, src), dtype=bool)
+        pad = np.zeros((N, src) if batched else (src,), dtype=bool)
         pad[:, -1] = True
         kw["key_padding_mask"], tkw["key_padding_mask"] = sg.tensor(pad), torch.tensor(pad)
     elif masks != "none":
@@ -639,7 +648,9 @@ def test_mha_records_torchs_whole_graph(torch, case):
                    "all": ("SplitBackward0", 1 + bias)}[path]
     assert names.count(packed_cuts[0]) == packed_cuts[1]
     assert not batched or ("SqueezeBackward1" in names) == (path != "all")
-    assert_close(out, t_out, terms=CHAIN + 3 * E + S, scale=magnitude(t_out, *tleaves))
+    assert names.count("RepeatBackward0") == 2 * bias_kv
+    assert names.count("CatBackward0") == 2 * (bias_kv + zero_attn)
+    assert_close(out, t_out, terms=CHAIN + 3 * E + S + 2, scale=magnitude(t_out, *tleaves))
 
 
 def test_linear_on_non_contiguous_input_records_matmul_and_add_as_torch(torch):

@@ -2,7 +2,10 @@
 
 Same parameters, state-dict keys and init as torch; the ``need_weights=True`` path computes
 the weights explicitly (bmm, softmax, bmm), the ``need_weights=False`` path goes through
-``scaled_dot_product_attention``.
+``scaled_dot_product_attention``. ``add_bias_kv`` appends the learned ``bias_k``/``bias_v``
+(repeated over the batch, CatBackward0) and ``add_zero_attn`` a zero key/value per head, each
+padding the masks by one column, as torch. torch's fast path (``_native_multi_head_attention``,
+no grad and eval only) is not followed: symgrad always takes the recorded composite path.
 """
 
 from __future__ import annotations
@@ -11,7 +14,9 @@ import math
 
 from .. import creation
 from .. import functional as _F
+from ..autograd.function import apply
 from ..autograd.record import record
+from ..ops import OPS
 from ..tensor import Tensor
 from . import functional as F
 from . import init
@@ -20,6 +25,8 @@ from .modules import Linear, Module
 from .parameter import Parameter
 
 __all__ = ["MultiheadAttention"]
+
+_PAD = OPS["constant_pad_nd"]
 
 
 class NonDynamicallyQuantizableLinear(Linear):
@@ -69,6 +76,23 @@ def _attn_mask_3d(attn_mask: Tensor, bsz_heads: int, tgt_len: int, src_len: int)
     raise RuntimeError(f"attn_mask's dimension {attn_mask.dim()} is not supported")
 
 
+def _pad_masks(attn_mask: Tensor | None, key_padding_mask: Tensor | None):
+    """Both (float) masks padded by one zero column, as torch's ``pad(mask, (0, 1))`` for the
+    key/value row that ``add_bias_kv`` or ``add_zero_attn`` appends."""
+    return tuple(None if m is None else apply(_PAD, (m,), {"pad": (0, 1), "value": 0})
+                 for m in (attn_mask, key_padding_mask))
+
+
+def _check_key_padding_mask(key_padding_mask: Tensor, src_len: int, bsz: int) -> None:
+    """torch's ``_check_key_padding_mask`` (its messages say "key_padded_mask")."""
+    if key_padding_mask.shape[0] != bsz:
+        raise AssertionError(f"Expected key_padded_mask.shape[0] to be {bsz}, but got "
+                             f"{key_padding_mask.shape[0]}")
+    if key_padding_mask.shape[1] != src_len:
+        raise AssertionError(f"Expected key_padded_mask.shape[1] to be {src_len}, but got "
+                             f"{key_padding_mask.shape[1]}")
+
+
 def _packed_pieces(proj: Tensor, n: int, E: int) -> Tensor:
     """``(..., n*E)`` -> ``(n, ..., E)`` contiguous, as torch's ``unflatten(-1, (n, E))
     .unsqueeze(0).transpose(0, -2).squeeze(-2).contiguous()`` (same nodes recorded)."""
@@ -82,10 +106,9 @@ def _heads_first(x: Tensor, bsz: int, num_heads: int, head_dim: int) -> Tensor:
 
 
 class MultiheadAttention(Module):
-    """torch's ``nn.MultiheadAttention``: same parameters, state-dict keys, init and forward.
-
-    ``add_bias_kv`` and ``add_zero_attn`` are not implemented.
-    """
+    """torch's ``nn.MultiheadAttention``: same parameters, state-dict keys, init and forward,
+    ``add_bias_kv`` (parameters ``bias_k``, ``bias_v`` of shape ``(1, 1, embed_dim)``) and
+    ``add_zero_attn`` included."""
 
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
                  add_bias_kv: bool = False, add_zero_attn: bool = False, kdim: int | None = None,
@@ -94,9 +117,6 @@ class MultiheadAttention(Module):
         if embed_dim <= 0 or num_heads <= 0:
             raise ValueError(f"embed_dim and num_heads must be greater than 0, got "
                              f"embed_dim={embed_dim} and num_heads={num_heads} instead")
-        if add_bias_kv or add_zero_attn:
-            raise NotImplementedError("symgrad's MultiheadAttention does not implement "
-                                      "add_bias_kv or add_zero_attn")
         super().__init__()
         self.embed_dim = embed_dim
         self.kdim = kdim if kdim is not None else embed_dim
@@ -109,10 +129,14 @@ class MultiheadAttention(Module):
         if self.head_dim * num_heads != embed_dim:
             raise AssertionError("embed_dim must be divisible by num_heads")
         self._make_in_projection(bias, dtype)
-        self.bias_k = self.bias_v = None
-        self.add_zero_attn = add_zero_attn
         self.out_proj = NonDynamicallyQuantizableLinear(embed_dim, embed_dim, bias=bias,
                                                         dtype=dtype)
+        if add_bias_kv:
+            self.bias_k = Parameter(creation.empty(1, 1, embed_dim, dtype=dtype))
+            self.bias_v = Parameter(creation.empty(1, 1, embed_dim, dtype=dtype))
+        else:
+            self.bias_k = self.bias_v = None
+        self.add_zero_attn = add_zero_attn
         self._reset_parameters()
         if device is not None:
             self.to(device)
@@ -135,7 +159,7 @@ class MultiheadAttention(Module):
             self.register_parameter("in_proj_bias", None)
 
     def _reset_parameters(self) -> None:
-        """torch's init: xavier-uniform projections, zero biases."""
+        """torch's init: xavier-uniform projections, zero biases, xavier-normal bias_k/v."""
         if self._qkv_same_embed_dim:
             init.xavier_uniform_(self.in_proj_weight)
         else:
@@ -144,6 +168,10 @@ class MultiheadAttention(Module):
         if self.in_proj_bias is not None:
             init.constant_(self.in_proj_bias, 0.0)
             init.constant_(self.out_proj.bias, 0.0)
+        if self.bias_k is not None:
+            init.xavier_normal_(self.bias_k)
+        if self.bias_v is not None:
+            init.xavier_normal_(self.bias_v)
 
     def _in_projection(self, query: Tensor, key: Tensor, value: Tensor):
         """q, k, v projected as torch's ``_in_projection_packed`` / ``_in_projection`` do.
@@ -218,8 +246,20 @@ class MultiheadAttention(Module):
         q, k, v = self._in_projection(query, key, value)
         if attn_mask is not None:
             attn_mask = _attn_mask_3d(attn_mask, bsz * H, tgt_len, src_len)
+        if self.bias_k is not None and self.bias_v is not None:
+            k = _F.cat([k, self.bias_k.repeat(1, bsz, 1)])
+            v = _F.cat([v, self.bias_v.repeat(1, bsz, 1)])
+            attn_mask, key_padding_mask = _pad_masks(attn_mask, key_padding_mask)
         q, k, v = (_heads_first(x, bsz, H, D) for x in (q, k, v))
+        if self.add_zero_attn:
+            zeros = creation.zeros(bsz * H, 1, D, dtype=k.dtype, device=k.device)
+            k = _F.cat([k, zeros], dim=1)
+            v = _F.cat([v, creation.zeros(bsz * H, 1, D, dtype=v.dtype, device=v.device)],
+                       dim=1)
+            attn_mask, key_padding_mask = _pad_masks(attn_mask, key_padding_mask)
+        src_len = k.shape[1]
         if key_padding_mask is not None:
+            _check_key_padding_mask(key_padding_mask, src_len, bsz)
             padding = key_padding_mask.reshape(bsz, 1, 1, src_len).expand(bsz, H, 1, src_len)
             padding = padding.reshape(bsz * H, 1, src_len)
             attn_mask = padding if attn_mask is None else _add_mask(attn_mask, padding)
