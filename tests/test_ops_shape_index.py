@@ -241,3 +241,22 @@ def test_cat_output_layout_follows_torch(case, torch, cpu_backend):
     assert ours.stride() == theirs.stride()
     assert ours.is_contiguous() == theirs.is_contiguous()
     assert_close(ours, theirs, terms=1)
+
+
+STACK_LAYOUTS = [([(3, 5), (3, 5)], [(1, 0), (1, 0)], d) for d in (0, 1, 2, -1)] + [
+    ([(4, 6, 3), (6, 4, 3)], [(1, 0, 2), (0, 1, 2)], 1)]
+
+
+@pytest.mark.parametrize("case", STACK_LAYOUTS, ids=range(len(STACK_LAYOUTS)))
+def test_stack_output_layout_follows_torch(case, torch, cpu_backend):
+    """torch.stack of transposed inputs is contiguous, so a later reshape records
+    ViewBackward0 (numpy's stack would follow the inputs' strides: UnsafeViewBackward0)."""
+    shapes, perms, dim = case
+    arrays = [R.standard_normal(s) for s in shapes]
+    ours = sg.stack([sg.tensor(a, requires_grad=True).permute(*p)
+                     for a, p in zip(arrays, perms)], dim)
+    theirs = torch.stack([torch.tensor(a, requires_grad=True).permute(*p)
+                          for a, p in zip(arrays, perms)], dim)
+    assert ours.stride() == theirs.stride()
+    assert ours.reshape(-1).grad_fn.name() == theirs.reshape(-1).grad_fn.name()
+    assert_close(ours, theirs, terms=1)

@@ -212,7 +212,14 @@ class NumpyBackend:
 
     @staticmethod
     def stack(xs, axis):
-        return np.stack(xs, axis=axis)
+        """torch.stack's layout: contiguous (numpy alone would follow the inputs' strides,
+        e.g. transposed ones'); channels-last inputs keep numpy's choice."""
+        xs = [np.asarray(x) for x in xs]
+        if _channels_last_order(xs) is not None:
+            return np.stack(xs, axis=axis)
+        shape = list(xs[0].shape)
+        shape.insert(axis if axis >= 0 else len(shape) + 1 + axis, len(xs))
+        return np.stack(xs, axis=axis, out=np.empty(shape, np.result_type(*xs)))
 
     @staticmethod
     def full(shape, value, np_dtype):
