@@ -18,11 +18,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from . import _inplace_views as _iv
 from . import _tensor_layer as _tl
 from . import dtypes as _dt
 from ._tensor_layer import TensorBase
 from ._views import check_multi_output_view
 from .autograd.grad_mode import _state
+from .autograd.node import _saved_tensors_hooks
+from .autograd.record import _recording
 from .ops import indexing as _ix
 from .ops._ints import INT64_MAX, u64
 
@@ -363,11 +366,22 @@ def setitem(x: Tensor, index, value) -> None:
         raise RuntimeError("a leaf Variable that requires grad is being used in an in-place "
                            "operation.")
     check_multi_output_view(x, record, _view_written(items))
+    found = None
     if record:
-        _check_not_view_of_graph(x)
+        found = _iv.view_base(x, "assignment") if x._grad_fn is not None else None
+        if found is None:
+            _check_not_view_of_graph(x)
 
     basic, adv, whole = _region(x, items)
     be = backend_for(x._device.type)
+    if found is not None:
+        base, view_region, others = found
+        written = _iv.compose(view_region, basic)
+        if written is None:
+            raise RuntimeError("symgrad cannot locate the region assigned to in the base "
+                               "tensor of this view.")
+        eager = bool(_recording) or bool(_saved_tensors_hooks)
+        old_base = _iv.stand_in(base, be, eager)  # before the write
     target = _ix.region_view(be, x._data, basic)
     if not getattr(getattr(target, "flags", None), "writeable", True):
         raise RuntimeError("unsupported operation: more than one element of the written-to "
@@ -400,6 +414,10 @@ def setitem(x: Tensor, index, value) -> None:
                      src._data if isinstance(src, TensorBase) else src, False)
     x._storage.version += 1
     if not record:
+        return
+    if found is not None:
+        _iv.record_write(base, old_base, src, (written, adv), x, view_region, others, be,
+                         eager)
         return
     from .autograd.function import _record
     from .ops import OPS
