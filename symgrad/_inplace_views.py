@@ -36,6 +36,11 @@ LEAF_VIEW = ("a view of a leaf Variable that requires grad is being used in an i
 #: as_strided_region node -> weakref to the base it views (its recorded input is a stand-in)
 VIEW_BASE: Any = weakref.WeakKeyDictionary()
 
+#: id(base) -> (weakref to the base, {id(view): (weakref to the view, region)}): the views
+#: written through (or on the way of a write), rebased again at every later write into the
+#: base, as torch regenerates a view's grad_fn when its base changed
+_VIEWS_OF: dict = {}
+
 #: view ops whose output is a basic-index region of their input
 _REGION_OPS = frozenset(("select", "slice", "unsqueeze", "alias", "as_strided_region"))
 
@@ -250,7 +255,25 @@ def record_write(base, old_base, src, region, view, view_region, others, be,
     old_node, old_nr = base._grad_fn, base._output_nr
     _record(OPS["copy_slices"], (old_base, src), {"_region": region}, [base])
     _move_retained(base, old_node, old_nr)
+    key = id(base)
+    entry = _VIEWS_OF.get(key)
+    if entry is None or entry[0]() is not base:
+        entry = _VIEWS_OF[key] = (weakref.ref(base, lambda _r, k=key: _VIEWS_OF.pop(k, None)),
+                                  {})
+    known = entry[1]
     for v, r in ((view, view_region),) + tuple(others):
+        known[id(v)] = (weakref.ref(v), r)
+    for k, (ref, r) in list(known.items()):
+        v = ref()
+        if v is None:
+            del known[k]
+            continue
+        if v is not view and not any(v is o for o, _ in others):
+            # an earlier written view: still a view of base in the graph?
+            b = VIEW_BASE.get(v._grad_fn) if v._grad_fn is not None else None
+            if b is None or b() is not base or v._storage is not base._storage:
+                del known[k]
+                continue
         old_node, old_nr = v._grad_fn, v._output_nr
         _record(OPS["as_strided_region"], (stand_in(base, be, eager),), {"_region": r}, [v])
         VIEW_BASE[v._grad_fn] = weakref.ref(base)

@@ -112,6 +112,26 @@ def test_several_inplace_ops_on_one_view_and_on_two_views(torch):
     assert names[1] == "CopySlices"
 
 
+def test_a_written_view_follows_later_writes_into_its_base(torch):
+    """torch regenerates ``v``'s grad_fn from its base after ``w``'s write; symgrad rebases
+    the views written before (here overlapping: element [1, 0])."""
+    out = []
+    for L in (sg, torch):
+        x = L.tensor(X, requires_grad=True)
+        y = x * 2
+        y.retain_grad()
+        v = y[1]
+        v.mul_(3)
+        w = y[:, 0]
+        w.mul_(-2)
+        assert v.grad_fn.next_functions[0][0] is y.grad_fn
+        assert _name(v.grad_fn) == "AsStridedBackward0"
+        ((y * y).sum() + (v * v * v).sum()).backward()
+        out.append((x.grad.numpy(), y.grad.numpy()))
+    for s, t in zip(*out):
+        assert_close(s, t, terms=8)
+
+
 # -- assignment through a view -----------------------------------------------------------------
 def _assign_scalar(L, y):
     y[1][0] = 5.0
