@@ -26,6 +26,7 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
+from .autograd.node import AccumulateGrad
 from .ops._ints import norm, s64
 
 __all__ = ["view_base", "compose", "LEAF_VIEW"]
@@ -56,8 +57,6 @@ def view_base(t, what: str):
     the op) for a view symgrad cannot express as a region of its base. ``what`` names the
     write for that message ("in-place mul", "assignment").
     """
-    from .autograd.node import AccumulateGrad
-
     node = t._grad_fn
     steps: list = []  # view nodes from t down to the base
     base = None
