@@ -40,7 +40,7 @@ VIEW_BASE: Any = weakref.WeakKeyDictionary()
 #: id(base) -> (weakref to the base, {id(view): (weakref to the view, region)}): the views
 #: written through (or on the way of a write), rebased again at every later write into the
 #: base, as torch regenerates a view's grad_fn when its base changed
-_VIEWS_OF: dict = {}
+VIEWS_OF: dict = {}
 
 #: view ops whose output is a basic-index region of their input
 _REGION_OPS = frozenset(("select", "slice", "unsqueeze", "alias", "as_strided_region"))
@@ -255,19 +255,31 @@ def record_write(base, old_base, src, region, view, view_region, others, be,
     _record(OPS["copy_slices"], (old_base, src), {"_region": region}, [base])
     _move_retained(base, old_node, old_nr)
     key = id(base)
-    entry = _VIEWS_OF.get(key)
+    entry = VIEWS_OF.get(key)
     if entry is None or entry[0]() is not base:
-        entry = _VIEWS_OF[key] = (weakref.ref(base, lambda _r, k=key: _VIEWS_OF.pop(k, None)),
+        entry = VIEWS_OF[key] = (weakref.ref(base, lambda _r, k=key: VIEWS_OF.pop(k, None)),
                                   {})
-    known = entry[1]
     for v, r in ((view, view_region),) + tuple(others):
-        known[id(v)] = (weakref.ref(v), r)
+        entry[1][id(v)] = (weakref.ref(v), r)
+    refresh_views(base, be, eager, ((view, view_region),) + tuple(others))
+
+
+def refresh_views(base, be, eager: bool, written=()) -> None:
+    """Rebase the views of ``base`` known here (written through before) onto
+    AsStridedBackward0 of ``base``'s current grad_fn, after a write into ``base``."""
+    from .autograd.function import _record
+    from .ops import OPS
+
+    entry = VIEWS_OF.get(id(base))
+    if entry is None or entry[0]() is not base:
+        return
+    known = entry[1]
     for k, (ref, r) in list(known.items()):
         v = ref()
         if v is None:
             del known[k]
             continue
-        if v is not view and not any(v is o for o, _ in others):
+        if not any(v is w for w, _ in written):
             # an earlier written view: still a view of base in the graph?
             b = VIEW_BASE.get(v._grad_fn) if v._grad_fn is not None else None
             if b is None or b() is not base or v._storage is not base._storage:

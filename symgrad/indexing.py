@@ -429,6 +429,8 @@ def setitem(x: Tensor, index, value) -> None:
     else:
         spec, params = OPS["copy_slices"], {"_region": (basic, adv)}
     _record(spec, (x, src), params, [x])
+    if _iv.VIEWS_OF and id(x) in _iv.VIEWS_OF:  # views written before: rebase them
+        _iv.refresh_views(x, be, bool(_recording) or bool(_saved_tensors_hooks))
 
 
 _tl.provide(getitem=getitem)  # ops' backward formulas index through it

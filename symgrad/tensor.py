@@ -571,6 +571,8 @@ class Tensor(TensorBase):
         self._grad_fn = new
         self._output_nr = 0
         self._requires_grad = True
+        if _iv.VIEWS_OF and id(self) in _iv.VIEWS_OF:  # views written before: rebase them
+            _iv.refresh_views(self, be, eager)
         return self
 
     def _inplace_view_graph(self, be, method, compute, base, region, others) -> Tensor:

@@ -132,6 +132,22 @@ def test_a_written_view_follows_later_writes_into_its_base(torch):
         assert_close(s, t, terms=8)
 
 
+def test_a_written_view_follows_writes_into_the_base_itself(torch):
+    out = []
+    for L in (sg, torch):
+        x = L.tensor(X, requires_grad=True)
+        y = x * 2
+        v = y[1]
+        v.mul_(3)
+        y.mul_(-2)
+        y[0, 0] = 4.0
+        y[:, 1] = 7.0
+        assert v.grad_fn.next_functions[0][0] is y.grad_fn
+        ((v * v * v).sum() + (y * y).sum()).backward()
+        out.append(x.grad.numpy())
+    assert_close(out[0], out[1], terms=8)
+
+
 # -- assignment through a view -----------------------------------------------------------------
 def _assign_scalar(L, y):
     y[1][0] = 5.0
