@@ -42,6 +42,30 @@ VIEW_BASE: Any = weakref.WeakKeyDictionary()
 #: base, as torch regenerates a view's grad_fn when its base changed
 VIEWS_OF: dict = {}
 
+#: id(storage) -> {id(view): weakref to the view}: views made by indexing (``x[i]``,
+#: select, narrow) of a graph tensor, not yet located; a write into their base locates and
+#: rebases them (an entry goes with its view)
+MADE: dict = {}
+
+
+def note_view(v) -> None:
+    """Remember ``v``, a view just made by indexing of a tensor in the graph."""
+    key = id(v._storage)
+    views = MADE.get(key)
+    if views is None:
+        views = MADE[key] = {}
+    k = id(v)
+    views[k] = weakref.ref(v, lambda _r, key=key, k=k: _forget(key, k))
+
+
+def _forget(key: int, k: int) -> None:
+    views = MADE.get(key)
+    if views is not None:
+        views.pop(k, None)
+        if not views:
+            del MADE[key]
+
+
 #: view ops whose output is a basic-index region of their input
 _REGION_OPS = frozenset(("select", "slice", "unsqueeze", "alias", "as_strided_region"))
 
@@ -243,6 +267,15 @@ def _move_retained(t, old_node, old_nr: int) -> None:
         t._grad_fn._retained = {0: weakref.ref(t)}
 
 
+def _entry_for(base):
+    key = id(base)
+    entry = VIEWS_OF.get(key)
+    if entry is None or entry[0]() is not base:
+        entry = VIEWS_OF[key] = (weakref.ref(base, lambda _r, k=key: VIEWS_OF.pop(k, None)),
+                                 {})
+    return entry
+
+
 def record_write(base, old_base, src, region, view, view_region, others, be,
                  eager: bool) -> None:
     """After a write into ``view`` (``base[view_region]``): ``base``'s grad_fn becomes
@@ -254,11 +287,7 @@ def record_write(base, old_base, src, region, view, view_region, others, be,
     old_node, old_nr = base._grad_fn, base._output_nr
     _record(OPS["copy_slices"], (old_base, src), {"_region": region}, [base])
     _move_retained(base, old_node, old_nr)
-    key = id(base)
-    entry = VIEWS_OF.get(key)
-    if entry is None or entry[0]() is not base:
-        entry = VIEWS_OF[key] = (weakref.ref(base, lambda _r, k=key: VIEWS_OF.pop(k, None)),
-                                  {})
+    entry = _entry_for(base)
     for v, r in ((view, view_region),) + tuple(others):
         entry[1][id(v)] = (weakref.ref(v), r)
     refresh_views(base, be, eager, ((view, view_region),) + tuple(others))
@@ -272,6 +301,26 @@ def refresh_views(base, be, eager: bool, written=()) -> None:
 
     entry = VIEWS_OF.get(id(base))
     if entry is None or entry[0]() is not base:
+        entry = None
+    made = MADE.get(id(base._storage))
+    if made:  # views made by indexing before: locate them in base
+        for k, ref in list(made.items()):
+            v = ref()
+            if v is None or v is base or v._grad_fn is None or \
+                    any(v is w for w, _ in written):
+                continue
+            try:
+                found = view_base(v, "")
+            except RuntimeError:  # not a region of base (transpose ...): left as it is
+                continue
+            if found is None or found[0] is not base:
+                continue
+            made.pop(k, None)
+            if entry is None:
+                entry = _entry_for(base)
+            entry[1][id(v)] = (weakref.ref(v), found[1])
+            VIEW_BASE[v._grad_fn] = weakref.ref(base)  # so the loop below rebases it
+    if entry is None:
         return
     known = entry[1]
     for k, (ref, r) in list(known.items()):

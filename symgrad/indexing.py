@@ -186,6 +186,12 @@ def _slice(x: Tensor, dim: int, s: slice, optimize: bool) -> Tensor:
     return _ix.slice_(x, u64(dim), u64(start), u64(end), step)
 
 
+def _noted(x: Tensor, result: Tensor) -> Tensor:
+    if result._grad_fn is not None and result._storage is x._storage:
+        _iv.note_view(result)  # a write into x locates and rebases it
+    return result
+
+
 def getitem(x: Tensor, index) -> Tensor:
     """``x[index]`` with PyTorch's decomposition and errors."""
     from .functional import unsqueeze
@@ -197,9 +203,9 @@ def getitem(x: Tensor, index) -> Tensor:
         if i is Ellipsis:
             return _ix._apply("alias", (x,), {})
         if isinstance(i, int) and not isinstance(i, bool):
-            return _select(x, 0, i)
+            return _noted(x, _select(x, 0, i))
         if isinstance(i, slice):
-            return _slice(x, 0, i, optimize=False)
+            return _noted(x, _slice(x, 0, i, optimize=False))
         items = (i,)
     else:
         items = _items(index)
@@ -232,7 +238,11 @@ def getitem(x: Tensor, index) -> Tensor:
             dim += _consumed(item)
             extra += _consumed(item) - 1
     if not adv:
-        return _ix._apply("alias", (x,), {}) if result is x else result
+        if result is x:
+            result = _ix._apply("alias", (x,), {})
+        if result._grad_fn is not None and result._storage is x._storage:
+            _iv.note_view(result)  # a write into x locates and rebases it
+        return result
     _check_indices(tuple(result.shape), adv)
     if result._device.type != "cpu":  # index tensors follow self's device, as in torch
         adv = [None if t is None else t.to(result._device) for t in adv]
@@ -429,7 +439,8 @@ def setitem(x: Tensor, index, value) -> None:
     else:
         spec, params = OPS["copy_slices"], {"_region": (basic, adv)}
     _record(spec, (x, src), params, [x])
-    if _iv.VIEWS_OF and id(x) in _iv.VIEWS_OF:  # views written before: rebase them
+    if (_iv.VIEWS_OF and id(x) in _iv.VIEWS_OF) or (
+            _iv.MADE and id(x._storage) in _iv.MADE):  # its views: rebase them
         _iv.refresh_views(x, be, bool(_recording) or bool(_saved_tensors_hooks))
 
 

@@ -571,7 +571,8 @@ class Tensor(TensorBase):
         self._grad_fn = new
         self._output_nr = 0
         self._requires_grad = True
-        if _iv.VIEWS_OF and id(self) in _iv.VIEWS_OF:  # views written before: rebase them
+        if (_iv.VIEWS_OF and id(self) in _iv.VIEWS_OF) or (
+                _iv.MADE and id(self._storage) in _iv.MADE):  # its views: rebase them
             _iv.refresh_views(self, be, eager)
         return self
 

@@ -148,6 +148,26 @@ def test_a_written_view_follows_writes_into_the_base_itself(torch):
     assert_close(out[0], out[1], terms=8)
 
 
+def test_views_made_before_a_write_follow_it(torch):
+    """Views made by indexing, select and narrow, never written themselves, are rebased onto
+    AsStridedBackward0 of the base after a write into it (torch regenerates them)."""
+    out = []
+    for L in (sg, torch):
+        x = L.tensor(X, requires_grad=True)
+        y = x * 2
+        views = [y[:, 0], y.narrow(1, 1, 2), y.select(1, 3), y[0:2][1]]
+        b = y[1]
+        b.mul_(-3)
+        y[2, 0] = 5.0
+        y.mul_(2)
+        for v in views:
+            assert _name(v.grad_fn) == "AsStridedBackward0"
+            assert v.grad_fn.next_functions[0][0] is y.grad_fn
+        sum((v ** 3).sum() for v in views).backward()
+        out.append(x.grad.numpy())
+    assert_close(out[0], out[1], terms=16)
+
+
 # -- assignment through a view -----------------------------------------------------------------
 def _assign_scalar(L, y):
     y[1][0] = 5.0
@@ -347,12 +367,14 @@ def test_graph_of_writes_into_views_is_freed_without_gc():
         x = sg.tensor(X, requires_grad=True)
         y = x * 2
         v = y[1]
+        seen = y[2][1:]  # made, never written: rebased by the writes below
         v.mul_(3)
         y[0][1] = 5.0
         nodes = [weakref.ref(y.grad_fn), weakref.ref(v.grad_fn),
                  weakref.ref(y.grad_fn.next_functions[0][0])]
-        (y * y).sum().backward()
-        del y, v
+        nodes.append(weakref.ref(seen.grad_fn))
+        ((y * y).sum() + seen.sum()).backward()
+        del y, v, seen
         assert all(n() is None for n in nodes)
     finally:
         gc.enable()
