@@ -14,6 +14,12 @@ view/reshape, expand, diagonal ...) is refused with its name rather than differe
 wrongly. With no live base (only the view alive) the write is recorded on the view alone,
 which is exact for the view's own graph.
 
+torch regenerates a view's grad_fn from its base whenever the base was written since. Here
+the views made by indexing, select and narrow of a graph tensor are noted (weakly, per
+storage: ``note_view``), as are the views written through; a write into the base rebases
+the live ones onto AsStridedBackward0 of its new grad_fn (``refresh_views``). A view made
+by another op (transpose, view ...) keeps its grad_fn (see docs/differences.md).
+
 Recorded structure (exact for the verifier): ``CopySlices(base_old, op(as_strided(base_old)))``
 where ``as_strided`` is the region view of the old base. torch hides the op's node inside
 CopySlices (its next_functions are the base's old grad_fn and the op's other inputs); here
