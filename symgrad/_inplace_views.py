@@ -32,6 +32,7 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
+from . import _tensor_layer as _tl
 from .autograd.node import AccumulateGrad
 from .ops._ints import norm, s64
 
@@ -239,10 +240,9 @@ def _pointer(a):
 
 def _same_view(base, region, t) -> bool:
     """Does ``base[region]`` cover exactly ``t``'s elements?"""
-    from .backends import backend_for
     from .ops.indexing import region_view
 
-    v = region_view(backend_for(base._device.type), base._data, region)
+    v = region_view(_tl.backend_for(base._device.type), base._data, region)
     if tuple(v.shape) != tuple(t._data.shape):
         return False
     if v.size <= 1:
@@ -255,9 +255,7 @@ def stand_in(t, be, eager: bool):
     """A tensor standing for ``t`` as it is now (values and grad_fn) as a node's input: a
     copy under ``symgrad.record()`` / saved_tensors_hooks (the verifier reads the values
     later), else a free alias."""
-    from .tensor import Tensor
-
-    s = Tensor._wrap(be.copy(t._data) if eager else t._data, t._device,
+    s = _tl.Tensor._wrap(be.copy(t._data) if eager else t._data, t._device,
                      None if eager else t._storage)
     s._grad_fn = t._grad_fn
     s._output_nr = t._output_nr
