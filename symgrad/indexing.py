@@ -18,11 +18,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from . import _inplace_views as _iv
 from . import _tensor_layer as _tl
 from . import dtypes as _dt
 from ._tensor_layer import TensorBase
 from ._views import check_multi_output_view
 from .autograd.grad_mode import _state
+from .autograd.node import _saved_tensors_hooks
+from .autograd.record import _recording
 from .ops import indexing as _ix
 from .ops._ints import INT64_MAX, u64
 
@@ -183,6 +186,12 @@ def _slice(x: Tensor, dim: int, s: slice, optimize: bool) -> Tensor:
     return _ix.slice_(x, u64(dim), u64(start), u64(end), step)
 
 
+def _noted(x: Tensor, result: Tensor) -> Tensor:
+    if result._grad_fn is not None and result._storage is x._storage:
+        _iv.note_view(result)  # a write into x locates and rebases it
+    return result
+
+
 def getitem(x: Tensor, index) -> Tensor:
     """``x[index]`` with PyTorch's decomposition and errors."""
     from .functional import unsqueeze
@@ -194,9 +203,9 @@ def getitem(x: Tensor, index) -> Tensor:
         if i is Ellipsis:
             return _ix._apply("alias", (x,), {})
         if isinstance(i, int) and not isinstance(i, bool):
-            return _select(x, 0, i)
+            return _noted(x, _select(x, 0, i))
         if isinstance(i, slice):
-            return _slice(x, 0, i, optimize=False)
+            return _noted(x, _slice(x, 0, i, optimize=False))
         items = (i,)
     else:
         items = _items(index)
@@ -229,7 +238,11 @@ def getitem(x: Tensor, index) -> Tensor:
             dim += _consumed(item)
             extra += _consumed(item) - 1
     if not adv:
-        return _ix._apply("alias", (x,), {}) if result is x else result
+        if result is x:
+            result = _ix._apply("alias", (x,), {})
+        if result._grad_fn is not None and result._storage is x._storage:
+            _iv.note_view(result)  # a write into x locates and rebases it
+        return result
     _check_indices(tuple(result.shape), adv)
     if result._device.type != "cpu":  # index tensors follow self's device, as in torch
         adv = [None if t is None else t.to(result._device) for t in adv]
@@ -363,11 +376,22 @@ def setitem(x: Tensor, index, value) -> None:
         raise RuntimeError("a leaf Variable that requires grad is being used in an in-place "
                            "operation.")
     check_multi_output_view(x, record, _view_written(items))
+    found = None
     if record:
-        _check_not_view_of_graph(x)
+        found = _iv.view_base(x, "assignment") if x._grad_fn is not None else None
+        if found is None:
+            _check_not_view_of_graph(x)
 
     basic, adv, whole = _region(x, items)
     be = backend_for(x._device.type)
+    if found is not None:
+        base, view_region, others = found
+        written = _iv.compose(view_region, basic)
+        if written is None:
+            raise RuntimeError("symgrad cannot locate the region assigned to in the base "
+                               "tensor of this view.")
+        eager = bool(_recording) or bool(_saved_tensors_hooks)
+        old_base = _iv.stand_in(base, be, eager)  # before the write
     target = _ix.region_view(be, x._data, basic)
     if not getattr(getattr(target, "flags", None), "writeable", True):
         raise RuntimeError("unsupported operation: more than one element of the written-to "
@@ -401,6 +425,10 @@ def setitem(x: Tensor, index, value) -> None:
     x._storage.version += 1
     if not record:
         return
+    if found is not None:
+        _iv.record_write(base, old_base, src, (written, adv), x, view_region, others, be,
+                         eager)
+        return
     from .autograd.function import _record
     from .ops import OPS
 
@@ -411,6 +439,9 @@ def setitem(x: Tensor, index, value) -> None:
     else:
         spec, params = OPS["copy_slices"], {"_region": (basic, adv)}
     _record(spec, (x, src), params, [x])
+    if (_iv.VIEWS_OF and id(x) in _iv.VIEWS_OF) or (
+            _iv.MADE and id(x._storage) in _iv.MADE):  # its views: rebase them
+        _iv.refresh_views(x, be, bool(_recording) or bool(_saved_tensors_hooks))
 
 
 _tl.provide(getitem=getitem)  # ops' backward formulas index through it

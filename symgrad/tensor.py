@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from . import _inplace_views as _iv
 from . import _tensor_layer as _tl
 from . import dtypes as _dt
 from . import functional as _F
@@ -523,16 +524,11 @@ class Tensor(TensorBase):
                                f"the desired output type {names[self.dtype.name]}")
 
     def _inplace_graph(self, be, method, compute) -> Tensor:
+        found = _iv.view_base(self, f"in-place {method.rstrip('_')}") \
+            if self._grad_fn is not None else None
+        if found is not None:
+            return self._inplace_view_graph(be, method, compute, *found)
         node = self._grad_fn
-        spec = getattr(type(node), "_spec", None)
-        if spec is not None and spec.view and node._input_refs:
-            base = node._input_refs[0]
-            base = base() if isinstance(base, weakref.ref) else base  # strong under record()
-            if base is not None and base._storage is self._storage:
-                raise RuntimeError(
-                    f"symgrad does not support in-place {method.rstrip('_')} on a view "
-                    f"({node.name()}) of a tensor that requires grad yet: its base's gradient "
-                    "would be wrong. Apply the op out of place, or clone() the view first.")
         # Under symgrad.record() (the verifier keeps every input) or saved_tensors_hooks
         # (pack sees the tensor at once) the stand-in is a copy of the old values; otherwise
         # a free alias, and only what the node saved is cloned below.
@@ -575,6 +571,43 @@ class Tensor(TensorBase):
         self._grad_fn = new
         self._output_nr = 0
         self._requires_grad = True
+        if (_iv.VIEWS_OF and id(self) in _iv.VIEWS_OF) or (
+                _iv.MADE and id(self._storage) in _iv.MADE):  # its views: rebase them
+            _iv.refresh_views(self, be, eager)
+        return self
+
+    def _inplace_view_graph(self, be, method, compute, base, region, others) -> Tensor:
+        """An in-place op on ``self``, a view (``base[region]``) of the live graph tensor
+        ``base``: base's grad_fn becomes CopySlices over its old one and the op applied to
+        the old view values; ``self``'s becomes AsStridedBackward0 of the new base."""
+        eager = bool(_recording) or bool(_saved_tensors_hooks)
+        old_base = _iv.stand_in(base, be, eager)
+        stand_in = _apply(_OPS["as_strided_region"], (old_base,), {"_region": region})
+        out = compute(stand_in)
+        self._check_result(method, out)
+        new = out._grad_fn
+        saved = getattr(new, "_saved", None) or {}
+        outputs = []
+        original = None
+        for s in saved.values():
+            if type(s) is not SavedTensor:
+                continue
+            if s.output_nr >= 0 and s.data is not None:
+                s.data, s.storage, s._tensor = self._data, self._storage, None
+                outputs.append(s)
+            elif not eager and s._tensor is stand_in:
+                if original is None:
+                    original = _apply(_OPS["clone"], (stand_in,))  # torch's original_self
+                    refs = list(new._input_refs)
+                    refs[0] = weakref.ref(original)
+                    new._input_refs = tuple(refs)
+                s._tensor, s.version = original, original._storage.version
+        be.copy_(self._data, out._data)
+        self._bump()
+        for s in outputs:
+            s.version = self._storage.version
+        _iv.record_write(base, old_base, out, (region, None), self, region, others, be,
+                         eager)
         return self
 
     def add_(self, other, alpha=1) -> Tensor:

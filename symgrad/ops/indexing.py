@@ -169,6 +169,23 @@ register(OpSpec(
      "src": lambda grad, _region: take_region(grad, _region)},
     STRUCTURAL, dtype_rule="same",
     doc="``x[i] = v`` on part of x: x's new grad_fn (its old one is input 0)."))
+def _as_strided_region_fwd(be, self, _region):
+    return region_view(be, self, _region)
+
+
+def _as_strided_region_bwd(grad, _region, self_sym_sizes):
+    zeros = _tl.zeros(tuple(self_sym_sizes), dtype=grad.dtype, device=grad.device)
+    return _apply("copy_slices", (zeros, grad), {"_region": (tuple(_region), None)})
+
+
+register(OpSpec(
+    "as_strided_region", "AsStridedBackward0", ("self",), _as_strided_region_fwd,
+    {"self": _as_strided_region_bwd},
+    STRUCTURAL, dtype_rule="same", view=True,
+    doc="A view of a tensor written in place through one of its views: the view's new "
+        "grad_fn (torch's AsStridedBackward0). Its meaning is ``self[_region]`` for the basic "
+        "index ``_region`` (ints, slices, None) the view covers, which is what torch's "
+        "(size, stride, storage_offset) describe for views made by indexing."))
 register(OpSpec(
     "setitem_copy", "CopyBackwards", ("self", "src"), _copy_fwd,
     {"self": lambda grad: grad * 0, "src": lambda grad: grad},

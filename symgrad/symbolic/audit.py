@@ -65,6 +65,14 @@ def _setitem(kind):
     return ex
 
 
+def _ex_view_written(x, y):
+    """``z[0].mul_(y[0])``: z[0]'s grad_fn becomes AsStridedBackward0 of the new z."""
+    z = x * 1.0
+    v = z[0]
+    v.mul_(y[0])
+    return v
+
+
 def _ex_compare_(name: str, tensor_other: bool):
     """``x.gt_(y)`` / ``x.gt_(1.0)`` on a non-leaf copy of ``x``."""
     return lambda x, y: getattr(x * 1.0, f"{name}_")(y if tensor_other else 1.0)
@@ -146,6 +154,7 @@ EXAMPLES = {
     "log_softmax": lambda x, y: _sg().log_softmax(x, dim=0),
     "logsumexp": lambda x, y: x.logsumexp(1),
     "copy_slices": _setitem("copy_slices"),
+    "as_strided_region": _ex_view_written,
     "setitem_copy": _setitem("setitem_copy"),
     "index_put": _setitem("index_put"),
     "addmm": lambda x, y: _nnf().linear(x, y, y[0, :2]),
