@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from . import _tensor_layer as _tl
 from . import dtypes as _dt
+from ._inplace_views import note_view as _note_view
 from ._random import _generator
 from ._tensor_layer import CPP_NAMES as _CPP_NAMES
 from ._tensor_layer import TORCH_NAMES as _TORCH_NAMES
@@ -844,9 +845,7 @@ def narrow(input, dim, start, length):
 def _noted_view(input, out):
     """A view of a graph tensor made by select / narrow: a write into ``input`` rebases it."""
     if out._grad_fn is not None and out._storage is input._storage:
-        from ._inplace_views import note_view
-
-        note_view(out)
+        _note_view(out)
     return out
 
 
