@@ -49,27 +49,40 @@ VIEW_BASE: Any = weakref.WeakKeyDictionary()
 #: base, as torch regenerates a view's grad_fn when its base changed
 VIEWS_OF: dict = {}
 
-#: id(storage) -> {id(view): weakref to the view}: views made by indexing (``x[i]``,
-#: select, narrow) of a graph tensor, not yet located; a write into their base locates and
-#: rebases them (an entry goes with its view)
+#: id(storage) -> [weak reference to a view]: views made by indexing (``x[i]``, select,
+#: narrow) of a graph tensor, not yet located; a write into their base locates and rebases
+#: them. Plain weak references (the tensor's own ``_weak``), no callbacks: dead ones are
+#: swept every ``_SWEEP_EVERY`` notes (a callback per view cost ~0.7 µs per view made).
 MADE: dict = {}
+_SWEEP_EVERY = 1024
+_notes = [0]
 
 
 def note_view(v) -> None:
     """Remember ``v``, a view just made by indexing of a tensor in the graph."""
-    key = id(v._storage)
-    views = MADE.get(key)
+    w = v._weak
+    if w is None:
+        w = v._weak = weakref.ref(v)
+    views = MADE.get(id(v._storage))
     if views is None:
-        views = MADE[key] = {}
-    k = id(v)
-    views[k] = weakref.ref(v, lambda _r, key=key, k=k: _forget(key, k))
+        MADE[id(v._storage)] = [w]
+    else:
+        views.append(w)
+    _notes[0] += 1
+    if _notes[0] >= _SWEEP_EVERY:
+        _sweep()
 
 
-def _forget(key: int, k: int) -> None:
-    views = MADE.get(key)
-    if views is not None:
-        views.pop(k, None)
-        if not views:
+def _sweep() -> None:
+    """Drop the dead views (and the storages left with none). A storage's id may be reused
+    once it is gone; its dead entries are skipped and then swept, and a live view always
+    keeps its own storage alive, so a live entry never belongs to another storage."""
+    _notes[0] = 0
+    for key, views in list(MADE.items()):
+        live = [w for w in views if w() is not None]
+        if live:
+            MADE[key] = live
+        else:
             del MADE[key]
 
 
@@ -308,22 +321,30 @@ def refresh_views(base, be, eager: bool, written=()) -> None:
         entry = None
     made = MADE.get(id(base._storage))
     if made:  # views made by indexing before: locate them in base
-        for k, ref in list(made.items()):
+        keep = []
+        for ref in made:
             v = ref()
-            if v is None or v is base or v._grad_fn is None or \
-                    any(v is w for w, _ in written):
+            if v is None:
+                continue
+            if v is base or v._grad_fn is None or any(v is w for w, _ in written):
+                keep.append(ref)
                 continue
             try:
                 found = view_base(v, "")
             except RuntimeError:  # not a region of base (transpose ...): left as it is
+                keep.append(ref)
                 continue
             if found is None or found[0] is not base:
+                keep.append(ref)
                 continue
-            made.pop(k, None)
-            if entry is None:
+            if entry is None:  # located: known from now on, rebased at every write
                 entry = _entry_for(base)
             entry[1][id(v)] = (weakref.ref(v), found[1])
             VIEW_BASE[v._grad_fn] = weakref.ref(base)  # so the loop below rebases it
+        if keep:
+            MADE[id(base._storage)] = keep
+        else:
+            del MADE[id(base._storage)]
     if entry is None:
         return
     known = entry[1]
