@@ -15,10 +15,13 @@ wrongly. With no live base (only the view alive) the write is recorded on the vi
 which is exact for the view's own graph.
 
 torch regenerates a view's grad_fn from its base whenever the base was written since. Here
-the views made by indexing, select and narrow of a graph tensor are noted (weakly, per
-storage: ``note_view``), as are the views written through; a write into the base rebases
-the live ones onto AsStridedBackward0 of its new grad_fn (``refresh_views``). A view made
-by another op (transpose, view ...) keeps its grad_fn (see docs/differences.md).
+every view a registered view op makes of a graph tensor is noted (weakly, per storage, by
+``apply``: see ``note_view``), as are the views written through; a write into the base
+rebases the live ones (``refresh_views``): a region of the base onto AsStridedBackward0 of
+its new grad_fn; any other (``y.t()``, ``y.view(6)[1:]``, ``y[0].expand(...)``) by
+replaying its chain of view ops on the base's new state (``_Chain``), so its grad_fn keeps
+the last op's name where torch says AsStridedBackward0 (see docs/differences.md). A view
+through a multi-output op (unbind, split) keeps its grad_fn.
 
 Recorded structure (exact for the verifier): ``CopySlices(base_old, op(as_strided(base_old)))``
 where ``as_strided`` is the region view of the old base. torch hides the op's node inside
@@ -29,8 +32,11 @@ every gradient is the same.
 
 from __future__ import annotations
 
+import itertools
 import weakref
 from typing import Any
+
+import numpy as np
 
 from . import _tensor_layer as _tl
 from .autograd.node import AccumulateGrad
@@ -44,22 +50,25 @@ LEAF_VIEW = ("a view of a leaf Variable that requires grad is being used in an i
 #: as_strided_region node -> weakref to the base it views (its recorded input is a stand-in)
 VIEW_BASE: Any = weakref.WeakKeyDictionary()
 
-#: id(base) -> (weakref to the base, {id(view): (weakref to the view, region)}): the views
-#: written through (or on the way of a write), rebased again at every later write into the
-#: base, as torch regenerates a view's grad_fn when its base changed
+#: id(base) -> (weakref to the base, {id(view): (weakref to the view, region or _Chain)}):
+#: the views written through (or on the way of a write) or located after one, rebased again
+#: at every later write into the base, as torch regenerates a view's grad_fn when its base
+#: changed
 VIEWS_OF: dict = {}
 
-#: id(storage) -> [weak reference to a view]: views made by indexing (``x[i]``, select,
-#: narrow) of a graph tensor, not yet located; a write into their base locates and rebases
-#: them. Plain weak references (the tensor's own ``_weak``), no callbacks: dead ones are
-#: swept every ``_SWEEP_EVERY`` notes (a callback per view cost ~0.7 µs per view made).
+#: id(storage) -> [weak reference to a view]: views made by a view op (``x[i]``, select,
+#: ``t()``, ``view`` ...) of a graph tensor, not yet located; a write into their base
+#: locates and rebases them. Plain weak references (the tensor's own ``_weak``), no
+#: callbacks: dead ones are swept every ``_SWEEP_EVERY`` notes (a callback per view cost
+#: ~0.7 µs per view made).
 MADE: dict = {}
 _SWEEP_EVERY = 1024
-_notes = [0]
+_counter = itertools.count(1)  # notes so far
 
 
 def note_view(v) -> None:
-    """Remember ``v``, a view just made by indexing of a tensor in the graph."""
+    """Remember ``v``, a view just made of a tensor in the graph (``apply`` calls this
+    for every view op's result)."""
     w = v._weak
     if w is None:
         w = v._weak = weakref.ref(v)
@@ -68,8 +77,7 @@ def note_view(v) -> None:
         MADE[id(v._storage)] = [w]
     else:
         views.append(w)
-    _notes[0] += 1
-    if _notes[0] >= _SWEEP_EVERY:
+    if next(_counter) % _SWEEP_EVERY == 0:
         _sweep()
 
 
@@ -77,7 +85,6 @@ def _sweep() -> None:
     """Drop the dead views (and the storages left with none). A storage's id may be reused
     once it is gone; its dead entries are skipped and then swept, and a live view always
     keeps its own storage alive, so a live entry never belongs to another storage."""
-    _notes[0] = 0
     for key, views in list(MADE.items()):
         live = [w for w in views if w() is not None]
         if live:
@@ -311,8 +318,9 @@ def record_write(base, old_base, src, region, view, view_region, others, be,
 
 
 def refresh_views(base, be, eager: bool, written=()) -> None:
-    """Rebase the views of ``base`` known here (written through before) onto
-    AsStridedBackward0 of ``base``'s current grad_fn, after a write into ``base``."""
+    """Rebase the views of ``base`` known here (noted when made, or written through
+    before) onto ``base``'s current grad_fn, after a write into ``base``: a region as
+    AsStridedBackward0, any other view by replaying its view ops."""
     from .autograd.function import _record
     from .ops import OPS
 
@@ -331,8 +339,14 @@ def refresh_views(base, be, eager: bool, written=()) -> None:
                 continue
             try:
                 found = view_base(v, "")
-            except RuntimeError:  # not a region of base (transpose ...): left as it is
-                keep.append(ref)
+            except RuntimeError:  # not a region of base (transpose ...): its chain of ops
+                steps = view_chain(v, base)
+                if steps is None:  # (through unbind, split ...): left as it is
+                    keep.append(ref)
+                    continue
+                if entry is None:
+                    entry = _entry_for(base)
+                entry[1][id(v)] = (weakref.ref(v), _Chain(steps))
                 continue
             if found is None or found[0] is not base:
                 keep.append(ref)
@@ -353,6 +367,12 @@ def refresh_views(base, be, eager: bool, written=()) -> None:
         if v is None:
             del known[k]
             continue
+        if type(r) is _Chain:
+            if v._storage is not base._storage or (
+                    r.node is not None and r.node() is not v._grad_fn) or not _replay(
+                    base, r, v, be, eager):
+                del known[k]  # no longer that view of base (or it cannot be replayed)
+            continue
         if not any(v is w for w, _ in written):
             # an earlier written view: still a view of base in the graph?
             b = VIEW_BASE.get(v._grad_fn) if v._grad_fn is not None else None
@@ -363,3 +383,89 @@ def refresh_views(base, be, eager: bool, written=()) -> None:
         _record(OPS["as_strided_region"], (stand_in(base, be, eager),), {"_region": r}, [v])
         VIEW_BASE[v._grad_fn] = weakref.ref(base)
         _move_retained(v, old_node, old_nr)
+
+
+class _Chain:
+    """A view of a base that is no region of it (``y.t()``, ``y.view(6)[1:]`` ...): the view
+    ops from the base to it (``(spec, params)``, base first), replayed on the base's current
+    state at every write into the base; ``node``: a weak reference to the view's grad_fn
+    recorded by the last replay (None before the first)."""
+
+    __slots__ = ("steps", "node")
+
+    def __init__(self, steps) -> None:
+        self.steps = steps
+        self.node = None
+
+
+def _plain(value) -> bool:
+    """Is ``value`` a parameter a replay can reuse (numbers, strings, None, slices and
+    tuples of them; no tensors or arrays)?"""
+    if value is None or isinstance(value, (bool, int, float, str, slice, np.generic)) \
+            or value is Ellipsis:
+        return True
+    if isinstance(value, (tuple, list)):
+        return all(_plain(e) for e in value)
+    return False
+
+
+def view_chain(v, base):
+    """The view ops from ``base`` to ``v`` (``(spec, params)``, base first) when ``v``'s
+    grad_fn is a chain of single-output view nodes with plain parameters down to ``base``;
+    else None (a multi-output op such as unbind on the way, another base)."""
+    node = v._grad_fn
+    steps: list = []
+    storage = base._storage
+    while node is not None:
+        spec = getattr(type(node), "_spec", None)
+        if spec is None or not spec.view or len(spec.outputs) != 1:
+            return None
+        params = getattr(node, "_params", None)
+        if params is None or not all(_plain(p) for p in params.values()):
+            return None
+        steps.append((spec, params))
+        ref = VIEW_BASE.get(node)
+        inp = ref() if ref is not None else (
+            _deref(node._input_refs[0]) if node._input_refs else None)
+        if inp is base:
+            steps.reverse()
+            return steps
+        if inp is not None and getattr(inp, "_storage", None) is not storage:
+            return None
+        node = node.next_functions[0][0] if node.next_functions else None
+    return None
+
+
+def _replay(base, chain: _Chain, v, be, eager: bool) -> bool:
+    """Re-record ``v`` as its chain of view ops applied to ``base`` as it is now: ``v``'s
+    grad_fn becomes the last op's node (torch names it AsStridedBackward0; see
+    docs/differences.md). False (nothing recorded) when the replay does not give ``v``'s
+    shape."""
+    from .autograd.function import _is_view_of, _record, as_array
+
+    Tensor = _tl.Tensor
+    cur = stand_in(base, be, eager)
+    pending = []  # (spec, params, input, output) in order; output None for v itself
+    last = len(chain.steps) - 1
+    for k, (spec, params) in enumerate(chain.steps):
+        try:
+            a = as_array(spec.forward(be, cur._data, **params))
+        except Exception:  # the base changed shape since (resize_ ...): left as it is
+            return False
+        if k == last:
+            if tuple(a.shape) != tuple(v._data.shape) or a.dtype != v._data.dtype:
+                return False
+            pending.append((spec, params, cur, v))
+            break
+        out = Tensor._wrap(a, cur._device, cur._storage if _is_view_of(a, cur._data, be)
+                           else None)
+        pending.append((spec, params, cur, out))
+        cur = out
+    old_node, old_nr = v._grad_fn, v._output_nr
+    for k, (spec, params, inp, out) in enumerate(pending):
+        _record(spec, (inp,), params, [out])
+        if k == 0:  # the chain's first node views base (its input is a stand-in)
+            VIEW_BASE[out._grad_fn] = weakref.ref(base)
+    chain.node = weakref.ref(v._grad_fn)
+    _move_retained(v, old_node, old_nr)
+    return True

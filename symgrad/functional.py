@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING
 
 from . import _tensor_layer as _tl
 from . import dtypes as _dt
-from ._inplace_views import note_view as _note_view
 from ._random import _generator
 from ._tensor_layer import CPP_NAMES as _CPP_NAMES
 from ._tensor_layer import TORCH_NAMES as _TORCH_NAMES
@@ -824,7 +823,7 @@ def select(input, dim, index):
     if not -size <= index < size:
         raise IndexError(f"select(): index {index} out of range for tensor of size "
                          f"{list(input.shape)} at dimension {d}")
-    return _noted_view(input, _select(input, u64(dim), u64(index)))
+    return _select(input, u64(dim), u64(index))
 
 
 def narrow(input, dim, start, length):
@@ -839,14 +838,7 @@ def narrow(input, dim, start, length):
     if length < 0 or start + length > size:
         raise RuntimeError(f"start ({start}) + length ({length}) exceeds dimension size "
                            f"({size}).")
-    return _noted_view(input, slice_(input, u64(d), u64(start), u64(start + length), 1))
-
-
-def _noted_view(input, out):
-    """A view of a graph tensor made by select / narrow: a write into ``input`` rebases it."""
-    if out._grad_fn is not None and out._storage is input._storage:
-        _note_view(out)
-    return out
+    return slice_(input, u64(d), u64(start), u64(start + length), 1)
 
 
 # -- composites that tutorials use (built from registered ops, so every backend has them) ---

@@ -186,12 +186,6 @@ def _slice(x: Tensor, dim: int, s: slice, optimize: bool) -> Tensor:
     return _ix.slice_(x, u64(dim), u64(start), u64(end), step)
 
 
-def _noted(x: Tensor, result: Tensor) -> Tensor:
-    if result._grad_fn is not None and result._storage is x._storage:
-        _iv.note_view(result)  # a write into x locates and rebases it
-    return result
-
-
 def getitem(x: Tensor, index) -> Tensor:
     """``x[index]`` with PyTorch's decomposition and errors."""
     from .functional import unsqueeze
@@ -203,9 +197,9 @@ def getitem(x: Tensor, index) -> Tensor:
         if i is Ellipsis:
             return _ix._apply("alias", (x,), {})
         if isinstance(i, int) and not isinstance(i, bool):
-            return _noted(x, _select(x, 0, i))
+            return _select(x, 0, i)  # (apply notes the views it makes)
         if isinstance(i, slice):
-            return _noted(x, _slice(x, 0, i, optimize=False))
+            return _slice(x, 0, i, optimize=False)
         items = (i,)
     else:
         items = _items(index)
@@ -240,8 +234,6 @@ def getitem(x: Tensor, index) -> Tensor:
     if not adv:
         if result is x:
             result = _ix._apply("alias", (x,), {})
-        if result._grad_fn is not None and result._storage is x._storage:
-            _iv.note_view(result)  # a write into x locates and rebases it
         return result
     _check_indices(tuple(result.shape), adv)
     if result._device.type != "cpu":  # index tensors follow self's device, as in torch

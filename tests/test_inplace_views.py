@@ -378,3 +378,158 @@ def test_graph_of_writes_into_views_is_freed_without_gc():
         assert all(n() is None for n in nodes)
     finally:
         gc.enable()
+
+
+# -- views made by other view ops (t, view, expand ...), then a write into the base ----------
+# torch regenerates such a view's grad_fn (AsStridedBackward0) from its base after a write;
+# symgrad replays the view's chain of ops on the written base, keeping their names.
+OTHER_VIEWS = {
+    "t": lambda y: y.t(),
+    "transpose": lambda y: y.transpose(0, 1),
+    "permute": lambda y: y.permute(1, 0),
+    "view": lambda y: y.view(2, 6),
+    "reshape": lambda y: y.reshape(12),
+    "expand": lambda y: y.unsqueeze(0).expand(2, 3, 4),
+    "squeeze": lambda y: y.view(3, 1, 4).squeeze(1),
+    "squeeze_all": lambda y: y.view(1, 3, 4).squeeze(),
+    "unsqueeze": lambda y: y.unsqueeze(1),
+    "t_select": lambda y: y.t()[0],
+    "view_slice": lambda y: y.view(12)[1:],
+    "select_unsqueeze_expand": lambda y: y[0].unsqueeze(0).expand(3, 4),
+    "diagonal": lambda y: y.diagonal(),
+}
+
+
+def _setitem(L, y):
+    y[0] = 5.0
+
+
+WRITES = {
+    "mul_": lambda L, y: y.mul_(2),
+    "add_": lambda L, y: y.add_(1),
+    "setitem": _setitem,
+    "two_writes": lambda L, y: (y.mul_(-2), y.__setitem__((1, 2), -1.5)),
+    "through_a_region": lambda L, y: y[:, 1].mul_(3),
+}
+
+
+def _stale_run(L, view, write, both):
+    x = L.tensor(X, requires_grad=True)
+    w = L.tensor(W, requires_grad=True)
+    y = x * w
+    v = OTHER_VIEWS[view](y)
+    write(L, y)
+    loss = (v * v * v).sum()
+    if both:
+        loss = loss + (y.sin() * y).sum()
+    loss.backward()
+    return (_name(v.grad_fn), v.detach().numpy().copy(), y.detach().numpy(), x.grad.numpy(),
+            w.grad.numpy())
+
+
+@pytest.mark.parametrize("both", [False, True])
+@pytest.mark.parametrize("write", sorted(WRITES))
+@pytest.mark.parametrize("view", sorted(OTHER_VIEWS))
+def test_views_made_by_other_ops_follow_a_write_into_their_base(torch, view, write, both):
+    t_name, *t_vals = _stale_run(torch, view, WRITES[write], both)
+    s_name, *s_vals = _stale_run(sg, view, WRITES[write], both)
+    assert t_name == "AsStridedBackward0"
+    for s, t in zip(s_vals, t_vals):
+        assert_close(s, t, terms=16)
+
+
+def test_replayed_view_sits_on_the_written_base_and_keeps_its_op_name():
+    x = sg.ones(2, 3, requires_grad=True)
+    y = x * 2
+    v = y.t()
+    y.mul_(2)
+    assert _name(v.grad_fn) == "TBackward0"
+    assert v.grad_fn.next_functions[0][0] is y.grad_fn
+    v.sum().backward()
+    assert_close(x.grad.numpy(), np.full((2, 3), 4.0), terms=1)
+
+
+def test_replayed_view_keeps_retain_grad(torch):
+    out = []
+    for L in (sg, torch):
+        x = L.tensor(X, requires_grad=True)
+        y = x * 2
+        v = y.t()
+        v.retain_grad()
+        y.add_(1)
+        y[1] = 2.0
+        (v * v).sum().backward()
+        out.append((v.grad.numpy(), x.grad.numpy()))
+    for s, t in zip(*out):
+        assert_close(s, t, terms=4)
+
+
+def test_replayed_views_double_backward(torch):
+    out = []
+    for L in (sg, torch):
+        x = L.tensor(X, requires_grad=True)
+        w = L.tensor(W, requires_grad=True)
+        y = x * w
+        v = y.view(12)[1:]
+        u = y.t()
+        y.mul_(w)
+        y[2] = 1.0
+        loss = (v ** 3).sum() + (u.sin() * u).sum()
+        (gx,) = L.autograd.grad(loss, x, create_graph=True)
+        (gx * gx).sum().backward()
+        out.append((gx.detach().numpy(), x.grad.numpy(), w.grad.numpy()))
+    for s, t in zip(*out):
+        assert_close(s, t, terms=32)
+
+
+@pytest.mark.parametrize("record", [False, True])
+def test_verifier_proves_replayed_views(record):
+    def program():
+        rng = np.random.default_rng(1)
+        x = sg.tensor(rng.standard_normal((3, 4)), requires_grad=True)
+        w = sg.tensor(rng.standard_normal(4), requires_grad=True)
+        y = x.tanh() * w
+        v = y.t()[1:]
+        u = y.view(12)
+        y.mul_(w)
+        y[0][1] = 2.0
+        return (v * v).sum() + u.exp().sum()
+
+    if record:
+        with sg.record():
+            loss = program()
+    else:
+        loss = program()
+    rep = sg.verify(loss)
+    assert rep.ok, str(rep)
+
+
+def test_views_through_a_multi_output_op_are_left_alone():
+    """They keep their old grad_fn (torch raises once it is read); nothing crashes."""
+    x = sg.tensor(X, requires_grad=True)
+    y = x * 2
+    a, b = y.t().unbind(0)[:2]
+    c = y.split(2, dim=1)[0].t()
+    y.mul_(2)
+    y[0] = 1.0
+    (a.sum() + b.sum() + c.sum()).backward()  # (their old graph: no crash)
+    assert x.grad is not None
+
+
+def test_graph_of_replayed_views_is_freed_without_gc():
+    gc.collect()
+    gc.disable()
+    try:
+        x = sg.tensor(X, requires_grad=True)
+        y = x * 2
+        v = y.t()[1:]
+        u = y.view(12)
+        y.mul_(3)
+        y[0] = 1.0
+        nodes = [weakref.ref(y.grad_fn), weakref.ref(v.grad_fn),
+                 weakref.ref(v.grad_fn.next_functions[0][0]), weakref.ref(u.grad_fn)]
+        ((y * y).sum() + v.sum() + u.sum()).backward()
+        del y, v, u
+        assert all(n() is None for n in nodes)
+    finally:
+        gc.enable()

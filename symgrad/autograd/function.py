@@ -16,6 +16,7 @@ import numpy as np
 
 from .. import _tensor_layer as _tl
 from .. import memory as _memory
+from .._inplace_views import note_view as _note_view
 from ..backends import _BACKENDS, _DEVICE_DEFAULT, backend_for
 from ..dtypes import bool_, default_float, float64, int64, promote
 from ..memory import Storage
@@ -207,10 +208,12 @@ def _apply_general(spec, inputs, params):
         np_out = dtype.np
         if out.dtype is not np_out and out.dtype != np_out and rule != "bool_compare":
             out = be.cast(out, np_out)
-        result = Tensor._wrap(out, device, first._storage if (
-            spec.view and _is_view_of(out, first._data, be)) else None)
+        shares = spec.view and _is_view_of(out, first._data, be)
+        result = Tensor._wrap(out, device, first._storage if shares else None)
         if requires_grad and _state.enabled and spec.grad_fn is not None:
             _record(spec, inputs, params, (result,))
+            if shares:  # a view of a graph tensor: a later write into its base rebases it
+                _note_view(result)
         return result
     wrapped = []
     for k, o in enumerate(out):
