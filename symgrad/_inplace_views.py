@@ -39,6 +39,8 @@ from typing import Any
 import numpy as np
 
 from . import _tensor_layer as _tl
+from .autograd import function as _function
+from .autograd.function import _is_view_of, _record, as_array
 from .autograd.node import AccumulateGrad
 from .ops._ints import norm, s64
 
@@ -305,7 +307,6 @@ def record_write(base, old_base, src, region, view, view_region, others, be,
     """After a write into ``view`` (``base[view_region]``): ``base``'s grad_fn becomes
     CopySlices(old base, src at ``region``) and ``view``'s AsStridedBackward0 of it, as do
     those of the live views ``others`` (``(tensor, region)``) the write went through."""
-    from .autograd.function import _record
     from .ops import OPS
 
     old_node, old_nr = base._grad_fn, base._output_nr
@@ -321,7 +322,6 @@ def refresh_views(base, be, eager: bool, written=()) -> None:
     """Rebase the views of ``base`` known here (noted when made, or written through
     before) onto ``base``'s current grad_fn, after a write into ``base``: a region as
     AsStridedBackward0, any other view by replaying its view ops."""
-    from .autograd.function import _record
     from .ops import OPS
 
     entry = VIEWS_OF.get(id(base))
@@ -441,7 +441,6 @@ def _replay(base, chain: _Chain, v, be, eager: bool) -> bool:
     grad_fn becomes the last op's node (torch names it AsStridedBackward0; see
     docs/differences.md). False (nothing recorded) when the replay does not give ``v``'s
     shape."""
-    from .autograd.function import _is_view_of, _record, as_array
 
     Tensor = _tl.Tensor
     cur = stand_in(base, be, eager)
@@ -469,3 +468,6 @@ def _replay(base, chain: _Chain, v, be, eager: bool) -> bool:
     chain.node = weakref.ref(v._grad_fn)
     _move_retained(v, old_node, old_nr)
     return True
+
+
+_function._note_view = note_view  # every view op's result is noted from now on

@@ -16,7 +16,6 @@ import numpy as np
 
 from .. import _tensor_layer as _tl
 from .. import memory as _memory
-from .._inplace_views import note_view as _note_view
 from ..backends import _BACKENDS, _DEVICE_DEFAULT, backend_for
 from ..dtypes import bool_, default_float, float64, int64, promote
 from ..memory import Storage
@@ -34,6 +33,10 @@ __all__ = ["apply", "edge_of", "Function", "FunctionCtx", "BackwardCFunction",
            "once_differentiable"]
 
 _tensor_cls = None
+
+#: ``note_view(view)``, provided by symgrad._inplace_views (which sits above autograd):
+#: remembers a view of a graph tensor so that a later write into its base rebases it.
+_note_view = None
 
 #: The active ``profiler.profile`` or compile tracer (None when not set): each op's entry
 #: tests it once.
@@ -212,7 +215,7 @@ def _apply_general(spec, inputs, params):
         result = Tensor._wrap(out, device, first._storage if shares else None)
         if requires_grad and _state.enabled and spec.grad_fn is not None:
             _record(spec, inputs, params, (result,))
-            if shares:  # a view of a graph tensor: a later write into its base rebases it
+            if shares and _note_view is not None:  # a later write into its base rebases it
                 _note_view(result)
         return result
     wrapped = []
