@@ -541,27 +541,7 @@ class Tensor(TensorBase):
         stand_in.name = self.name
         out = compute(stand_in)
         self._check_result(method, out)
-        new = out._grad_fn
-        saved = getattr(new, "_saved", None) or {}
-        outputs = []
-        original = None
-        for s in saved.values():
-            if type(s) is not SavedTensor:
-                continue
-            if s.output_nr >= 0 and s.data is not None:
-                s.data, s.storage, s._tensor = self._data, self._storage, None
-                outputs.append(s)
-            elif not eager and s._tensor is stand_in:
-                if original is None:
-                    original = _apply(_OPS["clone"], (stand_in,))  # torch's original_self
-                    refs = list(new._input_refs)
-                    refs[0] = weakref.ref(original)  # the verifier reads the old values there
-                    new._input_refs = tuple(refs)
-                s._tensor, s.version = original, original._storage.version
-        be.copy_(self._data, out._data)
-        self._bump()
-        for s in outputs:
-            s.version = self._storage.version
+        new = self._write_inplace(be, out, stand_in, eager)
         if new is None:
             return self
         new._out_meta = ((self._data.shape, self.dtype),)
@@ -576,15 +556,11 @@ class Tensor(TensorBase):
             _iv.refresh_views(self, be, eager)
         return self
 
-    def _inplace_view_graph(self, be, method, compute, base, region, others) -> Tensor:
-        """An in-place op on ``self``, a view (``base[region]``) of the live graph tensor
-        ``base``: base's grad_fn becomes CopySlices over its old one and the op applied to
-        the old view values; ``self``'s becomes AsStridedBackward0 of the new base."""
-        eager = bool(_recording) or bool(_saved_tensors_hooks)
-        old_base = _iv.stand_in(base, be, eager)
-        stand_in = _apply(_OPS["as_strided_region"], (old_base,), {"_region": region})
-        out = compute(stand_in)
-        self._check_result(method, out)
+    def _write_inplace(self, be, out, stand_in, eager: bool):
+        """Write ``out`` (the op applied to ``stand_in``, standing for the old ``self``) into
+        ``self`` and bump its version. The node's saved output becomes ``self`` at the new
+        version; a saved old ``self`` becomes a clone (torch's original_self) unless the
+        stand-in is a copy already. Returns ``out``'s node."""
         new = out._grad_fn
         saved = getattr(new, "_saved", None) or {}
         outputs = []
@@ -597,15 +573,27 @@ class Tensor(TensorBase):
                 outputs.append(s)
             elif not eager and s._tensor is stand_in:
                 if original is None:
-                    original = _apply(_OPS["clone"], (stand_in,))  # torch's original_self
+                    original = _apply(_OPS["clone"], (stand_in,))
                     refs = list(new._input_refs)
-                    refs[0] = weakref.ref(original)
+                    refs[0] = weakref.ref(original)  # the verifier reads the old values there
                     new._input_refs = tuple(refs)
                 s._tensor, s.version = original, original._storage.version
         be.copy_(self._data, out._data)
         self._bump()
         for s in outputs:
             s.version = self._storage.version
+        return new
+
+    def _inplace_view_graph(self, be, method, compute, base, region, others) -> Tensor:
+        """An in-place op on ``self``, a view (``base[region]``) of the live graph tensor
+        ``base``: base's grad_fn becomes CopySlices over its old one and the op applied to
+        the old view values; ``self``'s becomes AsStridedBackward0 of the new base."""
+        eager = bool(_recording) or bool(_saved_tensors_hooks)
+        old_base = _iv.stand_in(base, be, eager)
+        stand_in = _apply(_OPS["as_strided_region"], (old_base,), {"_region": region})
+        out = compute(stand_in)
+        self._check_result(method, out)
+        self._write_inplace(be, out, stand_in, eager)
         _iv.record_write(base, old_base, out, (region, None), self, region, others, be,
                          eager)
         return self
