@@ -327,14 +327,8 @@ def _custom_backward(call: CustomCall, need: set, grads: dict, values: dict, ctx
     if call.backward_ops is None:
         raise Unsupported(f"custom Function {name}: its backward did not run in the traced "
                           "call")
-    for out, gi in zip(call.outputs, call.grad_inputs):
-        if gi is None or (gi[1] == "grad") != (out.index in grads):
-            if gi is None and out.index not in grads:
-                continue
-            raise Unsupported(f"custom Function {name}: gradients reach its outputs "
-                              "differently than in the traced call")
-        v, how = gi
-        lines.append(f"{v.name} = {grads[out.index]}" if how == "grad" else
+    for out, v, from_grad in call.incoming(lambda o: o.index in grads):
+        lines.append(f"{v.name} = {grads[out.index]}" if from_grad else
                      f"{v.name} = np.zeros({v.shape!r}, np.{v.dtype.name})")
     for op in call.backward_ops:
         lines += forward_code(op, ctx)

@@ -330,14 +330,8 @@ class _Custom:
         call, be = self.call, self.be
         if not any(o.index in grads for o in call.outputs):
             return []
-        for out, gi in zip(call.outputs, call.grad_inputs):
-            if gi is None or (gi[1] == "grad") != (out.index in grads):
-                if gi is None and out.index not in grads:
-                    continue
-                raise RuntimeError(f"{self.name}: gradients reach its outputs differently "
-                                   "than in the traced call")
-            v, how = gi
-            env[v.index] = grads[out.index] if how == "grad" else be.full(v.shape, 0, v.dtype)
+        for out, v, from_grad in call.incoming(lambda o: o.index in grads):
+            env[v.index] = grads[out.index] if from_grad else be.full(v.shape, 0, v.dtype)
         for run in self.ops:
             run(env)
         out = []

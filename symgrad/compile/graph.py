@@ -50,6 +50,22 @@ class OpCall:
     def tensor_inputs(self) -> list:
         return [x for x in self.inputs if isinstance(x, Value)]
 
+    def incoming(self, has_grad) -> list:
+        """``(out, v, from_grad)`` per output that the traced backward took a gradient
+        value ``v`` for: the output's gradient (``from_grad``) or zeros. ``has_grad(out)``
+        says whether a gradient reaches ``out`` now; if that differs from the traced call,
+        Unsupported (the replayed backward would see other inputs than eager's did)."""
+        pairs = []
+        for out, gi in zip(self.outputs, self.grad_inputs):
+            reached = has_grad(out)
+            if gi is None or (gi[1] == "grad") != reached:
+                if gi is None and not reached:
+                    continue
+                raise Unsupported(f"custom Function {self.cls.__name__}: gradients reach its "
+                                  "outputs differently than in the traced call")
+            pairs.append((out, gi[0], gi[1] == "grad"))
+        return pairs
+
 
 @dataclass(eq=False)
 class CustomCall:
@@ -80,6 +96,22 @@ class CustomCall:
     @property
     def tensor_inputs(self) -> list:
         return [x for x in self.inputs if isinstance(x, Value)]
+
+    def incoming(self, has_grad) -> list:
+        """``(out, v, from_grad)`` per output that the traced backward took a gradient
+        value ``v`` for: the output's gradient (``from_grad``) or zeros. ``has_grad(out)``
+        says whether a gradient reaches ``out`` now; if that differs from the traced call,
+        Unsupported (the replayed backward would see other inputs than eager's did)."""
+        pairs = []
+        for out, gi in zip(self.outputs, self.grad_inputs):
+            reached = has_grad(out)
+            if gi is None or (gi[1] == "grad") != reached:
+                if gi is None and not reached:
+                    continue
+                raise Unsupported(f"custom Function {self.cls.__name__}: gradients reach its "
+                                  "outputs differently than in the traced call")
+            pairs.append((out, gi[0], gi[1] == "grad"))
+        return pairs
 
 
 @dataclass(eq=False)
