@@ -7,8 +7,9 @@ first use.
 
 from __future__ import annotations
 
-from . import autograd, cuda, func, nn, ops, optim, utils
+from . import accelerator, amp, autograd, backends, cuda, func, nn, ops, optim, utils
 from ._random import Generator
+from .amp import autocast
 from .autograd import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled
 from .compile import compile  # noqa: A004  (torch.compile's name, as torch shadows it)
 from .creation import (
@@ -199,7 +200,7 @@ __all__ = [
     "neg_", "negative_", "reciprocal_", "exp_", "log_", "sin_", "cos_", "tanh_", "sigmoid_",
     "sqrt_", "relu_", "abs_", "log1p_", "expm1_", "erf_", "clamp_", "clip_", "clamp_min_",
     "clamp_max_",
-    "func", "vmap", "Generator", "compile",
+    "func", "vmap", "Generator", "compile", "accelerator", "amp", "autocast", "backends",
 ]
 
 # -- convolution and pooling (issue 21): the functions torch also has at top level
