@@ -23,6 +23,7 @@ from .creation import (
     get_default_device,
     linspace,
     manual_seed,
+    multinomial,
     ones,
     ones_like,
     rand,
@@ -126,6 +127,8 @@ from .functional import (
     view,
     where,
 )
+from .functional import all_ as all  # noqa: A004 - torch.all
+from .functional import any_ as any  # noqa: A004 - torch.any
 from .memory import max_memory_allocated, memory_allocated, reset_peak_memory_stats
 from .serialization import load, save
 from .tensor import BoolTensor, DoubleTensor, FloatTensor, LongTensor, Size, Tensor, tensor
@@ -201,6 +204,7 @@ __all__ = [
     "sqrt_", "relu_", "abs_", "log1p_", "expm1_", "erf_", "clamp_", "clip_", "clamp_min_",
     "clamp_max_",
     "func", "vmap", "Generator", "compile", "accelerator", "amp", "autocast", "backends",
+    "all", "any",
 ]
 
 # -- convolution and pooling (issue 21): the functions torch also has at top level
@@ -238,10 +242,11 @@ from .tensor_functions import (  # noqa: E402
     tril,
     triu,
     unbind,
+    unique,
     var,
 )
 
 __all__ += ["linalg", "gather", "scatter", "scatter_add", "take_along_dim", "index_select",
             "index_add", "masked_fill", "cumsum", "cumprod", "flip", "var", "std", "norm",
             "sort", "argsort", "topk", "tril", "triu", "roll", "tile", "outer", "einsum",
-            "split", "chunk", "unbind", "tensor_split", "diagonal"]
+            "split", "chunk", "unbind", "tensor_split", "diagonal", "unique", "multinomial"]

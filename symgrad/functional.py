@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from . import _tensor_layer as _tl
 from . import dtypes as _dt
+from ._aliases import numpy_aliases
 from ._random import _generator
 from ._tensor_layer import CPP_NAMES as _CPP_NAMES
 from ._tensor_layer import TORCH_NAMES as _TORCH_NAMES
@@ -221,6 +222,7 @@ def _raw_dims(dim, ndim):
     return u64s(dim)
 
 
+@numpy_aliases
 def sum(input, dim=None, keepdim=False, *, dtype=None):  # noqa: A001
     params = {} if dtype is None else {"dtype": _dt.as_dtype(dtype)}
     if dim is None:
@@ -229,6 +231,7 @@ def sum(input, dim=None, keepdim=False, *, dtype=None):  # noqa: A001
     return apply(_O["sum_dim"], (input,), params)
 
 
+@numpy_aliases
 def mean(input, dim=None, keepdim=False):
     if dim is None:
         return apply(_O["mean"], (input,))
@@ -631,11 +634,13 @@ def _minmax(name, input, dim, keepdim):
     return getattr(return_types, name)(values, indices)
 
 
+@numpy_aliases
 def max(input, dim=None, keepdim=False):  # noqa: A001
     """``max()``, ``max(dim)`` -> (values, indices), or ``max(other)`` = ``maximum``."""
     return _minmax("max", input, dim, keepdim)
 
 
+@numpy_aliases
 def min(input, dim=None, keepdim=False):  # noqa: A001
     """``min()``, ``min(dim)`` -> (values, indices), or ``min(other)`` = ``minimum``."""
     return _minmax("min", input, dim, keepdim)
@@ -656,10 +661,12 @@ def _arg(name, input, dim, keepdim):
                                       "keepdim": bool(keepdim), "dtype": _dt.int64})
 
 
+@numpy_aliases
 def argmax(input, dim=None, keepdim=False):
     return _arg("argmax", input, dim, keepdim)
 
 
+@numpy_aliases
 def argmin(input, dim=None, keepdim=False):
     return _arg("argmin", input, dim, keepdim)
 
@@ -753,6 +760,7 @@ def log_softmax(input, dim=None, dtype=None):
     return _softmax_like("log_softmax", input, dim, dtype)
 
 
+@numpy_aliases
 def logsumexp(input, dim, keepdim=False):
     return apply(_O["logsumexp"], (input,), {"dim": _raw_dims(dim, input.ndim),
                                              "keepdim": bool(keepdim)})
@@ -853,12 +861,14 @@ def _count_true(input, dim, keepdim):
     return sum(nonzero, dims, keepdim=keepdim), n
 
 
+@numpy_aliases
 def all_(input, dim=None, keepdim=False):
     """True where every element (along ``dim``) is non-zero; a bool tensor, no gradient."""
     hits, n = _count_true(input, dim, keepdim)
     return eq(hits, n)
 
 
+@numpy_aliases
 def any_(input, dim=None, keepdim=False):
     """True where some element (along ``dim``) is non-zero; a bool tensor, no gradient."""
     hits, _ = _count_true(input, dim, keepdim)

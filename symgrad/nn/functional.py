@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import warnings
 
+from .. import dtypes as _dt
 from .. import functional as _F
 from .._tensor_layer import TORCH_NAMES
 from ..autograd.function import apply
@@ -225,10 +226,14 @@ def mse_loss(input: Tensor, target: Tensor, size_average=None, reduce=None,
             "broadcasting. Please ensure they have the same size.", UserWarning, stacklevel=2)
         shape = _broadcast_shape(input.shape, target.shape)
         input, target = _F.expand(input, shape), _F.expand(target, shape)
-    for t in (input, target):
-        if not t.dtype.is_floating_point:
-            raise NotImplementedError(f'"mse_cpu" not implemented for '
-                                      f"'{_torch_name(t.dtype)}'")
+    floats = [t.dtype.is_floating_point for t in (input, target)]
+    if not any(floats):  # torch promotes first; only an all-integer pair has no kernel
+        promoted = _dt.promote([(t.dtype, t.ndim == 0) for t in (input, target)])
+        raise NotImplementedError(f'"mse_cpu" not implemented for \'{_torch_name(promoted)}\'')
+    if not floats[1]:  # an integer target (class values, counts) is promoted, as torch does
+        target = target.to(input.dtype)
+    elif not floats[0]:
+        input = input.to(target.dtype)
     return apply(OPS["mse_loss"], (input, target), {"reduction": red})
 
 
@@ -587,6 +592,28 @@ def kl_div(input: Tensor, target: Tensor, size_average=None, reduce=None,
     if reduction == "batchmean" and input.ndim != 0:
         out = out / input.shape[0]
     return out
+
+
+def one_hot(tensor: Tensor, num_classes: int = -1) -> Tensor:
+    """int64 one-hot rows of the class indices in ``tensor`` (no gradient, as torch)."""
+    import numpy as np
+
+    if not isinstance(tensor, Tensor) or tensor.dtype.name != "int64":
+        raise RuntimeError("one_hot is only applicable to index tensor of type LongTensor.")
+    idx = np.asarray(tensor.detach().cpu().numpy())
+    if num_classes == -1:
+        if idx.size == 0:
+            raise RuntimeError("Can not infer total number of classes from empty tensor.")
+        num_classes = int(idx.max()) + 1
+    if idx.size and idx.min() < 0:
+        raise RuntimeError("Class values must be non-negative.")
+    if idx.size and idx.max() >= num_classes:
+        raise RuntimeError("Class values must be smaller than num_classes.")
+    out = (idx[..., None] == np.arange(int(num_classes))).astype(np.int64)
+    return Tensor._wrap(out).to(tensor.device)
+
+
+__all__ += ["one_hot"]
 
 
 # -- convolution and pooling (issue 21)
