@@ -489,7 +489,9 @@ GENERATORS = {
     "relu": _unary("relu", "relu"), "abs": _unary("abs", "abs"), "sign": _unary("sign", "sign"),
     "reciprocal": _unary("reciprocal", "reciprocal", positive=True),
     "clone": _unary("clone", "clone"),
-    "log1p": _unary("log1p", "log1p"), "expm1": _unary("expm1", "expm1", squash=True),
+    "log1p": _unary("log1p", "log1p"), "log2": _unary("log2", "log2", positive=True),
+    "log10": _unary("log10", "log10", positive=True),
+    "expm1": _unary("expm1", "expm1", squash=True),
     "erf": _unary("erf", "erf"),
     "silu": _simple("silu", lambda b, t: lambda L, x: L.nn.functional.silu(x)),
     "softplus": _simple("softplus", lambda b, t: (lambda beta, threshold: lambda L, x: (

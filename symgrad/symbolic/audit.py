@@ -102,6 +102,8 @@ EXAMPLES = {
     "abs": lambda x, y: x.abs(),
     "sign": lambda x, y: x.sign(),
     "log1p": lambda x, y: x.log1p(),
+    "log2": lambda x, y: x.log2(),
+    "log10": lambda x, y: x.log10(),
     "expm1": lambda x, y: x.expm1(),
     "erf": lambda x, y: x.erf(),
     "silu": lambda x, y: _sg().nn.functional.silu(x),
