@@ -234,6 +234,19 @@ def sum(input, dim=None, keepdim=False, *, dtype=None):  # noqa: A001
 
 
 @numpy_aliases
+def prod(input, dim=None, keepdim=False, *, dtype=None):
+    """The product of all elements (ProdBackward0) or along ``dim`` (ProdBackward1)."""
+    params = {} if dtype is None else {"dtype": _dt.as_dtype(dtype)}
+    if dim is None:
+        return apply(_O["prod"], (input,), params)
+    if not isinstance(dim, int) or isinstance(dim, bool):
+        raise TypeError(f"prod(): argument 'dim' must be int, not {_type_name(dim)}")
+    _wrap_dim(dim, input.ndim)
+    params.update(dim=u64(dim), keepdim=bool(keepdim))
+    return apply(_O["prod_dim"], (input,), params)
+
+
+@numpy_aliases
 def mean(input, dim=None, keepdim=False):
     if dim is None:
         return apply(_O["mean"], (input,))

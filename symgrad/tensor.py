@@ -719,6 +719,7 @@ class Tensor(TensorBase):
     sign = _F.sign
     sum = _F.sum  # noqa: A003
     mean = _F.mean
+    prod = _F.prod
     reshape = _F.reshape
     view = _F.view
     flatten = _F.flatten

@@ -222,3 +222,39 @@ def test_conv_dtype_mismatch_worded_as_torch_for_the_kernel_it_picks(torch, xs, 
     with pytest.raises(RuntimeError) as ours:
         call(sg)
     assert str(ours.value) == str(theirs.value)
+
+
+@pytest.mark.parametrize("data", [[[1.0, 2.0, 0.0], [3.0, 4.0, 5.0]], [[1.0, 2.0, 3.0], [3, 4, 5]],
+                                  [[0.0, 2.0, 0.0], [3.0, 4.0, 5.0]], [[1.5]]])
+@pytest.mark.parametrize("dim,keep", [(None, False), (0, False), (1, True), (-1, False)])
+def test_prod_values_gradients_and_nodes_match_torch(torch, data, dim, keep):
+    out = []
+    for lib in (sg, torch):
+        x = lib.tensor(data, dtype=lib.float64, requires_grad=True)
+        y = x.prod() if dim is None else x.prod(dim, keepdim=keep)
+        names = sorted(a for a in dir(y.grad_fn) if a.startswith("_saved_"))
+        (y * 3.0).sum().backward()
+        out.append((_np(y), _np(x.grad), y.grad_fn.name(), names))
+    assert out[0][2:] == out[1][2:]
+    eps = np.finfo(np.float64).eps
+    np.testing.assert_allclose(out[0][0], out[1][0], rtol=8 * eps)
+    np.testing.assert_allclose(out[0][1], out[1][1], rtol=8 * eps)
+
+
+def test_prod_dtypes_and_empty_match_torch(torch):
+    for make in (lambda L: L.tensor([1, 2, 3]).prod(), lambda L: L.tensor([True, True]).prod(),
+                 lambda L: L.tensor([1.0, 2.0]).prod(dtype=L.float64),
+                 lambda L: L.zeros(0).prod(), lambda L: L.zeros(2, 0).prod(1, keepdim=True),
+                 lambda L: L.tensor([[2, 3], [4, 5]]).prod(axis=0, keepdims=True)):
+        ours, theirs = make(sg), make(torch)
+        assert str(ours.dtype).split(".")[-1] == str(theirs.dtype).split(".")[-1]
+        np.testing.assert_array_equal(_np(ours), _np(theirs))
+
+
+@pytest.mark.parametrize("mode", ["exact", "local"])
+def test_prod_is_verified_with_and_without_zeros(mode):
+    for data in ([[1.0, 2.0, 0.5], [3.0, 4.0, 5.0]], [[1.0, 0.0, 0.0], [3.0, 0.0, 5.0]]):
+        x = sg.tensor(data, dtype=sg.float64, requires_grad=True)
+        report = sg.verify((x.prod(1) * sg.tensor([1.0, -2.0], dtype=sg.float64)).sum()
+                           + x.prod(), names={"x": x}, mode=mode)
+        assert report.ok, report

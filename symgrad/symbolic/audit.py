@@ -221,6 +221,8 @@ EXAMPLES = {
     "index_add": lambda x, y: x.index_add(1, _sg().tensor([2, 2]), y[:, :2], alpha=2),
     "cumsum": lambda x, y: x.cumsum(1),
     "cumprod": lambda x, y: x.cumprod(1),
+    "prod": lambda x, y: x.prod(),
+    "prod_dim": lambda x, y: x.prod(1, keepdim=True),
     "flip": lambda x, y: x.flip(0, 1),
     "var": lambda x, y: x.var(1),
     "std": lambda x, y: x.std(0, correction=0),
