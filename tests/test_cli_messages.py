@@ -113,8 +113,8 @@ def test_node_and_leaf_worst_elements_are_told_apart(monkeypatch):
         assert all(NODE_WORST in flat[max(0, m.start() - len(NODE_WORST) - 20):m.start()]
                    for m in re.finditer(r"d/dself\[", flat)), text
         # ... and the leaf table's column says it is the leaf gradient's worst element
-        assert "worst element: of the leaf's gradient d(output)/d(leaf)" in flat or \
-            "the element of the leaf's gradient d(output)/d(leaf) where engine and " \
+        assert "grads: d(output)/d(leaf) at the worst element of the leaf's gradient" in \
+            flat or "the element of the leaf's gradient d(output)/d(leaf) where engine and " \
             "symbolic differ most" in flat, text
     html = rep._repr_html_()
     assert f"{NODE_WORST}, worst element" in html

@@ -577,8 +577,7 @@ def render_text(data: dict, verbose: bool = True, width: int = TEXT_WIDTH) -> st
                      "abs": "max abs err: largest |engine - symbolic|",
                      "bound": "bound: the error allowed there",
                      "fd_err": f"finite-diff err: largest |finite-diff - {fd_vs}|"}
-            legend = ["worst element: of the leaf's gradient d(output)/d(leaf); grads: "
-                      "d(output)/d(leaf) there"]
+            legend = ["grads: d(output)/d(leaf) at the worst element of the leaf's gradient"]
             legend += [short[c] for c in cols if short.get(c)]
             lines += _wrap("; ".join(legend) + "; -: not computed", width, "  ", "  ")
     elif leaves:
