@@ -25,6 +25,7 @@ torch = pytest.importorskip("torch")
 #: Differentiable ops other issues own and test with their own drawers: the nn losses and
 #: addmm (nn issue), the in-place ops (autograd-semantics issue), device copies (GPU issue).
 NOT_DRAWN_HERE = {"addmm", "mse_loss", "binary_cross_entropy_with_logits", "nll_loss",
+                  "nll_loss2d",
                   "copy_", "fill_", "fill_tensor_", "zero_", "to_cpu", "to_cuda"}
 # The in-place random initialisers draw from symgrad's generator, not torch's, so their
 # values cannot match; tests/test_tensor_api.py checks their grad_fn, zero gradient, version.

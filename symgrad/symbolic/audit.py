@@ -164,6 +164,8 @@ EXAMPLES = {
     "binary_cross_entropy_with_logits":
         lambda x, y: _nnf().binary_cross_entropy_with_logits(x, y - 0.5),
     "nll_loss": lambda x, y: _nnf().nll_loss(x, _sg().tensor([0, 2])),
+    "nll_loss2d": lambda x, y: _nnf().nll_loss(x.reshape(1, 2, 3, 1),
+                                               _sg().tensor([[[0], [1], [1]]])),
     "smooth_l1_loss": lambda x, y: _nnf().smooth_l1_loss(x, y * 1.2, beta=0.3),
     "huber_loss": lambda x, y: _nnf().huber_loss(x, y * 1.2, delta=0.3),
     "binary_cross_entropy": lambda x, y: _nnf().binary_cross_entropy(x * 0.5, y * 0.5),
