@@ -315,7 +315,7 @@ class RNN(RNNBase):
         if "proj_size" in kwargs:
             raise ValueError("proj_size argument is only supported for LSTM, not RNN or GRU")
         if kwargs:
-            raise TypeError(f"RNN.__init__() got an unexpected keyword argument "
+            raise TypeError(f"RNNBase.__init__() got an unexpected keyword argument "
                             f"'{next(iter(kwargs))}'")
         self.nonlinearity = nonlinearity
         if nonlinearity == "tanh":
@@ -343,7 +343,7 @@ class GRU(RNNBase):
         if "proj_size" in kwargs:
             raise ValueError("proj_size argument is only supported for LSTM, not RNN or GRU")
         if kwargs:
-            raise TypeError(f"GRU.__init__() got an unexpected keyword argument "
+            raise TypeError(f"RNNBase.__init__() got an unexpected keyword argument "
                             f"'{next(iter(kwargs))}'")
         super().__init__("GRU", input_size, hidden_size, num_layers, bias, batch_first, dropout,
                          bidirectional, device=device, dtype=dtype)
@@ -544,6 +544,8 @@ class LSTMCell(RNNCellBase):
             hx = (zeros, zeros)
         elif not is_batched:
             hx = (hx[0].unsqueeze(0), hx[1].unsqueeze(0))
+        elif len(hx) != 2:
+            raise RuntimeError("lstm_cell expects two hidden states")
         _check_cell_input(input, self.weight_ih)
         _check_cell_hidden(input, hx[0], self.weight_hh.size(1), 0)
         _check_cell_hidden(input, hx[1], self.weight_hh.size(1), 1)
