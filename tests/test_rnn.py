@@ -9,6 +9,7 @@ side by side with torch, dropout between layers, and ``sg.verify`` on recurrent 
 
 from __future__ import annotations
 
+import collections
 import gc
 import math
 import warnings
@@ -46,24 +47,22 @@ def _data(shape, seed: int, dtype: str) -> np.ndarray:
 
 
 def _terms(m, steps: int, batch: int) -> tuple[int, int]:
-    """Rounding errors a forward (and a backward) can pile up.
+    """Rounding errors a forward (and a backward) can pile up: ``(forward, backward)``.
 
     One step of a layer is a dot product over ``in + hidden`` features plus the two biases
     and at most ten elementwise ops (LSTM: add, 3 sigmoid, 2 tanh, 3 mul, add); the steps of
     a layer run in a chain, and each layer runs over the whole output sequence of the one
     below (the reverse direction is a parallel chain of the same length). The backward runs
-    that chain again, and a parameter's gradient is in addition summed over time and batch;
-    the weighted-sum loss adds one term per output element.
+    that chain again, a parameter's gradient is in addition summed over time and batch, and
+    the weighted-sum loss adds one term per output element (output and final states: at
+    most ``2 * steps * batch * width``).
     """
-    hidden = getattr(m, "hidden_size")
-    width = getattr(m, "input_size")
+    hidden, width, layers = m.hidden_size, m.input_size, 1
     if hasattr(m, "num_layers"):
         layers = m.num_layers
         width = max(width, hidden * (2 if m.bidirectional else 1))
-    else:
-        layers = 1
     forward = layers * steps * (width + hidden + 2 + 10)
-    return forward, 2 * forward + steps * batch * (1 + layers) + steps * batch * hidden * 2
+    return forward, 2 * forward + steps * batch + 2 * steps * batch * width
 
 
 def _loss(lib, outs, seed: int):
@@ -157,6 +156,7 @@ def test_unbatched_input_matches_torch(torch, cls, with_state, batch_first):
     {"cls": "LSTM", "proj_size": 3, "batch_first": True, "bias": False},
 ])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.filterwarnings("ignore:LSTM with projections is not supported with oneDNN")
 def test_variants_match_torch(torch, kwargs, dtype):
     """relu, no bias, LSTM projections (h is proj_size wide, c hidden_size wide)."""
     kwargs = dict(kwargs)
@@ -410,6 +410,39 @@ def test_packed_sequences_are_refused_clearly():
 
 
 # -- the graph ----------------------------------------------------------------------------------
+def _node_names(root) -> collections.Counter:
+    seen, stack, names = set(), [root], collections.Counter()
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        names[node.name().replace("torch::autograd::", "")] += 1
+        stack.extend(n for n, _ in node.next_functions)
+    return names
+
+
+@pytest.mark.parametrize("cls", [*CLASSES, "RNNCell", "LSTMCell", "GRUCell"])
+def test_recorded_graph_has_torch_nodes(torch, cls):
+    """The nodes torch records for float64 (its decomposed CPU path), one for one; torch's
+    ``unsafe_chunk`` is symgrad's ``chunk`` (SplitBackward0 for UnsafeSplitBackward0)."""
+    cell = cls.endswith("Cell")
+    theirs, ours = _pair(torch, cls, "float64", I, H, *(() if cell else (2,)),
+                         **({} if cell else {"bidirectional": True}))
+    x = _data((B, I) if cell else (T, B, I), 20, "float64")
+    n_states = 2 if cls.startswith("LSTM") else 1
+    h = [_data((B, H) if cell else (4, B, H), 21 + k, "float64") for k in range(n_states)]
+    counts = []
+    for lib, m in ((torch, theirs), (sg, ours)):
+        states = [lib.tensor(a, requires_grad=True) for a in h]
+        out = m(lib.tensor(x, requires_grad=True), tuple(states) if n_states == 2 else states[0])
+        first = out if not isinstance(out, tuple) else out[0]
+        counts.append(_node_names(first.grad_fn))
+    theirs_names = collections.Counter({k.replace("UnsafeSplit", "Split"): v
+                                        for k, v in counts[0].items()})
+    assert counts[1] == theirs_names
+
+
 def test_no_reference_cycles_in_recurrent_graphs(no_gc):
     m = sg.nn.LSTM(I, H, 2, bidirectional=True)
     x = sg.randn(T, B, I, requires_grad=True)
