@@ -201,7 +201,8 @@ class RNNBase(Module):
         self.check_input(input, batch_sizes)
         self.check_hidden_size(hidden, self.get_expected_hidden_size(input, batch_sizes))
 
-    def permute_hidden(self, hx, permutation):
+    def permute_hidden(self, hx, permutation: Tensor | None):
+        """torch re-orders h0 for packed sequences; without them it is the identity."""
         return hx
 
     def extra_repr(self) -> str:
