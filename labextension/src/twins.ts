@@ -13,7 +13,11 @@ export const TWIN_ATTR = 'data-sg-twin';
 const holders = new Map<string, number>();
 
 function cssString(s: string): string {
-  return '"' + s.replace(/["\\\n\r]/g, c => '\\' + c.charCodeAt(0).toString(16) + ' ') + '"';
+  return (
+    '"' +
+    s.replace(/["\\\n\r]/g, c => '\\' + c.charCodeAt(0).toString(16) + ' ') +
+    '"'
+  );
 }
 
 function sync(doc: Document): void {
@@ -57,7 +61,8 @@ export function hideTwin(doc: Document, modelId: string): () => void {
 
 /** The Inspector model id a graph output's metadata names, if any. */
 export function twinOf(metadata: unknown): string | null {
-  const sg = (metadata as { symgrad?: { inspector?: unknown } } | null)?.symgrad;
+  const sg = (metadata as { symgrad?: { inspector?: unknown } } | null)
+    ?.symgrad;
   const id = sg?.inspector;
   return typeof id === 'string' && id ? id : null;
 }
