@@ -178,9 +178,10 @@ export function renderInspector({
   const wait = el(doc, 'div', 'sg-placeholder', 'Waiting for the kernel…');
   graphHost.appendChild(wait);
   const timer = window.setTimeout(() => {
+    // A kernel still running the cell (a long verification) answers when it is done.
     wait.textContent =
-      'No kernel answered: run the cell to use the Inspector (the graph output above ' +
-      'is the saved graph).';
+      'No answer from the kernel yet (it may still be running the cell; if not, run ' +
+      'the cell to use the Inspector). The graph output above is the saved graph.';
   }, KERNEL_WAIT_MS);
 
   const selectedId = (): string | null => {

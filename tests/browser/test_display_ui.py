@@ -97,6 +97,8 @@ def test_saved_operands_values_keep_their_lines_and_the_table_is_whole(page, cnn
         const pre = document.querySelector('[data-symgrad=saved-operands] td pre');
         const c = document.createElement('span');
         c.textContent = '0'.repeat(10);
+        c.style.whiteSpace = 'nowrap';
+        c.style.display = 'inline-block';
         pre.appendChild(c);
         const w = c.getBoundingClientRect().width / 10;
         c.remove();
