@@ -238,7 +238,11 @@ class CompiledStep:
                     except Exception as exc:  # a compile bug: say so, and stay eager
                         raise Unsupported(f"the generated code did not load ("
                                           f"{type(exc).__name__}: {exc})") from None
-                entry = Entry(program, gen, module)
+                try:
+                    entry = Entry(program, gen, module)
+                except Exception as exc:  # make() failed: a compile bug, never fn's error
+                    raise Unsupported(f"the generated code did not load ("
+                                      f"{type(exc).__name__}: {exc})") from None
                 entry._gather()  # binds the arrays; raises _Stale if they cannot be used
                 entry.example = [_copy(a._data) if isinstance(a, Tensor) else a for a in args]
                 reason = self_check(entry, args, result)
