@@ -163,8 +163,8 @@ def discard(path: str, what: str, why: str) -> None:
     """Delete a damaged or foreign cached file, with one warning."""
     with contextlib.suppress(OSError):
         os.remove(path)
-    warn_once(("discard", path), f"symgrad cache: {what} {path} {why}; it was deleted and "
-              "is regenerated")
+    warnings.warn(f"symgrad cache: {what} {path} {why}; it was deleted and is regenerated",
+                  CacheWarning, stacklevel=3)
 
 
 def read_sealed(path: str, what: str) -> bytes | None:
