@@ -40,7 +40,7 @@ import tempfile
 import warnings
 
 __all__ = ["CacheWarning", "import_text", "writable", "private_dir", "process_dir",
-           "read_sealed", "write_sealed", "read_record", "write_record",
+           "read_sealed", "write_sealed", "seal_numba_dir", "read_record", "write_record",
            "guard_numba_cache"]
 
 
@@ -135,6 +135,24 @@ _MAGIC = b"symgrad-sealed-1 sha256="
 _SEALED_NUMBA = re.compile(r"symgrad_(step|loops|cudafused)_[0-9a-f]{20}\.")
 
 
+_SEALED_DIRS: set = set()
+
+
+def seal_numba_dir(path: str) -> None:
+    """Seal every Numba cache file under ``path`` too (a directory symgrad chose for Numba:
+    the CPU backend's fallback ``NUMBA_CACHE_DIR``)."""
+    _SEALED_DIRS.add(os.path.realpath(path))
+
+
+def _sealed_numba(path: str) -> bool:
+    if _SEALED_NUMBA.match(os.path.basename(path)):
+        return True
+    if not _SEALED_DIRS:
+        return False
+    real = os.path.realpath(os.path.dirname(path))
+    return any(real == d or real.startswith(d + os.sep) for d in _SEALED_DIRS)
+
+
 def _tag(payload: bytes) -> bytes:
     return hashlib.sha256(payload).hexdigest().encode()
 
@@ -221,9 +239,10 @@ def write_record(path: str, data) -> bool:
 
 # -- Numba's cache files --------------------------------------------------------------
 def guard_numba_cache() -> None:
-    """Seal Numba's cache index and data files (pickles) of the generated step modules and
-    check them before Numba unpickles them: a damaged or foreign one is deleted (one
-    warning) and Numba compiles again. Other functions' files are left as Numba has them."""
+    """Seal Numba's cache index and data files (pickles) of the generated step modules (and
+    all under a ``seal_numba_dir``) and check them before Numba unpickles them: a damaged
+    or foreign one is deleted (one warning) and Numba compiles again. Other functions'
+    files are left as Numba has them."""
     from numba.core import caching
 
     cls = caching.IndexDataCacheFile
@@ -234,7 +253,7 @@ def guard_numba_cache() -> None:
 
     def _load_index(self):
         path = self._index_path
-        if not _SEALED_NUMBA.match(os.path.basename(path)):
+        if not _sealed_numba(path):
             return load_index(self)
         payload = read_sealed(path, "Numba cache index")
         if payload is None:
@@ -252,7 +271,7 @@ def guard_numba_cache() -> None:
 
     def _load_data(self, name):
         path = self._data_path(name)
-        if not _SEALED_NUMBA.match(name):
+        if not _sealed_numba(path):
             return load_data(self, name)
         payload = read_sealed(path, "Numba cache data")
         if payload is None:
@@ -265,7 +284,7 @@ def guard_numba_cache() -> None:
 
     @contextlib.contextmanager
     def _open_for_write(self, filepath):
-        if not _SEALED_NUMBA.match(os.path.basename(filepath)):
+        if not _sealed_numba(filepath):
             with open_for_write(self, filepath) as fh:
                 yield fh
             return

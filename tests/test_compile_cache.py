@@ -318,3 +318,71 @@ def test_a_new_cache_dir_is_private(tmp_path, monkeypatch):
     assert loader.cache_dir() == str(folder)
     st = os.stat(folder)
     assert st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) == 0o700
+
+
+_KERNELS_CHILD = r"""
+import json, os, sys, warnings
+import symgrad._codefiles as cf
+real = cf.writable
+# the installed package's __pycache__ read-only, as in a system-wide install
+cf.writable = lambda p: (False if p.endswith(os.path.join("cpu", "__pycache__"))
+                         else real(p))
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    import symgrad as sg
+    sg.manual_seed(0)
+    x = sg.randn(64)
+    y = (x * x).sum()  # Numba kernels from 16 elements (SYMGRAD_PARALLEL_MIN below)
+print(json.dumps({"dir": os.environ["NUMBA_CACHE_DIR"], "y": float(y),
+                  "warnings": [str(w.message) for w in caught
+                               if issubclass(w.category, cf.CacheWarning)]}))
+"""
+
+
+def test_the_cpu_backends_numba_cache_fallback_is_private_and_checked(tmp_path):
+    """Where the package's own __pycache__ is read-only, the CPU backend's Numba cache goes
+    to a private user cache dir (no shared temp dir), and its files there are checked
+    before Numba unpickles them: a truncated index and a planted pickle are replaced."""
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CACHE_DIR",
+                                                            "SYMGRAD_NUMBA_SEALED")}
+    env.update(XDG_CACHE_HOME=str(tmp_path / "xdg"), SYMGRAD_PARALLEL_MIN="16",
+               PYTHONPATH=os.pathsep.join(p for p in (os.path.dirname(os.path.dirname(
+                   sg.__file__)), env.get("PYTHONPATH")) if p))
+
+    def child() -> dict:
+        out = subprocess.run([sys.executable, "-c", _KERNELS_CHILD], env=env,
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    first = child()
+    folder = str(tmp_path / "xdg" / "symgrad" / "numba")
+    assert first["dir"] == folder and not first["warnings"]
+    st = os.stat(folder)
+    assert st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) == 0o700
+    index = sorted(glob.glob(os.path.join(folder, "**", "*.nbi"), recursive=True))
+    data = sorted(glob.glob(os.path.join(folder, "**", "*.nbc"), recursive=True))
+    assert index and data
+    for path in index + data:
+        with open(path, "rb") as fh:
+            assert fh.read().startswith(_codefiles._MAGIC)
+    marker = tmp_path / "pwned"
+
+    class Evil:
+        def __reduce__(self):
+            return exec, (f"open({str(marker)!r}, 'w').write('ran')",)
+
+    with open(index[0], "r+b") as fh:
+        fh.truncate(os.path.getsize(index[0]) // 2)
+    with open(data[-1], "wb") as fh:
+        fh.write(pickle.dumps(Evil()))
+    second = child()
+    assert second["y"] == first["y"]
+    assert not marker.exists()
+    assert len(second["warnings"]) == 2, second["warnings"]
+    for path in (index[0], data[-1]):
+        assert sum(os.path.basename(path) in w for w in second["warnings"]) == 1, path
+    third = child()
+    assert not third["warnings"] and third["y"] == first["y"]

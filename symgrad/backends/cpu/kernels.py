@@ -29,6 +29,7 @@ from ..._codefiles import (
     import_text,
     private_dir,
     process_dir,
+    seal_numba_dir,
     warn_once,
     writable,
 )
@@ -39,8 +40,13 @@ __all__ = ["THREADING_LAYER", "twin"]
 def _cache_dir_fallback() -> None:
     """Numba caches next to this file; where that is read-only, in a private user cache dir
     (0700, this user's: symgrad/_codefiles.py's ``private_dir``), else in this process's
-    own temporary dir: never a shared, predictable path."""
-    if os.environ.get("NUMBA_CACHE_DIR"):
+    own temporary dir: never a shared, predictable path. The files in a directory chosen
+    here are sealed and checked before Numba unpickles them (``SYMGRAD_NUMBA_SEALED``
+    tells child processes, which inherit ``NUMBA_CACHE_DIR``, to do the same)."""
+    chosen = os.environ.get("NUMBA_CACHE_DIR")
+    if chosen:
+        if os.environ.get("SYMGRAD_NUMBA_SEALED") == chosen:
+            seal_numba_dir(chosen)
         return
     here = os.path.dirname(os.path.abspath(__file__))
     if writable(os.path.join(here, "__pycache__")):
@@ -52,7 +58,8 @@ def _cache_dir_fallback() -> None:
         warn_once(("no cache", cand), f"symgrad: no disk cache for compiled kernels "
                   f"({cand}: {why}); they are kept for this process only")
         cand = process_dir("numba")
-    os.environ["NUMBA_CACHE_DIR"] = cand
+    seal_numba_dir(cand)
+    os.environ["NUMBA_CACHE_DIR"] = os.environ["SYMGRAD_NUMBA_SEALED"] = cand
 
 
 def _threading() -> str:
