@@ -75,13 +75,20 @@ def private_dir(path: str) -> str | None:
     """Make ``path`` (mode 0700 when created) and check that only this user can change what
     is in it: None when it is safe to keep a cache there, else why not. Its owner must be
     this user and it must not be writable by group or others; each parent must belong to
-    this user or root and be writable by nobody else unless sticky (as ``/tmp``), so no
-    other user can swap the directory. Group/other read bits of a directory of ours are
-    cleared (best effort)."""
+    this user or root and be writable by no other user unless sticky (as ``/tmp``; group
+    write is accepted for the user's own primary group, as with per-user groups and umask
+    002), so no other user can swap the directory. Missing parents are made 0700 too.
+    Group/other read bits of a directory of ours are cleared (best effort)."""
     path = os.path.abspath(path)
     uid = os.getuid()
     try:
-        os.makedirs(path, mode=0o700, exist_ok=True)
+        missing, p = [], path
+        while not os.path.lexists(p):
+            missing.append(p)
+            p = os.path.dirname(p)
+        for p in reversed(missing):
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(p, 0o700)
         st = os.stat(path)
     except OSError as exc:
         return f"cannot be created ({exc.strerror or exc})"
@@ -99,8 +106,9 @@ def private_dir(path: str) -> str | None:
             return f"parent {parent} cannot be read ({exc.strerror or exc})"
         if pst.st_uid not in (uid, 0):
             return f"parent {parent} is owned by another user (uid {pst.st_uid})"
-        if pst.st_mode & 0o022 and not pst.st_mode & stat.S_ISVTX:
-            return f"parent {parent} is writable by group or others"
+        if not pst.st_mode & stat.S_ISVTX and (pst.st_mode & 0o002 or (
+                pst.st_mode & 0o020 and pst.st_gid != os.getgid())):
+            return f"parent {parent} is writable by other users"
         up = os.path.dirname(parent)
         if up == parent:
             break

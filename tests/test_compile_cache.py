@@ -316,8 +316,25 @@ def test_a_new_cache_dir_is_private(tmp_path, monkeypatch):
     folder = tmp_path / "a" / "cc"
     monkeypatch.setenv("SYMGRAD_COMPILE_CACHE", str(folder))
     assert loader.cache_dir() == str(folder)
-    st = os.stat(folder)
-    assert st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) == 0o700
+    for made in (folder, folder.parent):
+        st = os.stat(made)
+        assert st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) == 0o700
+
+
+def test_a_cache_dir_inside_a_dir_others_can_write_is_not_used(template, tmp_path,
+                                                                monkeypatch):
+    """A world-writable parent without the sticky bit: another user could rename the cache
+    dir away and put one of theirs in its place."""
+    _, text = template
+    parent = tmp_path / "open"
+    parent.mkdir()
+    os.chmod(parent, 0o777)
+    folder = parent / "cc"
+    folder.mkdir(mode=0o700)
+    marker = tmp_path / "pwned"
+    _plant(folder, text, marker)
+    monkeypatch.setenv("SYMGRAD_COMPILE_CACHE", str(folder))
+    _no_disk_cache_run(folder, text, marker)
 
 
 _KERNELS_CHILD = r"""
