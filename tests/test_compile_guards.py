@@ -8,6 +8,7 @@ import os
 import sys
 import warnings
 
+import numpy as np
 import pytest
 from _tolerance import assert_close
 
@@ -290,3 +291,75 @@ def test_values_read_from_objects_lists_and_dicts_retrace(monkeypatch):
         change()
         _check(step, eager, (model, model_e), data, calls)
         assert step.stats["traces"] == k + 2, k
+
+
+class _Slotted:
+    __slots__ = ("gain",)
+
+    def __init__(self) -> None:
+        self.gain = 2.0
+
+
+class _WithProperty:
+    def __init__(self) -> None:
+        self._shift = 0.5
+
+    @property
+    def shift(self) -> float:  # user code: a guard does not run it
+        return self._shift
+
+
+SLOTTED = _Slotted()
+NP_CFG = {"scale": np.float32(0.5)}
+PROP = _WithProperty()
+
+
+def _tanh_step(w, read):
+    def step(x):
+        w.grad = None
+        loss = ((x * w).tanh() * read()).sum()
+        loss.backward()
+        return loss
+
+    return step
+
+
+def test_slots_and_numpy_scalars_are_guarded_too():
+    sg.manual_seed(0)
+    w = sg.randn(5, requires_grad=True)
+    w_e = sg.tensor(w.detach().numpy().copy(), requires_grad=True)
+
+    def read():
+        return SLOTTED.gain * float(NP_CFG["scale"])
+
+    step, eager = sg.compile(_tanh_step(w, read)), _tanh_step(w_e, read)
+    x = sg.randn(5)
+    old = SLOTTED.gain, NP_CFG["scale"]
+    try:
+        for k, change in enumerate([lambda: setattr(SLOTTED, "gain", -1.0),
+                                    lambda: NP_CFG.__setitem__("scale", np.float32(3.0))]):
+            change()
+            for _ in range(2):
+                with warnings.catch_warnings():
+                    warnings.simplefilter("error")
+                    assert_close(step(x), eager(x), terms=8)
+                assert_close(w.grad, w_e.grad, terms=8)
+            assert step.stats["traces"] == k + 1
+    finally:
+        SLOTTED.gain, NP_CFG["scale"] = old
+
+
+def test_a_value_read_through_a_property_is_named_as_baked_in():
+    sg.manual_seed(0)
+    w = sg.randn(5, requires_grad=True)
+
+    def read():
+        return PROP.shift
+
+    step = sg.compile(_tanh_step(w, read))
+    x = sg.randn(5)
+    with pytest.warns(UserWarning, match=r"baked into the compiled step.*PROP\.shift"):
+        step(x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once
+        step(x)

@@ -20,6 +20,8 @@ import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import numpy as np
+
 from ..autograd.grad_mode import _state
 from ..tensor import Tensor
 
@@ -145,9 +147,16 @@ def _step(x, step):
             v = k.__dict__.get(key, _NOTHING)
             if v is _NOTHING:
                 continue
-            if isinstance(x, type) or not isinstance(v, types.FunctionType):
+            if isinstance(x, type):
                 return _NOTHING if isinstance(v, property) else v
-            return types.MethodType(v, x)  # a method: scanned, never a guarded value
+            if isinstance(v, types.FunctionType):
+                return types.MethodType(v, x)  # a method: scanned, never a guarded value
+            if isinstance(v, types.MemberDescriptorType):  # __slots__: no user code
+                try:
+                    return v.__get__(x, type(x))
+                except AttributeError:
+                    return _NOTHING
+            return _NOTHING if isinstance(v, property) else v
         return _NOTHING
     if type(x) in (dict, list, tuple):
         try:
@@ -206,6 +215,8 @@ class Constants:
                 get = operator.itemgetter(*keys)
                 self._modules.append((weakref.ref(m), get, get(m.__dict__), type(m).__name__))
         self._paths: list = []  # (getter, value as traced, label)
+        #: paths read through a property (user code: not run by a guard), baked in
+        self.unguarded: list = []
         seen_paths: set = set()
         by_dict: dict[int, tuple] = {}
         cells: list = []
@@ -275,13 +286,18 @@ class Constants:
             name, x = "self", owner
         for depth in range(len(steps) + 1):
             if depth:
-                x = _step(x, steps[depth - 1])
+                prev, x = x, _step(x, steps[depth - 1])
                 if x is _NOTHING:
+                    kind, key = steps[depth - 1]
+                    if kind == "attr" and not isinstance(prev, type) and isinstance(
+                            getattr(type(prev), key, None), property):
+                        self.unguarded.append(_label(name, steps[:depth]))
                     return
             if isinstance(x, (types.FunctionType, types.MethodType)):
                 functions.append((x, getattr(x, "__self__", None)))
                 return
-            scalar = depth and _guardable(x) and not (root[0] == "s" and depth == 1)
+            scalar = depth and (_guardable(x) or isinstance(x, np.generic)) and not (
+                root[0] == "s" and depth == 1)
             whole = depth == len(steps) and _scalars(x)
             if scalar or whole:
                 key = (root[0], id(ref[0]) if root[0] == "g" else id(ref), name,
