@@ -181,18 +181,53 @@ def _label(root_name: str, steps) -> str:
                                for kind, k in steps)
 
 
-def _getter(root, steps):
-    """A function giving the value at the path now (_NOTHING if it cannot be followed)."""
-    kind, ref = root
+_PLAIN = (dict, list, tuple)
 
-    def get():
-        x = ref() if kind == "s" else ref[0].get(ref[1], _NOTHING) if kind == "g" else \
-            ref.cell_contents
-        for st in steps:
-            if x is _NOTHING or x is None:  # a name deleted, an owner freed
-                return _NOTHING
-            x = _step(x, st)
+
+def _getter(root, steps):
+    """A function giving the value at the path now (_NOTHING if it cannot be followed):
+    the common steps (an item of a plain container, an attribute in an instance or module
+    ``__dict__``) inline, the rest through ``_step``."""
+    kind, ref = root
+    walk = tuple((k == "item", key) for k, key in steps)
+
+    def follow(x):
+        for item, key in walk:
+            if item:
+                if type(x) not in _PLAIN:
+                    return _NOTHING
+                try:
+                    x = x[key]
+                except (LookupError, TypeError):
+                    return _NOTHING
+                continue
+            d = getattr(x, "__dict__", None)
+            if type(d) is dict and key in d:
+                x = d[key]
+                continue
+            x = _step(x, ("attr", key))
+            if x is _NOTHING:
+                return x
         return x
+
+    if kind == "g":
+        glob, name = ref
+
+        def get():
+            try:
+                return follow(glob[name])
+            except KeyError:  # the global was deleted
+                return _NOTHING
+    elif kind == "c":
+        def get():
+            try:
+                return follow(ref.cell_contents)
+            except ValueError:  # the cell was emptied
+                return _NOTHING
+    else:
+        def get():
+            x = ref()
+            return _NOTHING if x is None else follow(x)
 
     return get
 
