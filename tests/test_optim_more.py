@@ -82,8 +82,9 @@ def _compare(ours, theirs, opt, topt, steps=STEPS):
         for k, tv in tst.items():
             v = st[k]
             if tv.ndim == 0:  # step, and NAdam's mu_product, ASGD's eta and mu: float32
-                assert v.dtype is sg.float32 and v.ndim == 0, k
-                # computed by the same float32 operations from the same inputs: exact
+                # (float64 after loading into float64 parameters, as torch casts them)
+                assert v.ndim == 0 and v.dtype.name == str(tv.dtype).removeprefix("torch."), k
+                # computed by the same scalar operations from the same inputs: exact
                 assert float(v) == float(tv), (k, float(v), float(tv))
             else:
                 assert_close(v, tv, terms=terms, msg=f"state[{i}][{k!r}]")
@@ -159,25 +160,36 @@ def test_defaults_and_repr_match_torch(name, torch):
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_state_dict_resumes_training_as_torch(name, torch, tmp_path):
     """Train 5 steps, checkpoint, train 5 more; a fresh optimizer loaded from the checkpoint
-    (another learning rate given) continues exactly as the uninterrupted one."""
+    (another learning rate given) continues as torch's loaded one does. Loading casts every
+    state tensor but ``step`` to the parameter's dtype, as torch does: NAdam's
+    ``mu_product`` and ASGD's ``eta`` and ``mu`` go on in float64, so those two resume
+    within float32 rounding of the uninterrupted run, the others bit for bit."""
     kw = CASES[name][1]
-    ours, theirs = _twins(torch, "float64")
-    opt = getattr(sg.optim, name)(ours.parameters(), **kw)
-    _train(sg, ours, opt, "float64", steps=5)
-    sg.save({"model": ours.state_dict(), "opt": opt.state_dict()}, tmp_path / "ckpt")
-    _train(sg, ours, opt, "float64", steps=5)
-    ckpt = sg.load(tmp_path / "ckpt")
-    resumed = _model(sg, "float64")
-    resumed.load_state_dict(ckpt["model"])
-    opt2 = getattr(sg.optim, name)(resumed.parameters(), lr=0.5)
-    opt2.load_state_dict(ckpt["opt"])
-    assert opt2.param_groups[0]["lr"] == kw.get("lr", opt.defaults["lr"])
-    _train(sg, resumed, opt2, "float64", steps=5)
-    for a, b in zip(resumed.parameters(), ours.parameters(), strict=True):
-        np.testing.assert_array_equal(a.detach().numpy(), b.detach().numpy())
-    topt = getattr(torch.optim, name)(theirs.parameters(), **kw)
-    _train(torch, theirs, topt, "float64", steps=10)
-    _compare(resumed, theirs, opt2, topt, steps=10)
+    models = dict(zip((sg, torch), _twins(torch, "float64"), strict=True))
+    out = {}
+    for lib, model in models.items():
+        opt = getattr(lib.optim, name)(model.parameters(), **kw)
+        _train(lib, model, opt, "float64", steps=5)
+        lib.save({"model": model.state_dict(), "opt": opt.state_dict()}, tmp_path / "ckpt")
+        _train(lib, model, opt, "float64", steps=5)
+        ckpt = lib.load(tmp_path / "ckpt")
+        resumed = _model(lib, "float64")
+        resumed.load_state_dict(ckpt["model"])
+        opt2 = getattr(lib.optim, name)(resumed.parameters(), lr=0.5)
+        opt2.load_state_dict(ckpt["opt"])
+        assert opt2.param_groups[0]["lr"] == kw.get("lr", opt.defaults["lr"])
+        loaded = {k: (v.dtype, v.ndim) for k, v in next(iter(opt2.state.values())).items()}
+        _train(lib, resumed, opt2, "float64", steps=5)
+        out[lib] = model, opt, resumed, opt2, loaded
+    ours, theirs = out[sg], out[torch]
+    assert {k: (str(d).rsplit(".", 1)[-1], n) for k, (d, n) in ours[4].items()} == \
+        {k: (str(d).rsplit(".", 1)[-1], n) for k, (d, n) in theirs[4].items()}
+    _compare(ours[2], theirs[2], ours[3], theirs[3], steps=10)
+    for a, b in zip(ours[2].parameters(), ours[0].parameters(), strict=True):
+        if name in ("NAdam", "ASGD"):  # five steps scaled by float32- vs float64-kept values
+            assert_close(a, b, terms=5, dtype=np.float32)
+        else:
+            np.testing.assert_array_equal(a.detach().numpy(), b.detach().numpy())
 
 
 ARG_ERRORS = [
@@ -193,6 +205,29 @@ ARG_ERRORS = [
     ("ASGD", dict(lr=-1)), ("ASGD", dict(weight_decay=-0.1)),
     ("LBFGS", dict(lr=-1)),
 ]
+
+
+@pytest.mark.parametrize("name", sorted(CASES) + ["Adam", "AdamW", "RMSprop", "Adagrad"])
+def test_scalar_state_is_float64_under_a_float64_default_dtype_as_torchs(name, torch):
+    """torch's ``_get_scalar_dtype``: ``step`` (and NAdam's ``mu_product``, ASGD's ``eta``
+    and ``mu``, which then are not rounded to float32) follow a float64 default dtype."""
+    states = {}
+    for lib in (sg, torch):
+        before = lib.get_default_dtype()
+        lib.set_default_dtype(lib.float64)
+        try:
+            w = lib.nn.Parameter(lib.tensor([0.3, -1.7, 2.9]))
+            opt = getattr(lib.optim, name)([w], lr=0.1)
+            for _ in range(3):
+                opt.zero_grad()
+                (lib.sin(w * 3.1) * w).sum().backward()
+                opt.step()
+        finally:
+            lib.set_default_dtype(before)
+        states[lib] = {k: (str(v.dtype).rsplit(".", 1)[-1], v.item()) for k, v in
+                       opt.state[w].items() if v.ndim == 0}
+    assert states[sg] == states[torch]
+    assert {d for d, _ in states[sg].values()} == {"float64"}
 
 
 @pytest.mark.parametrize("name", ["Adamax", "NAdam", "RAdam"])
@@ -409,7 +444,7 @@ def test_lbfgs_stops_at_once_when_the_gradient_is_small_as_torch(torch):
             loss.backward()
             return loss
 
-        assert float(opt.step(closure)) == 0.0
+        assert opt.step(closure).item() == 0.0
         assert len(calls) == 1 and list(opt.state[w]) == ["func_evals", "n_iter"]
         assert w.tolist() == [1.0, 1.0]
 

@@ -1,32 +1,42 @@
-"""Pieces the newer optimizers share: 0-dim state tensors (``step``, ``mu_product``, ``eta``,
-``mu``) kept as torch keeps them (float32 values the update reads back with ``.item()``),
-torch's ``lerp_`` and its learning-rate checks."""
+"""Pieces the optimizers share: 0-dim state tensors (``step``, ``mu_product``, ``eta``,
+``mu``) kept as torch keeps them (float32 unless the default dtype is float64, values the
+update reads back with ``.item()``), torch's ``lerp_`` and its learning-rate checks."""
 
 from __future__ import annotations
 
 from ..backends import backend_for
 from ..tensor import Tensor
 
-__all__ = ["scalar_state", "get_value", "set_value", "check_lr", "lerp_"]
+__all__ = ["scalar_dtype", "scalar_state", "get_value", "set_value", "check_lr", "lerp_"]
 
 
-def scalar_state(value: float, device=None) -> Tensor:
-    """A float32 0-dim tensor holding ``value`` (rounded to float32, as torch stores it)."""
-    from ..dtypes import float32
+def scalar_dtype(fused: bool | None = False):
+    """torch's ``_get_scalar_dtype``: float64 under a float64 default dtype (unless fused),
+    else float32."""
+    from ..dtypes import float32, float64, get_default_dtype
+
+    return float64 if get_default_dtype() is float64 and not fused else float32
+
+
+def scalar_state(value: float, device=None, fused: bool | None = False) -> Tensor:
+    """A 0-dim tensor of :func:`scalar_dtype` holding ``value``, as torch stores it."""
     from ..tensor import tensor
 
-    return tensor(float(value), dtype=float32, device=device)
+    return tensor(float(value), dtype=scalar_dtype(fused), device=device)
 
 
 def get_value(t: Tensor) -> float:
-    """torch's ``_get_value``: the stored (float32) value as a Python float."""
+    """torch's ``_get_value``: the stored value as a Python float."""
     return float(backend_for(t._device.type).to_host(t._data))
 
 
 def set_value(t: Tensor, value: float) -> None:
-    """``t.copy_(torch.as_tensor(value))``: the float64 value rounded into t's float32."""
+    """``t.copy_(torch.as_tensor(value))``: the Python float becomes a tensor of the default
+    dtype first (float32 unless changed), then takes t's dtype."""
+    from ..dtypes import get_default_dtype
+
     be = backend_for(t._device.type)
-    be.fill_(t._data, value)
+    be.fill_(t._data, float(get_default_dtype().np.type(value)))
     t._storage.version += 1
 
 

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 from ..backends import backend_for
 from ..tensor import Tensor
-from ._common import check_lr
+from ._common import check_lr, scalar_state
 from .optimizer import Optimizer, bump_step, check_flags
 
 __all__ = ["Adadelta"]
@@ -38,11 +38,10 @@ class Adadelta(Optimizer):
                                   "differentiable": differentiable})
 
     def _init_state(self, p: Tensor) -> dict:
-        from ..creation import zeros, zeros_like
-        from ..dtypes import float32
+        from ..creation import zeros_like
 
         state = self.state[p]
-        state["step"] = zeros((), dtype=float32)
+        state["step"] = scalar_state(0.0)
         state["square_avg"] = zeros_like(p)
         state["acc_delta"] = zeros_like(p)
         return state

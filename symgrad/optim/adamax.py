@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 from ..backends import backend_for
 from ..tensor import Tensor
-from ._common import check_lr, lerp_
+from ._common import check_lr, lerp_, scalar_state
 from .optimizer import Optimizer, bump_step, check_flags
 
 __all__ = ["Adamax"]
@@ -38,11 +38,9 @@ class Adamax(Optimizer):
 
     def _init_state(self, p: Tensor) -> dict:
         from ..creation import zeros_like
-        from ..dtypes import float32
-        from ..tensor import tensor
 
         state = self.state[p]
-        state["step"] = tensor(0.0, dtype=float32)
+        state["step"] = scalar_state(0.0)
         state["exp_avg"] = zeros_like(p)
         state["exp_inf"] = zeros_like(p)
         return state

@@ -18,8 +18,10 @@ class ASGD(Optimizer):
 
     Each step: ``p *= 1 - lambd eta``; ``p -= eta g``; ``ax += mu (p - ax)`` (a copy while
     ``mu == 1``); then ``eta = lr / (1 + lambd lr t)^alpha`` and ``mu = 1 / max(1, t - t0)``.
-    ``step``, ``eta`` and ``mu`` are float32 0-dim tensors on the parameter's device, as
-    torch keeps them (so ``eta`` is read back rounded to float32); ``ax`` holds the average.
+    ``step``, ``eta`` and ``mu`` are 0-dim tensors on the parameter's device, as torch keeps
+    them: float32 (float64 under a float64 default dtype), and the new ``eta`` and ``mu``
+    pass through a tensor of the default dtype, so they are read back rounded to it even
+    after a checkpoint's load made them float64. ``ax`` holds the average.
     """
 
     def __init__(self, params: Iterable, lr: float | Tensor = 1e-2, lambd: float = 1e-4,

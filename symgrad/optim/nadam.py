@@ -16,9 +16,10 @@ class NAdam(Optimizer):
     """Adam's moments with Nesterov's look-ahead, as ``torch.optim.NAdam``.
 
     ``mu_t = b1 (1 - 0.96^(t psi) / 2)`` (``psi = momentum_decay``); the running product of
-    the ``mu_t`` lives in ``state['mu_product']`` as a float32 0-dim tensor, as torch keeps
-    it, and the step is ``p -= lr (1 - mu_t) / (1 - prod) g / d + lr mu_{t+1} / (1 - prod
-    mu_{t+1}) m / d`` with ``d = sqrt(v / (1 - b2^t)) + eps``. ``decoupled_weight_decay``
+    the ``mu_t`` lives in ``state['mu_product']``, a 0-dim tensor of torch's scalar dtype
+    (float32 unless the default dtype is float64) multiplied in that dtype, as torch's. The
+    step is ``p -= lr (1 - mu_t) / (1 - prod) g / d + lr mu_{t+1} / (1 - prod mu_{t+1}) m / d``
+    with ``d = sqrt(v / (1 - b2^t)) + eps``. ``decoupled_weight_decay``
     shrinks ``p`` by ``1 - lr wd`` instead of adding ``wd p`` to the gradient (NAdamW).
     """
 
@@ -81,7 +82,7 @@ class NAdam(Optimizer):
                 mu = beta1 * (1.0 - 0.5 * (0.96 ** (step * psi)))
                 mu_next = beta1 * (1.0 - 0.5 * (0.96 ** ((step + 1) * psi)))
                 mp = state["mu_product"]
-                backend_for(mp._device.type).mul_(mp._data, mu)  # in float32, as torch
+                backend_for(mp._device.type).mul_(mp._data, mu)  # in its dtype, as torch
                 mp._storage.version += 1
                 mu_product = get_value(mp)
                 m, v = state["exp_avg"]._data, state["exp_avg_sq"]._data
