@@ -265,6 +265,30 @@ def test_tensor_lr_of_several_elements_is_refused_as_torch(name, torch):
     assert msgs[0] == msgs[1] == "Tensor lr must be 1-element"
 
 
+@pytest.mark.parametrize("name", sorted(CASES) + ["LBFGS"])
+def test_a_tensor_lr_computes_in_its_dtype_as_torchs(name, torch):
+    """torch keeps a tensor lr a (float32) 0-dim tensor, so Adamax's ``lr / (1 - b1^t)``,
+    NAdam's step factors and ASGD's ``eta`` are float32 arithmetic: float64 parameters still
+    match torch's within float64 rounding."""
+    out = []
+    for lib in (sg, torch):
+        w = lib.nn.Parameter(lib.tensor([0.3, -1.7, 2.9], dtype=lib.float64))
+        kw = {"weight_decay": 0.1} if name != "LBFGS" else {"max_iter": 3}
+        opt = getattr(lib.optim, name)([w], lr=lib.tensor(0.05), **kw)
+
+        def closure(w=w, opt=opt, lib=lib):
+            opt.zero_grad()
+            loss = (lib.sin(w * 3.1) * w).sum()
+            loss.backward()
+            return loss
+
+        for _ in range(3):
+            opt.step(closure)
+        out.append(w.detach().numpy().copy())
+    # three steps of the longest update with the sine's forward and backward (a dozen)
+    assert_close(out[0], out[1], terms=3 * (16 + 12) * (3 if name == "LBFGS" else 1))
+
+
 def test_lbfgs_refuses_param_groups_and_unknown_line_searches_as_torch(torch):
     msgs = []
     for lib in (sg, torch):

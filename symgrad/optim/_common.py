@@ -7,7 +7,8 @@ from __future__ import annotations
 from ..backends import backend_for
 from ..tensor import Tensor
 
-__all__ = ["scalar_dtype", "scalar_state", "get_value", "set_value", "check_lr", "lerp_"]
+__all__ = ["lr_value", "scalar_dtype", "scalar_state", "get_value", "set_value", "check_lr",
+           "lerp_"]
 
 
 def scalar_dtype(fused: bool | None = False):
@@ -38,6 +39,15 @@ def set_value(t: Tensor, value: float) -> None:
     be = backend_for(t._device.type)
     be.fill_(t._data, float(get_default_dtype().np.type(value)))
     t._storage.version += 1
+
+
+def lr_value(lr):
+    """A group's ``lr`` as the update computes with it: a Python float, or for a tensor lr
+    (torch keeps it a 0-dim tensor) a NumPy scalar of its dtype, so that arithmetic with
+    Python floats stays in that dtype as torch's 0-dim tensor arithmetic does."""
+    if isinstance(lr, Tensor):
+        return lr.dtype.np.type(float(lr))
+    return float(lr)
 
 
 def check_lr(lr) -> None:

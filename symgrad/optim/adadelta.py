@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 from ..backends import backend_for
 from ..tensor import Tensor
-from ._common import check_lr, scalar_state
+from ._common import check_lr, lr_value, scalar_state
 from .optimizer import Optimizer, bump_step, check_flags
 
 __all__ = ["Adadelta"]
@@ -49,7 +49,7 @@ class Adadelta(Optimizer):
     def step(self, closure=None):
         loss = self._loss_of(closure)
         for group in self.param_groups:
-            lr = float(group["lr"])
+            lr = lr_value(group["lr"])
             rho, eps, wd = group["rho"], group["eps"], group["weight_decay"]
             for p in group["params"]:
                 if p._grad is None:

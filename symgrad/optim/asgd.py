@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 from ..backends import backend_for
 from ..tensor import Tensor
-from ._common import check_lr, get_value, scalar_state, set_value
+from ._common import check_lr, get_value, lr_value, scalar_state, set_value
 from .optimizer import Optimizer, bump_step, check_flags
 
 __all__ = ["ASGD"]
@@ -50,7 +50,7 @@ class ASGD(Optimizer):
     def step(self, closure=None):
         loss = self._loss_of(closure)
         for group in self.param_groups:
-            lr = float(group["lr"])
+            lr = lr_value(group["lr"])
             lambd, alpha, t0 = group["lambd"], group["alpha"], group["t0"]
             wd = group["weight_decay"]
             for p in group["params"]:

@@ -221,7 +221,7 @@ class LBFGS(Optimizer):
                 return closure()
 
         group = self.param_groups[0]
-        lr = _scalar(group["lr"]) if isinstance(group["lr"], Tensor) else group["lr"]
+        lr = group["lr"]  # a tensor lr stays one: torch's scalar arithmetic promotes it
         max_iter, max_eval = group["max_iter"], group["max_eval"]
         tolerance_grad = group["tolerance_grad"]
         tolerance_change = group["tolerance_change"]

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 from ..backends import backend_for
 from ..tensor import Tensor
-from ._common import check_lr, get_value, lerp_, scalar_state
+from ._common import check_lr, get_value, lerp_, lr_value, scalar_state
 from .optimizer import Optimizer, bump_step, check_flags
 
 __all__ = ["NAdam"]
@@ -61,7 +61,7 @@ class NAdam(Optimizer):
     def step(self, closure=None):
         loss = self._loss_of(closure)
         for group in self.param_groups:
-            lr = float(group["lr"])
+            lr = lr_value(group["lr"])
             beta1, beta2 = group["betas"]
             eps, wd, psi = group["eps"], group["weight_decay"], group["momentum_decay"]
             for p in group["params"]:
