@@ -127,8 +127,11 @@ def test_20_steps_match_torch_in_parameters_and_state(name, i, dtype, torch):
     opt = getattr(sg.optim, name)(ours.parameters(), **kw)
     topt = getattr(torch.optim, name)(theirs.parameters(), **kw)
     start = [p.detach().numpy().copy() for p in ours.parameters()]
-    _train(sg, ours, opt, dtype)
-    _train(torch, theirs, topt, dtype)
+    for step in range(1, STEPS + 1):  # the same batch each step, as _train(steps=20)
+        _train(sg, ours, opt, dtype, steps=1)
+        _train(torch, theirs, topt, dtype, steps=1)
+        for p, tp in zip(ours.parameters(), theirs.parameters(), strict=True):
+            assert_close(p, tp, terms=step * STEP_TERMS, msg=f"step {step}")
     _compare(ours, theirs, opt, topt)
     with pytest.raises(AssertionError, match="not close"):  # the weights did move
         assert_close(ours[0].weight, start[0], terms=STEPS * STEP_TERMS)
