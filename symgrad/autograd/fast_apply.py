@@ -156,6 +156,7 @@ def source(spec, saved_display) -> str:
         f"    node.next_functions = ({edges})",
         "    if recording:",
         f"        node._input_refs = ({strong})",
+        "        keep(node, inputs)",
         "    else:",
         *_weak_refs(n),
         f"        node._input_refs = ({weak})",

@@ -222,6 +222,9 @@ def verify(root, gradient=None, *, names=None, mode: str = "auto", order: int = 
             raise RuntimeError(f"Mismatch in shape: gradient has a shape of "
                                f"{list(gradient.shape)} and root has a shape of "
                                f"{list(root_shape)}.")
+    gone = {k: c for k, c in graph.changed.items() if not c.kept}
+    if gone:  # checked against values it no longer holds, any verdict would be wrong
+        return _changed_report(graph, gone, mode, order, engine_name, t0)
     rng = np.random.default_rng(seed)
     tol_for = _tol_factory(rtol, atol)
     cost = exact_cost(graph)
@@ -258,7 +261,14 @@ def verify(root, gradient=None, *, names=None, mode: str = "auto", order: int = 
     progress = _CallbackProgress(callback, 2 * len(graph.nodes)) if callback is not None \
         else _progress(len(graph.nodes), cost)
     try:
-        engine_grads = graph.engine_grads(graph, gradient)
+        try:
+            engine_grads = graph.engine_grads(graph, gradient)
+        except RuntimeError as exc:
+            if not graph.changed or "modified by an inplace operation" not in str(exc):
+                raise
+            return _changed_report(graph, graph.changed, mode, order, engine_name, t0,
+                                   "the engine's backward cannot run again on tensors "
+                                   "changed since")
         if chosen == "exact":
             _run_exact(rep, graph, engine, engine_name, gradient, engine_grads, tol_for, rng,
                        sample, deadline, progress)
@@ -292,10 +302,51 @@ def verify(root, gradient=None, *, names=None, mode: str = "auto", order: int = 
         if _has_mismatch(rep) and _is_float32(graph) and graph.kind == "symgrad":
             _precision_replay(rep, graph, gradient, mode, sample, seed, deadline, backend)
     rep.status = _status(rep)
+    if graph.changed:
+        rep.notes.insert(0, _changed_names(graph, graph.changed) + " changed in place after "
+                         "the graph was recorded; checked at the values recorded then "
+                         "(symgrad.record() kept them)")
     rep.notes.extend(graph.notes)
     for g in graph.nodes:
         if g.note and g.note not in rep.notes:
             rep.notes.append(f"{g.name}: {g.note}")
+    rep.seconds = time.perf_counter() - t0
+    return rep
+
+
+#: the report status (and leaf row status) of a graph whose leaves changed in place since
+#: it was recorded and whose recorded values are gone
+CHANGED = "changed in place"
+
+
+def _changed_names(graph, changed: dict) -> str:
+    """``w (version 0 when recorded, 1 now), b (...)``: the leaves in ``changed``."""
+    return ", ".join(f"{graph.leaves[k].name} ({c.versions()})" for k, c in changed.items())
+
+
+def _changed_report(graph, changed: dict, mode, order, engine_name, t0,
+                    why: str = "their recorded values are gone") -> Report:
+    """The verdict for a graph whose leaves were written in place (an optimizer step,
+    ``add_``, ``copy_``, ``zero_``) after it was recorded: its gradients belong to the
+    old values, so comparing them with anything computed from the new ones would report
+    rounding or disagreement that is neither. One line says which leaves and where the
+    check belongs."""
+    line = (f"{_changed_names(graph, changed)} changed in place after the graph was "
+            f"recorded and {why}, so the gradients were not checked: verify before "
+            "opt.step() (or any in-place change), or record the forward under "
+            "symgrad.record(), as %%symgrad does, to keep them")
+    rep = Report(ok=False, mode="local" if mode == "local" else "exact",
+                 requested_mode=mode, backend=engine_name, order=order, rtol={}, atol={},
+                 leaves=[], nodes=[_not_run(g) for g in graph.nodes],
+                 graph_kind=graph.kind, skipped=["every check: " + CHANGED],
+                 notes=[line], status=CHANGED)
+    rep._graph = graph
+    for k in changed:
+        lf = graph.leaves[k]
+        if lf.requires_grad and lf.is_float:
+            rep.leaves.append(LeafRow(lf.name, lf.shape, _dtype_name(lf.value.dtype), None,
+                                      None, None, None, None, None, CHANGED, None, 0, False,
+                                      lf.latex))
     rep.seconds = time.perf_counter() - t0
     return rep
 
