@@ -66,6 +66,7 @@ export function reportStatus(s: string): CheckStatus {
       return 'fail';
     case 'error':
     case 'timeout':
+    case 'changed in place': // written in place since recorded: nothing was checked
       return 'error';
     case 'skipped':
     case 'unsupported':

@@ -851,6 +851,8 @@ def apply_report(payload: dict, report: Any, node_map: Mapping[int, str] | None 
     rtol, atol = _first_tol(data.get("tolerances"))
     notes = list(data.get("notes") or []) + [f"skipped: {x}" for x in data.get("skipped") or []]
     ok = data.get("ok")
+    if data.get("status") == "changed in place":  # nothing was checked: no verdict
+        ok = None
     payload["agreement"] = {
         "ok": ok if isinstance(ok, bool) else None,
         "mode": data.get("mode"),

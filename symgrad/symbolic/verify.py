@@ -325,16 +325,18 @@ def _changed_names(graph, changed: dict) -> str:
 
 
 def _changed_report(graph, changed: dict, mode, order, engine_name, t0,
-                    why: str = "their recorded values are gone") -> Report:
+                    why: str | None = None) -> Report:
     """The verdict for a graph whose leaves were written in place (an optimizer step,
     ``add_``, ``copy_``, ``zero_``) after it was recorded: its gradients belong to the
     old values, so comparing them with anything computed from the new ones would report
     rounding or disagreement that is neither. One line says which leaves and where the
     check belongs."""
+    if why is None:
+        why = ("its recorded value is gone" if len(changed) == 1
+               else "their recorded values are gone")
     line = (f"{_changed_names(graph, changed)} changed in place after the graph was "
-            f"recorded and {why}, so the gradients were not checked: verify before "
-            "opt.step() (or any in-place change), or record the forward under "
-            "symgrad.record(), as %%symgrad does, to keep them")
+            f"recorded; {why}, so nothing was checked: verify before opt.step(), or record "
+            "the forward under symgrad.record() (as %%symgrad does)")
     rep = Report(ok=False, mode="local" if mode == "local" else "exact",
                  requested_mode=mode, backend=engine_name, order=order, rtol={}, atol={},
                  leaves=[], nodes=[_not_run(g) for g in graph.nodes],
