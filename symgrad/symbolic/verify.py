@@ -307,9 +307,7 @@ def verify(root, gradient=None, *, names=None, mode: str = "auto", order: int = 
                          "the graph was recorded; checked at the values recorded then "
                          "(symgrad.record() kept them)")
     rep.notes.extend(graph.notes)
-    for g in graph.nodes:
-        if g.note and g.note not in rep.notes:
-            rep.notes.append(f"{g.name}: {g.note}")
+    rep.notes.extend(_node_notes(graph))
     rep.seconds = time.perf_counter() - t0
     return rep
 
@@ -351,6 +349,25 @@ def _changed_report(graph, changed: dict, mode, order, engine_name, t0,
                                       lf.latex))
     rep.seconds = time.perf_counter() - t0
     return rep
+
+
+def _node_notes(graph) -> list[str]:
+    """The nodes' notes, each said once: ``LogBackward0: <note>``, or for a note several
+    nodes share, how many and which (``graph was freed: 12 nodes rebuilt ... (A, B, ...)``)."""
+    by_note: dict[str, list[str]] = {}
+    for g in graph.nodes:
+        if g.note:
+            by_note.setdefault(g.note, []).append(g.name)
+    out = []
+    for note, names in by_note.items():
+        if len(names) == 1:
+            out.append(f"{names[0]}: {note}")
+            continue
+        shown = ", ".join(dict.fromkeys(names[:6])) + (", ..." if len(names) > 6 else "")
+        text = note.replace("node rebuilt", f"{len(names)} nodes rebuilt") \
+            if "node rebuilt" in note else f"{note} ({len(names)} nodes)"
+        out.append(f"{text} ({shown})")
+    return out
 
 
 def _has_mismatch(rep) -> bool:
@@ -634,9 +651,9 @@ def _run_exact(rep, graph, engine, engine_name, gradient, engine_grads, tol_for,
             row.bound = float(allowed[w]) if allowed is not None else float(
                 atol + rtol * (abs(s[w]) + (np.mean(np.abs(s[sfin])) if sfin.any() else 0)))
         rep.leaves.append(row)
+        i = _nonfinite_row(rep, lf, e, s, row)
         if s.size:
-            pending.append((row, lf, w, s))
-        _nonfinite_row(rep, lf, e, s)
+            pending.append((row, lf, w if i is None else i, s))
     _fill_fd(rep, graph, gradient, pending, rng, sample, deadline)
 
 
@@ -683,28 +700,46 @@ def _fill_fd(rep, graph, gradient, pending, rng, sample, deadline, local=False) 
                            f"leaves (budget of {FD_BUDGET} replayed node evaluations)")
 
 
-def _nonfinite_row(rep, lf, e, s=None) -> None:
-    """A row of its own for the elements of ``lf``'s gradient that are nan/inf in the
-    engine's gradient or in the symbolic one (``s``; None in local mode). Its status is
+def _nonfinite_row(rep, lf, e, s=None, row=None) -> int | None:
+    """Say in ``lf``'s row (``row``; a new one when None: no element was comparable) which
+    elements of its gradient are nan/inf in the engine's gradient or in the symbolic one
+    (``s``; None in local mode), so each leaf has one row. Its status becomes
     ``non-finite`` (the engine's gradient has nan/inf there) or ``could not evaluate``
-    (only the symbolic value is non-finite); either makes the report not ok. Where the
-    value arose is filled in by :func:`_explain_nonfinite` once every check has run."""
+    (only the symbolic value is non-finite), and the row shows that element (returned);
+    a ``mismatch`` row stays one, the non-finite elements said in its detail. Either makes
+    the report not ok. Where the value arose is filled in by :func:`_explain_nonfinite`
+    once every check has run."""
     bad = ~np.isfinite(e) if s is None else (~np.isfinite(e) | ~np.isfinite(s))
     if not bad.any():
-        return
+        return None
     i = int(np.argmax(bad))
     eng_bad = bool((~np.isfinite(e)).any())
-    row = LeafRow(lf.name, lf.shape, _dtype_name(lf.value.dtype), None, None,
-                  as_index(i, lf.shape), float(e[i]),
-                  None if s is None else float(s[i]), None,
-                  "non-finite" if eng_bad else "could not evaluate", None, int(bad.sum()),
-                  False, lf.latex)
+    status = "non-finite" if eng_bad else "could not evaluate"
     what = "engine gradient" if not np.isfinite(e[i]) else "symbolic gradient"
     val = float(e[i]) if not np.isfinite(e[i]) else float(s[i])
-    row.detail = (f"{what} is {val:g} at {lf.name}{list(as_index(i, lf.shape) or [])} "
-                  f"({int(bad.sum())} of {bad.size} elements non-finite)")
-    rep.leaves.append(row)
+    detail = (f"{what} is {val:g} at {lf.name}{list(as_index(i, lf.shape) or [])} "
+              f"({int(bad.sum())} of {bad.size} elements non-finite)")
+    rep.__dict__.setdefault("_nonfinite_rows", []).append((row or lf.name, status))
     rep.ok = False
+    if row is None:
+        row = LeafRow(lf.name, lf.shape, _dtype_name(lf.value.dtype), None, None,
+                      as_index(i, lf.shape), float(e[i]),
+                      None if s is None else float(s[i]), None, status, None,
+                      int(bad.sum()), False, lf.latex)
+        row.detail = detail
+        rep.leaves.append(row)
+        rep._nonfinite_rows[-1] = (row, status)
+        return i
+    if row.status == "mismatch":
+        row.detail = f"{row.detail}; {detail}" if row.detail else detail
+        return None
+    row.status = status
+    row.worst_index = as_index(i, lf.shape)
+    row.engine_value = float(e[i])
+    row.symbolic_value = None if s is None else float(s[i])
+    row.max_abs_err = row.max_rel_err = row.bound = None  # not comparable there
+    row.detail = detail
+    return i
 
 
 def _first_nonfinite(v) -> tuple[float, list] | None:
@@ -772,15 +807,18 @@ def _explain_nonfinite(rep, graph, backward_origin: str) -> None:
     ok, with a note saying where the infinities are."""
     nan_at, inf_made, inf_any = _forward_nonfinite(graph)
     origin = nan_at or inf_made or backward_origin or inf_any
-    for row in rep.leaves:
-        if row.status not in ("non-finite", "could not evaluate"):
-            continue
+    rows = getattr(rep, "_nonfinite_rows", [])
+    for row, status in rows:
         why = origin or ("the symbolic derivative is undefined or infinite at the recorded "
-                         "values" if row.status == "could not evaluate"
+                         "values" if status == "could not evaluate"
                          else "the engine's backward (every forward value is finite)")
         row.detail = f"{getattr(row, 'detail', '')}; arose in: {why}"
-        rep.notes.append(f"{row.name}: {row.status}: {row.detail}")
-    if any(r.status in ("non-finite", "could not evaluate") for r in rep.leaves):
+    if rows:  # the verdict, in one line
+        status = "non-finite" if any(st == "non-finite" for _, st in rows) \
+            else "could not evaluate"
+        first = [r.detail.split("; arose in: ")[-1] for r, st in rows if st == status][0]
+        rep.notes.insert(0, f"{status}: arose in: {first} (gradient of "
+                         + ", ".join(dict.fromkeys(r.name for r, _ in rows)) + ")")
         return
     root = _first_nonfinite(graph.root_value)
     if nan_at or root is not None:
@@ -912,9 +950,9 @@ def _leaf_rows_local(rep, graph, gradient, engine_grads, rng, sample, deadline=N
                       float(e[w]) if e.size else None, None, None, "not checked", None, 0,
                       True, lf.latex)
         rep.leaves.append(row)
+        i = _nonfinite_row(rep, lf, e, None, row)
         if e.size:
-            pending.append((row, lf, w, e))
-        _nonfinite_row(rep, lf, e)
+            pending.append((row, lf, w if i is None else i, e))
     _fill_fd(rep, graph, gradient, pending, rng, sample, deadline, local=True)
 
 
