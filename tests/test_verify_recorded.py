@@ -14,6 +14,7 @@ import contextlib
 import gc
 import json
 import re
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -193,7 +194,9 @@ def test_unchanged_leaves_are_not_copied_and_copies_die_with_the_graph():
             params = {id(p) for p in model.parameters()}
             assert {id(k.tensor) for k in kept if k.copied} == params
             assert not any(k.copied for k in kept if id(k.tensor) not in params)  # x, y
+            refs = [weakref.ref(k) for k in kept]
             del loss, kept
+            assert all(r() is None for r in refs)  # freed by reference counting alone
         assert not any(r() is not None and r().copied for refs in rec._watch.values()
                        for r in refs)
     finally:
@@ -333,3 +336,48 @@ def test_a_compiled_training_step_counts_as_an_in_place_change():
     assert rep.status == "changed in place"
     assert rep.notes[0].startswith(f"weight (version {v + 1} when recorded, {v + 2} now), "
                                    f"bias (version")
+
+
+CHECKS_CHANGED = '''
+import symgrad as sg
+from symgrad.testing import gradient_check
+
+
+@gradient_check(inputs=[(3,)])
+def check_changes_its_input(x):
+    y = (x * x).sin().sum()
+    with sg.no_grad():
+        x.add_(1.0)  # after the graph was built: its recorded value is gone
+    return y
+'''
+
+
+def test_cli_and_assert_helpers_report_the_changed_leaf(tmp_path):
+    import subprocess
+    import sys
+
+    from symgrad.testing import assert_gradients_match
+
+    (tmp_path / "checks_changed.py").write_text(CHECKS_CHANGED)
+    out = tmp_path / "report.json"
+    r = subprocess.run([sys.executable, "-m", "symgrad", "check", "checks_changed.py",
+                        "--json", str(out)], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 1, r.stdout + r.stderr
+    line = next(x for x in r.stdout.splitlines() if "check_changes_its_input" in x)
+    assert line.startswith("FAILED") and line.endswith("changed in place: x")
+    assert "disagree" not in r.stdout
+    data = json.loads(out.read_text())
+    (check,) = data["checks"]
+    assert check["report"]["status"] == "changed in place"
+    jsonschema.validate(check["report"], SCHEMA)
+
+    def fn(x):
+        y = (x * x).sin().sum()
+        with sg.no_grad():
+            x.add_(1.0)
+        return y
+
+    with pytest.raises(AssertionError, match=r"CHANGED IN PLACE[\s\S]*x \(version 0 when "
+                                             r"recorded, 1 now\)[\s\S]*verify before"):
+        assert_gradients_match(fn, sg.tensor([0.5, 1.0, 1.5], requires_grad=True))
