@@ -58,10 +58,10 @@ def _train_step(opt_name, dtype, recorded):
     return model, loss, grads, (x, y)  # the inputs stay alive, as in a user's loop
 
 
-CHANGED_LINE = re.compile(r"^(\S+ \(version \d+ when recorded, \d+ now\)(, )?)+ changed in "
-                          r"place after the graph was recorded; (its recorded value is|their "
-                          r"recorded values are) gone, so nothing was checked: verify before "
-                          r"opt\.step\(\)")
+CHANGED_LINE = re.compile(r"^changed in place: (\S+ \(version \d+ when recorded, \d+ now\)"
+                          r"(, )?)+ written after the graph was recorded; (its recorded value "
+                          r"is|their recorded values are) gone, so nothing was checked: "
+                          r"verify before opt\.step\(\)")
 
 
 @pytest.mark.parametrize("dtype", [sg.float32, sg.float64], ids=["float32", "float64"])
@@ -79,7 +79,7 @@ def test_verify_after_opt_step_without_record_names_the_changed_leaves(opt_name,
     for name in names:  # recorded version vs now: the step bumped each one by one
         m = re.search(re.escape(name) + r" \(version (\d+) when recorded, (\d+) now\)", line)
         assert m and int(m.group(2)) == int(m.group(1)) + 1 == names[name]._version
-    assert [n for n in rep.notes if "changed in place" in n] == [line]  # said once
+    assert [n for n in rep.notes if "recorded" in n] == [line]  # said once
     text = rep.to_text()
     assert "CHANGED IN PLACE" in text.splitlines()[0]
     assert "OK" not in text.splitlines()[0] and "imprecise" not in text.lower()
@@ -151,7 +151,8 @@ def test_inplace_write_on_a_leaf_without_record(write, which):
     rep = sg.verify(loss, names={"w": w, "x": x})
     assert rep.status == "changed in place" and not rep.ok
     assert CHANGED_LINE.match(rep.notes[0])
-    assert rep.notes[0].startswith(f"{which} (version 0 when recorded, 1 now) changed")
+    assert rep.notes[0].startswith(f"changed in place: {which} (version 0 when recorded, 1 "
+                                   "now) written")
     # a row for the leaf requiring grad only; a constant is named in the line
     assert [r.name for r in rep.leaves] == (["w"] if which == "w" else [])
     _valid(rep)
@@ -238,7 +239,7 @@ def test_live_graph_with_a_changed_saved_leaf_is_not_an_error_or_a_verdict():
         w.add_(1.0)
     rep = sg.verify(loss)  # the engine's backward cannot re-run on the new w
     assert rep.status == "changed in place" and not rep.ok
-    assert rep.notes[0].startswith("t0 (version 0 when recorded, 1 now) changed in place")
+    assert rep.notes[0].startswith("changed in place: t0 (version 0 when recorded, 1 now)")
 
 
 def _run_magic_cell(ip, capsys, cell):
@@ -281,7 +282,7 @@ def test_symgrad_cell_ending_in_opt_step(shell, capsys):
     assert "symgrad.verify: OK (" in out  # the graph as recorded agrees
     assert "changed in place after the graph was recorded; checked at the values " \
            "recorded then" in out
-    rep = shell.user_ns["get_ipython"]().magics_manager.registry["SymgradMagics"].last_report
+    rep = shell.magics_manager.registry["SymgradMagics"].last_report
     assert rep.ok and rep.precise and rep.status == "ok"
 
     # a training step recorded outside %%symgrad, verified by the line magic after the step
@@ -334,8 +335,8 @@ def test_a_compiled_training_step_counts_as_an_in_place_change():
     step(x)
     rep = sg.verify(loss, names=dict(model.named_parameters()))
     assert rep.status == "changed in place"
-    assert rep.notes[0].startswith(f"weight (version {v + 1} when recorded, {v + 2} now), "
-                                   f"bias (version")
+    assert rep.notes[0].startswith(f"changed in place: weight (version {v + 1} when "
+                                   f"recorded, {v + 2} now), bias (version")
 
 
 CHECKS_CHANGED = '''
@@ -381,3 +382,32 @@ def test_cli_and_assert_helpers_report_the_changed_leaf(tmp_path):
     with pytest.raises(AssertionError, match=r"CHANGED IN PLACE[\s\S]*x \(version 0 when "
                                              r"recorded, 1 now\)[\s\S]*verify before"):
         assert_gradients_match(fn, sg.tensor([0.5, 1.0, 1.5], requires_grad=True))
+
+
+@pytest.mark.parametrize("recorded", [True, False])
+def test_symgrad_cell_ending_in_opt_step_in_the_inspector(shell, capsys, monkeypatch, recorded):
+    """The same cell where a kernel shows the Inspector: its verdict line and agreement
+    are the report's (agree at the recorded values; else 'changed in place', no verdict)."""
+    pytest.importorskip("ipywidgets")
+    pytest.importorskip("anywidget")
+    from symgrad.jupyter import magics
+
+    if not recorded:
+        monkeypatch.setattr(magics, "_record_context", contextlib.nullcontext)
+    monkeypatch.setattr(shell, "kernel", object(), raising=False)  # as in a Jupyter kernel
+    shell.run_cell(SETUP)
+    _run_magic_cell(shell, capsys, "%%symgrad\n" + STEP)
+    w = shell.magics_manager.registry["SymgradMagics"].last_inspector
+    ag = w.graph["agreement"]
+    status = w.static_parts()["status"]
+    if recorded:
+        assert ag["ok"] is True and ag.get("verdict") is None
+        assert "checked at the values recorded then" in ag["message"]
+        assert "gradients agree" in status and w.report["precise"] is True
+    else:
+        assert ag["ok"] is None
+        assert ag["verdict"].startswith("changed in place: ") and \
+            "verify before opt.step()" in ag["verdict"]
+        assert "agree" not in status and "changed in place: " in status
+        assert w.report["status"] == "changed in place"
+    w.close()

@@ -332,7 +332,7 @@ def _changed_report(graph, changed: dict, mode, order, engine_name, t0,
     if why is None:
         why = ("its recorded value is gone" if len(changed) == 1
                else "their recorded values are gone")
-    line = (f"{_changed_names(graph, changed)} changed in place after the graph was "
+    line = (f"{CHANGED}: {_changed_names(graph, changed)} written after the graph was "
             f"recorded; {why}, so nothing was checked: verify before opt.step(), or record "
             "the forward under symgrad.record() (as %%symgrad does)")
     rep = Report(ok=False, mode="local" if mode == "local" else "exact",
