@@ -478,8 +478,11 @@ def _precision_replay(rep, graph, gradient, mode, sample, seed, deadline, backen
                 where = (g, f"the backward of {g.name} in float32 ({r.detail})")
                 break
     text = where[1] if where is not None else "float32 rounding"
+    nonfinite = {id(r): st for r, st in getattr(rep, "_nonfinite_rows", ())}
     for r in rep.leaves + rep.nodes:
-        if r.status == "mismatch":
+        if r.status == "mismatch" and id(r) in nonfinite:  # rounding, but nan/inf stays
+            r.status = nonfinite[id(r)]
+        elif r.status == "mismatch":
             r.status = "imprecise"
             r.detail = (f"float32 rounding: the float64 replay of the graph agrees; "
                         f"precision lost in {text}" + (f"; {r.detail}" if r.detail else ""))
@@ -719,20 +722,22 @@ def _nonfinite_row(rep, lf, e, s=None, row=None) -> int | None:
     val = float(e[i]) if not np.isfinite(e[i]) else float(s[i])
     detail = (f"{what} is {val:g} at {lf.name}{list(as_index(i, lf.shape) or [])} "
               f"({int(bad.sum())} of {bad.size} elements non-finite)")
-    rep.__dict__.setdefault("_nonfinite_rows", []).append((row or lf.name, status))
     rep.ok = False
-    if row is None:
+    new = row is None
+    if new:
         row = LeafRow(lf.name, lf.shape, _dtype_name(lf.value.dtype), None, None,
                       as_index(i, lf.shape), float(e[i]),
                       None if s is None else float(s[i]), None, status, None,
                       int(bad.sum()), False, lf.latex)
-        row.detail = detail
         rep.leaves.append(row)
-        rep._nonfinite_rows[-1] = (row, status)
-        return i
+    #: (row, its non-finite status), for _explain_nonfinite and _precision_replay
+    rep.__dict__.setdefault("_nonfinite_rows", []).append((row, status))
     if row.status == "mismatch":
         row.detail = f"{row.detail}; {detail}" if row.detail else detail
         return None
+    if new:
+        row.detail = detail
+        return i
     row.status = status
     row.worst_index = as_index(i, lf.shape)
     row.engine_value = float(e[i])
