@@ -411,3 +411,25 @@ def test_symgrad_cell_ending_in_opt_step_in_the_inspector(shell, capsys, monkeyp
         assert "agree" not in status and "changed in place: " in status
         assert w.report["status"] == "changed in place"
     w.close()
+
+
+def test_data_replaced_under_record_is_checked_at_the_old_array():
+    w, x, loss = _leaf_graph(recorded=True)
+    expected = np.cos(w.detach().numpy()) * x.numpy()
+    w.data = sg.tensor([9.0, 9.0, 9.0], dtype=sg.float64)  # another storage
+    rep = sg.verify(loss, names={"w": w, "x": x})
+    assert rep.ok and rep.status == "ok"
+    assert rep.notes[0].startswith("w (its .data replaced) changed in place")
+    (row,) = rep.leaves
+    assert row.symbolic_value == pytest.approx(expected[row.worst_index], rel=1e-12)
+
+
+def test_a_write_that_bypassed_the_hook_is_not_taken_for_the_recorded_value():
+    """Under record() no copy is made for a write that did not announce itself; its
+    version bump still says the kept array now holds new values: not checked."""
+    w, x, loss = _leaf_graph(recorded=True)
+    w.data.numpy()[:] = 7.0  # a raw write into the shared array
+    w._storage.version += 1
+    rep = sg.verify(loss, names={"w": w, "x": x})
+    assert rep.status == "changed in place" and not rep.ok
+    assert CHANGED_LINE.match(rep.notes[0]), rep.notes[0]

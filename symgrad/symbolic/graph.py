@@ -253,10 +253,13 @@ def _recorded_value(node, t) -> tuple[np.ndarray, Changed | None]:
     for k in getattr(node, "_kept", None) or ():
         if k.tensor is not t:
             continue
-        replaced = k.storage is not st
-        if not (k.copied or replaced or k.version != st.version):
-            break
-        if k.array is None:
+        replaced = k.storage is not st  # ``.data = ...``: the old array is intact
+        if not (k.copied or replaced):
+            if k.version == st.version:
+                break  # unchanged
+            # written without the hook (no copy was made): the array holds new values
+            return _np_value(t), Changed(k.version, st.version, False)
+        if k.array is None:  # written before the copy could be made (a dirty input)
             return _np_value(t), Changed(k.version, st.version, False, replaced=replaced)
         return (_host(k.array, k.storage.device_type),
                 Changed(k.version, st.version, True, replaced=replaced))
