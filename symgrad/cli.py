@@ -131,7 +131,10 @@ def _status_line(name: str, ok: bool, data: dict) -> str:
             line += f"  first bad node: {data['first_bad_node_label']}"
         else:
             bad = [lf["name"] for lf in data.get("leaves") or [] if lf.get("status") != "ok"]
-            if bad:
+            status = data.get("status") or "mismatch"
+            if status != "mismatch":  # non-finite, changed in place ...: not a disagreement
+                line += f"  {status}" + (": " + ", ".join(bad) if bad else "")
+            elif bad:
                 line += "  leaves that disagree: " + ", ".join(bad)
     return line
 

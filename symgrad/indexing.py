@@ -25,7 +25,7 @@ from ._tensor_layer import TensorBase
 from ._views import check_multi_output_view
 from .autograd.grad_mode import _state
 from .autograd.node import _saved_tensors_hooks
-from .autograd.record import _recording
+from .autograd.record import _recording, before_write
 from .ops import indexing as _ix
 from .ops._ints import INT64_MAX, u64
 
@@ -384,6 +384,7 @@ def setitem(x: Tensor, index, value) -> None:
                                "tensor of this view.")
         eager = bool(_recording) or bool(_saved_tensors_hooks)
         old_base = _iv.stand_in(base, be, eager)  # before the write
+    before_write(x)
     target = _ix.region_view(be, x._data, basic)
     if not getattr(getattr(target, "flags", None), "writeable", True):
         raise RuntimeError("unsupported operation: more than one element of the written-to "

@@ -15,9 +15,11 @@ _peak: dict[str, int] = {"cpu": 0, "cuda": 0}
 
 
 class Storage:
-    """Bytes of one buffer plus the version counter that in-place ops bump."""
+    """Bytes of one buffer plus the version counter that in-place ops bump. ``written``
+    (set by the first in-place write, see ``autograd.record.before_write``) stamps the last
+    writes, so the verifier can tell a graph recorded before them."""
 
-    __slots__ = ("nbytes", "device_type", "version", "__weakref__")
+    __slots__ = ("nbytes", "device_type", "version", "written", "__weakref__")
 
     def __new__(cls, nbytes: int, device_type: str = "cpu") -> Storage:
         return new_storage(nbytes, device_type)

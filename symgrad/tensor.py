@@ -33,7 +33,7 @@ from .autograd.engine import backward as _backward
 from .autograd.function import apply as _apply
 from .autograd.grad_mode import _state, no_grad
 from .autograd.node import SavedTensor, _add_hook, _HookDict, _saved_tensors_hooks
-from .autograd.record import _recording
+from .autograd.record import _recording, before_write
 from .backends import backend_for as _backend_for
 from .device import CPU, as_device, resolve
 from .memory import Storage, new_storage
@@ -425,6 +425,7 @@ class Tensor(TensorBase):
         return self
 
     def _inplace_add(self, other: Tensor) -> None:
+        before_write(self)
         _backend_for(self._device.type).add_(self._data, other._data)
         self._bump()
 
@@ -500,6 +501,7 @@ class Tensor(TensorBase):
         if grad_on and differentiable:
             check_multi_output_view(self, graph)
         if not (differentiable and graph):
+            before_write(self)
             if kernel is not None:
                 getattr(be, kernel)(self._data, src)
             else:
@@ -578,6 +580,7 @@ class Tensor(TensorBase):
                     refs[0] = weakref.ref(original)  # the verifier reads the old values there
                     new._input_refs = tuple(refs)
                 s._tensor, s.version = original, original._storage.version
+        before_write(self)
         be.copy_(self._data, out._data)
         self._bump()
         for s in outputs:

@@ -74,7 +74,8 @@ class ControlBar {
   constructor(
     doc: Document,
     private model: IInspectorModel,
-    private verdict: () => boolean | null | undefined
+    // true/false: agree/disagree; a string: neither, and why (agreement.verdict)
+    private verdict: () => boolean | string | null | undefined
   ) {
     this.node = el(doc, 'div', 'sg-view sg-inspector-bar');
     this.node.dataset.symgrad = 'controls';
@@ -140,11 +141,13 @@ class ControlBar {
     if (status === 'done') {
       const ok = this.verdict();
       this.status.appendChild(
-        ok === true
-          ? badge('pass', 'gradients agree')
-          : ok === false
-            ? badge('fail', 'gradients disagree')
-            : badge('none', 'no verdict')
+        typeof ok === 'string'
+          ? badge('error', ok)
+          : ok === true
+            ? badge('pass', 'gradients agree')
+            : ok === false
+              ? badge('fail', 'gradients disagree')
+              : badge('none', 'no verdict')
       );
     } else {
       const text: Record<string, string> = {
@@ -170,7 +173,7 @@ export function renderInspector({
   host.classList.add('sg-widget', 'symgrad-inspector');
   host.textContent = '';
   let view: IGraphView | null = null;
-  let ok: boolean | null | undefined;
+  let ok: boolean | string | null | undefined;
   const bar = new ControlBar(doc, model, () => ok);
   const graphHost = el(doc, 'div', 'sg-inspector-graph');
   const reportHost = el(doc, 'div', 'sg-inspector-report');
@@ -211,8 +214,10 @@ export function renderInspector({
       releaseTwin = hideTwin(doc, msg.model_id);
       host.dataset.sgLive = msg.model_id;
     }
-    const graph = msg.graph as { agreement?: { ok?: boolean | null } | null };
-    ok = graph?.agreement?.ok;
+    const graph = msg.graph as {
+      agreement?: { ok?: boolean | null; verdict?: string | null } | null;
+    };
+    ok = graph?.agreement?.verdict || graph?.agreement?.ok;
     if (view) {
       view.update(graph);
       view.select(selectedId());

@@ -38,6 +38,7 @@ interface IReportNode {
 interface IReport {
   schema: string;
   ok: boolean;
+  status?: string; // ok, mismatch, non-finite, changed in place ... (older reports lack it)
   mode: string;
   requested_mode: string;
   backend: string;
@@ -66,6 +67,7 @@ export function reportStatus(s: string): CheckStatus {
       return 'fail';
     case 'error':
     case 'timeout':
+    case 'changed in place': // written in place since recorded: nothing was checked
       return 'error';
     case 'skipped':
     case 'unsupported':
@@ -133,9 +135,11 @@ export function renderReportView(
   const r = result.value as unknown as IReport;
   const head = h('div', 'sg-header');
   head.appendChild(h('span', 'sg-title', 'Gradient check'));
+  // neither agreement nor disagreement (non-finite, changed in place ...): its word
+  const other = !r.ok && !!r.status && r.status !== 'mismatch';
   const overall = badge(
-    r.ok ? 'pass' : 'fail',
-    r.ok ? 'gradients agree' : 'gradients disagree'
+    r.ok ? 'pass' : other ? 'error' : 'fail',
+    r.ok ? 'gradients agree' : other ? String(r.status) : 'gradients disagree'
   );
   overall.dataset.symgrad = 'overall';
   head.appendChild(overall);

@@ -77,6 +77,7 @@ export interface IAgreement {
   atol?: number | null;
   first_bad_node?: string | null;
   message?: string | null;
+  verdict?: string | null; // neither agree nor disagree (ok null): why, in one line
   rows: IAgreementRow[];
 }
 

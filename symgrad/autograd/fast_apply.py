@@ -12,7 +12,12 @@ the same tensors and the same nodes (tests/test_eager_fast_path.py compares them
 
 from __future__ import annotations
 
+import os
 import re
+import sys
+import warnings
+
+import numpy as np
 
 from ..backends import small_kernel
 from ..ops.scalar import define
@@ -20,6 +25,60 @@ from ..ops.scalar import define
 #: dtype rules whose result, when every tensor has one floating dtype d, is d with no cast
 #: (function._result_dtype; Python numbers never promote a floating tensor)
 FAST_RULES = frozenset(("promote", "same", "float", "promote_float", "same_required"))
+
+
+#: The module name of the generated lines. NumPy's floating-point warnings raised while
+#: they run (overflow in a multiply, inf * 0 ...) are turned into exceptions by the filter
+#: below, caught by the line (a try costs nothing until it catches) and said again by
+#: :func:`fp_warning` at the user's line, naming the op: ``mul: overflow encountered in
+#: multiply`` instead of NumPy's location inside generated code.
+FAST_MODULE = "symgrad._fast"
+_FILTER_MODULE = re.escape(FAST_MODULE) + r"\Z"
+#: the ``warnings.filters`` list the filter was last seen in: ``catch_warnings`` (pytest
+#: wraps every test and the collection in one) swaps the list, dropping a filter added
+#: inside it, so each line checks the list is the one seen (one identity test)
+_SEEN: list = [None]
+
+
+def fp_filter() -> None:
+    """Make sure the filter turning NumPy's warnings in FAST_MODULE into exceptions is in
+    ``warnings.filters`` (front, when missing)."""
+    filters = warnings.filters
+    if not any(f[0] == "error" and f[2] is RuntimeWarning and f[3] is not None
+               and f[3].pattern == _FILTER_MODULE for f in filters):
+        warnings.filterwarnings("error", category=RuntimeWarning, module=_FILTER_MODULE)
+    _SEEN[0] = warnings.filters
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def user_frame():
+    """The innermost frame outside symgrad (its files and its generated code)."""
+    f = sys._getframe(1)
+    while f is not None and (f.f_code.co_filename.startswith(("<symgrad", _PACKAGE))):
+        f = f.f_back
+    return f
+
+
+def warn_at_user(message: str, category: type[Warning] = RuntimeWarning) -> None:
+    """``warnings.warn`` attributed to the user's line (see :func:`user_frame`)."""
+    f = user_frame()
+    if f is None:
+        warnings.warn(message, category, stacklevel=2)
+        return
+    g = f.f_globals
+    warnings.warn_explicit(message, category, f.f_code.co_filename, f.f_lineno,
+                           module=g.get("__name__", "<string>"),
+                           registry=g.setdefault("__warningregistry__", {}), module_globals=g)
+
+
+def fp_warning(spec, exc: RuntimeWarning, be, arrays: tuple, params: dict):
+    """The op again with NumPy's warnings off (the same values), and NumPy's warning said
+    at the user's line with the op's name."""
+    with np.errstate(all="ignore"):
+        out = spec.forward(be, *arrays, **params)
+    warn_at_user(f"{spec.name}: {exc}", type(exc))
+    return out
 
 
 def eligible(spec) -> bool:
@@ -72,6 +131,8 @@ def source(spec, saved_display) -> str:
         "    dt = DT_OF[d]",
         "    if not dt.is_floating_point:",
         "        return general(spec, inputs, params)",
+        "    if warnings_module.filters is not fp_seen[0]:",
+        "        fp_filter()",
         "    try:",
         "        be = BACKENDS[DEVICE_DEFAULT[dev.type]]",
         "    except KeyError:",
@@ -90,6 +151,8 @@ def source(spec, saved_display) -> str:
           [f"        out = spec.forward(be, {arrays}, **params)"]),
         "    except ValueError as exc:",
         "        raise shape_error(spec, inputs, exc) from None",
+        "    except RuntimeWarning as exc:",  # NumPy's overflow/invalid, raised (FAST_MODULE)
+        f"        out = fp_warning(spec, exc, be, ({arrays},), params)",
         "    if type(out) is not ndarray:",
         "        out = as_array(out)",
         "    if out.dtype is not d and out.dtype != d:",
@@ -156,6 +219,7 @@ def source(spec, saved_display) -> str:
         f"    node.next_functions = ({edges})",
         "    if recording:",
         f"        node._input_refs = ({strong})",
+        "        keep(node, inputs)",
         "    else:",
         *_weak_refs(n),
         f"        node._input_refs = ({weak})",
@@ -239,7 +303,9 @@ def _op_namespace(spec, namespace: dict) -> dict:
     """``namespace`` (function._entry_namespace) plus what one op's line reads."""
     kernel = getattr(spec.forward, "backend_kernel", None)
     small_be, small_fn, limits = (kernel and small_kernel(kernel)) or (None, None, None)
-    return {**namespace, "spec": spec, "stanza_forward": spec.forward,
+    return {**namespace, "__name__": FAST_MODULE, "fp_warning": fp_warning,
+            "fp_filter": fp_filter, "fp_seen": _SEEN, "warnings_module": warnings,
+            "spec": spec, "stanza_forward": spec.forward,
             "kernel_params": getattr(spec.forward, "kernel_params", None),
             "savers": spec.__dict__.setdefault("_savers", {}),
             "small_be": small_be, "small_fn": small_fn, "limits": limits}

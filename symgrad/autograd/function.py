@@ -27,7 +27,7 @@ from .anomaly_mode import _anomaly
 from .grad_mode import _state, no_grad
 from .node import FREED_MESSAGE, Node, SavedTensor, _WrappedScalar, node_class_for
 from .node import _accumulator_of as accumulator_of
-from .record import _recording
+from .record import _recording, before_write, keep
 
 __all__ = ["apply", "edge_of", "Function", "FunctionCtx", "BackwardCFunction",
            "once_differentiable"]
@@ -122,7 +122,7 @@ def _entry_namespace(spec) -> dict:
         "shape_error": _shape_error, "new": object.__new__, "Storage": Storage,
         "live": _memory._live, "peak": _memory._peak,
         "state": _state, "fn_module": sys.modules[__name__],
-        "anomaly": _anomaly, "record": _record, "recording": _recording,
+        "anomaly": _anomaly, "record": _record, "recording": _recording, "keep": keep,
         "node_cls": spec.__dict__.get("_node_cls") or _node_cls(spec)
         if spec.grad_fn is not None else None,
         "accumulator_of": accumulator_of, "NO_EDGE": _NO_EDGE, "wref": weakref.ref,
@@ -309,6 +309,8 @@ def _record(spec, inputs, params, outputs) -> None:
         bit <<= 1
     node.next_functions = tuple(next_functions)
     node._input_refs = tuple(refs)
+    if strong:  # the arrays of its leaves, copied if later written in place
+        keep(node, inputs)
     # Input (shape, dtype)s, by which the engine sums broadcast gradients back and casts
     # them; None when every tensor input is shaped like output 0 (nothing to undo).
     node._input_meta = tuple([(x._data.shape, _DT_OF[x._data.dtype])
@@ -723,6 +725,8 @@ def _apply(cls, args, kwargs):
     strong = bool(_recording)  # symgrad.record(): keep the inputs for the verifier
     ctx._input_refs = tuple((a if strong else weakref.ref(a)) if isinstance(a, Tensor) else a
                             for a in args)
+    if strong:
+        keep(ctx, args)
     ctx._input_meta = tuple((args[j]._data.shape, args[j].dtype) for j in positions)
     if _anomaly.enabled:
         from .anomaly_mode import forward_stack
@@ -742,6 +746,7 @@ def _apply(cls, args, kwargs):
             if o._requires_grad and o._grad_fn is None:
                 raise RuntimeError("a leaf Variable that requires grad has been used in an "
                                    "in-place operation.")
+            before_write(o, lost=True)  # forward wrote it already: no copy to keep
             o._bump()
         elif id(o) in input_ids:  # an input returned unchanged: a new tensor object, as torch
             o = Tensor._alias(o)

@@ -338,7 +338,9 @@ def _short(name: str) -> str:
 class OpNode(Node):
     """The grad_fn of a registered op; one subclass per grad_fn name (AddBackward0 ...)."""
 
-    __slots__ = ("_saved", "_input_refs", "_input_meta", "_out_meta", "_freed", "_params")
+    #: _kept: set under symgrad.record() only (autograd.record.keep)
+    __slots__ = ("_saved", "_input_refs", "_input_meta", "_out_meta", "_freed", "_params",
+                 "_kept")
     _spec: Any = None
 
     def _num_outputs(self) -> int:

@@ -58,6 +58,8 @@ class Layout:
     entry_grads: list = field(default_factory=list)
     #: structural flags of each optimizer step (change them and the code no longer fits)
     flags: list = field(default_factory=list)
+    #: leaf slots an optimizer step writes in place (their versions are bumped per call)
+    written: list = field(default_factory=list)
 
 
 @dataclass
@@ -451,6 +453,8 @@ def _step(k: int, event: Step, opt, leaves: dict, ctx: _Ctx, lines: list, grad_s
             if g is None:
                 continue
             p, dt, d = v.name, f"np.{v.dtype.name}", v.dtype.name
+            if slot not in layout.written:
+                layout.written.append(slot)
             kernel = ctx.update_kernel(event.kind, v.dtype.name)
             if event.kind == "sgd":
                 if d not in hoisted:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..autograd import function as _fn
+from ..autograd.record import before_write
 from ..backends import backend_for
 from ..device import device as _device
 from ..tensor import Tensor
@@ -125,7 +126,12 @@ class Entry:
     def __call__(self, args: tuple):
         leaves, entry, hyper = self._gather()
         tensors = [a._data for a in args if isinstance(a, Tensor)]
+        written = [self._leaf(slot) for slot in self.layout.written]
+        for t in written:  # as eager's optimizer step: graphs recorded before see old values
+            before_write(t)
         outs = self.run(tensors, leaves, entry, hyper)
+        for t in written:
+            t._storage.version += 1
         for slot, name in self.layout.final_grads.items():
             self._leaf(slot)._grad = self._grad_tensors[slot] if name else None
         return _rebuild(self._result, iter(outs), args, self)

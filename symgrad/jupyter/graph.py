@@ -828,7 +828,8 @@ def _report_dict(report: Any) -> dict:
 
 _STATUS = {"ok": "pass", "pass": "pass", "passed": "pass", "mismatch": "fail", "fail": "fail",
            "failed": "fail", "error": "error", "unsupported": "skipped", "skipped": "skipped",
-           "timeout": "skipped", "not run": "none", "not checked": "none", "none": "none"}
+           "timeout": "skipped", "not run": "none", "not checked": "none", "none": "none",
+           "non-finite": "error", "could not evaluate": "error", "changed in place": "error"}
 
 
 def _status(value: Any) -> str:
@@ -865,6 +866,19 @@ def _first_tol(d: Any) -> tuple[float | None, float | None]:
         if isinstance(tol, Mapping):
             return _num(tol.get("rtol")), _num(tol.get("atol"))
     return None, None
+
+
+#: report statuses that are neither agreement nor disagreement: the agreement's ``verdict``
+#: is the report's line that starts with the status (``non-finite: arose in: ...``)
+VERDICT_STATUSES = ("non-finite", "could not evaluate", "changed in place")
+
+
+def _verdict(data: Mapping) -> str | None:
+    status = data.get("status")
+    if status not in VERDICT_STATUSES:
+        return None
+    return next((str(n) for n in data.get("notes") or [] if str(n).startswith(status)),
+                str(status))
 
 
 def apply_report(payload: dict, report: Any, node_map: Mapping[int, str] | None = None,
@@ -931,8 +945,12 @@ def apply_report(payload: dict, report: Any, node_map: Mapping[int, str] | None 
     rtol, atol = _first_tol(data.get("tolerances"))
     notes = list(data.get("notes") or []) + [f"skipped: {x}" for x in data.get("skipped") or []]
     ok = data.get("ok")
+    verdict = _verdict(data)
+    if verdict is not None:  # neither agreement nor disagreement
+        ok = None
     payload["agreement"] = {
         "ok": ok if isinstance(ok, bool) else None,
+        "verdict": verdict,
         "mode": data.get("mode"),
         "rtol": rtol,
         "atol": atol,
@@ -1036,7 +1054,10 @@ def text_outline(payload: dict) -> str:
     ok = (payload.get("agreement") or {}).get("ok")
     head = f"symgrad graph: {sum(n['kind'] == 'op' for n in payload['nodes'])} op nodes, " \
            f"{len(payload['leaves'])} leaves"
-    if ok is not None:
+    verdict = (payload.get("agreement") or {}).get("verdict")
+    if verdict:
+        head += f", {verdict}"
+    elif ok is not None:
         head += ", gradients agree" if ok else ", GRADIENTS DISAGREE"
     lines.append(head)
     seen: set[str] = set()

@@ -258,7 +258,8 @@ def agreement_table_html(agreement: dict | None) -> str:
             f'<td>{_num(r.get("max_abs_err"))}</td><td>{_num(r.get("max_rel_err"))}</td>'
             f'<td>{badge(r["status"])}</td></tr>')
     ok = agreement.get("ok")
-    verdict = {True: "gradients agree", False: "gradients DISAGREE", None: "no verdict"}[ok]
+    verdict = agreement.get("verdict") or \
+        {True: "gradients agree", False: "gradients DISAGREE", None: "no verdict"}[ok]
     meta = []
     if agreement.get("mode"):
         meta.append(f"mode {agreement['mode']}")

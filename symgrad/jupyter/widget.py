@@ -358,6 +358,9 @@ class Inspector(anywidget.AnyWidget):
     def _status_html(self) -> str:
         if self.status == "done":
             ok = (self.graph.get("agreement") or {}).get("ok")
+            verdict = (self.graph.get("agreement") or {}).get("verdict")
+            if verdict:
+                return badge("error") + " " + esc(verdict)
             return (badge("pass" if ok else "fail" if ok is False else "none") + " "
                     + ("gradients agree" if ok else "gradients disagree" if ok is False
                        else "no verdict"))

@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 
+from ..autograd.record import before_write
 from ..tensor import Tensor
 
 __all__ = ["calculate_gain", "uniform_", "normal_", "constant_", "zeros_", "ones_",
@@ -27,6 +28,7 @@ def _write(tensor: Tensor, values: np.ndarray) -> Tensor:
     from ..backends import backend_for
 
     be = backend_for(tensor.device.type)
+    before_write(tensor)
     be.copy_(tensor._data, be.from_host(values.astype(tensor._data.dtype, copy=False)))
     tensor._storage.version += 1
     return tensor
@@ -38,6 +40,8 @@ def uniform_(tensor: Tensor, a: float = 0.0, b: float = 1.0, generator=None) -> 
     data = tensor._data
     direct = type(data) is np.ndarray and data.dtype == dt and data.flags.c_contiguous \
         and data.flags.writeable
+    if direct:
+        before_write(tensor)
     values = data if direct else np.empty(tuple(tensor.shape), dtype=dt)
     _rng(generator).random(out=values, dtype=dt)  # drawn in place: no float64 temporary
     values *= dt(b - a)

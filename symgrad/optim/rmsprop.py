@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from ..autograd.record import before_write
 from ..backends import backend_for
 from ..tensor import Tensor
 from ._common import scalar_state
@@ -63,6 +64,7 @@ class RMSprop(Optimizer):
                 if p._grad is None:
                     continue
                 be = backend_for(p._device.type)
+                before_write(p)  # a graph recorded before the step sees the old values
                 state = self.state.get(p) or self._init_state(p, group)
                 g = p._grad._data
                 if group["maximize"]:

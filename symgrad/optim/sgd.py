@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from ..autograd.record import before_write
 from ..backends import backend_for
 from ..tensor import Tensor
 from .optimizer import Optimizer, check_flags
@@ -49,6 +50,7 @@ class SGD(Optimizer):
                 if grad is None:
                     continue
                 be = backend_for(p._device.type)
+                before_write(p)  # a graph recorded before the step sees the old values
                 d = grad._data
                 if group["maximize"]:
                     d = be.neg(d)

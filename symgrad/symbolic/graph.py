@@ -77,6 +77,23 @@ class GNode:
     forward_numeric: Any = None  # callable(be, arrays) -> outputs (replay)
 
 
+@dataclass
+class Changed:
+    """A leaf written in place after a node that reads it was recorded."""
+
+    recorded: int  # its version when recorded (an upper bound when not ``exact``)
+    now: int
+    kept: bool  # its recorded value was kept (symgrad.record()) and is the leaf's value
+    exact: bool = True
+    replaced: bool = False  # ``.data`` was assigned: another storage now
+
+    def versions(self) -> str:
+        if self.replaced:
+            return "its .data replaced"
+        was = f"{self.recorded}" if self.exact else f"at most {self.recorded}"
+        return f"version {was} when recorded, {self.now} now"
+
+
 @dataclass(eq=False)
 class Graph:
     kind: str  # "symgrad" | "torch"
@@ -87,6 +104,8 @@ class Graph:
     root_tensor: Any = None
     freed: bool = False
     notes: list = field(default_factory=list)
+    #: leaf index -> Changed: the leaves written in place since the graph was recorded
+    changed: dict = field(default_factory=dict)
     engine_grads: Any = None  # callable(gradient np) -> {leaf index: np array}
     engine_hvp: Any = None  # callable(gradient, {leaf: u}) -> {leaf: np array}
     _values: dict = field(default_factory=dict)  # (j, nr) -> recorded numeric value
@@ -212,12 +231,48 @@ def _tensor_name(t):
 
 
 def _np_value(t) -> np.ndarray:
-    data = t._data
+    return _host(t._data, t.device.type)
+
+
+def _host(data, device_type: str) -> np.ndarray:
     if not isinstance(data, np.ndarray):
         from ..backends import backend_for
 
-        data = backend_for(t.device.type).to_host(data)
+        data = backend_for(device_type).to_host(data)
     return np.asarray(data)
+
+
+def _recorded_value(node, t) -> tuple[np.ndarray, Changed | None]:
+    """The value ``t`` (an input of ``node`` that no op made) had when ``node`` was
+    recorded, and how it changed since (None: unchanged). Under ``symgrad.record()`` the
+    node kept the array it read (copied before any in-place write); otherwise the
+    storage's write stamps say whether it was written after the node was made."""
+    from ..autograd.record import written_since
+
+    st = t._storage
+    for k in getattr(node, "_kept", None) or ():
+        if k.tensor is not t:
+            continue
+        replaced = k.storage is not st  # ``.data = ...``: the old array is intact
+        if not (k.copied or replaced):
+            if k.version == st.version:
+                break  # unchanged
+            # written without the hook (no copy was made): the array holds new values
+            return _np_value(t), Changed(k.version, st.version, False)
+        if k.array is None:  # written before the copy could be made (a dirty input)
+            return _np_value(t), Changed(k.version, st.version, False, replaced=replaced)
+        return (_host(k.array, k.storage.device_type),
+                Changed(k.version, st.version, True, replaced=replaced))
+    w = written_since(t, node._sequence_nr)
+    if w is None:
+        return _np_value(t), None
+    return _np_value(t), Changed(w[0], w[1], False, exact=w[2])
+
+
+def _written_after(t, node) -> bool:
+    from ..autograd.record import written_since
+
+    return hasattr(t, "_storage") and written_since(t, node._sequence_nr) is not None
 
 
 def walk_symgrad(root, names=None) -> Graph:
@@ -248,11 +303,19 @@ def walk_symgrad(root, names=None) -> Graph:
     freed = False
     missing: list[str] = []
 
-    def leaf_ref(t, requires):
+    changed: dict = {}
+
+    def leaf_ref(t, requires, node=None):
         k = leaf_of.get(id(t))
         if k is None:
             k = leaf_of[id(t)] = len(leaves)
-            leaves.append(Leaf(k, t, _np_value(t), requires))
+            if node is None:
+                value, change = _np_value(t), None
+            else:
+                value, change = _recorded_value(node, t)
+            leaves.append(Leaf(k, t, value, requires))
+            if change is not None:
+                changed[k] = change
         return ("leaf", k)
 
     gnodes: list[GNode] = []
@@ -280,10 +343,10 @@ def walk_symgrad(root, names=None) -> Graph:
             r = refs[i] if i < len(refs) else None
             val = deref(r)
             if nxt is not None and isinstance(nxt, AccumulateGrad):
-                inputs.append(leaf_ref(nxt.variable, True))
+                inputs.append(leaf_ref(nxt.variable, True, node))
             elif nxt is not None:
                 inputs.append(("node", index[nxt], nr))
-                if val is not None and hasattr(val, "_data"):
+                if val is not None and hasattr(val, "_data") and not _written_after(val, node):
                     consumer_vals.setdefault((index[nxt], nr), _np_value(val))
             elif isinstance(r, weakref.ReferenceType) or hasattr(val, "_data"):
                 if val is None:
@@ -292,7 +355,8 @@ def walk_symgrad(root, names=None) -> Graph:
                     missing.append(f"input '{in_names[i]}' of {node.name()}")
                     inputs.append(("missing", in_names[i]))
                 else:
-                    inputs.append(leaf_ref(val, bool(getattr(val, "requires_grad", False))))
+                    inputs.append(leaf_ref(val, bool(getattr(val, "requires_grad", False)),
+                                           node))
             else:
                 inputs.append(("scalar", r))
         out_meta = [m if m is not None else ((), None) for m in getattr(node, "_out_meta", ())]
@@ -315,11 +379,14 @@ def walk_symgrad(root, names=None) -> Graph:
         root_ref = leaf_ref(root, bool(root.requires_grad))
     else:
         root_ref = ("node", index[fn], root._output_nr)
+    stale_root = fn is not None and _written_after(root, fn)
     graph = Graph("symgrad", gnodes, leaves, root_ref, _np_value(root), root_tensor=root,
-                  freed=freed)
+                  freed=freed, changed=changed)
     graph._values.update(consumer_vals)
-    if fn is not None:
+    if fn is not None and not stale_root:
         graph._values[(index[fn], root._output_nr)] = _np_value(root)
+    elif stale_root:  # written under no_grad since: the recorded value is replayed
+        graph.root_value = np.asarray(graph.value_of(root_ref))
     assign_names(leaves, names, _tensor_name)
     graph.engine_grads = _symgrad_engine_grads  # called as f(graph, ...): no cycles
     graph.engine_hvp = _symgrad_engine_hvp

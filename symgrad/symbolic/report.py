@@ -65,7 +65,8 @@ class LeafRow:
     engine_value: float | None
     symbolic_value: float | None
     fd_value: float | None
-    status: str  # ok | mismatch | not checked | non-finite | could not evaluate
+    status: str  # ok | mismatch | not checked | non-finite | could not evaluate |
+    #              imprecise | changed in place (written in place since recorded)
     fd_max_abs_err: float | None = None
     checked: int = 0
     sampled: bool = False
@@ -111,7 +112,9 @@ class Report:
     cost: int = 0
     graph_kind: str = "symgrad"
     hvp: list = field(default_factory=list)  # rows for order=2
-    #: ok | mismatch | non-finite | could not evaluate | unsupported | timed out
+    #: ok | mismatch | non-finite | could not evaluate | unsupported | timed out |
+    #: changed in place (a leaf written in place since the graph was recorded, its recorded
+    #: value gone: nothing was checked)
     status: str = ""
     #: False when a float32 number lost precision (a row is ``imprecise``): the rules are
     #: right (a float64 replay of the graph agrees), the float32 values are not exact
@@ -521,6 +524,10 @@ def render_text(data: dict, verbose: bool = True, width: int = TEXT_WIDTH) -> st
     secs = f"{seconds:.2f} s" if isinstance(seconds, (int, float)) else f"{seconds} s"
     lines = [f"symgrad.verify: {headline(data)}  (mode {mode}, backend "
              f"{data.get('backend', '?')}, order {data.get('order', 1)}, {secs})"]
+    if data.get("status") == "changed in place":  # nothing was checked: the one line
+        for note in data.get("notes") or []:
+            lines += _wrap(note, width, "  ", "")
+        return "\n".join(lines)
     nodes = _with_labels(data)
     first = _first_bad(data, nodes)
     if first is not None:
@@ -661,6 +668,9 @@ def render_html(data: dict) -> str:
              f'{e(headline(data))}</b> &mdash; mode {e(str(mode))}, '
              f"backend {e(str(data.get('backend', '?')))}, order {e(str(data.get('order', 1)))},"
              f" {e(secs)} s</p>"]
+    if data.get("status") == "changed in place":  # nothing was checked: the one line
+        return "".join(parts + [f"<p>{e(str(n))}</p>" for n in data.get("notes") or []]
+                       + ["</div>"])
     nodes = _with_labels(data)
     first = _first_bad(data, nodes)
     if first is not None:

@@ -222,6 +222,9 @@ def verify(root, gradient=None, *, names=None, mode: str = "auto", order: int = 
             raise RuntimeError(f"Mismatch in shape: gradient has a shape of "
                                f"{list(gradient.shape)} and root has a shape of "
                                f"{list(root_shape)}.")
+    gone = {k: c for k, c in graph.changed.items() if not c.kept}
+    if gone:  # checked against values it no longer holds, any verdict would be wrong
+        return _changed_report(graph, gone, mode, order, engine_name, t0)
     rng = np.random.default_rng(seed)
     tol_for = _tol_factory(rtol, atol)
     cost = exact_cost(graph)
@@ -258,7 +261,14 @@ def verify(root, gradient=None, *, names=None, mode: str = "auto", order: int = 
     progress = _CallbackProgress(callback, 2 * len(graph.nodes)) if callback is not None \
         else _progress(len(graph.nodes), cost)
     try:
-        engine_grads = graph.engine_grads(graph, gradient)
+        try:
+            engine_grads = graph.engine_grads(graph, gradient)
+        except RuntimeError as exc:
+            if not graph.changed or "modified by an inplace operation" not in str(exc):
+                raise
+            return _changed_report(graph, graph.changed, mode, order, engine_name, t0,
+                                   "the engine's backward cannot run again on tensors "
+                                   "changed since")
         if chosen == "exact":
             _run_exact(rep, graph, engine, engine_name, gradient, engine_grads, tol_for, rng,
                        sample, deadline, progress)
@@ -292,12 +302,72 @@ def verify(root, gradient=None, *, names=None, mode: str = "auto", order: int = 
         if _has_mismatch(rep) and _is_float32(graph) and graph.kind == "symgrad":
             _precision_replay(rep, graph, gradient, mode, sample, seed, deadline, backend)
     rep.status = _status(rep)
+    if graph.changed:
+        rep.notes.insert(0, _changed_names(graph, graph.changed) + " changed in place after "
+                         "the graph was recorded; checked at the values recorded then "
+                         "(symgrad.record() kept them)")
     rep.notes.extend(graph.notes)
-    for g in graph.nodes:
-        if g.note and g.note not in rep.notes:
-            rep.notes.append(f"{g.name}: {g.note}")
+    rep.notes.extend(_node_notes(graph))
     rep.seconds = time.perf_counter() - t0
     return rep
+
+
+#: the report status (and leaf row status) of a graph whose leaves changed in place since
+#: it was recorded and whose recorded values are gone
+CHANGED = "changed in place"
+
+
+def _changed_names(graph, changed: dict) -> str:
+    """``w (version 0 when recorded, 1 now), b (...)``: the leaves in ``changed``."""
+    return ", ".join(f"{graph.leaves[k].name} ({c.versions()})" for k, c in changed.items())
+
+
+def _changed_report(graph, changed: dict, mode, order, engine_name, t0,
+                    why: str | None = None) -> Report:
+    """The verdict for a graph whose leaves were written in place (an optimizer step,
+    ``add_``, ``copy_``, ``zero_``) after it was recorded: its gradients belong to the
+    old values, so comparing them with anything computed from the new ones would report
+    rounding or disagreement that is neither. One line says which leaves and where the
+    check belongs."""
+    if why is None:
+        why = ("its recorded value is gone" if len(changed) == 1
+               else "their recorded values are gone")
+    line = (f"{CHANGED}: {_changed_names(graph, changed)} written after the graph was "
+            f"recorded; {why}, so nothing was checked: verify before opt.step(), or record "
+            "the forward under symgrad.record() (as %%symgrad does)")
+    rep = Report(ok=False, mode="local" if mode == "local" else "exact",
+                 requested_mode=mode, backend=engine_name, order=order, rtol={}, atol={},
+                 leaves=[], nodes=[_not_run(g) for g in graph.nodes],
+                 graph_kind=graph.kind, skipped=["every check: " + CHANGED],
+                 notes=[line], status=CHANGED)
+    rep._graph = graph
+    for k in changed:
+        lf = graph.leaves[k]
+        if lf.requires_grad and lf.is_float:
+            rep.leaves.append(LeafRow(lf.name, lf.shape, _dtype_name(lf.value.dtype), None,
+                                      None, None, None, None, None, CHANGED, None, 0, False,
+                                      lf.latex))
+    rep.seconds = time.perf_counter() - t0
+    return rep
+
+
+def _node_notes(graph) -> list[str]:
+    """The nodes' notes, each said once: ``LogBackward0: <note>``, or for a note several
+    nodes share, how many and which (``graph was freed: 12 nodes rebuilt ... (A, B, ...)``)."""
+    by_note: dict[str, list[str]] = {}
+    for g in graph.nodes:
+        if g.note:
+            by_note.setdefault(g.note, []).append(g.name)
+    out = []
+    for note, names in by_note.items():
+        if len(names) == 1:
+            out.append(f"{names[0]}: {note}")
+            continue
+        shown = ", ".join(dict.fromkeys(names[:6])) + (", ..." if len(names) > 6 else "")
+        text = note.replace("node rebuilt", f"{len(names)} nodes rebuilt") \
+            if "node rebuilt" in note else f"{note} ({len(names)} nodes)"
+        out.append(f"{text} ({shown})")
+    return out
 
 
 def _has_mismatch(rep) -> bool:
@@ -408,8 +478,11 @@ def _precision_replay(rep, graph, gradient, mode, sample, seed, deadline, backen
                 where = (g, f"the backward of {g.name} in float32 ({r.detail})")
                 break
     text = where[1] if where is not None else "float32 rounding"
+    nonfinite = {id(r): st for r, st in getattr(rep, "_nonfinite_rows", ())}
     for r in rep.leaves + rep.nodes:
-        if r.status == "mismatch":
+        if r.status == "mismatch" and id(r) in nonfinite:  # rounding, but nan/inf stays
+            r.status = nonfinite[id(r)]
+        elif r.status == "mismatch":
             r.status = "imprecise"
             r.detail = (f"float32 rounding: the float64 replay of the graph agrees; "
                         f"precision lost in {text}" + (f"; {r.detail}" if r.detail else ""))
@@ -581,9 +654,9 @@ def _run_exact(rep, graph, engine, engine_name, gradient, engine_grads, tol_for,
             row.bound = float(allowed[w]) if allowed is not None else float(
                 atol + rtol * (abs(s[w]) + (np.mean(np.abs(s[sfin])) if sfin.any() else 0)))
         rep.leaves.append(row)
+        i = _nonfinite_row(rep, lf, e, s, row)
         if s.size:
-            pending.append((row, lf, w, s))
-        _nonfinite_row(rep, lf, e, s)
+            pending.append((row, lf, w if i is None else i, s))
     _fill_fd(rep, graph, gradient, pending, rng, sample, deadline)
 
 
@@ -630,28 +703,48 @@ def _fill_fd(rep, graph, gradient, pending, rng, sample, deadline, local=False) 
                            f"leaves (budget of {FD_BUDGET} replayed node evaluations)")
 
 
-def _nonfinite_row(rep, lf, e, s=None) -> None:
-    """A row of its own for the elements of ``lf``'s gradient that are nan/inf in the
-    engine's gradient or in the symbolic one (``s``; None in local mode). Its status is
+def _nonfinite_row(rep, lf, e, s=None, row=None) -> int | None:
+    """Say in ``lf``'s row (``row``; a new one when None: no element was comparable) which
+    elements of its gradient are nan/inf in the engine's gradient or in the symbolic one
+    (``s``; None in local mode), so each leaf has one row. Its status becomes
     ``non-finite`` (the engine's gradient has nan/inf there) or ``could not evaluate``
-    (only the symbolic value is non-finite); either makes the report not ok. Where the
-    value arose is filled in by :func:`_explain_nonfinite` once every check has run."""
+    (only the symbolic value is non-finite), and the row shows that element (returned);
+    a ``mismatch`` row stays one, the non-finite elements said in its detail. Either makes
+    the report not ok. Where the value arose is filled in by :func:`_explain_nonfinite`
+    once every check has run."""
     bad = ~np.isfinite(e) if s is None else (~np.isfinite(e) | ~np.isfinite(s))
     if not bad.any():
-        return
+        return None
     i = int(np.argmax(bad))
     eng_bad = bool((~np.isfinite(e)).any())
-    row = LeafRow(lf.name, lf.shape, _dtype_name(lf.value.dtype), None, None,
-                  as_index(i, lf.shape), float(e[i]),
-                  None if s is None else float(s[i]), None,
-                  "non-finite" if eng_bad else "could not evaluate", None, int(bad.sum()),
-                  False, lf.latex)
+    status = "non-finite" if eng_bad else "could not evaluate"
     what = "engine gradient" if not np.isfinite(e[i]) else "symbolic gradient"
     val = float(e[i]) if not np.isfinite(e[i]) else float(s[i])
-    row.detail = (f"{what} is {val:g} at {lf.name}{list(as_index(i, lf.shape) or [])} "
-                  f"({int(bad.sum())} of {bad.size} elements non-finite)")
-    rep.leaves.append(row)
+    detail = (f"{what} is {val:g} at {lf.name}{list(as_index(i, lf.shape) or [])} "
+              f"({int(bad.sum())} of {bad.size} elements non-finite)")
     rep.ok = False
+    new = row is None
+    if new:
+        row = LeafRow(lf.name, lf.shape, _dtype_name(lf.value.dtype), None, None,
+                      as_index(i, lf.shape), float(e[i]),
+                      None if s is None else float(s[i]), None, status, None,
+                      int(bad.sum()), False, lf.latex)
+        rep.leaves.append(row)
+    #: (row, its non-finite status), for _explain_nonfinite and _precision_replay
+    rep.__dict__.setdefault("_nonfinite_rows", []).append((row, status))
+    if row.status == "mismatch":
+        row.detail = f"{row.detail}; {detail}" if row.detail else detail
+        return None
+    if new:
+        row.detail = detail
+        return i
+    row.status = status
+    row.worst_index = as_index(i, lf.shape)
+    row.engine_value = float(e[i])
+    row.symbolic_value = None if s is None else float(s[i])
+    row.max_abs_err = row.max_rel_err = row.bound = None  # not comparable there
+    row.detail = detail
+    return i
 
 
 def _first_nonfinite(v) -> tuple[float, list] | None:
@@ -719,15 +812,18 @@ def _explain_nonfinite(rep, graph, backward_origin: str) -> None:
     ok, with a note saying where the infinities are."""
     nan_at, inf_made, inf_any = _forward_nonfinite(graph)
     origin = nan_at or inf_made or backward_origin or inf_any
-    for row in rep.leaves:
-        if row.status not in ("non-finite", "could not evaluate"):
-            continue
+    rows = getattr(rep, "_nonfinite_rows", [])
+    for row, status in rows:
         why = origin or ("the symbolic derivative is undefined or infinite at the recorded "
-                         "values" if row.status == "could not evaluate"
+                         "values" if status == "could not evaluate"
                          else "the engine's backward (every forward value is finite)")
         row.detail = f"{getattr(row, 'detail', '')}; arose in: {why}"
-        rep.notes.append(f"{row.name}: {row.status}: {row.detail}")
-    if any(r.status in ("non-finite", "could not evaluate") for r in rep.leaves):
+    if rows:  # the verdict, in one line
+        status = "non-finite" if any(st == "non-finite" for _, st in rows) \
+            else "could not evaluate"
+        first = [r.detail.split("; arose in: ")[-1] for r, st in rows if st == status][0]
+        rep.notes.insert(0, f"{status}: arose in: {first} (gradient of "
+                         + ", ".join(dict.fromkeys(r.name for r, _ in rows)) + ")")
         return
     root = _first_nonfinite(graph.root_value)
     if nan_at or root is not None:
@@ -859,9 +955,9 @@ def _leaf_rows_local(rep, graph, gradient, engine_grads, rng, sample, deadline=N
                       float(e[w]) if e.size else None, None, None, "not checked", None, 0,
                       True, lf.latex)
         rep.leaves.append(row)
+        i = _nonfinite_row(rep, lf, e, None, row)
         if e.size:
-            pending.append((row, lf, w, e))
-        _nonfinite_row(rep, lf, e)
+            pending.append((row, lf, w if i is None else i, e))
     _fill_fd(rep, graph, gradient, pending, rng, sample, deadline, local=True)
 
 

@@ -21,7 +21,6 @@ import math
 import os
 import sys
 import threading
-import time
 import types
 
 from ..._codefiles import (
@@ -112,14 +111,23 @@ def twin(fn):
     return njit(**_OPTS)(fn), njit(parallel=True, **_OPTS)(par)
 
 
-# -- progress message for long first compiles ---------------------------------------------
+# -- progress line for long first compiles --------------------------------------------------
 class _CompileNotice(numba.core.event.Listener):
-    """Says on stderr what is compiling when a first compile takes longer than ``delay``."""
+    """One progress line (tqdm, on stderr) while Numba compiles kernels on first use, once
+    a compile takes longer than ``delay``: it counts the kernels of the burst and names the
+    one compiling, and closes when no compile followed for ``idle`` seconds. (A line per
+    kernel was a screenful of red stderr in a notebook's first cells.)"""
 
     delay = float(os.environ.get("SYMGRAD_COMPILE_NOTICE_S", "1.0"))
+    idle = 0.5
+    desc = "symgrad: compiling Numba kernels (first use only; cached on disk afterwards)"
 
     def __init__(self) -> None:
         self._local = threading.local()
+        self._lock = threading.Lock()
+        self._bar = None  # the burst's progress line, once shown
+        self._closer: threading.Timer | None = None
+        self._active = 0  # top-level compiles running now (any thread)
 
     def on_start(self, event) -> None:
         depth = getattr(self._local, "depth", 0)
@@ -128,31 +136,61 @@ class _CompileNotice(numba.core.event.Listener):
             return
         disp = event.data.get("dispatcher")
         name = getattr(getattr(disp, "py_func", None), "__name__", "kernel")
-        self._local.t0 = time.perf_counter()
-        self._local.said = [False]
-        said = self._local.said
-
-        def say() -> None:
-            said[0] = True
-            print(f"symgrad: compiling Numba kernel {name!r} (first use only; cached on disk "
-                  "afterwards)...", file=sys.stderr, flush=True)
-
-        timer = threading.Timer(self.delay, say)
+        self._local.timer = None
+        with self._lock:
+            self._active += 1
+            if self._closer is not None:
+                self._closer.cancel()
+                self._closer = None
+            if self._bar is not None:  # the burst goes on: the same line
+                self._bar.set_postfix_str(name)
+                return
+        timer = threading.Timer(self.delay, self._open, (name,))
         timer.daemon = True
         timer.start()
         self._local.timer = timer
+
+    def _open(self, name: str) -> None:
+        with self._lock:
+            if self._bar is None and self._active:  # still compiling
+                self._bar = _progress_line(self.desc)
+                self._bar.set_postfix_str(name)
 
     def on_end(self, event) -> None:
         self._local.depth -= 1
         if self._local.depth:
             return
-        self._local.timer.cancel()
-        if self._local.said[0]:
-            print(f"symgrad: compiled in {time.perf_counter() - self._local.t0:.1f} s",
-                  file=sys.stderr, flush=True)
+        if self._local.timer is not None:
+            self._local.timer.cancel()
+        with self._lock:
+            self._active -= 1
+            if self._bar is None:
+                return
+            self._bar.update(1)
+            closer = self._closer = threading.Timer(self.idle, self.close)
+            closer.daemon = True
+            closer.start()
+
+    def close(self) -> None:
+        """End the burst's line (after ``idle`` seconds without a compile)."""
+        with self._lock:
+            bar, self._bar = self._bar, None
+            if self._closer is not None:
+                self._closer.cancel()
+                self._closer = None
+        if bar is not None:
+            bar.close()
 
 
-numba.core.event.register("numba:compile", _CompileNotice())
+def _progress_line(desc: str):
+    from tqdm import tqdm
+
+    return tqdm(desc=desc, unit=" kernel", file=sys.stderr, mininterval=0.2, leave=True,
+                bar_format="{desc}: {n_fmt} done [{elapsed}]{postfix}")
+
+
+_NOTICE = _CompileNotice()
+numba.core.event.register("numba:compile", _NOTICE)
 
 
 # -- libm note --------------------------------------------------------------------------------
