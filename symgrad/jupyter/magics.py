@@ -40,7 +40,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.display import display
 
-from .graph import GraphView, _is_tensor, apply_report, graph_json, mimebundle
+from .graph import GraphView, Namer, _is_tensor, apply_report, graph_json, mimebundle
 from .run import run_verify, verify_with_node_checks
 from .svg import esc
 
@@ -221,7 +221,9 @@ class SymgradMagics(Magics):
         names = _user_names(ns)
         root_arg = roots[0] if len(roots) == 1 else list(roots)
         node_map: dict[int, str] = {}
-        payload = graph_json(root_arg, names, node_map=node_map)
+        # one naming for the graph, the Inspector and the verifier (symgrad._naming)
+        namer = Namer(None, names)
+        payload = graph_json(root_arg, namer, node_map=node_map)
         inspector_cls, why_not = _inspector_class(shell)
         if why_not is not None:
             self._notice(why_not, f"%%symgrad: {why_not}; showing the static graph"
@@ -229,8 +231,9 @@ class SymgradMagics(Magics):
                          + " (pip install 'symgrad[jupyter]' for the Inspector)")
         graph_out = _GraphOutput(payload, live=_has_kernel(shell))
         if inspector_cls is not None:  # the widget verifies (progress bar, Stop)
-            inspector = inspector_cls(root_arg, names, verify=False, rtol=args.rtol,
-                                      atol=args.atol, sample=args.sample, mode=args.mode)
+            inspector = inspector_cls(root_arg, None, verify=False, rtol=args.rtol,
+                                      atol=args.atol, sample=args.sample, mode=args.mode,
+                                      namespace=names)
             display(inspector)
             if args.verify:
                 inspector.verify(background=False)
@@ -241,8 +244,8 @@ class SymgradMagics(Magics):
         if args.verify:
             try:
                 report, local = verify_with_node_checks(
-                    roots[0], names, rtol=args.rtol, atol=args.atol, sample=args.sample,
-                    mode=args.mode)
+                    roots[0], namer.leaf_names(), namespace=names, rtol=args.rtol,
+                    atol=args.atol, sample=args.sample, mode=args.mode)
             except Exception as exc:  # noqa: BLE001 - one line below the graph, not a traceback
                 error = f"%%symgrad: verification failed: {_one_line(exc)}"
             else:
@@ -279,11 +282,11 @@ class SymgradMagics(Magics):
         target = eval(expr, ns)
         names = _user_names(ns)
         if command == "graph":
-            return GraphView(target, names)
+            return GraphView(target, namespace=names)
         if command == "saved":
-            return SavedView(graph_json(target, names, formulas=False))
+            return SavedView(graph_json(target, formulas=False, namespace=names))
         try:
-            return run_verify(target, names, rtol=opts.rtol, atol=opts.atol,
+            return run_verify(target, None, namespace=names, rtol=opts.rtol, atol=opts.atol,
                               sample=opts.sample, mode=opts.mode)
         except Exception as exc:  # noqa: BLE001 - one line (UsageError), not a traceback
             raise UsageError(f"%symgrad verify: {_one_line(exc)}") from None

@@ -6,6 +6,7 @@ import itertools
 import math
 import operator
 import warnings
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
@@ -54,10 +55,37 @@ def _init_hook_dicts(module: Any, keep: bool = False) -> None:
         d["_is_full_backward_hook"] = None
 
 
+#: Every live Module, in creation order (id -> weak reference): how a leaf's name is found
+#: from the modules that own it (``symgrad._naming``), whoever holds the model. Weak, so it
+#: keeps nothing alive; ``__new__`` fills it, so copies and unpickled modules are in it too.
+_LIVE_MODULES: dict[int, Any] = {}
+
+
+def _forget_module(key: int, ref: Any) -> None:
+    if _LIVE_MODULES.get(key) is ref:
+        del _LIVE_MODULES[key]
+
+
+def live_modules() -> list[Module]:
+    """The Modules alive now, oldest first."""
+    out = []
+    for ref in list(_LIVE_MODULES.values()):
+        m = ref()
+        if m is not None:
+            out.append(m)
+    return out
+
+
 class Module:
     """Base class of layers: registers Parameters, buffers and submodules by attribute."""
 
     training: bool
+
+    def __new__(cls, *args, **kwargs) -> Module:
+        self = super().__new__(cls)
+        key = id(self)
+        _LIVE_MODULES[key] = weakref.ref(self, lambda r, key=key: _forget_module(key, r))
+        return self
 
     def __init__(self, *args, **kwargs) -> None:
         if args or kwargs:
