@@ -29,7 +29,8 @@ from collections import ChainMap
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["name_leaves", "leaf_order", "unique_names", "caller_namespace", "is_module"]
+__all__ = ["name_leaves", "leaf_order", "unique_names", "caller_namespace", "is_module",
+           "function_namespace", "argument_names", "referenced"]
 
 #: IPython's own variables: never a user's name for a tensor
 _IPYTHON_NAMES = frozenset({"In", "Out", "exit", "quit", "get_ipython"})
@@ -109,6 +110,91 @@ def caller_namespace() -> Mapping[str, Any]:
         return ChainMap(dict(local), glob) if local is not glob else glob
     finally:
         del frame
+
+
+# -- the variables a function's graph is named by ---------------------------------------
+
+def _signature_target(fn: Any) -> tuple[Any, int]:
+    """The callable whose parameters name ``fn``'s arguments (and how many leading ones
+    to drop): a Module's ``forward``, a custom Function's ``forward`` after ``ctx``."""
+    if is_module(fn):
+        return fn.forward, 0
+    owner = getattr(fn, "__self__", None)
+    if getattr(fn, "__name__", "") == "apply" and isinstance(owner, type) and \
+            hasattr(owner, "forward") and hasattr(owner, "backward"):
+        return owner.forward, 1  # Function.apply(*args) -> forward(ctx, *args)
+    return fn, 0
+
+
+def argument_names(fn: Any, inputs: tuple | list) -> list[tuple[str, Any]]:
+    """``(parameter name, value)`` for each positional input, as ``fn`` calls them
+    (``args[0]`` for ``*args``)."""
+    import inspect
+
+    target, drop = _signature_target(fn)
+    try:
+        params = list(inspect.signature(target).parameters.values())[drop:]
+    except (TypeError, ValueError):
+        return []
+    out = []
+    k = 0
+    for p in params:
+        if k >= len(inputs):
+            break
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            out.append((p.name, inputs[k]))
+            k += 1
+        elif p.kind == p.VAR_POSITIONAL:
+            out += [(f"{p.name}[{j}]", inputs[k + j]) for j in range(len(inputs) - k)]
+            k = len(inputs)
+    return out
+
+
+def _code_names(code: Any) -> set[str]:
+    """Global names a code object (and the lambdas/comprehensions inside it) reads."""
+    import inspect
+
+    names = set(code.co_names)
+    for c in code.co_consts:
+        if inspect.iscode(c):
+            names |= _code_names(c)
+    return names
+
+
+def referenced(fn: Any) -> list[tuple[str, Any]]:
+    """``(variable name, value)`` for the closure cells, globals and bound ``self`` that
+    ``fn`` reads: where the modules and tensors it uses live."""
+    out: list[tuple[str, Any]] = []
+    func = getattr(fn, "__func__", fn)
+    owner = getattr(fn, "__self__", None)
+    if owner is not None and is_module(owner):
+        out.append(("self", owner))
+    code = getattr(func, "__code__", None)
+    if code is None:
+        return out
+    for name, cell in zip(code.co_freevars, getattr(func, "__closure__", None) or ()):
+        try:
+            out.append((name, cell.cell_contents))
+        except ValueError:  # an empty cell
+            continue
+    glob = getattr(func, "__globals__", {})
+    for name in sorted(_code_names(code)):
+        if name in glob:
+            out.append((name, glob[name]))
+    return out
+
+
+def function_namespace(fn: Any, inputs: tuple | list) -> dict[str, Any]:
+    """The variables the graph ``fn(*inputs)`` builds is named by: ``fn``'s argument
+    names, then the modules and tensors its code reads (closure, globals, bound
+    ``self``); ``fn`` itself when it is a module (its paths need no prefix)."""
+    ns: dict[str, Any] = {}
+    if is_module(fn):
+        ns[""] = fn
+    for name, value in argument_names(fn, inputs) + referenced(fn):
+        if name and not name.startswith("_"):
+            ns.setdefault(name, value)
+    return ns
 
 
 # -- a fixed order of a graph's leaves ----------------------------------------------------
