@@ -40,6 +40,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.display import display
 
+from ..nn.modules import keep_new_modules
 from .graph import GraphView, Namer, _is_tensor, apply_report, graph_json, mimebundle
 from .run import run_verify, verify_with_node_checks
 from .svg import esc
@@ -195,7 +196,8 @@ class SymgradMagics(Magics):
             with contextlib.suppress(Exception):
                 filename = cache(code, getattr(shell, "execution_count", 0))
         value = None
-        with _record_context():
+        # a model the cell makes and drops (Net()(x)) still names its parameters
+        with _record_context(), keep_new_modules() as _made:
             exec(compile(ast.Module(body=tree.body, type_ignores=[]), filename, "exec"), ns)
             if last is not None:
                 value = eval(compile(last, filename, "eval"), ns)

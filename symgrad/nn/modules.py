@@ -66,6 +66,27 @@ def _forget_module(key: int, ref: Any) -> None:
         del _LIVE_MODULES[key]
 
 
+#: Open ``keep_new_modules`` blocks: each list holds the modules made while it is open.
+_KEEPERS: list[list] = []
+
+
+class keep_new_modules:  # noqa: N801  (used like a function, as contextlib's helpers)
+    """``with keep_new_modules() as made:``: the modules made inside are held in ``made``
+    (strongly, for as long as the caller keeps the list), so a model that a check
+    function or a notebook cell makes and drops still names its parameters afterwards."""
+
+    def __enter__(self) -> list:
+        self.made: list = []
+        _KEEPERS.append(self.made)
+        return self.made
+
+    def __exit__(self, *exc: Any) -> None:
+        for k, held in enumerate(_KEEPERS):
+            if held is self.made:
+                del _KEEPERS[k]
+                break
+
+
 def live_modules() -> list[Module]:
     """The Modules alive now, oldest first."""
     out = []
@@ -85,6 +106,8 @@ class Module:
         self = super().__new__(cls)
         key = id(self)
         _LIVE_MODULES[key] = weakref.ref(self, lambda r, key=key: _forget_module(key, r))
+        if _KEEPERS:
+            _KEEPERS[-1].append(self)
         return self
 
     def __init__(self, *args, **kwargs) -> None:

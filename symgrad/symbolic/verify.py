@@ -387,7 +387,7 @@ def _precision_replay(rep, graph, gradient, mode, sample, seed, deadline, backen
     root64, _, outs = replay
     timeout = None if deadline is None else max(deadline - time.perf_counter(), 0.5)
     rep64 = verify(root64, gradient, mode=mode, sample=sample, seed=seed, timeout=timeout,
-                   backend=backend)
+                   backend=backend, namespace={})  # the copies carry the leaves' names
     rep.ran.append("float64 replay")
     if not rep64.ok:
         rep.notes.append(f"the same graph re-run in float64 disagrees too ({rep64.status}): "

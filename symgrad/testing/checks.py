@@ -96,9 +96,11 @@ def verify_call(fn: Callable, *inputs, mode: str = "auto", rtol: float | None = 
     A non-scalar output is checked along a fixed, seeded cotangent (a vector-Jacobian
     product), so every output element takes part.
     """
+    from ..nn.modules import keep_new_modules
     from ..tensor import Tensor
 
-    out = fn(*inputs)
+    with keep_new_modules() as _made:  # a model fn makes still names its parameters
+        out = fn(*inputs)
     if isinstance(out, (tuple, list)):
         out = next(o for o in out if isinstance(o, Tensor) and o.requires_grad)
     if not isinstance(out, Tensor):
