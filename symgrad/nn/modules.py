@@ -90,7 +90,13 @@ class keep_new_modules:  # noqa: N801  (used like a function, as contextlib's he
 def live_modules() -> list[Module]:
     """The Modules alive now, oldest first."""
     out = []
-    for ref in list(_LIVE_MODULES.values()):
+    while True:  # a collection inside the copy can run _forget_module: copy again
+        try:
+            refs = list(_LIVE_MODULES.copy().values())
+            break
+        except RuntimeError:
+            continue
+    for ref in refs:
         m = ref()
         if m is not None:
             out.append(m)
