@@ -273,8 +273,23 @@ def test_notebook_variable_names_in_a_cell(tmp_path):
             lin = sg.nn.Linear(2, 2)
         """))
         ip.run_cell("%%symgrad\nout = (lin(scale) * scale).sum()\nout.backward()")
-        rep = ip.find_cell_magic("symgrad").__self__.last_report
-        assert _names(rep) == ["scale", "weight", "bias"]
+        magics = ip.find_cell_magic("symgrad").__self__
+        assert _names(magics.last_report) == ["scale", "weight", "bias"]
+        # a model the cell makes and drops still names its parameters
+        before = magics.last_report
+        ip.run_cell("%%symgrad\nh = sg.nn.Linear(2, 1)(scale).sum()\nh.backward()")
+        assert magics.last_report is not before
+        assert _names(magics.last_report) == ["scale", "weight", "bias"]
+        # a torch model is found from the notebook's namespace
+        ip.run_cell(textwrap.dedent("""
+            import torch
+            tmodel = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Tanh()).double()
+            tx = torch.ones(3, 2, dtype=torch.float64)
+        """))
+        before = magics.last_report
+        ip.run_cell("%%symgrad\ntout = tmodel(tx).sum()\ntout.backward(retain_graph=True)")
+        assert magics.last_report is not before
+        assert _names(magics.last_report) == ["0.weight", "0.bias"]
     finally:
         ip.reset()
         if created:

@@ -166,7 +166,11 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _user_names(ns: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in ns.items() if not k.startswith("_") and _is_tensor(v)}
+    """The notebook's tensors and modules (modules name their parameters: ``fc1.weight``)."""
+    from .._naming import is_module
+
+    return {k: v for k, v in ns.items()
+            if not k.startswith("_") and (_is_tensor(v) or is_module(v))}
 
 
 @magics_class

@@ -504,7 +504,7 @@ def _add_symbolic_latex(payload: dict, report: Any, max_ops: int = 400) -> None:
     root = (payload.get("root_names") or ["L"])[0]
     root = "L" if root == "root" else root
     for row in agreement.get("rows", []):
-        leaf = next((lf for lf in payload["leaves"] if lf["name"] == row["leaf"]), None)
+        leaf = next((lf for lf in payload["leaves"] if lf["id"] == row["node"]), None)
         if leaf is None or row["status"] == "none" or len(leaf.get("shape") or []) > 0:
             continue
         try:
