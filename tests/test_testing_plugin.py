@@ -151,9 +151,9 @@ def test_leaf_names_prefer_parameter_paths_then_arguments_then_variables():
     other = Net()
     two = leaf_names(lambda a: net(a) + other(a), (x,))
     assert {"net.fc1.weight", "other.fc1.weight", "a"} <= set(two)
-    # *args, and x0 only when nothing names an input
+    # *args, and t0 (as in every view) only when nothing names an input
     assert set(leaf_names(lambda *args: args[0].sum(), (x,))) == {"args[0]"}
-    assert set(leaf_names(max, (x,))) == {"x0"}  # no signature to read
+    assert set(leaf_names(max, (x,))) == {"t0"}  # no signature to read
 
     rep = assert_gradients_match(lambda features: net(features) * scale, x)
     assert [lf.name for lf in rep.leaves] == ["fc1.weight", "fc1.bias", "features", "scale"]

@@ -47,7 +47,7 @@ def test_ties_and_kinks_follow_pytorch(torch):
         row = rep.leaves[0]
         assert row.max_abs_err < 1e-6
         sym = rep.symbolic_gradient(s)
-        at = {sympy.Symbol(f"t0[{i},{j}]", real=True): data[i][j]
+        at = {sympy.Symbol(f"{rep.leaves[0].name}[{i},{j}]", real=True): data[i][j]
               for i in range(2) for j in range(3)}
         got = np.array([[float(sym[i, j].subs(at)) for j in range(3)] for i in range(2)])
         np.testing.assert_allclose(got, t.grad.numpy(), atol=1e-12)

@@ -123,11 +123,20 @@ def test_same_name_twice_is_two_symbols_and_latex_escapes():
     assert "d'" in tex
 
 
-def test_unnamed_tensors_get_t0_t1_and_constants_are_symbols():
+def test_leaves_are_named_by_the_callers_variables_and_constants_are_symbols():
     a = sg.tensor(2.0, requires_grad=True)
     k = sg.tensor(4.0)  # does not require grad, still a symbol
-    rep = verify(a * k)
-    assert rep.symbolic_gradient(a) == R("t1")
+    rep = verify(a * k)  # names from this frame's variables
+    assert rep.symbolic_gradient(a) == R("k")
+    assert [r.name for r in rep.leaves] == ["a"]
+
+
+def test_unnamed_tensors_get_t0_t1_and_constants_are_symbols():
+    def unnamed():
+        return sg.tensor(2.0, requires_grad=True), sg.tensor(4.0)
+
+    rep = verify(unnamed()[0] * unnamed()[1])  # no variable holds either tensor
+    assert rep.symbolic_gradient(rep.leaves[0].tensor) == R("t1")
     assert [r.name for r in rep.leaves] == ["t0"]
 
 

@@ -110,8 +110,8 @@ def test_nan_input_is_reported_not_ok(mode):
     rows = [r for r in rep.leaves if r.status == "non-finite"]
     assert len(rows) == 1 and rows[0].worst_index == (0,)
     assert np.isnan(rows[0].engine_value)
-    assert "input t0 holds nan at [0]" in rows[0].detail
-    assert any("t0 holds nan" in n for n in rep.notes)
+    assert "input x holds nan at [0]" in rows[0].detail  # named by the caller's variable
+    assert any("x holds nan" in n for n in rep.notes)
 
 
 @pytest.mark.parametrize("mode", ["exact", "local"])

@@ -36,9 +36,11 @@ def _host(a) -> np.ndarray:
 
 
 def replay(program: Program, example: list) -> tuple[Tensor, dict]:
-    """(root tensor of the first backward, {name: leaf tensor}) rebuilt from ``program``
-    on the CPU, on host copies of the parameters and of ``example`` (the traced call's
-    arguments, NumPy or device arrays)."""
+    """(root tensor of the first backward, {"leafN" / "argN": copy}) rebuilt from
+    ``program`` on the CPU, on host copies of the parameters (leaf slot N) and of
+    ``example`` (the traced call's arguments, NumPy or device arrays; argument N). The
+    keys are slots: ``CompiledStep.verify`` names the copies as every view names the
+    tensors they stand for (``symgrad._naming``)."""
     tensors: dict[int, Tensor] = {}
     names: dict[str, Tensor] = {}
     for kind, v in program.args:

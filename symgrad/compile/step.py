@@ -14,6 +14,7 @@ import functools
 import sys
 import time
 import warnings
+from collections import ChainMap
 from collections.abc import Callable
 from typing import Any
 
@@ -298,6 +299,31 @@ class CompiledStep:
             raise RuntimeError("nothing compiled yet: call the step first")
         return "\n\n".join(e.generated.text for e in entries)
 
+    def _leaf_names(self, entry, root, copies: dict, namespace) -> dict:
+        """``{name: copy}`` for the replayed graph's leaves, named as every view names the
+        tensors they stand for (``symgrad._naming``): a parameter by its own name or module
+        path (``fc1.weight``), an argument by ``fn``'s parameter name, then the variables of
+        ``fn``'s code and of the caller, else ``t0, t1, ...`` in the graph's leaf order."""
+        from .._naming import argument_names, function_namespace, leaf_order, unique_names
+
+        program = entry.program
+        original: dict[int, Any] = {}  # id(copy) -> the tensor the copy stands for
+        explicit: dict[str, Any] = {}
+        params = dict((k, name) for k, (name, _) in
+                      enumerate(argument_names(self.fn, entry.example)))
+        for key, copy in copies.items():
+            slot = int(key[4:] if key.startswith("leaf") else key[3:])
+            if key.startswith("leaf"):
+                t = program.leaves[slot]()
+                if t is not None:
+                    original[id(copy)] = t
+            elif slot in params:
+                explicit.setdefault(params[slot], copy)
+        order = leaf_order(root)
+        stand_ins = [original.get(id(c), c) for c in order]
+        ns = ChainMap(function_namespace(self.fn, entry.example), namespace)
+        return dict(zip(unique_names(stand_ins, explicit, ns), order))
+
     def verify(self, **kwargs):
         """Prove the latest signature's step: ``sg.verify`` on its traced forward, replayed
         on the CPU on copies of the current parameters and of the traced call's arguments
@@ -313,10 +339,15 @@ class CompiledStep:
         if not entries:
             raise RuntimeError("nothing compiled yet: call the step first")
         entry = entries[-1]
-        root, names = replay(entry.program, entry.example)
+        from .._naming import caller_namespace
+
+        root, copies = replay(entry.program, entry.example)
+        names = self._leaf_names(entry, root, copies, caller_namespace())
         # symgrad.verify is the public, lazy entry to the verifier (it sits above the core,
         # which may not import it); the package is loaded whenever a step exists
-        report = sys.modules["symgrad"].verify(root, names=names, **kwargs)
+        kwargs.setdefault("names", names)
+        kwargs.setdefault("namespace", {})
+        report = sys.modules["symgrad"].verify(root, **kwargs)
         arrays, _, hyper = entry._gather()
         problems = check_generated(entry.program, entry.example, entry.module.make,
                                    entry.generated.constants, entry.layout, arrays, hyper)

@@ -129,34 +129,64 @@ def preview(a: Any, max_items: int = 6) -> str:
 
 # -- names -----------------------------------------------------------------------------------
 
-_IPYTHON_NAMES = {"In", "Out", "exit", "quit", "get_ipython"}
-
-
 class Namer:
-    """Display names for tensors: ``tensor.name``, else the variable holding it, else ``t0``.
+    """Display names for tensors: the graph's leaves as every view names them
+    (``symgrad._naming``: ``tensor.name``, ``names``, the owning module's path, a
+    ``namespace`` variable, else ``t0``), other tensors by the variable holding them.
 
-    ``names`` is a namespace (a notebook's ``user_ns``, ``locals()``) mapping variable
-    names to objects; private names (``_``, ``_3``) are ignored. Two different tensors
-    that would get the same name are told apart as ``d`` and ``d'``, as the verifier does.
+    ``names`` is the caller's explicit ``{name: tensor}`` (or a namespace such as
+    ``locals()``); ``namespace`` maps variable names to objects (a notebook's
+    ``user_ns``); private names (``_``, ``_3``) are ignored. Two different tensors that
+    would get the same name are told apart as ``d`` and ``d'``, as the verifier does.
     """
 
-    def __init__(self, names: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, names: Mapping[str, Any] | None = None,
+                 namespace: Mapping[str, Any] | None = None) -> None:
+        from .._naming import _IPYTHON_NAMES, _maps
+
+        self.names = names
+        self.namespace = namespace
         self._by_id: dict[int, str] = {}
         self._keep: list[Any] = []  # keeps ids stable while the Namer lives
-        if names:
-            for key, value in list(names.items()):
+        for m in _maps(names) + _maps(namespace):
+            for key, value in list(m.items()):
                 if not isinstance(key, str) or key.startswith("_") or key in _IPYTHON_NAMES:
                     continue
                 if _is_tensor(value) and id(value) not in self._by_id:
                     self._by_id[id(value)] = key
                     self._keep.append(value)
         self._assigned: dict[int, str] = {}
+        self._leaves: set[int] = set()
+        self._generated: set[int] = set()  # leaves named t0, t1 ...: no name a user knows
         self._taken: set[str] = set()
         self._counter = 0
 
+    def name_leaves(self, roots: Any) -> None:
+        """Name the leaves behind ``roots`` first, in the graph's fixed order, with the
+        one naming function the verifier uses: a row and its leaf share one name."""
+        from .._naming import leaf_order, name_leaves
+
+        tensors = leaf_order(roots)
+        got = name_leaves(roots, self.names, self.namespace, generated=self._generated)
+        for t in tensors:
+            name = got[id(t)]
+            self._assigned[id(t)] = name
+            self._leaves.add(id(t))
+            self._taken.add(name)
+            self._keep.append(t)
+
+    def leaf_names(self) -> dict[str, Any]:
+        """``{name: tensor}`` of the leaves named by :meth:`name_leaves`: what to pass as
+        ``names=`` to the verifier so its rows carry exactly these names."""
+        return {self._assigned[id(t)]: t for t in self._keep if id(t) in self._leaves}
+
     def variable(self, t: Any) -> str | None:
-        """The namespace variable that holds exactly this object, if any."""
-        return self._by_id.get(id(t))
+        """The name the user knows this object by: a variable holding exactly it, or,
+        for a leaf of the graph, its leaf name (``fc1.weight``; not a generated ``t0``)."""
+        got = self._by_id.get(id(t))
+        if got is None and id(t) in self._leaves and id(t) not in self._generated:
+            got = self._assigned[id(t)]
+        return got
 
     def name(self, t: Any) -> str:
         key = id(t)
@@ -553,18 +583,31 @@ def _kind_of(node: Any) -> str:
 
 def graph_json(root: Any, names: Mapping[str, Any] | None = None, report: Any = None, *,
                max_nodes: int = MAX_NODES, formulas: bool = True,
-               node_map: dict[int, str] | None = None) -> dict:
+               node_map: dict[int, str] | None = None,
+               namespace: Mapping[str, Any] | None = None) -> dict:
     """Freeze the graph behind ``root`` (a tensor, a grad_fn node, or a list of them).
 
-    ``names`` maps variable names to objects (a notebook namespace) so leaves and saved
-    operands are shown as ``c`` rather than ``t0``; ``report`` is a verifier Report (or its
+    Leaves are named as the verifier names them (``symgrad._naming``): ``tensor.name``,
+    ``names`` (``{"w": w}``, or ``locals()``), the owning module's path (``fc1.weight``),
+    a variable of ``namespace`` (a notebook's ``user_ns``; default: the calling frame's
+    variables), else ``t0``; saved operands and outputs by the variable holding them.
+    ``report`` is a verifier Report (or its
     ``to_json()`` dict) whose per-leaf and per-node results fill the agreement table and
     the node checks. The result is plain JSON valid against :func:`load_schema`.
     ``node_map``, when given, receives ``id(node) -> node id`` (valid while the graph lives).
     """
     _check_names(names)
     roots = _as_roots(root)
-    namer = names if isinstance(names, Namer) else Namer(names)
+    if isinstance(names, Namer):
+        namer = names
+    else:
+        if names is None and namespace is None:
+            from .._naming import caller_namespace
+
+            namespace = caller_namespace()
+        namer = Namer(names, namespace)
+    if not namer._leaves:
+        namer.name_leaves(roots)
     node_ids: dict[int, str] = {}
     nodes: list[dict] = []
     edges: list[dict] = []
@@ -885,20 +928,33 @@ def apply_report(payload: dict, report: Any, node_map: Mapping[int, str] | None 
                  local: Any = None) -> dict:
     """Fill ``agreement`` and per-node ``check`` from a verifier Report (in place).
 
-    ``node_map`` (``id(node) -> node id``, from :func:`graph_json`) ties the report's rows
-    to this payload's nodes by identity; without it (a JSON report) rows are matched by
-    grad_fn name in reverse topological order. ``local``: a second report whose per-node
+    ``node_map`` (``id(node or leaf tensor) -> node id``, from :func:`graph_json`) ties
+    the report's rows to this payload's nodes and leaves by identity (each leaf row holds
+    its tensor); without it (a JSON report) leaf rows are matched by name and node rows
+    by grad_fn name in reverse topological order. ``local``: a second report whose per-node
     rows fill the node checks (when the first one ran no local checks).
     """
     data = _report_dict(report)
     leaf_by_name = {lf["name"]: lf["id"] for lf in payload["leaves"]}
+    name_by_id = {lf["id"]: lf["name"] for lf in payload["leaves"]}
+    objs = getattr(report, "leaves", None)
+    json_rows = data.get("leaves") or []
+    linked = node_map is not None and isinstance(objs, list) and len(objs) == len(json_rows)
     rows = []
-    for row in data.get("leaves") or []:
+    for k, row in enumerate(json_rows):
         name = str(row.get("name", "?"))
+        if linked:  # one truth per leaf: the row's own tensor picks its node
+            tensor = getattr(objs[k], "tensor", None)
+            nid = node_map.get(id(tensor)) if tensor is not None else None
+            nid = nid if nid in name_by_id else None
+        else:  # a JSON report: its names are the ones this payload was drawn with
+            nid = leaf_by_name.get(name)
+        if nid is not None:
+            name = name_by_id[nid]
         shape, worst = row.get("shape"), row.get("worst_index")
         rows.append({
             "leaf": name,
-            "node": leaf_by_name.get(name),
+            "node": nid,
             "engine": _at(row.get("engine_value"), worst, shape),
             "symbolic": _at(row.get("symbolic_value"), worst, shape),
             "symbolic_latex": row.get("symbolic_latex"),
@@ -1004,8 +1060,10 @@ class GraphView:
     """
 
     def __init__(self, root: Any = None, names: Mapping[str, Any] | None = None,
-                 report: Any = None, *, payload: dict | None = None) -> None:
-        self.payload = payload if payload is not None else graph_json(root, names, report)
+                 report: Any = None, *, payload: dict | None = None,
+                 namespace: Mapping[str, Any] | None = None) -> None:
+        self.payload = payload if payload is not None else \
+            graph_json(root, names, report, namespace=namespace)
 
     def to_json(self) -> dict:
         return self.payload
@@ -1022,9 +1080,11 @@ class GraphView:
         return text_outline(self.payload)
 
 
-def graph(root: Any, names: Mapping[str, Any] | None = None, report: Any = None) -> GraphView:
-    """The graph behind ``root`` as a displayable object (JSON + SVG + text)."""
-    return GraphView(root, names, report)
+def graph(root: Any, names: Mapping[str, Any] | None = None, report: Any = None, *,
+          namespace: Mapping[str, Any] | None = None) -> GraphView:
+    """The graph behind ``root`` as a displayable object (JSON + SVG + text); leaves are
+    named as :func:`graph_json` says (by default from the calling frame's variables)."""
+    return GraphView(root, names, report, namespace=namespace)
 
 
 def with_layout(payload: dict, selected: str | None = None) -> dict:

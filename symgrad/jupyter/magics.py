@@ -44,7 +44,8 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.display import display
 
-from .graph import GraphView, _is_tensor, apply_report, graph_json, mimebundle
+from ..nn.modules import keep_new_modules
+from .graph import GraphView, Namer, _is_tensor, apply_report, graph_json, mimebundle
 from .run import run_verify, verify_with_node_checks
 from .svg import esc
 
@@ -189,7 +190,11 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _user_names(ns: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in ns.items() if not k.startswith("_") and _is_tensor(v)}
+    """The notebook's tensors and modules (modules name their parameters: ``fc1.weight``)."""
+    from .._naming import is_module
+
+    return {k: v for k, v in ns.items()
+            if not k.startswith("_") and (_is_tensor(v) or is_module(v))}
 
 
 @magics_class
@@ -219,7 +224,8 @@ class SymgradMagics(Magics):
             with contextlib.suppress(Exception):
                 filename = cache(code, getattr(shell, "execution_count", 0))
         value = None
-        with _record_context():
+        # a model the cell makes and drops (Net()(x)) still names its parameters
+        with _record_context(), keep_new_modules() as _made:
             exec(compile(ast.Module(body=tree.body, type_ignores=[]), filename, "exec"), ns)
             if last is not None:
                 value = eval(compile(last, filename, "eval"), ns)
@@ -245,15 +251,18 @@ class SymgradMagics(Magics):
         names = _user_names(ns)
         root_arg = roots[0] if len(roots) == 1 else list(roots)
         node_map: dict[int, str] = {}
-        payload = graph_json(root_arg, names, node_map=node_map)
+        # one naming for the graph, the Inspector and the verifier (symgrad._naming)
+        namer = Namer(None, names)
+        payload = graph_json(root_arg, namer, node_map=node_map)
         inspector_cls, why_not = _inspector_class(shell)
         if why_not is not None:
             self._notice(why_not, f"%%symgrad: {why_not}; showing the static graph"
                          + (" and report" if args.verify else "")
                          + " (pip install 'symgrad[jupyter]' for the Inspector)")
         if inspector_cls is not None:  # the widget verifies (progress bar, Stop)
-            inspector = inspector_cls(root_arg, names, verify=False, rtol=args.rtol,
-                                      atol=args.atol, sample=args.sample, mode=args.mode)
+            inspector = inspector_cls(root_arg, None, verify=False, rtol=args.rtol,
+                                      atol=args.atol, sample=args.sample, mode=args.mode,
+                                      namespace=names)
             # Two outputs, never one bundle (DESIGN.md): the graph, which the saved file
             # keeps, and the Inspector, live only; while the Inspector draws, the
             # labextension hides its twin, so the live view shows one graph.
@@ -269,8 +278,8 @@ class SymgradMagics(Magics):
         if args.verify:
             try:
                 report, local = verify_with_node_checks(
-                    roots[0], names, rtol=args.rtol, atol=args.atol, sample=args.sample,
-                    mode=args.mode)
+                    roots[0], namer.leaf_names(), namespace=names, rtol=args.rtol,
+                    atol=args.atol, sample=args.sample, mode=args.mode)
             except Exception as exc:  # noqa: BLE001 - one line below the graph, not a traceback
                 error = f"%%symgrad: verification failed: {_one_line(exc)}"
             else:
@@ -307,11 +316,11 @@ class SymgradMagics(Magics):
         target = eval(expr, ns)
         names = _user_names(ns)
         if command == "graph":
-            return GraphView(target, names)
+            return GraphView(target, namespace=names)
         if command == "saved":
-            return SavedView(graph_json(target, names, formulas=False))
+            return SavedView(graph_json(target, formulas=False, namespace=names))
         try:
-            return run_verify(target, names, rtol=opts.rtol, atol=opts.atol,
+            return run_verify(target, None, namespace=names, rtol=opts.rtol, atol=opts.atol,
                               sample=opts.sample, mode=opts.mode)
         except Exception as exc:  # noqa: BLE001 - one line (UsageError), not a traceback
             raise UsageError(f"%symgrad verify: {_one_line(exc)}") from None

@@ -40,7 +40,7 @@ import ipywidgets as widgets  # first: on a core install the ImportError names i
 import anywidget
 import traitlets
 
-from .graph import _check_names, apply_report, graph_json, with_layout
+from .graph import Namer, _check_names, apply_report, graph_json, with_layout
 from .run import VerificationInterrupted, run_verify
 from .svg import agreement_table_html, badge, esc, render_svg
 
@@ -117,10 +117,15 @@ class Inspector(anywidget.AnyWidget):
                  atol: float | None = None, sample: int | None = None,
                  mode: str | None = None, timeout: float | None = None,
                  local_checks: bool = True, background: bool | None = None,
-                 **kwargs: Any) -> None:
+                 namespace: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         _check_names(names)  # before any state: a bad call leaves nothing half-made
+        if names is None and namespace is None:
+            from .._naming import caller_namespace
+
+            namespace = caller_namespace()
         self._root = root
-        self._names = dict(names) if names is not None else None
+        self._namespace = namespace
+        namer = Namer(dict(names) if names is not None else None, namespace)
         self._options = {"sample": sample, "mode": mode, "timeout": timeout}
         self._local_checks = local_checks
         self._background = background
@@ -130,7 +135,10 @@ class Inspector(anywidget.AnyWidget):
         self._updating = False
         self._static_views = False  # a front end without the labextension asked for HTML
         self._node_map: dict[int, str] = {}
-        self._base_graph = graph_json(root, self._names, node_map=self._node_map)
+        self._base_graph = graph_json(root, namer, node_map=self._node_map)
+        # the verifier gets the graph's own leaf names: its rows and the graph's leaves
+        # carry one name (and rows are tied to leaves by identity, see apply_report)
+        self._names = namer.leaf_names()
         super().__init__(graph=self._base_graph, rtol=rtol, atol=atol,
                          selected=_default_selection(self._base_graph), **kwargs)
         self.on_msg(self._on_front_end_msg)
@@ -260,7 +268,8 @@ class Inspector(anywidget.AnyWidget):
             progress = _Progress(self)
             progress(0.05, 1.0)
             roots = self._root if isinstance(self._root, (list, tuple)) else [self._root]
-            report = run_verify(roots[0], self._names, progress=progress, rtol=self.rtol,
+            report = run_verify(roots[0], self._names, progress=progress,
+                                namespace=self._namespace, rtol=self.rtol,
                                 atol=self.atol, **self._options)
             progress(0.6, 1.0)
             local = None
@@ -269,7 +278,8 @@ class Inspector(anywidget.AnyWidget):
                 # every leaf agreed, so the verifier skipped per-node checks; the node
                 # panel wants them, and for a graph within the exact budget they are cheap
                 options = dict(self._options, mode="local")
-                local = run_verify(roots[0], self._names, rtol=self.rtol, atol=self.atol,
+                local = run_verify(roots[0], self._names, namespace=self._namespace,
+                                   rtol=self.rtol, atol=self.atol,
                                    **options)
             progress(0.9, 1.0)
             self._set_report(report, local)
@@ -499,7 +509,7 @@ def _add_symbolic_latex(payload: dict, report: Any, max_ops: int = 400) -> None:
     root = (payload.get("root_names") or ["L"])[0]
     root = "L" if root == "root" else root
     for row in agreement.get("rows", []):
-        leaf = next((lf for lf in payload["leaves"] if lf["name"] == row["leaf"]), None)
+        leaf = next((lf for lf in payload["leaves"] if lf["id"] == row["node"]), None)
         if leaf is None or row["status"] == "none" or len(leaf.get("shape") or []) > 0:
             continue
         try:

@@ -6,6 +6,7 @@ import itertools
 import math
 import operator
 import warnings
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
@@ -54,10 +55,66 @@ def _init_hook_dicts(module: Any, keep: bool = False) -> None:
         d["_is_full_backward_hook"] = None
 
 
+#: Every live Module, in creation order (id -> weak reference): how a leaf's name is found
+#: from the modules that own it (``symgrad._naming``), whoever holds the model. Weak, so it
+#: keeps nothing alive; ``__new__`` fills it, so copies and unpickled modules are in it too.
+_LIVE_MODULES: dict[int, Any] = {}
+
+
+def _forget_module(key: int, ref: Any) -> None:
+    if _LIVE_MODULES.get(key) is ref:
+        del _LIVE_MODULES[key]
+
+
+#: Open ``keep_new_modules`` blocks: each list holds the modules made while it is open.
+_KEEPERS: list[list] = []
+
+
+class keep_new_modules:  # noqa: N801  (used like a function, as contextlib's helpers)
+    """``with keep_new_modules() as made:``: the modules made inside are held in ``made``
+    (strongly, for as long as the caller keeps the list), so a model that a check
+    function or a notebook cell makes and drops still names its parameters afterwards."""
+
+    def __enter__(self) -> list:
+        self.made: list = []
+        _KEEPERS.append(self.made)
+        return self.made
+
+    def __exit__(self, *exc: Any) -> None:
+        for k, held in enumerate(_KEEPERS):
+            if held is self.made:
+                del _KEEPERS[k]
+                break
+
+
+def live_modules() -> list[Module]:
+    """The Modules alive now, oldest first."""
+    out = []
+    while True:  # a collection inside the copy can run _forget_module: copy again
+        try:
+            refs = list(_LIVE_MODULES.copy().values())
+            break
+        except RuntimeError:
+            continue
+    for ref in refs:
+        m = ref()
+        if m is not None:
+            out.append(m)
+    return out
+
+
 class Module:
     """Base class of layers: registers Parameters, buffers and submodules by attribute."""
 
     training: bool
+
+    def __new__(cls, *args, **kwargs) -> Module:
+        self = super().__new__(cls)
+        key = id(self)
+        _LIVE_MODULES[key] = weakref.ref(self, lambda r, key=key: _forget_module(key, r))
+        if _KEEPERS:
+            _KEEPERS[-1].append(self)
+        return self
 
     def __init__(self, *args, **kwargs) -> None:
         if args or kwargs:

@@ -182,29 +182,16 @@ def tex_name(name: str) -> str:
     return out + "'" * primes
 
 
-def assign_names(leaves: list, names: dict | None, tensor_name) -> None:
-    """Give every leaf a unique display name: tensor.name, else caller's, else t0, t1 ..."""
-    by_id: dict[int, str] = {}
-    if names:
-        for k, v in names.items():
-            if isinstance(k, str) and not k.startswith("_") and id(v) not in by_id:
-                by_id[id(v)] = k
-    used: set[str] = set()
-    auto = 0
+def assign_names(leaves: list, root, names: dict | None = None, namespace=None) -> None:
+    """Give every leaf its display name: the one naming every view uses (``_naming``):
+    tensor.name, the caller's ``names``, the owning module's path, a ``namespace``
+    variable, else t0, t1 ... in the graph's fixed leaf order; d, d' when shared."""
+    from .._naming import name_leaves
+
+    got = name_leaves([root], names, namespace, extra=[lf.tensor for lf in leaves])
     for leaf in leaves:
-        base = tensor_name(leaf.tensor) or by_id.get(id(leaf.tensor))
-        if not base:
-            while f"t{auto}" in used:
-                auto += 1
-            base = f"t{auto}"
-            auto += 1
-        base = str(base)
-        name = base
-        while name in used:  # same name twice: d, d', d'' ...
-            name += "'"
-        used.add(name)
-        leaf.name = name
-        leaf.latex = tex_name(name)
+        leaf.name = got[id(leaf.tensor)]
+        leaf.latex = tex_name(leaf.name)
 
 
 def element_names(leaf: Leaf) -> tuple[list[str], list[str]]:
@@ -226,10 +213,6 @@ def safe_text(name: str) -> str:
 
 
 # -- symgrad graphs ---------------------------------------------------------------------
-def _tensor_name(t):
-    return getattr(t, "name", None)
-
-
 def _np_value(t) -> np.ndarray:
     return _host(t._data, t.device.type)
 
@@ -275,7 +258,7 @@ def _written_after(t, node) -> bool:
     return hasattr(t, "_storage") and written_since(t, node._sequence_nr) is not None
 
 
-def walk_symgrad(root, names=None) -> Graph:
+def walk_symgrad(root, names=None, namespace=None) -> Graph:
     """Read the graph that produced the symgrad tensor ``root``."""
     from ..autograd.node import AccumulateGrad, OpNode
 
@@ -387,7 +370,7 @@ def walk_symgrad(root, names=None) -> Graph:
         graph._values[(index[fn], root._output_nr)] = _np_value(root)
     elif stale_root:  # written under no_grad since: the recorded value is replayed
         graph.root_value = np.asarray(graph.value_of(root_ref))
-    assign_names(leaves, names, _tensor_name)
+    assign_names(leaves, root, names, namespace)
     graph.engine_grads = _symgrad_engine_grads  # called as f(graph, ...): no cycles
     graph.engine_hvp = _symgrad_engine_hvp
     return graph

@@ -74,6 +74,8 @@ class LeafRow:
     bound: float | None = None  # the error allowed at the worst element, when known
     #: status "non-finite" / "could not evaluate": where the nan/inf arose
     detail: str = ""
+    #: the leaf tensor itself: views tie the row to their leaf by identity, not by name
+    tensor: Any = field(default=None, repr=False, compare=False)
 
 
 @dataclass

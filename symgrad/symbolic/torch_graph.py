@@ -188,7 +188,7 @@ def _forward_params(spec):
     return [(n, sig.parameters[n].default) for n in names]
 
 
-def walk_torch(root, names=None) -> Graph:
+def walk_torch(root, names=None, namespace=None) -> Graph:
     """Read torch's graph behind ``root`` (a torch tensor)."""
     import torch
 
@@ -333,7 +333,7 @@ def walk_torch(root, names=None) -> Graph:
             g.out_shapes = [tuple(np.shape(graph.value_of(("node", g.index, nr))))
                             for nr in range(n)]
             g.out_dtypes = g.out_dtypes[:1] * n
-    assign_names(leaves, names, lambda t: None)
+    assign_names(leaves, root, names, namespace)
     graph.engine_grads = _torch_engine_grads
     graph.engine_hvp = _torch_engine_hvp
     return graph

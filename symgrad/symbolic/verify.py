@@ -96,18 +96,18 @@ def _as_numpy(x):
     return np.asarray(x)
 
 
-def _to_graph(root, names) -> Graph:
+def _to_graph(root, names, namespace=None) -> Graph:
     from ..tensor import Tensor
 
     if isinstance(root, Tensor):
         from .graph import walk_symgrad
 
-        return walk_symgrad(root, names)
+        return walk_symgrad(root, names, namespace)
     mod = type(root).__module__ or ""
     if mod.startswith("torch"):
         from .torch_graph import walk_torch
 
-        return walk_torch(root, names)
+        return walk_torch(root, names, namespace)
     raise TypeError(f"verify() expects a symgrad or torch tensor, not {type(root).__name__}")
 
 
@@ -124,7 +124,7 @@ def _is_number(x) -> bool:
         not isinstance(x, (bool, np.bool_))
 
 
-def _check_args(root, gradient, names, mode, order, rtol, atol, sample, seed, timeout,
+def _check_args(root, gradient, names, namespace, mode, order, rtol, atol, sample, seed, timeout,
                 backend, progress) -> None:
     """TypeError/ValueError naming the argument, before any work (and before a bad value
     could surface as an AttributeError deep inside the verifier)."""
@@ -156,6 +156,9 @@ def _check_args(root, gradient, names, mode, order, rtol, atol, sample, seed, ti
         raise TypeError(f"verify(): argument 'names' must be a mapping of name -> tensor "
                         f"(a dict such as locals() or {{'w': w}}) or None, not "
                         f"{_type_name(names)}")
+    if namespace is not None and not isinstance(namespace, Mapping):
+        raise TypeError(f"verify(): argument 'namespace' must be a mapping of variable name "
+                        f"-> object (such as globals()) or None, not {_type_name(namespace)}")
     if not isinstance(mode, str):
         raise TypeError(f"verify(): argument 'mode' must be str ('auto', 'exact' or "
                         f"'local'), not {_type_name(mode)}")
@@ -198,19 +201,28 @@ def _check_args(root, gradient, names, mode, order, rtol, atol, sample, seed, ti
 def verify(root, gradient=None, *, names=None, mode: str = "auto", order: int = 1,
            rtol: float | None = None, atol: float | None = None, sample: int | None = None,
            seed: int = 0, timeout: float | None = None, backend: str = "auto",
-           progress=None) -> Report:
+           progress=None, namespace=None) -> Report:
     """Check the engine's gradients of ``root`` against SymPy's (see docs/verifier.md).
+
+    Leaves are named as every view names them (``symgrad._naming``): ``tensor.name``,
+    then ``names`` (``{"w": w}``), then the owning module's parameter path
+    (``fc1.weight``), then a variable of ``namespace`` (default: the calling frame's
+    locals and globals), else ``t0, t1, ...``.
 
     ``progress``: optional ``callback(done, total)`` called as nodes are checked (widgets
     use it for a progress bar; an exception raised in it stops the verifier). Without
     one, long runs show a tqdm bar.
     """
-    _check_args(root, gradient, names, mode, order, rtol, atol, sample, seed, timeout,
+    _check_args(root, gradient, names, namespace, mode, order, rtol, atol, sample, seed, timeout,
                 backend, progress)
     t0 = time.perf_counter()
     deadline = None if timeout is None else t0 + float(timeout)
     engine, engine_name = E.pick_engine(backend)
-    graph = _to_graph(root, names)
+    if namespace is None:
+        from .._naming import caller_namespace
+
+        namespace = caller_namespace()
+    graph = _to_graph(root, names, namespace)
     root_shape = graph.root_value.shape
     if gradient is None:
         if graph.root_value.size != 1:
@@ -306,6 +318,7 @@ def verify(root, gradient=None, *, names=None, mode: str = "auto", order: int = 
         rep.notes.insert(0, _changed_names(graph, graph.changed) + " changed in place after "
                          "the graph was recorded; checked at the values recorded then "
                          "(symgrad.record() kept them)")
+    _link_leaves(rep, graph)
     rep.notes.extend(graph.notes)
     rep.notes.extend(_node_notes(graph))
     rep.seconds = time.perf_counter() - t0
@@ -347,6 +360,7 @@ def _changed_report(graph, changed: dict, mode, order, engine_name, t0,
             rep.leaves.append(LeafRow(lf.name, lf.shape, _dtype_name(lf.value.dtype), None,
                                       None, None, None, None, None, CHANGED, None, 0, False,
                                       lf.latex))
+    _link_leaves(rep, graph)
     rep.seconds = time.perf_counter() - t0
     return rep
 
@@ -368,6 +382,14 @@ def _node_notes(graph) -> list[str]:
             if "node rebuilt" in note else f"{note} ({len(names)} nodes)"
         out.append(f"{text} ({shown})")
     return out
+
+
+def _link_leaves(rep, graph) -> None:
+    """Each row holds the tensor it is about, so views tie rows to leaves by identity
+    (leaf names are unique within a graph)."""
+    by_name = {lf.name: lf.tensor for lf in graph.leaves}
+    for row in rep.leaves:
+        row.tensor = by_name.get(row.name)
 
 
 def _has_mismatch(rep) -> bool:
@@ -436,7 +458,7 @@ def _precision_replay(rep, graph, gradient, mode, sample, seed, deadline, backen
     root64, _, outs = replay
     timeout = None if deadline is None else max(deadline - time.perf_counter(), 0.5)
     rep64 = verify(root64, gradient, mode=mode, sample=sample, seed=seed, timeout=timeout,
-                   backend=backend)
+                   backend=backend, namespace={})  # the copies carry the leaves' names
     rep.ran.append("float64 replay")
     if not rep64.ok:
         rep.notes.append(f"the same graph re-run in float64 disagrees too ({rep64.status}): "

@@ -6,8 +6,7 @@ one session report (JSON + HTML) of all checks, gathered across xdist workers.
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -23,10 +22,11 @@ def _record(report, name: str | None) -> None:
     RECORDED.append((name or "check", report.to_json()))
 
 
-def _verify(root, *, mode, rtol, atol, order, names, gradient=None):
+def _verify(root, *, mode, rtol, atol, order, names, gradient=None, namespace=None):
     from ..symbolic import verify
 
-    kwargs: dict[str, Any] = {"mode": mode, "order": order, "names": names}
+    kwargs: dict[str, Any] = {"mode": mode, "order": order, "names": names,
+                              "namespace": namespace if namespace is not None else {}}
     if rtol is not None:
         kwargs["rtol"] = rtol
     if atol is not None:
@@ -48,108 +48,44 @@ def _is_module(obj) -> bool:
     return isinstance(obj, Module)
 
 
-def _signature_target(fn):
-    """The callable whose parameters name ``fn``'s arguments (and a leading one to drop):
-    a Module's ``forward``, a custom Function's ``forward`` after ``ctx``."""
-    if _is_module(fn):
-        return fn.forward, 0
-    owner = getattr(fn, "__self__", None)
-    if getattr(fn, "__name__", "") == "apply" and isinstance(owner, type) and \
-            hasattr(owner, "forward") and hasattr(owner, "backward"):
-        return owner.forward, 1  # Function.apply(*args) -> forward(ctx, *args)
-    return fn, 0
+def _namespace(fn: Callable, inputs: tuple) -> dict:
+    """The variables the graph ``fn(*inputs)`` builds is named by (``symgrad._naming``)."""
+    from .._naming import function_namespace
 
-
-def _argument_names(fn, inputs) -> list[tuple[str, Any]]:
-    """``(parameter name, value)`` for each positional input, as ``fn`` calls them."""
-    target, drop = _signature_target(fn)
-    try:
-        params = list(inspect.signature(target).parameters.values())[drop:]
-    except (TypeError, ValueError):
-        return []
-    out = []
-    k = 0
-    for p in params:
-        if k >= len(inputs):
-            break
-        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
-            out.append((p.name, inputs[k]))
-            k += 1
-        elif p.kind == p.VAR_POSITIONAL:
-            out += [(f"{p.name}[{j}]", inputs[k + j]) for j in range(len(inputs) - k)]
-            k = len(inputs)
-    return out
-
-
-def _code_names(code) -> set[str]:
-    """Global names a code object (and the lambdas/comprehensions inside it) reads."""
-    names = set(code.co_names)
-    for c in code.co_consts:
-        if inspect.iscode(c):
-            names |= _code_names(c)
-    return names
-
-
-def _referenced(fn) -> Iterator[tuple[str, Any]]:
-    """``(variable name, value)`` for the closure cells, globals and bound ``self`` that
-    ``fn`` reads: where the modules and tensors it uses live."""
-    func = getattr(fn, "__func__", fn)
-    owner = getattr(fn, "__self__", None)
-    if owner is not None and _is_module(owner):
-        yield "self", owner
-    code = getattr(func, "__code__", None)
-    if code is None:
-        return
-    for name, cell in zip(code.co_freevars, getattr(func, "__closure__", None) or ()):
-        try:
-            yield name, cell.cell_contents
-        except ValueError:  # an empty cell
-            continue
-    glob = getattr(func, "__globals__", {})
-    for name in sorted(_code_names(code)):
-        if name in glob:
-            yield name, glob[name]
+    return function_namespace(fn, inputs)
 
 
 def leaf_names(fn: Callable, inputs: tuple) -> dict:
-    """Names for the leaves of the graph ``fn(*inputs)`` builds, best first (the verifier
-    keeps the first name it sees for each tensor; ``tensor.name`` beats all of them):
+    """``{name: tensor}`` for the inputs of ``fn(*inputs)`` and the parameters of the
+    modules it uses, named as every view names leaves (``symgrad._naming``):
 
-    1. ``named_parameters()`` / ``named_buffers()`` paths (``fc1.weight``) of the modules
-       ``fn`` uses: ``fn`` itself, a module argument, or one its code reads (closure,
-       globals, bound ``self``); prefixed by the module's variable name only when two
-       modules are in play;
-    2. ``fn``'s argument names (a custom Function's ``forward`` parameters, a Module's
-       ``forward`` parameters, ``args[0]`` for ``*args``);
-    3. tensors in the closure or globals ``fn`` reads, by variable name;
-    4. ``x0, x1, ...`` for inputs nothing better names.
+    1. ``tensor.name``;
+    2. ``named_parameters()`` / ``named_buffers()`` paths (``fc1.weight``) of the modules
+       that own them; prefixed by the module's variable name when two models share a path;
+    3. ``fn``'s argument names, then tensors in the closure or globals ``fn`` reads;
+    4. ``t0, t1, ...`` for inputs nothing better names.
     """
+    from .._naming import _variables, unique_names
     from ..tensor import Tensor
 
-    args = _argument_names(fn, inputs)
-    modules: list[tuple[str, Any]] = []
-    tensors: list[tuple[str, Any]] = []
+    ns = _namespace(fn, inputs)
+    _tensors, modules = _variables(ns)
+    tensors: list[Any] = []
     seen: set[int] = set()
-    candidates = [("", fn)] + args + list(_referenced(fn))
-    for name, obj in candidates:
-        if _is_module(obj) and id(obj) not in seen:
-            seen.add(id(obj))
-            modules.append((name, obj))
-        elif isinstance(obj, Tensor) and name and not name.startswith("_"):
-            tensors.append((name, obj))
-    names: dict = {}
-    for var, mod in modules:
-        prefix = var if len(modules) > 1 and var else ""
-        for path, t in list(mod.named_parameters(prefix=prefix)) + \
-                list(mod.named_buffers(prefix=prefix)):
-            names.setdefault(path, t)
-    for name, t in tensors:
-        names.setdefault(name, t)
-    named = {id(t) for t in names.values()}
-    for i, x in enumerate(inputs):
-        if isinstance(x, Tensor) and id(x) not in named:
-            names.setdefault(f"x{i}", x)
-    return names
+
+    def add(t: Any) -> None:
+        if isinstance(t, Tensor) and id(t) not in seen:
+            seen.add(id(t))
+            tensors.append(t)
+
+    for _var, mod in modules:
+        for _path, t in list(mod.named_parameters()) + list(mod.named_buffers()):
+            add(t)
+    for x in inputs:
+        add(x)
+    for value in ns.values():
+        add(value)
+    return dict(zip(unique_names(tensors, None, ns), tensors))
 
 
 def verify_call(fn: Callable, *inputs, mode: str = "auto", rtol: float | None = None,
@@ -160,20 +96,20 @@ def verify_call(fn: Callable, *inputs, mode: str = "auto", rtol: float | None = 
     A non-scalar output is checked along a fixed, seeded cotangent (a vector-Jacobian
     product), so every output element takes part.
     """
+    from ..nn.modules import keep_new_modules
     from ..tensor import Tensor
 
-    out = fn(*inputs)
+    with keep_new_modules() as _made:  # a model fn makes still names its parameters
+        out = fn(*inputs)
     if isinstance(out, (tuple, list)):
         out = next(o for o in out if isinstance(o, Tensor) and o.requires_grad)
     if not isinstance(out, Tensor):
         raise TypeError(f"{getattr(fn, '__name__', fn)!r} must return a Tensor, "
                         f"got {type(out).__name__}")
     gradient = None if out.numel() == 1 else _seeded_cotangent(out)
-    merged = dict(names or {})  # the caller's names come first
-    for k, v in leaf_names(fn, inputs).items():
-        merged.setdefault(k, v)
-    report = _verify(out, mode=mode, rtol=rtol, atol=atol, order=order, names=merged,
-                     gradient=gradient)
+    # the caller's names first, then the one naming of every view (symgrad._naming)
+    report = _verify(out, mode=mode, rtol=rtol, atol=atol, order=order, names=names,
+                     gradient=gradient, namespace=_namespace(fn, inputs))
     _record(report, check_name or getattr(fn, "__qualname__", None))
     return report
 
@@ -354,7 +290,8 @@ def assert_function_correct(function_cls, *inputs, order: int | None = None,
     else:  # several outputs: one scalar along the cotangents
         root = sum((o * c).sum() for o, c in zip(outs, cots))
         gradient = None
-    kwargs: dict[str, Any] = {"mode": mode, "order": order, "names": names}
+    # forward's parameter names; the cotangents (constants) are named t0, t1 ...
+    kwargs: dict[str, Any] = {"mode": mode, "order": order, "names": names, "namespace": {}}
     if rtol is not None:
         kwargs["rtol"] = rtol
     if atol is not None:
