@@ -239,7 +239,7 @@ def test_live_graph_with_a_changed_saved_leaf_is_not_an_error_or_a_verdict():
         w.add_(1.0)
     rep = sg.verify(loss)  # the engine's backward cannot re-run on the new w
     assert rep.status == "changed in place" and not rep.ok
-    assert rep.notes[0].startswith("changed in place: t0 (version 0 when recorded, 1 now)")
+    assert rep.notes[0].startswith("changed in place: w (version 0 when recorded, 1 now)")
 
 
 def _run_magic_cell(ip, capsys, cell):
