@@ -7,8 +7,9 @@ first use.
 
 from __future__ import annotations
 
-from . import autograd, cuda, func, nn, ops, optim, utils
+from . import accelerator, amp, autograd, backends, cuda, func, nn, ops, optim, utils
 from ._random import Generator
+from .amp import autocast
 from .autograd import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled
 from .compile import compile  # noqa: A004  (torch.compile's name, as torch shadows it)
 from .creation import (
@@ -22,6 +23,7 @@ from .creation import (
     get_default_device,
     linspace,
     manual_seed,
+    multinomial,
     ones,
     ones_like,
     rand,
@@ -78,6 +80,10 @@ from .functional import (
     log,
     log1p,
     log1p_,
+    log2,
+    log2_,
+    log10,
+    log10_,
     log_,
     log_softmax,
     logical_not,
@@ -99,6 +105,7 @@ from .functional import (
     negative_,
     permute,
     pow,
+    prod,
     reciprocal,
     reciprocal_,
     relu,
@@ -125,6 +132,8 @@ from .functional import (
     view,
     where,
 )
+from .functional import all_ as all  # noqa: A004 - torch.all
+from .functional import any_ as any  # noqa: A004 - torch.any
 from .memory import max_memory_allocated, memory_allocated, reset_peak_memory_stats
 from .serialization import load, save
 from .tensor import BoolTensor, DoubleTensor, FloatTensor, LongTensor, Size, Tensor, tensor
@@ -199,7 +208,8 @@ __all__ = [
     "neg_", "negative_", "reciprocal_", "exp_", "log_", "sin_", "cos_", "tanh_", "sigmoid_",
     "sqrt_", "relu_", "abs_", "log1p_", "expm1_", "erf_", "clamp_", "clip_", "clamp_min_",
     "clamp_max_",
-    "func", "vmap", "Generator", "compile",
+    "func", "vmap", "Generator", "compile", "accelerator", "amp", "autocast", "backends",
+    "all", "any", "prod", "log2", "log2_", "log10", "log10_",
 ]
 
 # -- convolution and pooling (issue 21): the functions torch also has at top level
@@ -237,10 +247,11 @@ from .tensor_functions import (  # noqa: E402
     tril,
     triu,
     unbind,
+    unique,
     var,
 )
 
 __all__ += ["linalg", "gather", "scatter", "scatter_add", "take_along_dim", "index_select",
             "index_add", "masked_fill", "cumsum", "cumprod", "flip", "var", "std", "norm",
             "sort", "argsort", "topk", "tril", "triu", "roll", "tile", "outer", "einsum",
-            "split", "chunk", "unbind", "tensor_split", "diagonal"]
+            "split", "chunk", "unbind", "tensor_split", "diagonal", "unique", "multinomial"]

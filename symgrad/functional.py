@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from . import _tensor_layer as _tl
 from . import dtypes as _dt
+from ._aliases import numpy_aliases
 from ._random import _generator
 from ._tensor_layer import CPP_NAMES as _CPP_NAMES
 from ._tensor_layer import TORCH_NAMES as _TORCH_NAMES
@@ -135,6 +136,8 @@ sigmoid = _unary("sigmoid")
 relu = _refusing_bool("relu", RuntimeError("Boolean inputs not supported for relu"))
 sqrt = _unary("sqrt")
 log1p = _unary("log1p")
+log2 = _unary("log2")
+log10 = _unary("log10")
 expm1 = _unary("expm1")
 erf = _unary("erf")
 abs = _refusing_bool("abs", NotImplementedError(  # noqa: A001
@@ -221,6 +224,7 @@ def _raw_dims(dim, ndim):
     return u64s(dim)
 
 
+@numpy_aliases
 def sum(input, dim=None, keepdim=False, *, dtype=None):  # noqa: A001
     params = {} if dtype is None else {"dtype": _dt.as_dtype(dtype)}
     if dim is None:
@@ -229,6 +233,20 @@ def sum(input, dim=None, keepdim=False, *, dtype=None):  # noqa: A001
     return apply(_O["sum_dim"], (input,), params)
 
 
+@numpy_aliases
+def prod(input, dim=None, keepdim=False, *, dtype=None):
+    """The product of all elements (ProdBackward0) or along ``dim`` (ProdBackward1)."""
+    params = {} if dtype is None else {"dtype": _dt.as_dtype(dtype)}
+    if dim is None:
+        return apply(_O["prod"], (input,), params)
+    if not isinstance(dim, int) or isinstance(dim, bool):
+        raise TypeError(f"prod(): argument 'dim' must be int, not {_type_name(dim)}")
+    _wrap_dim(dim, input.ndim)
+    params.update(dim=u64(dim), keepdim=bool(keepdim))
+    return apply(_O["prod_dim"], (input,), params)
+
+
+@numpy_aliases
 def mean(input, dim=None, keepdim=False):
     if dim is None:
         return apply(_O["mean"], (input,))
@@ -631,11 +649,13 @@ def _minmax(name, input, dim, keepdim):
     return getattr(return_types, name)(values, indices)
 
 
+@numpy_aliases
 def max(input, dim=None, keepdim=False):  # noqa: A001
     """``max()``, ``max(dim)`` -> (values, indices), or ``max(other)`` = ``maximum``."""
     return _minmax("max", input, dim, keepdim)
 
 
+@numpy_aliases
 def min(input, dim=None, keepdim=False):  # noqa: A001
     """``min()``, ``min(dim)`` -> (values, indices), or ``min(other)`` = ``minimum``."""
     return _minmax("min", input, dim, keepdim)
@@ -656,10 +676,12 @@ def _arg(name, input, dim, keepdim):
                                       "keepdim": bool(keepdim), "dtype": _dt.int64})
 
 
+@numpy_aliases
 def argmax(input, dim=None, keepdim=False):
     return _arg("argmax", input, dim, keepdim)
 
 
+@numpy_aliases
 def argmin(input, dim=None, keepdim=False):
     return _arg("argmin", input, dim, keepdim)
 
@@ -753,6 +775,7 @@ def log_softmax(input, dim=None, dtype=None):
     return _softmax_like("log_softmax", input, dim, dtype)
 
 
+@numpy_aliases
 def logsumexp(input, dim, keepdim=False):
     return apply(_O["logsumexp"], (input,), {"dim": _raw_dims(dim, input.ndim),
                                              "keepdim": bool(keepdim)})
@@ -853,12 +876,14 @@ def _count_true(input, dim, keepdim):
     return sum(nonzero, dims, keepdim=keepdim), n
 
 
+@numpy_aliases
 def all_(input, dim=None, keepdim=False):
     """True where every element (along ``dim``) is non-zero; a bool tensor, no gradient."""
     hits, n = _count_true(input, dim, keepdim)
     return eq(hits, n)
 
 
+@numpy_aliases
 def any_(input, dim=None, keepdim=False):
     """True where some element (along ``dim``) is non-zero; a bool tensor, no gradient."""
     hits, _ = _count_true(input, dim, keepdim)
@@ -1319,6 +1344,8 @@ tanh_ = _inplace_function("tanh_")
 sigmoid_ = _inplace_function("sigmoid_")
 sqrt_ = _inplace_function("sqrt_")
 log1p_ = _inplace_function("log1p_")
+log2_ = _inplace_function("log2_")
+log10_ = _inplace_function("log10_")
 expm1_ = _inplace_function("expm1_")
 erf_ = _inplace_function("erf_")
 relu_ = _inplace_function("relu_")

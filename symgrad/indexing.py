@@ -60,7 +60,7 @@ def _item(i):
         if i.dtype not in (_dt.int64, _dt.bool_):
             raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
         return i
-    if isinstance(i, (list, np.ndarray)):
+    if isinstance(i, (list, range, np.ndarray)):  # torch reads a range as a sequence
         a = np.asarray(i)
         if a.size == 0 and a.dtype.kind not in "bi":
             a = a.astype(np.int64)

@@ -13,6 +13,8 @@ import os
 import pickle
 from typing import Any
 
+import numpy as np
+
 __all__ = ["save", "load"]
 
 _ALLOWED = {
@@ -56,15 +58,129 @@ def save(obj: Any, f, pickle_protocol: int = pickle.DEFAULT_PROTOCOL) -> None:
 
 
 def load(f, map_location=None, *, weights_only: bool = True) -> Any:
-    """Read what :func:`save` wrote; ``map_location`` moves every tensor to that device."""
+    """Read what :func:`save` wrote, or a checkpoint ``torch.save`` wrote (its zip format:
+    tensors, Parameters and plain containers, never code); ``map_location`` moves every
+    tensor to that device."""
     if isinstance(f, (str, os.PathLike)):
         with open(f, "rb") as fh:
             data = fh.read()
         f = io.BytesIO(data)
-    obj = _WeightsUnpickler(f).load() if weights_only else pickle.load(f)
+    start = f.tell()
+    if f.read(4) == b"PK\x03\x04":  # a zip archive: torch.save's format since torch 1.6
+        f.seek(start)
+        obj = _load_torch_zip(f)
+    else:
+        f.seek(start)
+        obj = _WeightsUnpickler(f).load() if weights_only else pickle.load(f)
     if map_location is not None:
         obj = _move(obj, map_location)
     return obj
+
+
+#: torch storage classes -> the NumPy dtype of their bytes and the dtype symgrad keeps
+#: (an exact widening where symgrad lacks torch's dtype: int32 -> int64, float16 -> float32)
+_TORCH_STORAGES = {
+    "FloatStorage": ("<f4", "float32"), "DoubleStorage": ("<f8", "float64"),
+    "LongStorage": ("<i8", "int64"), "BoolStorage": ("?", "bool"),
+    "IntStorage": ("<i4", "int64"), "ShortStorage": ("<i2", "int64"),
+    "CharStorage": ("i1", "int64"), "ByteStorage": ("u1", "int64"),
+    "HalfStorage": ("<f2", "float32"), "BFloat16Storage": ("<u2", "float32"),
+}
+_TORCH_REBUILDERS = {"_rebuild_tensor_v2", "_rebuild_parameter"}
+
+
+class _TorchStorage:
+    def __init__(self, kind: str, data: bytes) -> None:
+        code, keep = _TORCH_STORAGES[kind]
+        raw = np.frombuffer(data, dtype=np.dtype(code))
+        if kind == "BFloat16Storage":  # bfloat16 is the top half of a float32
+            raw = (raw.astype(np.uint32) << 16).view(np.float32)
+        self.array = raw.astype(keep)
+
+
+def _rebuild_tensor(storage: _TorchStorage, offset: int, size, stride, requires_grad=False,
+                    backward_hooks=None, metadata=None):
+    from .tensor import Tensor
+
+    arr = storage.array
+    if len(size) and min(size) == 0:
+        values = np.zeros(tuple(size), dtype=arr.dtype)
+    else:
+        last = offset + sum((n - 1) * st for n, st in zip(size, stride))
+        if offset < 0 or last >= len(arr) or min(stride, default=0) < 0:
+            raise pickle.UnpicklingError("torch checkpoint: a tensor reaches past its storage")
+        values = np.lib.stride_tricks.as_strided(
+            arr[offset:], shape=tuple(size), strides=tuple(st * arr.itemsize for st in stride))
+    t = Tensor._wrap(np.ascontiguousarray(values).copy())
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
+
+
+def _rebuild_torch_parameter(data, requires_grad, backward_hooks=None):
+    from .nn.parameter import Parameter
+
+    return Parameter(data, requires_grad)
+
+
+class _TorchZipUnpickler(pickle.Unpickler):
+    """Reads a ``torch.save`` archive's data.pkl the way ``torch.load(weights_only=True)``
+    does: tensors come from the archive's storage records, anything that would run code is
+    refused."""
+
+    def __init__(self, file, archive, prefix: str) -> None:
+        super().__init__(file)
+        self._archive, self._prefix, self._storages = archive, prefix, {}
+
+    def find_class(self, module: str, name: str):
+        if module == "torch._utils" and name == "_rebuild_tensor_v2":
+            return _rebuild_tensor
+        if module == "torch._utils" and name == "_rebuild_parameter":
+            return _rebuild_torch_parameter
+        if module == "torch" and name in _TORCH_STORAGES:
+            return name
+        if (module, name) in (("collections", "OrderedDict"), ("builtins", "set"),
+                              ("builtins", "frozenset"), ("builtins", "slice")):
+            return super().find_class(module, name)
+        if module == "torch" and name.endswith("Storage") or module == "torch" and \
+                name in ("float16", "bfloat16", "int32", "complex64"):
+            raise pickle.UnpicklingError(
+                f"this torch checkpoint holds torch.{name}, which symgrad cannot read")
+        raise pickle.UnpicklingError(
+            f"this torch checkpoint holds {module}.{name}, which is not a tensor or a plain "
+            "container; symgrad.load reads tensors and state dicts only (load it with torch "
+            "and save its state_dict())")
+
+    def persistent_load(self, pid):
+        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"):
+            raise pickle.UnpicklingError(f"torch checkpoint: unknown record {pid!r}")
+        _, kind, key, _location, _numel = pid
+        if kind not in _TORCH_STORAGES:
+            raise pickle.UnpicklingError(
+                f"this torch checkpoint holds a {kind}, which symgrad cannot read")
+        if key not in self._storages:
+            data = self._archive.read(f"{self._prefix}data/{key}")
+            self._storages[key] = _TorchStorage(kind, data)
+        return self._storages[key]
+
+
+def _load_torch_zip(f) -> Any:
+    import zipfile
+
+    try:
+        archive = zipfile.ZipFile(f)
+        pkl = next(n for n in archive.namelist() if n.endswith("data.pkl") and n.count("/") == 1)
+    except (zipfile.BadZipFile, StopIteration):
+        raise pickle.UnpicklingError(
+            "not a symgrad.save file, nor a torch.save checkpoint (a zip archive without "
+            "data.pkl)") from None
+    prefix = pkl[: -len("data.pkl")]
+    order = archive.read(prefix + "byteorder").decode() if prefix + "byteorder" in \
+        archive.namelist() else "little"
+    if order != "little":
+        raise pickle.UnpicklingError("torch checkpoint written big-endian: not supported")
+    with archive.open(pkl) as fh:
+        return _TorchZipUnpickler(io.BytesIO(fh.read()), archive, prefix).load()
 
 
 def _move(obj, device):

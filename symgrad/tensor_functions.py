@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import dtypes as _dt
+from ._aliases import numpy_aliases
 from ._tensor_layer import TensorBase
 from ._tensor_layer import wrap_dim as _wrap_dim
 from ._views import mark_multi_output_views
@@ -253,12 +254,14 @@ def _var_args(fn: str, input, dim, unbiased, correction, keepdim):
             "keepdim": bool(keepdim)}
 
 
+@numpy_aliases
 def var(input: Tensor, dim: Any = None, unbiased: bool | None = None, keepdim: bool = False,
         *, correction: Any = None) -> Tensor:
     return apply(OPS["var"], (input,), _var_args("var", input, dim, unbiased, correction,
                                                 keepdim))
 
 
+@numpy_aliases
 def std(input: Tensor, dim: Any = None, unbiased: bool | None = None, keepdim: bool = False,
         *, correction: Any = None) -> Tensor:
     return apply(OPS["std"], (input,), _var_args("std", input, dim, unbiased, correction,
@@ -552,6 +555,15 @@ def einsum(equation: str, *operands) -> Tensor:
                                    f"the sizes don't match, {x.shape[q]} != {x.shape[p]}")
             x, t = x.diagonal(0, p, q), t[:p] + t[p + 1:q] + t[q + 1:] + c
         operands[k], terms[k] = x, t
+    seen: dict[str, int] = {}
+    for k, (t, x) in enumerate(zip(terms, operands)):  # sizes agree (or one is 1) per letter
+        for c, size in zip(t, x.shape):
+            if c in seen and size != seen[c] and 1 not in (size, seen[c]):
+                raise RuntimeError(f"einsum(): subscript {c} has size {size} for operand {k} "
+                                   f"which does not broadcast with previously seen size "
+                                   f"{seen[c]}")
+            if seen.get(c, 1) == 1:
+                seen[c] = size
     acc, acc_idx = operands[0], terms[0]
     for k in range(1, len(terms)):
         later = out + "".join(terms[k + 1:])
@@ -658,11 +670,49 @@ def _contract(a, ai: str, b, bi: str, later: str):
     return out, "".join(batch + left + right)
 
 
+def unique(input: Tensor, sorted: bool = True, return_inverse: bool = False,  # noqa: A002
+           return_counts: bool = False, dim: int | None = None):
+    """The distinct values (or slices along ``dim``) in ascending order, with the inverse
+    indices and counts torch returns on request. No gradient flows through the result
+    (torch's Unique2Backward0 raises "not implemented" when reached). ``sorted=False`` sorts
+    too: torch's CPU kernel does the same for the inputs checked, and an order is a
+    valid answer where torch promises none."""
+    from .tensor import Tensor
+
+    a = _host(input)
+    if dim is None:
+        values, inverse, counts = np.unique(a.reshape(-1), return_inverse=True,
+                                            return_counts=True)
+        inverse = inverse.reshape(a.shape)
+    else:
+        d = _wrap_dim(dim, input.ndim)
+        values, inverse, counts = np.unique(a, return_inverse=True, return_counts=True,
+                                            axis=d)
+        inverse = inverse.reshape(-1)
+
+    def wrap(arr: np.ndarray) -> Tensor:
+        return Tensor._wrap(np.ascontiguousarray(arr)).to(input.device)
+
+    out = [wrap(values.astype(a.dtype))]
+    if return_inverse:
+        out.append(wrap(inverse.astype(np.int64)))
+    if return_counts:
+        out.append(wrap(counts.astype(np.int64)))
+    return out[0] if len(out) == 1 else tuple(out)
+
+
+def _multinomial_method(self: Tensor, num_samples: int, replacement: bool = False, *,
+                        generator: Any = None) -> Tensor:
+    from .creation import multinomial
+
+    return multinomial(self, num_samples, replacement, generator=generator)
+
+
 #: Tensor methods (torch.Tensor has each of these names)
 METHODS = ("gather", "scatter", "scatter_add", "take_along_dim", "index_select", "index_add",
            "masked_fill", "masked_fill_", "cumsum", "cumprod", "flip", "var", "std", "norm",
            "sort", "argsort", "topk", "tril", "triu", "roll", "repeat", "tile", "outer", "split",
-           "chunk", "unbind", "tensor_split", "diagonal")
+           "chunk", "unbind", "tensor_split", "diagonal", "unique", "multinomial")
 
 
 def _split_method(self: Tensor, split_size: Any, dim: int = 0) -> tuple:
@@ -671,6 +721,7 @@ def _split_method(self: Tensor, split_size: Any, dim: int = 0) -> tuple:
 
 
 #: Tensor methods whose signature differs from the function's
-METHOD_FORMS = {"split": _split_method}
+METHOD_FORMS = {"split": _split_method, "multinomial": _multinomial_method}
 #: top-level functions (torch has each of these names; torch.repeat does not exist)
-FUNCTIONS = tuple(m for m in METHODS if m not in ("repeat", "masked_fill_")) + ("einsum",)
+FUNCTIONS = tuple(m for m in METHODS if m not in ("repeat", "masked_fill_", "multinomial")) \
+    + ("einsum",)

@@ -18,7 +18,9 @@ def _opt(lib, kind):
     groups = [{"params": [p]}, {"params": [q], "lr": 0.3}]
     if kind == "adam":
         return lib.optim.Adam(groups, lr=0.1)
-    return lib.optim.SGD(groups, lr=0.1, momentum=0.9)
+    if kind == "sgd":
+        return lib.optim.SGD(groups, lr=0.1, momentum=0.9)
+    return getattr(lib.optim, kind)(groups, lr=0.1)
 
 
 def _sched(S, o, name):
@@ -77,6 +79,24 @@ def _run(lib, name, kind, steps=50):
 def test_50_steps_of_learning_rates_equal_torchs(name, kind, torch):
     ours, theirs = _run(sg, name, kind), _run(torch, name, kind)
     assert ours == theirs  # the same float64 operations in the same order: bit for bit
+
+
+# the other optimizers under the schedulers that set lr, and (those with betas) OneCycleLR,
+# which cycles beta1 as it cycles SGD's momentum
+OTHER_OPTIMIZERS = ["Adadelta", "Adamax", "NAdam", "RAdam", "ASGD", "RMSprop", "Adagrad",
+                    "AdamW"]
+
+
+@pytest.mark.parametrize("name", ["StepLR", "OneCycleLR", "CosineAnnealingWarmRestarts"])
+@pytest.mark.parametrize("kind", OTHER_OPTIMIZERS)
+def test_other_optimizers_follow_the_schedules_as_torchs(name, kind, torch):
+    if name == "OneCycleLR" and kind in ("Adadelta", "ASGD", "Adagrad"):
+        for lib in (sg, torch):  # nothing to cycle: refused as torch refuses it
+            with pytest.raises(ValueError, match="optimizer must support momentum or beta1"):
+                _run(lib, name, kind)
+        return
+    ours, theirs = _run(sg, name, kind), _run(torch, name, kind)
+    assert ours == theirs
 
 
 def _plateau(lib, **kw):

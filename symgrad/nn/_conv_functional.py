@@ -8,9 +8,11 @@ into numbers, torch's ``ConstantPadNdBackward0`` first where 'same' pads unevenl
 
 from __future__ import annotations
 
+import os
 import warnings
 
 from .. import functional as _F
+from .._tensor_layer import TORCH_NAMES
 from ..autograd.function import apply
 from ..ops import OPS
 from ..tensor import Tensor
@@ -22,8 +24,6 @@ _PAD = OPS["constant_pad_nd"]
 _MAX = OPS["max_pool2d_with_indices"]
 _AVG = OPS["avg_pool2d"]
 _ADAPTIVE = OPS["adaptive_avg_pool2d"]
-_TORCH_TYPE = {"float32": "torch.FloatTensor", "float64": "torch.DoubleTensor",
-               "int64": "torch.LongTensor", "bool": "torch.BoolTensor"}
 _C_TYPE = {"float32": "float", "float64": "double", "int64": "long int", "bool": "bool"}
 
 
@@ -51,6 +51,26 @@ def _full(v: tuple, n: int) -> tuple[int, ...]:
 
 def _size_str(shape) -> str:
     return "[" + ", ".join(str(s) for s in shape) + "]"
+
+
+_TORCH_TYPE = {"float32": "torch.FloatTensor", "float64": "torch.DoubleTensor",
+               "int64": "torch.LongTensor", "bool": "torch.BoolTensor"}
+
+
+def _torch_picks_mkldnn(input: Tensor, weight: Tensor, stride, dilation, groups) -> bool:
+    """Whether torch 2.13 would run this convolution with oneDNN (its ``use_mkldnn``): its
+    dtype-mismatch error is worded by the kernel it picked, so ours follows the same rule.
+    A 1-D convolution is picked as its 4-D view (N, C, 1, L) with weight (O, C, 1, K)."""
+    if input.dtype.name != "float32" or input.ndim not in (3, 4):
+        return False
+    n, c, *rest = input.shape
+    h, w = (1, rest[0]) if input.ndim == 3 else rest
+    kh, kw = (1, weight.shape[-1]) if input.ndim == 3 else weight.shape[-2:]
+    threads = os.cpu_count() or 1  # torch's default intra-op thread count
+    fast_enough = (any(s != 1 for s in stride) or any(d != 1 for d in dilation) or n >= 16
+                   or kw != 1 or kh != 1 or threads > 1)
+    worth_it = groups > 1 or (kw > 3 and kh > 3) or n > 1 or n * c * h * w > 20480
+    return fast_enough and worth_it
 
 
 # -- convolution ------------------------------------------------------------------------------
@@ -89,9 +109,12 @@ def _check_conv(input: Tensor, weight: Tensor, bias, stride, padding, dilation, 
                            f"({' x '.join(map(str, kernel))}). Kernel size can't be greater "
                            "than actual input size")
     if input.dtype is not weight.dtype:
-        raise RuntimeError(f"Input type ({_TORCH_TYPE[input.dtype.name]}) and weight type "
-                           f"({_TORCH_TYPE[weight.dtype.name]}) should be the same or input "
-                           "should be a MKLDNN tensor and weight is a dense tensor")
+        if _torch_picks_mkldnn(input, weight, stride, dilation, groups):
+            raise RuntimeError(f"Input type ({_TORCH_TYPE[input.dtype.name]}) and weight type "
+                               f"({_TORCH_TYPE[weight.dtype.name]}) should be the same or "
+                               "input should be a MKLDNN tensor and weight is a dense tensor")
+        raise RuntimeError(f"expected scalar type {TORCH_NAMES[input.dtype.name]} but found "
+                           f"{TORCH_NAMES[weight.dtype.name]}")
     if bias is not None and bias.dtype is not input.dtype:
         raise RuntimeError(f"Input type ({_C_TYPE[input.dtype.name]}) and bias type "
                            f"({_C_TYPE[bias.dtype.name]}) should be the same")

@@ -54,6 +54,10 @@ def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor |
         raise RuntimeError("running_mean must be defined in evaluation mode")
     elif running_var is None:
         raise RuntimeError("running_var must be defined in evaluation mode")
+    for name, t in (("running_mean", running_mean), ("running_var", running_var),
+                    ("weight", weight), ("bias", bias)):
+        if t is not None and t.numel() != c:
+            raise RuntimeError(f"{name} should contain {c} elements not {t.numel()}")
     out = apply(OPS["native_batch_norm"], (input, weight, bias),
                 {"running_mean": running_mean, "running_var": running_var,
                  "training": bool(training), "eps": float(eps)})

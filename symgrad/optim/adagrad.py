@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from ..backends import backend_for
+from ._common import scalar_state
 from .optimizer import Optimizer, bump_step, check_flags
 
 __all__ = ["Adagrad"]
@@ -42,14 +43,13 @@ class Adagrad(Optimizer):
                                   "differentiable": differentiable, "fused": fused})
         for group in self.param_groups:
             for p in group["params"]:
-                self._init_state(p)
+                self._init_state(p, group["fused"])
 
-    def _init_state(self, p) -> dict:
+    def _init_state(self, p, fused: bool | None = False) -> dict:
         from ..creation import full_like
-        from ..tensor import tensor
 
         state = self.state[p]
-        state["step"] = tensor(0.0)
+        state["step"] = scalar_state(0.0, fused=fused)
         state["sum"] = full_like(p, self.defaults["initial_accumulator_value"])
         return state
 
@@ -62,7 +62,7 @@ class Adagrad(Optimizer):
                 if p._grad is None:
                     continue
                 be = backend_for(p._device.type)
-                state = self.state.get(p) or self._init_state(p)
+                state = self.state.get(p) or self._init_state(p, group["fused"])
                 step = bump_step(state["step"])
                 g = p._grad._data
                 if group["maximize"]:

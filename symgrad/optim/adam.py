@@ -6,6 +6,7 @@ from collections.abc import Iterable
 
 from ..backends import backend_for
 from ..tensor import Tensor
+from ._common import scalar_state
 from .optimizer import Optimizer, bump_step, check_flags
 
 __all__ = ["Adam", "AdamW"]
@@ -42,12 +43,10 @@ class Adam(Optimizer):
                                   "fused": fused,
                                   "decoupled_weight_decay": decoupled_weight_decay})
 
-    def _init_state(self, p: Tensor, amsgrad: bool) -> dict:
+    def _init_state(self, p: Tensor, amsgrad: bool, fused: bool | None = False) -> dict:
         from ..creation import zeros_like
-        from ..dtypes import float32
-        from ..tensor import tensor
 
-        state = {"step": tensor(0.0, dtype=float32), "exp_avg": zeros_like(p),
+        state = {"step": scalar_state(0.0, fused=fused), "exp_avg": zeros_like(p),
                  "exp_avg_sq": zeros_like(p)}
         if amsgrad:
             state["max_exp_avg_sq"] = zeros_like(p)
@@ -67,7 +66,7 @@ class Adam(Optimizer):
                 if grad is None:
                     continue
                 be = backend_for(p._device.type)
-                state = self.state.get(p) or self._init_state(p, amsgrad)
+                state = self.state.get(p) or self._init_state(p, amsgrad, group["fused"])
                 step = bump_step(state["step"])
                 g = grad._data
                 if group["maximize"]:

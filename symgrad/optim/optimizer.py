@@ -176,11 +176,19 @@ def _detached(v):
     return v.detach() if isinstance(v, Tensor) else v
 
 
-def _moved(key: str, v, p: Tensor):
-    """A loaded state value placed as torch does: ``step`` stays where it is (the CPU),
-    buffers follow the parameter's device and floating dtype."""
-    if not isinstance(v, Tensor) or key == "step":
-        return v
-    if v.dtype.is_floating_point and v.ndim > 0:  # buffers follow the parameter
-        v = v.to(p.dtype)
-    return v.to(p.device)
+def _moved(key, v, p: Tensor):
+    """A loaded state value placed as torch does: ``step`` stays where it is (the CPU);
+    every other tensor, 0-dim ones (NAdam's ``mu_product``, ASGD's ``eta``) and those in
+    lists (LBFGS's history) included, follows the parameter's device and, when the
+    parameter is floating, its dtype."""
+    if isinstance(v, Tensor):
+        if key == "step":
+            return v
+        if p.dtype.is_floating_point:
+            v = v.to(p.dtype)
+        return v.to(p.device)
+    if isinstance(v, dict):
+        return {k: _moved(k, u, p) for k, u in v.items()}
+    if isinstance(v, (list, tuple)):
+        return type(v)(_moved(None, u, p) for u in v)
+    return v

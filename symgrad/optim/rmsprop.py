@@ -6,6 +6,7 @@ from collections.abc import Iterable
 
 from ..backends import backend_for
 from ..tensor import Tensor
+from ._common import scalar_state
 from .optimizer import Optimizer, bump_step, check_flags
 
 __all__ = ["RMSprop"]
@@ -41,11 +42,10 @@ class RMSprop(Optimizer):
                                   "maximize": maximize, "differentiable": differentiable})
 
     def _init_state(self, p: Tensor, group: dict) -> dict:
-        from ..creation import zeros, zeros_like
-        from ..dtypes import float32
+        from ..creation import zeros_like
 
         state = self.state[p]
-        state["step"] = zeros((), dtype=float32)
+        state["step"] = scalar_state(0.0)
         state["square_avg"] = zeros_like(p)
         if group["momentum"] > 0:
             state["momentum_buffer"] = zeros_like(p)

@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import os
 
-from .device import device as _device
-from .memory import max_memory_allocated as _max
-from .memory import memory_allocated as _mem
-from .memory import reset_peak_memory_stats as _reset
+from ..device import device as _device
+from ..memory import max_memory_allocated as _max
+from ..memory import memory_allocated as _mem
+from ..memory import reset_peak_memory_stats as _reset
 
 __all__ = ["is_available", "device_count", "current_device", "get_device_name",
            "synchronize", "memory_allocated", "max_memory_allocated",
-           "reset_peak_memory_stats", "memory_reserved", "empty_cache"]
+           "reset_peak_memory_stats", "memory_reserved", "empty_cache", "manual_seed",
+           "manual_seed_all", "seed", "seed_all", "amp"]
 
 _NO_GPU = ("CUDA is not available: no NVIDIA GPU/driver was found by numba.cuda. To run "
            "symgrad's CUDA backend without a GPU, set NUMBA_ENABLE_CUDASIM=1 before "
@@ -87,7 +88,7 @@ def _require_cuda(device=None) -> _device:
         if not isinstance(device, int) else device
     if not 0 <= index < device_count():
         raise RuntimeError("CUDA error: invalid device ordinal")
-    from .backends import cuda as _backend
+    from ..backends import cuda as _backend
 
     _backend.register()
     return _device("cuda", index)
@@ -96,7 +97,7 @@ def _require_cuda(device=None) -> _device:
 def synchronize(device=None) -> None:
     """Wait for every kernel launched so far (and report a pending device-side error)."""
     _require_cuda(device)
-    from .backends import backend_for
+    from ..backends import backend_for
 
     backend_for("cuda").synchronize()
 
@@ -118,7 +119,7 @@ def memory_reserved(device=None) -> int:
     """Device bytes the allocator holds: live blocks rounded to 512 bytes, plus its cache."""
     if not _loaded():
         return 0
-    from .backends.cuda import allocator
+    from ..backends.cuda import allocator
 
     return allocator.reserved_bytes()
 
@@ -127,7 +128,7 @@ def empty_cache() -> None:
     """Give the allocator's cached free blocks back to the device."""
     if not _loaded():
         return
-    from .backends.cuda import allocator
+    from ..backends.cuda import allocator
 
     allocator.empty_cache()
 
@@ -135,4 +136,27 @@ def empty_cache() -> None:
 def _loaded() -> bool:
     import sys
 
-    return "symgrad.backends.cuda" in sys.modules
+    return "symgrad.backends.cuda.backend" in sys.modules
+
+
+def manual_seed(seed: int) -> None:
+    """torch seeds the current GPU's generator. symgrad draws random numbers for CUDA
+    tensors from its one CPU generator (``symgrad.manual_seed``), so there is no GPU
+    generator to seed: like torch on a machine without CUDA, this does nothing."""
+    int(seed)  # torch rejects what is not an integer
+
+
+def manual_seed_all(seed: int) -> None:
+    """As :func:`manual_seed`, for every GPU."""
+    int(seed)
+
+
+def seed() -> None:
+    """No GPU generator to seed (see :func:`manual_seed`)."""
+
+
+def seed_all() -> None:
+    """No GPU generator to seed (see :func:`manual_seed`)."""
+
+
+from . import amp  # noqa: E402 - after is_available, which symgrad.amp reads
