@@ -943,11 +943,11 @@ def apply_report(payload: dict, report: Any, node_map: Mapping[int, str] | None 
     rows = []
     for k, row in enumerate(json_rows):
         name = str(row.get("name", "?"))
-        if linked:  # one truth per leaf: the row's own tensor picks its node
-            tensor = getattr(objs[k], "tensor", None)
-            nid = node_map.get(id(tensor)) if tensor is not None else None
+        tensor = getattr(objs[k], "tensor", None) if linked else None
+        if tensor is not None:  # one truth per leaf: the row's own tensor picks its node
+            nid = node_map.get(id(tensor))
             nid = nid if nid in name_by_id else None
-        else:  # a JSON report: its names are the ones this payload was drawn with
+        else:  # a JSON report (or a row without its tensor): the names both sides share
             nid = leaf_by_name.get(name)
         if nid is not None:
             name = name_by_id[nid]
