@@ -133,6 +133,7 @@ class NumpyBackend:
 
     @staticmethod
     def sum(x, axis=None, keepdims=False, dtype=None):
+        dtype = getattr(dtype, "np", dtype)  # sum(dtype=symgrad.float64): its NumPy twin
         return np.asarray(np.sum(x, axis=axis, keepdims=keepdims, dtype=dtype))
 
     @staticmethod

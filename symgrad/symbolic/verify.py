@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import time
 
 import mpmath
@@ -311,7 +312,8 @@ def verify(root, gradient=None, *, names=None, mode: str = "auto", order: int = 
             rep._sym.progress = None
     if not rep.timed_out:
         _explain_nonfinite(rep, graph, getattr(rep, "_backward_nonfinite", ""))
-        if _has_mismatch(rep) and _is_float32(graph) and graph.kind == "symgrad":
+        if _has_mismatch(rep) and _is_float32(graph) and graph.kind == "symgrad" \
+                and not _REPLAYING.get():
             _precision_replay(rep, graph, gradient, mode, sample, seed, deadline, backend)
     rep.status = _status(rep)
     if graph.changed:
@@ -402,6 +404,25 @@ def _is_float32(graph) -> bool:
     return any(d.itemsize <= 4 for d in dts)
 
 
+def _as_float64_param(v):
+    """A node parameter naming float32 (cumsum's ``dtype``, ``to(float32)``, softmax's
+    ``dtype=``) names float64 in the replay; everything else stays as recorded."""
+    from .. import dtypes
+
+    if v is dtypes.float32:
+        return dtypes.float64
+    if isinstance(v, np.dtype) and v == np.float32:
+        return np.dtype(np.float64)
+    if v is np.float32:
+        return np.float64
+    return v
+
+
+#: set while a float64 replay is being verified: that check never replays again
+_REPLAYING: contextvars.ContextVar[bool] = contextvars.ContextVar("symgrad_replaying",
+                                                                  default=False)
+
+
 def _replay_float64(graph):
     """The graph's ops re-run by the engine on float64 copies of its inputs: (root, leaves
     by index, outputs by (node, nr)); None where a node cannot be re-run."""
@@ -429,8 +450,7 @@ def _replay_float64(graph):
     with enable_grad():
         for g in graph.nodes:
             ins = [val(r) for r in g.inputs]
-            params = {k: (np.float64 if getattr(v, "np", None) is np.float32 else v)
-                      for k, v in g.params.items()}
+            params = {k: _as_float64_param(v) for k, v in g.params.items()}
             if g.custom is not None:
                 out = g.custom.apply(*ins)
             elif g.spec is not None:
@@ -456,9 +476,19 @@ def _precision_replay(rep, graph, gradient, mode, sample, seed, deadline, backen
     if replay is None:
         return
     root64, _, outs = replay
+    if any(np.asarray(o.detach().numpy()).dtype == np.float32 for o in outs.values()
+           if hasattr(o, "detach")):
+        rep.notes.append("float64 replay not possible (a node kept float32); float32 "
+                         "disagreements are reported as mismatches")
+        return
     timeout = None if deadline is None else max(deadline - time.perf_counter(), 0.5)
-    rep64 = verify(root64, gradient, mode=mode, sample=sample, seed=seed, timeout=timeout,
-                   backend=backend, namespace={})  # the copies carry the leaves' names
+    token = _REPLAYING.set(True)  # the replay's own check never replays again
+    try:
+        rep64 = verify(root64, gradient, mode=mode, sample=sample, seed=seed,
+                       timeout=timeout, backend=backend,
+                       namespace={})  # the copies carry the leaves' names
+    finally:
+        _REPLAYING.reset(token)
     rep.ran.append("float64 replay")
     if not rep64.ok:
         rep.notes.append(f"the same graph re-run in float64 disagrees too ({rep64.status}): "
