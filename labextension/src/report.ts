@@ -68,6 +68,7 @@ export function reportStatus(s: string): CheckStatus {
     case 'error':
     case 'timeout':
     case 'changed in place': // written in place since recorded: nothing was checked
+    case 'backward raised': // a node's backward raised: nothing could be compared
       return 'error';
     case 'skipped':
     case 'unsupported':

@@ -872,7 +872,8 @@ def _report_dict(report: Any) -> dict:
 _STATUS = {"ok": "pass", "pass": "pass", "passed": "pass", "mismatch": "fail", "fail": "fail",
            "failed": "fail", "error": "error", "unsupported": "skipped", "skipped": "skipped",
            "timeout": "skipped", "not run": "none", "not checked": "none", "none": "none",
-           "non-finite": "error", "could not evaluate": "error", "changed in place": "error"}
+           "non-finite": "error", "could not evaluate": "error", "changed in place": "error",
+           "backward raised": "error"}
 
 
 def _status(value: Any) -> str:
@@ -913,7 +914,7 @@ def _first_tol(d: Any) -> tuple[float | None, float | None]:
 
 #: report statuses that are neither agreement nor disagreement: the agreement's ``verdict``
 #: is the report's line that starts with the status (``non-finite: arose in: ...``)
-VERDICT_STATUSES = ("non-finite", "could not evaluate", "changed in place")
+VERDICT_STATUSES = ("non-finite", "could not evaluate", "changed in place", "backward raised")
 
 
 def _verdict(data: Mapping) -> str | None:

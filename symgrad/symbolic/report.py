@@ -78,6 +78,10 @@ class LeafRow:
     tensor: Any = field(default=None, repr=False, compare=False)
 
 
+#: report statuses where nothing could be compared: the report is its one line (a note)
+ONE_LINE_STATUSES = ("changed in place", "backward raised")
+
+
 @dataclass
 class NodeRow:
     id: int
@@ -116,7 +120,8 @@ class Report:
     hvp: list = field(default_factory=list)  # rows for order=2
     #: ok | mismatch | non-finite | could not evaluate | unsupported | timed out |
     #: changed in place (a leaf written in place since the graph was recorded, its recorded
-    #: value gone: nothing was checked)
+    #: value gone: nothing was checked) | backward raised (a node's backward raised: the
+    #: node, the exception's type and message are the one line)
     status: str = ""
     #: False when a float32 number lost precision (a row is ``imprecise``): the rules are
     #: right (a float64 replay of the graph agrees), the float32 values are not exact
@@ -526,7 +531,7 @@ def render_text(data: dict, verbose: bool = True, width: int = TEXT_WIDTH) -> st
     secs = f"{seconds:.2f} s" if isinstance(seconds, (int, float)) else f"{seconds} s"
     lines = [f"symgrad.verify: {headline(data)}  (mode {mode}, backend "
              f"{data.get('backend', '?')}, order {data.get('order', 1)}, {secs})"]
-    if data.get("status") == "changed in place":  # nothing was checked: the one line
+    if data.get("status") in ONE_LINE_STATUSES:  # nothing was checked: the one line
         for note in data.get("notes") or []:
             lines += _wrap(note, width, "  ", "")
         return "\n".join(lines)
@@ -670,7 +675,7 @@ def render_html(data: dict) -> str:
              f'{e(headline(data))}</b> &mdash; mode {e(str(mode))}, '
              f"backend {e(str(data.get('backend', '?')))}, order {e(str(data.get('order', 1)))},"
              f" {e(secs)} s</p>"]
-    if data.get("status") == "changed in place":  # nothing was checked: the one line
+    if data.get("status") in ONE_LINE_STATUSES:  # nothing was checked: the one line
         return "".join(parts + [f"<p>{e(str(n))}</p>" for n in data.get("notes") or []]
                        + ["</div>"])
     nodes = _with_labels(data)

@@ -276,12 +276,12 @@ def verify(root, gradient=None, *, names=None, mode: str = "auto", order: int = 
     try:
         try:
             engine_grads = graph.engine_grads(graph, gradient)
-        except RuntimeError as exc:
-            if not graph.changed or "modified by an inplace operation" not in str(exc):
-                raise
-            return _changed_report(graph, graph.changed, mode, order, engine_name, t0,
-                                   "the engine's backward cannot run again on tensors "
-                                   "changed since")
+        except Exception as exc:  # noqa: BLE001 - a backward that raises is a finding
+            if graph.changed and "modified by an inplace operation" in str(exc):
+                return _changed_report(graph, graph.changed, mode, order, engine_name, t0,
+                                       "the engine's backward cannot run again on tensors "
+                                       "changed since")
+            return _raised_report(graph, exc, chosen, mode, order, engine_name, t0, rng)
         if chosen == "exact":
             _run_exact(rep, graph, engine, engine_name, gradient, engine_grads, tol_for, rng,
                        sample, deadline, progress)
@@ -363,6 +363,44 @@ def _changed_report(graph, changed: dict, mode, order, engine_name, t0,
                                       None, None, None, None, None, CHANGED, None, 0, False,
                                       lf.latex))
     _link_leaves(rep, graph)
+    rep.seconds = time.perf_counter() - t0
+    return rep
+
+
+#: the report status when the engine's backward raised (a shape or dtype error inside a
+#: custom Function's backward, say): nothing could be compared
+BACKWARD_RAISED = "backward raised"
+
+
+def _raised_report(graph, exc: Exception, chosen, mode, order, engine_name, t0,
+                   rng) -> Report:
+    """The verdict for a graph whose backward raised: the node that raised (each node's
+    backward is re-run alone on a random cotangent, last node first, as backward meets
+    them), the exception's type and message; never the exception itself."""
+    what = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+    culprit = None
+    for g in reversed(graph.nodes):
+        if not any(g.needs):
+            continue
+        vs = [rng.standard_normal(shape).astype(dt if np.dtype(dt).kind == "f" else np.float64)
+              for shape, dt in zip(g.out_shapes, g.out_dtypes)]
+        try:
+            g.backward(graph, g, vs)
+        except Exception as node_exc:  # noqa: BLE001
+            culprit, what = g, f"{type(node_exc).__name__}: {' '.join(str(node_exc).split())}"
+            break
+    where = culprit.name if culprit is not None else "the backward"
+    line = (f"{BACKWARD_RAISED}: {where} raised {what}; nothing could be compared "
+            "(fix the backward, then verify again)")
+    rep = Report(ok=False, mode=chosen, requested_mode=mode, backend=engine_name, order=order,
+                 rtol={}, atol={}, leaves=[], nodes=[_not_run(g) for g in graph.nodes],
+                 graph_kind=graph.kind, skipped=["every check: " + BACKWARD_RAISED],
+                 notes=[line], status=BACKWARD_RAISED)
+    rep._graph = graph
+    if culprit is not None:
+        row = rep.nodes[graph.nodes.index(culprit)]
+        row.status, row.detail = "error", f"backward raised {what}"
+        rep.first_bad_node = culprit.node
     rep.seconds = time.perf_counter() - t0
     return rep
 
