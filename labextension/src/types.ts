@@ -90,6 +90,7 @@ export interface IGraphPayload {
   leaves: ILeaf[];
   agreement?: IAgreement | null;
   truncated?: number;
+  formulas_omitted?: number;
   layout?: IGraphLayout;
 }
 

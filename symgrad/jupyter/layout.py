@@ -349,10 +349,11 @@ def layout(node_ids: list[str], edges: list[tuple[str, str]],
             up[b].append(a)
             chains.append((a, b, [a, b]))
             continue
+        ra = rank[a]
         for k in range(1, span):
             d = f"\x00d{dummy_count}"
             dummy_count += 1
-            rank_all[d] = rank[a] + k
+            rank_all[d] = ra + k
             down[d] = []
             up[d] = []
             path.append(d)
