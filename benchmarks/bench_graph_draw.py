@@ -3,7 +3,8 @@
 For each graph: ``graph_json`` (the frozen payload: saved operands, previews, per-node
 formulas) and ``mimebundle`` (layout, static SVG/HTML, text outline: what ``sg.graph(y)``
 and ``%%symgrad`` display), timed separately, best of a few runs, on the whole graph
-(``max_nodes`` raised past the default cut of ``MAX_NODES``). Graphs:
+(``max_nodes`` raised past the default cut of ``MAX_NODES``), in CPU seconds of this
+process (``time.process_time``: one core's work, whatever else the machine runs). Graphs:
 
 - ``chain N``: ``y = (y * 1.001).tanh()`` repeated N/2 times (N op nodes, plus one ``None``
   node per constant operand);
@@ -17,16 +18,24 @@ n log n. The last line times the first draw in a fresh process (SymPy import and
 derivations included), as a user meets it. Timings, not tests: the tests pin the operation
 counts (tests/test_graph_draw_scaling.py).
 
-Run: ``.venv/bin/python benchmarks/bench_graph_draw.py [--quick]``
+``--ts`` also times the labextension's own work on the same payloads, in Node
+(``benchmarks/bench_graph_layout_ts.mjs``: chain finding, the scene from the shipped
+layout, and its fast layout for views the shipped one does not cover).
+
+Run: ``.venv/bin/python benchmarks/bench_graph_draw.py [--quick] [--ts]``
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import json
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import symgrad as sg
 
@@ -58,11 +67,11 @@ def fold(n_ops: int):
 
 def draw(root) -> tuple[int, float, float, int]:
     """Payload nodes, seconds for the JSON, seconds for the bundle, HTML bytes."""
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     payload = G.graph_json(root, max_nodes=10**9)
-    t1 = time.perf_counter()
+    t1 = time.process_time()
     bundle = G.mimebundle(payload)
-    t2 = time.perf_counter()
+    t2 = time.process_time()
     return len(payload["nodes"]), t1 - t0, t2 - t1, len(bundle["text/html"])
 
 
@@ -75,14 +84,15 @@ def best(root, repeats: int) -> tuple[int, float, float, int]:
 def cold() -> None:
     """One 2,000-node chain drawn as ``sg.graph(y)._repr_html_()`` in this fresh process."""
     y = chain(2000)
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     html = sg.graph(y)._repr_html_()
-    print(f"{time.perf_counter() - t0:.3f} {len(html)}")
+    print(f"{time.process_time() - t0:.3f} {len(html)}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smaller sizes, one run each")
+    ap.add_argument("--ts", action="store_true", help="also time the labextension in Node")
     ap.add_argument("--cold", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.cold:
@@ -95,6 +105,7 @@ def main() -> None:
     G.mimebundle(G.graph_json(chain(20)))
     print(f"{'graph':<12}{'nodes':>7}{'json s':>9}{'bundle s':>10}{'total s':>9}"
           f"{'us/node':>9}{'ratio':>7}{'html KB':>9}")
+    payloads: list[tuple[str, dict]] = []
     for name, (build, ns) in families.items():
         base = None
         for n in ns:
@@ -104,12 +115,32 @@ def main() -> None:
             base = base or per
             print(f"{name + ' ' + str(n):<12}{nodes:>7}{tj:>9.3f}{tb:>10.3f}{tj + tb:>9.3f}"
                   f"{per:>9.1f}{per / base:>7.2f}{size / 1024:>9.0f}")
+            if args.ts:
+                payloads.append((f"{name}-{n}.json", G.with_layout(
+                    G.graph_json(root, max_nodes=10**9))))
             del root
     out = subprocess.run([sys.executable, __file__, "--cold"], capture_output=True,
                          text=True, check=True).stdout.split()
     print(f"first draw of a 2,000-node chain in a fresh process (sg.graph(y)._repr_html_(), "
           f"SymPy import included): {float(out[0]):.2f} s, {int(out[1]) // 1024} KB "
           f"(goal < 2 s)")
+    if args.ts:
+        ts(payloads)
+
+
+def ts(payloads: list[tuple[str, dict]]) -> None:
+    node = shutil.which("node")
+    script = Path(__file__).with_name("bench_graph_layout_ts.mjs")
+    if node is None:
+        print("--ts: node is not installed")
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        files = []
+        for fname, payload in payloads:
+            files.append(str(Path(tmp) / fname))
+            Path(files[-1]).write_text(json.dumps(payload))
+        print("\nlabextension in Node (best of 3, ms):", flush=True)
+        subprocess.run([node, str(script), *files], check=False)
 
 
 if __name__ == "__main__":
