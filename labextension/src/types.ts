@@ -91,6 +91,7 @@ export interface IGraphPayload {
   leaves: ILeaf[];
   agreement?: IAgreement | null;
   truncated?: number;
+  formulas_omitted?: number;
   layout?: IGraphLayout;
 }
 

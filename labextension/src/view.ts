@@ -246,6 +246,16 @@ class GraphView implements IGraphView {
         )
       );
     }
+    if (g.formulas_omitted) {
+      this.element.appendChild(
+        h(
+          'div',
+          'sg-notice',
+          `${g.formulas_omitted} node${g.formulas_omitted === 1 ? '' : 's'} shown without ` +
+            'a formula (graph too large to derive them all).'
+        )
+      );
+    }
 
     const body = h('div', 'sg-body');
     this.canvas = h('div', 'sg-canvas');

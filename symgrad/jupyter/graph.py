@@ -256,76 +256,187 @@ def _sympy_number(sp: Any, v: Any, placeholder: str, subs: dict[str, str]) -> An
     extreme magnitudes become a positive placeholder symbol (times -1 when negative) that
     the LaTeX shows as the number, so ``x * nan`` reads ``\\mathrm{nan} x``, not ``NaN``."""
     if not isinstance(v, float) or _plain_float(v):
-        return sp.nsimplify(v) if isinstance(v, float) else v
+        return _nsimplify(v) if isinstance(v, float) else v
     sym = sp.Symbol(placeholder, positive=True)
     subs[placeholder] = latex_number(abs(v) if not math.isnan(v) else v)
     return -sym if v < 0 else sym
 
 
+@lru_cache(maxsize=1024)
+def _nsimplify(v: float) -> Any:
+    """``sympy.nsimplify(v)``, once per value: it searches for a closed form (~25 ms), and
+    a loop's constant (``y * 1.001``) appears at every node of the graph."""
+    import sympy as sp
+
+    return sp.nsimplify(v)
+
+
+@lru_cache(maxsize=256)
+def _sympy_params(fn: Any, n_inputs: int) -> tuple[str, ...]:
+    """The keyword parameters of an op's SymPy meaning after ``sp`` and its inputs."""
+    import inspect
+
+    try:
+        return tuple(inspect.signature(fn).parameters)[1 + n_inputs:]
+    except (TypeError, ValueError):
+        return ()
+
+
+#: At most this many distinct SymPy derivations per graph (a node's formula and derivative
+#: from its op's meaning, or a custom Function's traced forward): each costs milliseconds to
+#: tens of milliseconds, so a big graph of distinct formulas would take minutes to draw.
+#: Nodes whose formula repeats one already derived (same op, same scalar operands and
+#: arguments: a loop's body) cost nothing and are never cut. Past the budget a node gets no
+#: formula, and the payload's ``formulas_omitted`` counts them (the views say so).
+FORMULA_BUDGET = 200
+
+#: Raw LaTeX of op meanings, by what decides it: (spec, its meaning, scalar operands, saved
+#: arguments) -> (placeholder texts of scalar operands, formula, per-input derivatives) or
+#: None. Names are substituted afterwards, so one entry serves every node of a loop.
+_LATEX_CACHE: dict[Any, Any] = {}
+_LATEX_CACHE_MAX = 4096
+
+
+class _Budget:
+    """What :func:`graph_json` may still spend on SymPy derivations, and what it skipped."""
+
+    __slots__ = ("left", "derived", "omitted", "done")
+
+    def __init__(self, left: int) -> None:
+        self.left = left
+        self.derived = 0
+        self.omitted = 0
+        self.done: dict[Any, tuple[str | None, str | None]] = {}  # finished lines, by key
+
+    def take(self) -> bool:
+        if self.left <= 0:
+            self.omitted += 1
+            return False
+        self.left -= 1
+        self.derived += 1
+        return True
+
+
+def _value_key(v: Any) -> Any:
+    """A hashable key telling apart values SymPy treats differently (1, 1.0, True; -0.0;
+    nan)."""
+    return (type(v), repr(v))
+
+
+_OMITTED = object()
+
+
 def _local_latex(node: Any, spec: Any, input_names: list[str | None],
-                 out_name: str) -> tuple[str | None, str | None]:
-    """``(formula, derivative)`` LaTeX: from the op's SymPy meaning, or a VJP template."""
+                 out_name: str, budget: _Budget | None = None) -> Any:
+    """``(formula, derivative)`` LaTeX: from the op's SymPy meaning, or a VJP template.
+
+    The SymPy work is cached by what decides it (the op, its scalar operands and saved
+    arguments), with the names as placeholders, so a loop's nodes share one derivation.
+    Returns ``_OMITTED`` when it would need a new derivation past ``budget``."""
     if spec is None:
         return None, None
     if not callable(spec.sympy):
         return None, None  # a structural op without its own formula_tex
-    try:
-        import sympy as sp
-    except ImportError:  # pragma: no cover - sympy is a dependency
-        return None, None
     refs = getattr(node, "_input_refs", ())
-    args: list[Any] = []
-    symbols: list[tuple[str, Any, str]] = []
-    subs: dict[str, str] = {}  # placeholder symbol name -> its LaTeX
-    for i, input_name in enumerate(spec.inputs):
+    scalars: list[Any] = []  # per input: a Python scalar operand, or _SYMBOL
+    for i in range(len(spec.inputs)):
         ref = refs[i] if i < len(refs) else None
         if ref is not None and not isinstance(ref, weakref.ReferenceType) and \
                 not _is_tensor(ref):  # a Python scalar operand
-            args.append(_sympy_number(sp, ref, f"XNUMQ{chr(65 + len(subs))}", subs))
-            continue
-        placeholder = "XSYMQ" + "".join(chr(65 + int(c)) for c in str(i))
-        sym = sp.Symbol(placeholder, real=True)
-        args.append(sym)
-        shown = input_names[i] if i < len(input_names) and input_names[i] else input_name
-        symbols.append((input_name, sym, shown))
-    kwargs = {}
+            scalars.append(ref)
+        else:
+            scalars.append(_SYMBOL)
     saved = getattr(node, "_saved", {}) or {}
-    try:
-        import inspect
-
-        params = list(inspect.signature(spec.sympy).parameters)[1 + len(spec.inputs):]
-    except (TypeError, ValueError):
-        params = []
-    for p in params:
+    kwargs: dict[str, Any] = {}
+    for p in _sympy_params(spec.sympy, len(spec.inputs)):
         value = saved.get(p)
         if isinstance(value, (int, float, bool)) and not isinstance(value, np.ndarray):
-            if isinstance(value, float) and not _plain_float(value):
-                # nan, inf and extreme magnitudes: a symbol shown as the number (SymPy's
-                # own forms are \text{NaN}, or 300 digits for nsimplify(1e300))
-                value = _sympy_number(sp, value, f"XNUMQ{chr(65 + len(subs))}", subs)
             kwargs[p] = value
+    key: Any = (spec, spec.sympy, tuple(name in spec.grads for name in spec.inputs),
+                tuple(None if v is _SYMBOL else _value_key(v) for v in scalars),
+                tuple((p, _value_key(v)) for p, v in kwargs.items()))
     try:
-        expr = spec.sympy(sp, *args, **kwargs)
-    except Exception:  # noqa: BLE001 - no formula is better than a broken panel
+        raw = _LATEX_CACHE.get(key, _OMITTED)
+    except TypeError:  # an unhashable meaning or operand: derive every time
+        key, raw = None, _OMITTED
+    shown_of: dict[int, str] = {}
+    for i, input_name in enumerate(spec.inputs):
+        if scalars[i] is _SYMBOL:
+            shown_of[i] = input_names[i] if i < len(input_names) and input_names[i] \
+                else input_name
+    done_key = (key, tuple(shown_of.values()), out_name) if key is not None else None
+    if budget is not None and done_key is not None:
+        got = budget.done.get(done_key)
+        if got is not None:
+            return got
+    if raw is _OMITTED:
+        if budget is not None and not budget.take():
+            return _OMITTED
+        raw = _derive_latex(spec, scalars, kwargs)
+        if key is not None:
+            if len(_LATEX_CACHE) >= _LATEX_CACHE_MAX:
+                _LATEX_CACHE.pop(next(iter(_LATEX_CACHE)))
+            _LATEX_CACHE[key] = raw
+    if raw is None:
         return None, None
-    for _input_name, sym, shown in symbols:
-        subs[sym.name] = latex_name(shown)
+    num_subs, expr_tex, grads = raw
+    subs = dict(num_subs)
+    for i, shown in shown_of.items():
+        subs[_symbol_name(i)] = latex_name(shown)
 
-    def tex(e: Any) -> str:
-        out = sp.latex(e)
+    def tex(out: str) -> str:
         for ph in sorted(subs, key=len, reverse=True):
             out = out.replace(ph, subs[ph])
         return out
 
     out_tex = latex_name(out_name)
-    formula = f"{out_tex} = {tex(expr)}"
-    parts = []
-    for input_name, sym, shown in symbols:
-        if input_name not in spec.grads:
+    formula = f"{out_tex} = {tex(expr_tex)}"
+    parts = [rf"\frac{{\partial {out_tex}}}{{\partial {latex_name(shown_of[i])}}} = {tex(d)}"
+             for i, d in grads]
+    got = formula, (r",\quad ".join(parts) if parts else None)
+    if budget is not None and done_key is not None:
+        budget.done[done_key] = got
+    return got
+
+
+_SYMBOL = object()  # an input that is a tensor (a symbol in the formula)
+
+
+def _symbol_name(i: int) -> str:
+    return "XSYMQ" + "".join(chr(65 + int(c)) for c in str(i))
+
+
+def _derive_latex(spec: Any, scalars: list[Any], kwargs: dict[str, Any]) -> Any:
+    """The SymPy part of :func:`_local_latex`: ``(num_subs, formula, [(input, derivative)])``
+    as raw LaTeX with placeholder symbols for the inputs, or None."""
+    try:
+        import sympy as sp
+    except ImportError:  # pragma: no cover - sympy is a dependency
+        return None
+    args: list[Any] = []
+    symbols: list[tuple[int, Any]] = []
+    subs: dict[str, str] = {}  # placeholder symbol name -> its LaTeX
+    for i, v in enumerate(scalars):
+        if v is not _SYMBOL:
+            args.append(_sympy_number(sp, v, f"XNUMQ{chr(65 + len(subs))}", subs))
             continue
-        d = sp.diff(expr, sym)
-        parts.append(rf"\frac{{\partial {out_tex}}}{{\partial {latex_name(shown)}}} = {tex(d)}")
-    return formula, (r",\quad ".join(parts) if parts else None)
+        sym = sp.Symbol(_symbol_name(i), real=True)
+        args.append(sym)
+        symbols.append((i, sym))
+    kw = {}
+    for p, value in kwargs.items():
+        if isinstance(value, float) and not _plain_float(value):
+            # nan, inf and extreme magnitudes: a symbol shown as the number (SymPy's
+            # own forms are \text{NaN}, or 300 digits for nsimplify(1e300))
+            value = _sympy_number(sp, value, f"XNUMQ{chr(65 + len(subs))}", subs)
+        kw[p] = value
+    try:
+        expr = spec.sympy(sp, *args, **kw)
+        grads = [(i, sp.latex(sp.diff(expr, sym))) for i, sym in symbols
+                 if spec.inputs[i] in spec.grads]
+        return tuple(subs.items()), sp.latex(expr), grads
+    except Exception:  # noqa: BLE001 - no formula is better than a broken panel
+        return None
 
 
 # -- the walk --------------------------------------------------------------------------------
@@ -584,7 +695,8 @@ def _kind_of(node: Any) -> str:
 def graph_json(root: Any, names: Mapping[str, Any] | None = None, report: Any = None, *,
                max_nodes: int = MAX_NODES, formulas: bool = True,
                node_map: dict[int, str] | None = None,
-               namespace: Mapping[str, Any] | None = None) -> dict:
+               namespace: Mapping[str, Any] | None = None,
+               formula_budget: int = FORMULA_BUDGET) -> dict:
     """Freeze the graph behind ``root`` (a tensor, a grad_fn node, or a list of them).
 
     Leaves are named as the verifier names them (``symgrad._naming``): ``tensor.name``,
@@ -595,6 +707,8 @@ def graph_json(root: Any, names: Mapping[str, Any] | None = None, report: Any = 
     ``to_json()`` dict) whose per-leaf and per-node results fill the agreement table and
     the node checks. The result is plain JSON valid against :func:`load_schema`.
     ``node_map``, when given, receives ``id(node) -> node id`` (valid while the graph lives).
+    ``formula_budget`` bounds the distinct SymPy derivations of node formulas (see
+    :data:`FORMULA_BUDGET`); nodes past it get none and ``formulas_omitted`` counts them.
     """
     _check_names(names)
     roots = _as_roots(root)
@@ -649,6 +763,7 @@ def graph_json(root: Any, names: Mapping[str, Any] | None = None, report: Any = 
         return nid
 
     truncated = 0
+    budget = _Budget(formula_budget)
 
     def visit(fn: Any, out_tensor: Any | None) -> str:
         """Add fn and everything below it (iteratively); return fn's id."""
@@ -713,7 +828,7 @@ def graph_json(root: Any, names: Mapping[str, Any] | None = None, report: Any = 
                     edges.append({"from": cid, "to": node_ids[id(nxt)], "input": i,
                                   "output_nr": int(nr)})
             if formulas:
-                _add_formula(cur, nodes[int(cid[1:])], namer)
+                _add_formula(cur, nodes[int(cid[1:])], namer, budget)
         return node_ids.get(id(fn), "")
 
     for r in roots:
@@ -736,6 +851,8 @@ def graph_json(root: Any, names: Mapping[str, Any] | None = None, report: Any = 
         "roots": root_ids, "root_names": root_names, "leaves": leaves, "agreement": None,
         "truncated": truncated,
     }
+    if budget.omitted:
+        payload["formulas_omitted"] = budget.omitted
     _order(payload)
     if node_map is not None:
         node_map.update(node_ids)
@@ -744,10 +861,11 @@ def graph_json(root: Any, names: Mapping[str, Any] | None = None, report: Any = 
     return payload
 
 
-def _add_formula(node: Any, entry: dict, namer: Namer) -> None:
+def _add_formula(node: Any, entry: dict, namer: Namer, budget: _Budget | None = None) -> None:
     spec = getattr(type(node), "_spec", None)
     if spec is None:
-        if getattr(type(node), "_forward_cls", None) is not None:
+        if getattr(type(node), "_forward_cls", None) is not None and \
+                (budget is None or budget.take()):
             _add_custom_formula(node, entry, namer)
         return
     refs = getattr(node, "_input_refs", ())
@@ -764,8 +882,9 @@ def _add_formula(node: Any, entry: dict, namer: Namer) -> None:
             got = _op_formula(node, spec, input_names, out_name, entry.get("shape"))
             entry["formula"], entry["derivative"] = got or (None, None)
         else:
-            entry["formula"], entry["derivative"] = _local_latex(node, spec, input_names,
-                                                                 out_name)
+            got = _local_latex(node, spec, input_names, out_name, budget)
+            if got is not _OMITTED:
+                entry["formula"], entry["derivative"] = got
     except Exception:  # noqa: BLE001 - a formula is a nicety, never an error
         entry["formula"], entry["derivative"] = None, None
 

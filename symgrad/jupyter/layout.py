@@ -349,10 +349,11 @@ def layout(node_ids: list[str], edges: list[tuple[str, str]],
             up[b].append(a)
             chains.append((a, b, [a, b]))
             continue
+        ra = rank[a]
         for k in range(1, span):
             d = f"\x00d{dummy_count}"
             dummy_count += 1
-            rank_all[d] = rank[a] + k
+            rank_all[d] = ra + k
             down[d] = []
             up[d] = []
             path.append(d)
@@ -389,7 +390,7 @@ def layout(node_ids: list[str], edges: list[tuple[str, str]],
             keyed = []
             for i, n in enumerate(layer):
                 nb = neighbours[n]
-                bc = sum(pos[m] for m in nb) / len(nb) if nb else pos[n]
+                bc = sum(map(pos.__getitem__, nb)) / len(nb) if nb else pos[n]
                 keyed.append((bc, i, n))
             keyed.sort()
             layers[li] = [n for _, _, n in keyed]
@@ -403,8 +404,8 @@ def layout(node_ids: list[str], edges: list[tuple[str, str]],
             sweep(range(n_layers - 2, -1, -1), down)
 
     # 4. x coordinates: packed, then pulled toward neighbours, then de-overlapped
-    def w_of(n: str) -> float:
-        return 8.0 if n.startswith("\x00") else widths.get(n, MIN_W)
+    wd = {n: 8.0 if n.startswith("\x00") else widths.get(n, MIN_W) for n in rank_all}
+    w_of = wd.__getitem__
 
     x: dict[str, float] = {}
     for layer in layers:
@@ -437,7 +438,7 @@ def layout(node_ids: list[str], edges: list[tuple[str, str]],
             for n in layers[li]:
                 nb = nbrs[n]
                 if nb:
-                    x[n] = (x[n] + sum(x[m] for m in nb) / len(nb)) / 2
+                    x[n] = (x[n] + sum(map(x.__getitem__, nb)) / len(nb)) / 2
             pack(layers[li])
 
     min_x = min((x[n] - w_of(n) / 2 for n in x), default=0.0)

@@ -283,6 +283,10 @@ def render_html(payload: dict) -> str:
     if payload.get("truncated"):
         parts.append(f"<div><small>{esc(payload['truncated'])} more nodes not shown"
                      "</small></div>")
+    if payload.get("formulas_omitted"):
+        parts.append(f'<div class="sg-formulas-omitted"><small>'
+                     f'{esc(payload["formulas_omitted"])} nodes shown without a formula '
+                     "(graph too large to derive them all)</small></div>")
     if payload.get("agreement"):
         parts.append(agreement_table_html(payload["agreement"]))
     parts.append("</div>")

@@ -555,3 +555,33 @@ def test_collapsed_loop_uses_the_payloads_layout_until_expanded(page):
     assert page.locator(".sg-node[data-kind=op]").count() == 500
     page.click("[data-symgrad=collapse]")
     assert view.get_attribute("data-layout") == "payload"
+
+
+def test_2000_node_chain_draws_and_says_which_formulas_are_left_out(page):
+    """A real 2,000-node graph (issue 30): drawn collapsed from its shipped layout, with
+    notices for the nodes cut and for those shown without a formula (a formula budget of
+    one derivation leaves the loop's mul without one); expanding every chain lays all of
+    them out here (the fast layout). Timings are printed, not asserted."""
+    import symgrad as sg
+    from symgrad.jupyter.graph import graph_json, mimebundle
+
+    x = y = sg.randn(3, requires_grad=True)
+    for _ in range(1000):
+        y = (y * 1.001).tanh()
+    g = valid(mimebundle(graph_json(y.sum(), {"x": x}, formula_budget=1))[
+        "application/vnd.symgrad.graph+json"])
+    assert g["truncated"] > 0 and g["formulas_omitted"] > 0
+    ms = mount(page, g)  # in the page: the payload's transfer from Python is not counted
+    view = page.locator("[data-symgrad=graph]")
+    assert view.get_attribute("data-layout") == "payload"
+    notices = page.locator(".sg-notice").all_text_contents()
+    assert any(f"{g['truncated']} more node" in t for t in notices), notices
+    assert any(f"{g['formulas_omitted']} nodes shown without a formula" in t
+               for t in notices), notices
+    expand = page.evaluate("""() => { const t0 = performance.now();
+      document.querySelector('[data-symgrad=collapse]').click();
+      return performance.now() - t0; }""")
+    assert view.get_attribute("data-layout") == "fast"
+    assert int(view.get_attribute("data-visible-nodes")) == len(g["nodes"])
+    print(f"\n{len(g['nodes'])}-node chain: collapsed render {ms:.0f} ms, "
+          f"expand all {expand:.0f} ms")
