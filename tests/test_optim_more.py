@@ -524,3 +524,25 @@ def test_lbfgs_closure_runs_with_grad_enabled_and_step_bumps_versions():
     assert loss.item() == 10.0 and seen and all(seen)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         stale.backward()
+
+
+@pytest.mark.parametrize("name", sorted(CASES) + ["LBFGS"])
+def test_optimizer_and_state_are_freed_without_the_cycle_collector(name, no_gc):
+    """Steps leave no reference cycle (state, line-search closures, the closure's graph):
+    deleting the optimizer and its parameter frees all their memory by reference counting."""
+    base = sg.memory_allocated()
+    w = sg.nn.Parameter(sg.tensor([0.3, -1.7, 2.9], dtype=sg.float64))
+    kw = {"line_search_fn": "strong_wolfe", "max_iter": 4} if name == "LBFGS" else {}
+    opt = getattr(sg.optim, name)([w], **kw)
+
+    def closure(opt=opt, w=w):
+        opt.zero_grad()
+        loss = (sg.sin(w * 3.1) * w).sum()
+        loss.backward()
+        return loss
+
+    for _ in range(3):
+        loss = opt.step(closure)
+    assert sg.memory_allocated() > base and opt.state[w]
+    del opt, closure, w, loss
+    assert sg.memory_allocated() == base
