@@ -1,4 +1,5 @@
-"""symgrad.optim against torch.optim for Adadelta, Adamax, NAdam, RAdam, ASGD and LBFGS.
+"""symgrad.optim against torch.optim for Adadelta, Adamax, NAdam, RAdam, ASGD, Rprop and
+LBFGS.
 
 The first-order optimizers: 20 steps from identical weights and data give the same
 parameters *and* optimizer state in float64 and float32 (within the rounding bound of 20
@@ -109,6 +110,8 @@ CASES = {
               dict(lr=0.01, weight_decay=0.1),
               dict(lr=0.01, weight_decay=0.1, decoupled_weight_decay=True),
               dict(lr=0.005, betas=(0.9, 0.9), maximize=True)],  # rectified from step 6
+    "Rprop": [dict(), dict(lr=0.05, etas=(0.3, 1.5)), dict(lr=0.01, step_sizes=(1e-3, 0.02)),
+              dict(lr=0.02, maximize=True)],
     "ASGD": [dict(), dict(lr=0.05, lambd=0.01, alpha=0.5),
              dict(lr=0.05, t0=5, weight_decay=0.1),  # averaging starts after t0 steps
              dict(lr=0.02, t0=0, maximize=True)],
@@ -116,7 +119,8 @@ CASES = {
 PARAMS = [(name, i) for name, cases in CASES.items() for i in range(len(cases))]
 SPLITS = {"Adadelta": {"lr": 0.5, "rho": 0.7}, "Adamax": {"lr": 0.03, "weight_decay": 0.0},
           "NAdam": {"lr": 0.02, "momentum_decay": 0.01},
-          "RAdam": {"lr": 0.02, "betas": (0.5, 0.6)}, "ASGD": {"lr": 0.1, "t0": 3}}
+          "RAdam": {"lr": 0.02, "betas": (0.5, 0.6)}, "ASGD": {"lr": 0.1, "t0": 3},
+          "Rprop": {"lr": 0.001, "etas": (0.4, 1.1)}}
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -206,6 +210,8 @@ ARG_ERRORS = [
     ("RAdam", dict(lr=-1)), ("RAdam", dict(eps=-1.0)), ("RAdam", dict(betas=(1.5, 0.9))),
     ("RAdam", dict(betas=(0.9, 1.0))), ("RAdam", dict(weight_decay=-1)),
     ("ASGD", dict(lr=-1)), ("ASGD", dict(weight_decay=-0.1)),
+    ("Rprop", dict(lr=-1)), ("Rprop", dict(etas=(1.0, 1.2))), ("Rprop", dict(etas=(0.5, 1.0))),
+    ("Rprop", dict(etas=(0.0, 1.2))),
     ("LBFGS", dict(lr=-1)),
 ]
 
@@ -276,7 +282,7 @@ def test_a_tensor_lr_computes_in_its_dtype_as_torchs(name, torch):
     out = []
     for lib in (sg, torch):
         w = lib.nn.Parameter(lib.tensor([0.3, -1.7, 2.9], dtype=lib.float64))
-        kw = {"weight_decay": 0.1} if name != "LBFGS" else {"max_iter": 3}
+        kw = {"LBFGS": {"max_iter": 3}, "Rprop": {}}.get(name, {"weight_decay": 0.1})
         opt = getattr(lib.optim, name)([w], lr=lib.tensor(0.05), **kw)
 
         def closure(w=w, opt=opt, lib=lib):

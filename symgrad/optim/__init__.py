@@ -13,7 +13,8 @@ from .nadam import NAdam
 from .optimizer import Optimizer
 from .radam import RAdam
 from .rmsprop import RMSprop
+from .rprop import Rprop
 from .sgd import SGD
 
 __all__ = ["Optimizer", "SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adadelta", "Adamax",
-           "NAdam", "RAdam", "ASGD", "LBFGS", "lr_scheduler"]
+           "NAdam", "RAdam", "ASGD", "Rprop", "LBFGS", "lr_scheduler"]
