@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from . import lr_scheduler
+from ._adafactor import Adafactor
 from .adadelta import Adadelta
 from .adagrad import Adagrad
 from .adam import Adam, AdamW
@@ -17,4 +18,4 @@ from .rprop import Rprop
 from .sgd import SGD
 
 __all__ = ["Optimizer", "SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adadelta", "Adamax",
-           "NAdam", "RAdam", "ASGD", "Rprop", "LBFGS", "lr_scheduler"]
+           "NAdam", "RAdam", "ASGD", "Rprop", "Adafactor", "LBFGS", "lr_scheduler"]
