@@ -80,6 +80,10 @@ from .functional import (
     log,
     log1p,
     log1p_,
+    log2,
+    log2_,
+    log10,
+    log10_,
     log_,
     log_softmax,
     logical_not,
@@ -101,6 +105,7 @@ from .functional import (
     negative_,
     permute,
     pow,
+    prod,
     reciprocal,
     reciprocal_,
     relu,
@@ -204,7 +209,7 @@ __all__ = [
     "sqrt_", "relu_", "abs_", "log1p_", "expm1_", "erf_", "clamp_", "clip_", "clamp_min_",
     "clamp_max_",
     "func", "vmap", "Generator", "compile", "accelerator", "amp", "autocast", "backends",
-    "all", "any",
+    "all", "any", "prod", "log2", "log2_", "log10", "log10_",
 ]
 
 # -- convolution and pooling (issue 21): the functions torch also has at top level

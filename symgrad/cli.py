@@ -53,11 +53,24 @@ def _modules(target: str) -> Iterator:
         if not path.exists():
             raise UsageError(f"file not found: {target}")
         yield _load_file(path)
+    elif path.exists():
+        raise UsageError(f"{target} is neither a directory nor a .py file")
+    elif _looks_like_path(target):  # nope/, ./checks, dir/file: not a module name
+        raise UsageError(f"no such file or directory: {target}")
     else:
         try:
             yield importlib.import_module(target)
+        except ModuleNotFoundError as exc:
+            if exc.name and (target == exc.name or target.startswith(exc.name + ".")):
+                raise UsageError(f"no such file, directory or module: {target}") from None
+            raise UsageError(f"cannot import module {target!r}: {exc}") from None
         except ImportError as exc:
             raise UsageError(f"cannot import module {target!r}: {exc}") from None
+
+
+def _looks_like_path(target: str) -> bool:
+    """A target no module name can be (``nope/``, ``./x``, ``a-b``): so a path."""
+    return not all(part.isidentifier() for part in target.split("."))
 
 
 def discover(target: str) -> list[tuple[str, object]]:
@@ -176,16 +189,30 @@ def cmd_verify_rules(args) -> int:
     from .symbolic import audit_rules
 
     results = audit_rules()
-    failed = 0
-    for row in results:
-        bad = row.status in ("failed", "error")
-        failed += bad
-        line = f"{row.status:22} {row.op:18} {row.grad_fn}"
-        if bad and row.detail:
-            line += f"  {row.detail}"
+    for line in rules_table(results):
         print(line, flush=True)
+    failed = sum(row.status in ("failed", "error") for row in results)
     print(f"{len(results) - failed} passed, {failed} failed")
     return EXIT_FAILED if failed else EXIT_OK
+
+
+def rules_table(results: list) -> list[str]:
+    """A header and one line per audited op, each column as wide as its longest entry so
+    that every row's columns start where the header's do (op names run to 30+ chars)."""
+    head = ("status", "op", "grad_fn")
+    cells = [(r.status, r.op, r.grad_fn or "") for r in results]
+    widths = [max(len(c[i]) for c in [head, *cells]) for i in range(2)]
+
+    def line(status: str, op: str, grad_fn: str) -> str:
+        return f"{status:{widths[0]}}  {op:{widths[1]}}  {grad_fn}"
+
+    out = [line(*head)]
+    for r, c in zip(results, cells):
+        text = line(*c)
+        if r.status in ("failed", "error") and r.detail:
+            text += f"  {r.detail}"
+        out.append(text.rstrip())
+    return out
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -136,6 +136,8 @@ sigmoid = _unary("sigmoid")
 relu = _refusing_bool("relu", RuntimeError("Boolean inputs not supported for relu"))
 sqrt = _unary("sqrt")
 log1p = _unary("log1p")
+log2 = _unary("log2")
+log10 = _unary("log10")
 expm1 = _unary("expm1")
 erf = _unary("erf")
 abs = _refusing_bool("abs", NotImplementedError(  # noqa: A001
@@ -229,6 +231,19 @@ def sum(input, dim=None, keepdim=False, *, dtype=None):  # noqa: A001
         return apply(_O["sum"], (input,), params)
     params.update(dim=_raw_dims(dim, input.ndim), keepdim=keepdim)
     return apply(_O["sum_dim"], (input,), params)
+
+
+@numpy_aliases
+def prod(input, dim=None, keepdim=False, *, dtype=None):
+    """The product of all elements (ProdBackward0) or along ``dim`` (ProdBackward1)."""
+    params = {} if dtype is None else {"dtype": _dt.as_dtype(dtype)}
+    if dim is None:
+        return apply(_O["prod"], (input,), params)
+    if not isinstance(dim, int) or isinstance(dim, bool):
+        raise TypeError(f"prod(): argument 'dim' must be int, not {_type_name(dim)}")
+    _wrap_dim(dim, input.ndim)
+    params.update(dim=u64(dim), keepdim=bool(keepdim))
+    return apply(_O["prod_dim"], (input,), params)
 
 
 @numpy_aliases
@@ -1329,6 +1344,8 @@ tanh_ = _inplace_function("tanh_")
 sigmoid_ = _inplace_function("sigmoid_")
 sqrt_ = _inplace_function("sqrt_")
 log1p_ = _inplace_function("log1p_")
+log2_ = _inplace_function("log2_")
+log10_ = _inplace_function("log10_")
 expm1_ = _inplace_function("expm1_")
 erf_ = _inplace_function("erf_")
 relu_ = _inplace_function("relu_")

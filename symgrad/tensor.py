@@ -707,6 +707,8 @@ class Tensor(TensorBase):
     tanh = _F.tanh
     sigmoid = _F.sigmoid
     log1p = _F.log1p
+    log2 = _F.log2
+    log10 = _F.log10
     expm1 = _F.expm1
     erf = _F.erf
     atan2 = _F.atan2
@@ -717,6 +719,7 @@ class Tensor(TensorBase):
     sign = _F.sign
     sum = _F.sum  # noqa: A003
     mean = _F.mean
+    prod = _F.prod
     reshape = _F.reshape
     view = _F.view
     flatten = _F.flatten

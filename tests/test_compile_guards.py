@@ -8,6 +8,7 @@ import os
 import sys
 import warnings
 
+import numpy as np
 import pytest
 from _tolerance import assert_close
 
@@ -176,3 +177,189 @@ def test_the_disk_cache_keeps_at_most_n_modules(tmp_path, monkeypatch):
     x = sg.randn(2, 4)  # an evicted signature still runs from its loaded module
     assert_close(step(x), fn(x))
     assert step.stats["traces"] == 6
+
+
+# -- values read out of containers and objects (issue 33, scope 4) -------------------------
+FLAGS = {"fail": False}
+
+
+def _apply(loss, opt):
+    """A helper fn calls: reads a flag out of a global dict between backward and step."""
+    loss.backward()
+    if FLAGS["fail"]:
+        raise RuntimeError("flagged: no update")
+    opt.step()
+
+
+def test_a_flag_read_from_a_dict_by_a_helper_is_guarded(monkeypatch):
+    """Traced with the flag False; set True, the compiled step must raise as eager does
+    before the update, not apply the update baked in by the trace."""
+    monkeypatch.setitem(FLAGS, "fail", False)
+    sg.manual_seed(0)
+    w = sg.randn(5, requires_grad=True)
+    w_e = sg.tensor(w.detach().numpy().copy(), requires_grad=True)
+
+    def make(w, opt):
+        def step(x):
+            opt.zero_grad()
+            loss = ((x * w).tanh() * 0.5).sum()
+            _apply(loss, opt)
+            return loss
+
+        return step
+
+    step = sg.compile(make(w, sg.optim.SGD([w], lr=0.1)))
+    eager = make(w_e, sg.optim.SGD([w_e], lr=0.1))
+    x = sg.randn(5)
+    calls = 0
+    for _ in range(2):
+        calls += 1
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert_close(step(x), eager(x), terms=calls * 8)
+        assert_close(w, w_e, terms=calls * 8)
+    assert step.stats["traces"] == 1 and not step.stats["fallbacks"]
+    FLAGS["fail"] = True
+    before = w.detach().numpy().copy()
+    with pytest.raises(RuntimeError, match="flagged"):
+        eager(x)
+    with pytest.raises(RuntimeError, match="flagged"):
+        step(x)
+    assert (w.detach().numpy() == before).all()  # no update applied
+    assert_close(w, w_e, terms=calls * 8)
+    assert_close(w.grad, w_e.grad, terms=calls * 8)  # backward ran, as in eager
+    FLAGS["fail"] = False
+    for _ in range(2):
+        calls += 1
+        assert_close(step(x), eager(x), terms=calls * 8)
+        assert_close(w, w_e, terms=calls * 8)
+
+
+class _Config:
+    scale = 0.5  # a class attribute, read through an instance
+
+
+CFG = _Config()
+CFG.shift = 0.25  # an instance attribute
+WEIGHTS = [1.0, 2.0]
+OPTIONS = {"a": 1.0, "b": 3.0}
+
+
+class _Configured(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+        self.cfg = {"gain": 2.0}  # a dict on a module, read in forward
+
+    def forward(self, x):
+        return self.lin(x).tanh() * self.cfg["gain"]
+
+
+def test_values_read_from_objects_lists_and_dicts_retrace(monkeypatch):
+    """A plain object's attribute (instance and class), a list element, a dict read with a
+    key known only at run time (the dict is guarded whole) and a dict on a module: each
+    change retraces and the step equals eager after it."""
+    monkeypatch.setattr(sys.modules[__name__], "WEIGHTS", [1.0, 2.0])  # mutated below
+    sg.manual_seed(0)
+    model = _Configured()
+    model_e = copy.deepcopy(model)
+
+    def make(m, o):
+        def step(x, y):
+            o.zero_grad()
+            key = "b"
+            out = m(x) * _Config.scale * WEIGHTS[1] + CFG.shift * OPTIONS[key]
+            loss = F.mse_loss(out, y)
+            loss.backward()
+            o.step()
+            return loss
+
+        return step
+
+    step = sg.compile(make(model, sg.optim.SGD(model.parameters(), lr=0.1)))
+    eager = make(model_e, sg.optim.SGD(model_e.parameters(), lr=0.1))
+    sg.manual_seed(1)
+    data = sg.randn(6, 4), sg.randn(6, 3)
+    calls = [0]
+    _check(step, eager, (model, model_e), data, calls)
+    changes = [lambda: monkeypatch.setattr(_Config, "scale", 1.5),
+               lambda: monkeypatch.setattr(CFG, "shift", -1.0),
+               lambda: WEIGHTS.__setitem__(1, -3.0),  # the list changed in place
+               lambda: monkeypatch.setitem(OPTIONS, "b", 0.5),
+               lambda: [monkeypatch.setitem(m.cfg, "gain", 0.1) for m in (model, model_e)]]
+    for k, change in enumerate(changes):
+        change()
+        _check(step, eager, (model, model_e), data, calls)
+        assert step.stats["traces"] == k + 2, k
+
+
+class _Slotted:
+    __slots__ = ("gain",)
+
+    def __init__(self) -> None:
+        self.gain = 2.0
+
+
+class _WithProperty:
+    def __init__(self) -> None:
+        self._shift = 0.5
+
+    @property
+    def shift(self) -> float:  # user code: a guard does not run it
+        return self._shift
+
+
+SLOTTED = _Slotted()
+NP_CFG = {"scale": np.float32(0.5)}
+PROP = _WithProperty()
+
+
+def _tanh_step(w, read):
+    def step(x):
+        w.grad = None
+        loss = ((x * w).tanh() * read()).sum()
+        loss.backward()
+        return loss
+
+    return step
+
+
+def test_slots_and_numpy_scalars_are_guarded_too():
+    sg.manual_seed(0)
+    w = sg.randn(5, requires_grad=True)
+    w_e = sg.tensor(w.detach().numpy().copy(), requires_grad=True)
+
+    def read():
+        return SLOTTED.gain * float(NP_CFG["scale"])
+
+    step, eager = sg.compile(_tanh_step(w, read)), _tanh_step(w_e, read)
+    x = sg.randn(5)
+    old = SLOTTED.gain, NP_CFG["scale"]
+    try:
+        for k, change in enumerate([lambda: setattr(SLOTTED, "gain", -1.0),
+                                    lambda: NP_CFG.__setitem__("scale", np.float32(3.0))]):
+            change()
+            for _ in range(2):
+                with warnings.catch_warnings():
+                    warnings.simplefilter("error")
+                    assert_close(step(x), eager(x), terms=8)
+                assert_close(w.grad, w_e.grad, terms=8)
+            assert step.stats["traces"] == k + 1
+    finally:
+        SLOTTED.gain, NP_CFG["scale"] = old
+
+
+def test_a_value_read_through_a_property_is_named_as_baked_in():
+    sg.manual_seed(0)
+    w = sg.randn(5, requires_grad=True)
+
+    def read():
+        return PROP.shift
+
+    step = sg.compile(_tanh_step(w, read))
+    x = sg.randn(5)
+    with pytest.warns(UserWarning, match=r"baked into the compiled step.*PROP\.shift"):
+        step(x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once
+        step(x)

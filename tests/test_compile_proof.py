@@ -15,6 +15,7 @@ import pytest
 from _tolerance import assert_close
 
 import symgrad as sg
+from symgrad._codefiles import read_record
 
 
 @pytest.fixture(autouse=True)
@@ -54,7 +55,7 @@ def test_fused_backward_loops_are_proved_when_generated(tmp_path):
     assert set(proofs.values()) <= {"proved", "checked at 16 points"}
     records = list((tmp_path / "cc").glob("symgrad_step_*.proof.json"))
     assert len(records) == 1
-    data = json.loads(records[0].read_text())
+    data = read_record(str(records[0]), "proof record")  # sealed: checked, then parsed
     assert data["ok"] and data["proofs"] == proofs
 
 
@@ -81,7 +82,7 @@ def test_a_wrong_fused_loop_is_caught_at_generation(monkeypatch, tmp_path):
             assert_close(step(x), eager(x), terms=(i + 2) * (20 + 30))
     assert_close(w, w_e, terms=3 * (20 + 30))
     (record,) = (tmp_path / "cc").glob("symgrad_step_*.proof.json")
-    assert not json.loads(record.read_text())["ok"]
+    assert not read_record(str(record), "proof record")["ok"]
     # a fresh step generating the same text reads the failure from the record
     again, _, _, _ = _pair()
     monkeypatch.setattr(sys.modules["symgrad.compile.prove"], "_prove_all",

@@ -72,6 +72,8 @@ CASES = {
     "sign": (lambda x: x.sign(), "s"),
     "reciprocal": (lambda x: x.reciprocal(), "p"),
     "log1p": (lambda x: x.log1p(), "p"),
+    "log2": (lambda x: x.log2(), "p"),
+    "log10": (lambda x: x.log10(), "p"),
     "expm1": (lambda x: x.expm1(), "s"),
     "pow": (lambda x: x ** 3, "s"),
     "pow-frac": (lambda x: x ** 2.5, "p"),

@@ -103,6 +103,11 @@ def test_load_ext_and_cell_magic_outputs(executed):
     # the Inspector is a separate output: a widget view, never in the graph's bundle
     assert WIDGET_MIME in widget_out.data and GRAPH_MIME not in widget_out.data
     model_id = widget_out.data[WIDGET_MIME]["model_id"]
+    # one picture per cell: the graph names its Inspector twin (the labextension hides it
+    # while that Inspector is live), and the Inspector's output is live-only (left out of
+    # the file the labextension saves)
+    assert graph_out.metadata == {"symgrad": {"inspector": model_id}}
+    assert widget_out.metadata == {"symgrad": {"live": True}}
     state = executed.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
     model = state[model_id]["state"]
     assert model["status"] == "done" and model["selected"] == payload["roots"][0]

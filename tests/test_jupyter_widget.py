@@ -302,8 +302,9 @@ def test_front_end_gets_the_graph_by_message_and_saved_state_stays_small(monkeyp
     # the labextension's view asks for the graph
     front_end(w, type="request")
     # the graph goes with the layout the static SVG draws (symgrad/jupyter/layout.py)
+    # (and the model id, by which the labextension hides the %%symgrad graph twin)
     assert sent == [{"type": "graph", "graph": dict(w.graph, layout=sent[0]["graph"]["layout"]),
-                     "report": w.report}]
+                     "report": w.report, "model_id": w.model_id}]
     assert set(sent[0]["graph"]["layout"]["nodes"]) == {n["id"] for n in w.graph["nodes"]}
     assert sent[0]["report"]["schema"] == "symgrad.report/1"
     # a click in the view sets the trait; nothing to send (the view drew it)

@@ -91,8 +91,10 @@ def _cyclic_symgrad_objects():
     gc.set_debug(gc.DEBUG_SAVEALL)
     try:
         gc.collect()
-        return [type(o).__name__ for o in gc.garbage
-                if isinstance(o, (sg.Tensor, Node, Storage, nn.Module, sg.optim.Optimizer))]
+        ours = (sg.Tensor, Node, Storage, nn.Module, sg.optim.Optimizer)
+        # type(o), not isinstance(o, ...): a dead weakref.proxy left in the garbage by an
+        # earlier test (widgets, IPython) raises ReferenceError on isinstance
+        return [type(o).__name__ for o in gc.garbage if issubclass(type(o), ours)]
     finally:
         gc.set_debug(0)
         gc.garbage.clear()

@@ -27,6 +27,10 @@ def _range(lo, hi, special=()):
 #: op -> (symgrad function (L, *xs), torch function (*xs), one sampler(rng, n) per input,
 #: torch grad_fn name)
 CASES = {
+    "log2": (lambda L, x: L.log2(x), torch.log2,
+             (_range(0.05, 8.0, (1.0, 2.0, 0.5, 1024.0, 1e-9)),), "Log2Backward0"),
+    "log10": (lambda L, x: L.log10(x), torch.log10,
+              (_range(0.05, 8.0, (1.0, 10.0, 1000.0, 0.1, 1e-9)),), "Log10Backward0"),
     "log1p": (lambda L, x: L.log1p(x), torch.log1p,
               (_range(-0.9, 4.0, (0.0, -0.0, 1e-9, -0.5)),), "Log1PBackward0"),
     "expm1": (lambda L, x: L.expm1(x), torch.expm1,

@@ -25,6 +25,7 @@ torch = pytest.importorskip("torch")
 #: Differentiable ops other issues own and test with their own drawers: the nn losses and
 #: addmm (nn issue), the in-place ops (autograd-semantics issue), device copies (GPU issue).
 NOT_DRAWN_HERE = {"addmm", "mse_loss", "binary_cross_entropy_with_logits", "nll_loss",
+                  "nll_loss2d",
                   "copy_", "fill_", "fill_tensor_", "zero_", "to_cpu", "to_cuda"}
 # The in-place random initialisers draw from symgrad's generator, not torch's, so their
 # values cannot match; tests/test_tensor_api.py checks their grad_fn, zero gradient, version.
@@ -489,7 +490,9 @@ GENERATORS = {
     "relu": _unary("relu", "relu"), "abs": _unary("abs", "abs"), "sign": _unary("sign", "sign"),
     "reciprocal": _unary("reciprocal", "reciprocal", positive=True),
     "clone": _unary("clone", "clone"),
-    "log1p": _unary("log1p", "log1p"), "expm1": _unary("expm1", "expm1", squash=True),
+    "log1p": _unary("log1p", "log1p"), "log2": _unary("log2", "log2", positive=True),
+    "log10": _unary("log10", "log10", positive=True),
+    "expm1": _unary("expm1", "expm1", squash=True),
     "erf": _unary("erf", "erf"),
     "silu": _simple("silu", lambda b, t: lambda L, x: L.nn.functional.silu(x)),
     "softplus": _simple("softplus", lambda b, t: (lambda beta, threshold: lambda L, x: (
@@ -834,6 +837,27 @@ def _gen_scan(name):
     return gen
 
 
+def _gen_prod(name):
+    """prod / prod(dim): on a fresh leaf, half the time with one element zeroed (torch's
+    zero-safe backward) and then sometimes a second (every exclusive product is zero)."""
+    def gen(b):
+        i = _fresh(b)
+        t = b.shadow[i]
+        zeros = b.draw(st.sampled_from([0, 0, 1, 2]))
+        mask = np.ones(t.shape)
+        for _ in range(zeros):
+            mask.flat[b.draw(st.integers(0, mask.size - 1))] = 0.0
+        d = b.dim(t)
+        keep = b.draw(st.booleans())
+
+        def fn(L, P):
+            x = P[i] * L.tensor(mask, dtype=P[i].dtype) if zeros else P[i]
+            return x.prod() if name == "prod" else x.prod(d, keepdim=keep)
+
+        b.op(name, fn)
+    return gen
+
+
 def _gen_var_std(name):
     def gen(b):
         i = _fresh(b) if name == "std" else _pick_nonempty(b)
@@ -932,6 +956,7 @@ GENERATORS.update({
     "gather": _gen_gather, "index_select": _gen_index_select, "index_add": _gen_index_add,
     **{n: _gen_scatter(n) for n in ("scatter", "scatter_value", "scatter_add")},
     "cumsum": _gen_scan("cumsum"), "cumprod": _gen_scan("cumprod"),
+    "prod": _gen_prod("prod"), "prod_dim": _gen_prod("prod_dim"),
     "var": _gen_var_std("var"), "std": _gen_var_std("std"),
     "linalg_vector_norm": _gen_vector_norm, "native_layer_norm": _gen_layer_norm,
     "native_batch_norm": _gen_batch_norm, "embedding": _gen_embedding,
@@ -940,7 +965,8 @@ GENERATORS.update({
     "repeat": _gen_repeat,
 })
 TENSOR_FUNCTION_OPS = ["gather", "index_select", "index_add", "scatter", "scatter_value",
-                       "scatter_add", "cumsum", "cumprod", "var", "std", "linalg_vector_norm",
+                       "scatter_add", "cumsum", "cumprod", "prod", "prod_dim", "var", "std",
+                       "linalg_vector_norm",
                        "native_layer_norm", "native_batch_norm", "embedding", "sort", "topk",
                        "tril", "triu", "flip", "roll", "repeat"]
 

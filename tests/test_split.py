@@ -340,9 +340,12 @@ def test_verify_reads_torch_split_graphs(mode, torch):
     assert {"SplitBackward0", "UnbindBackward0"} <= {n.name for n in report.nodes}
 
 
-def test_compile_runs_split_and_unbind_compiled():
+def test_compile_runs_split_and_unbind_compiled(tmp_path, monkeypatch):
     """split/unbind have compile rules (symgrad/compile/rules.py): no eager fallback, and
     the compiled step's gradient (a piece unused by unbind gets zeros) is eager's."""
+    # a cache of its own: files left in the user's cache by another symgrad version are
+    # replaced with a warning, which this test turns into an error
+    monkeypatch.setenv("SYMGRAD_COMPILE_CACHE", str(tmp_path / "cc"))
     w = sg.nn.Parameter(sg.tensor(np.arange(6.0).reshape(2, 3)))
 
     def f(x):

@@ -489,6 +489,7 @@ INPLACE = {
     "true_divide_(w)": 3, "divide_(2)": 1, "multiply_(w)": 2, "subtract_(w, alpha=2)": 2,
     "greater_(0)": 0, "greater_equal_(w)": 0, "less_(w)": 0, "less_equal_(0.5)": 0,
     "not_equal_(w)": 0, "add_(w)": 1, "sub_(2)": 1, "mul_(w)": 2, "div_(w)": 3,
+    "log2_()": 3, "log10_()": 3,
     "log1p_()": 3, "expm1_()": 3, "erf_()": 4, "atan2_(w)": 5, "hypot_(w)": 4,
 }
 

@@ -222,3 +222,95 @@ def test_conv_dtype_mismatch_worded_as_torch_for_the_kernel_it_picks(torch, xs, 
     with pytest.raises(RuntimeError) as ours:
         call(sg)
     assert str(ours.value) == str(theirs.value)
+
+
+@pytest.mark.parametrize("data", [[[1.0, 2.0, 0.0], [3.0, 4.0, 5.0]], [[1.0, 2.0, 3.0], [3, 4, 5]],
+                                  [[0.0, 2.0, 0.0], [3.0, 4.0, 5.0]], [[1.5]]])
+@pytest.mark.parametrize("dim,keep", [(None, False), (0, False), (1, True), (-1, False)])
+def test_prod_values_gradients_and_nodes_match_torch(torch, data, dim, keep):
+    out = []
+    for lib in (sg, torch):
+        x = lib.tensor(data, dtype=lib.float64, requires_grad=True)
+        y = x.prod() if dim is None else x.prod(dim, keepdim=keep)
+        names = sorted(a for a in dir(y.grad_fn) if a.startswith("_saved_"))
+        (y * 3.0).sum().backward()
+        out.append((_np(y), _np(x.grad), y.grad_fn.name(), names))
+    assert out[0][2:] == out[1][2:]
+    eps = np.finfo(np.float64).eps
+    np.testing.assert_allclose(out[0][0], out[1][0], rtol=8 * eps)
+    np.testing.assert_allclose(out[0][1], out[1][1], rtol=8 * eps)
+
+
+def test_prod_dtypes_and_empty_match_torch(torch):
+    for make in (lambda L: L.tensor([1, 2, 3]).prod(), lambda L: L.tensor([True, True]).prod(),
+                 lambda L: L.tensor([1.0, 2.0]).prod(dtype=L.float64),
+                 lambda L: L.zeros(0).prod(), lambda L: L.zeros(2, 0).prod(1, keepdim=True),
+                 lambda L: L.tensor([[2, 3], [4, 5]]).prod(axis=0, keepdims=True)):
+        ours, theirs = make(sg), make(torch)
+        assert str(ours.dtype).split(".")[-1] == str(theirs.dtype).split(".")[-1]
+        np.testing.assert_array_equal(_np(ours), _np(theirs))
+
+
+@pytest.mark.parametrize("mode", ["exact", "local"])
+def test_prod_is_verified_with_and_without_zeros(mode):
+    for data in ([[1.0, 2.0, 0.5], [3.0, 4.0, 5.0]], [[1.0, 0.0, 0.0], [3.0, 0.0, 5.0]]):
+        x = sg.tensor(data, dtype=sg.float64, requires_grad=True)
+        report = sg.verify((x.prod(1) * sg.tensor([1.0, -2.0], dtype=sg.float64)).sum()
+                           + x.prod(), names={"x": x}, mode=mode)
+        assert report.ok, report
+
+
+def _chain(node, depth=4):
+    names = []
+    while node is not None and len(names) < depth:
+        names.append(node.name().split("::")[-1])
+        nxt = [f for f, _ in node.next_functions if f is not None]
+        node = nxt[0] if nxt else None
+    return names
+
+
+@pytest.mark.parametrize("xs,ts", [((2, 3, 4, 5), (2, 4, 5)), ((2, 3, 4), (2, 4)),
+                                   ((2, 3, 2, 2, 3), (2, 2, 2, 3)), ((0, 3, 4), (0, 4))])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("loss", ["nll_loss", "cross_entropy"])
+def test_nll_loss_nd_matches_torch(torch, xs, ts, reduction, weighted, loss):
+    """(N, C, d1, ...) scores: NllLoss2DBackward0 on 4-D input, views around it otherwise,
+    values and gradients as torch's (an ignored class among the targets)."""
+    rng = np.random.default_rng(len(xs) * 10 + len(reduction))
+    x, t = rng.standard_normal(xs), rng.integers(-1, 3, ts)
+    w = rng.uniform(0.5, 2.0, 3)
+    out = []
+    for lib in (sg, torch):
+        xx = lib.tensor(x, requires_grad=True)
+        kw = {"weight": lib.tensor(w) if weighted else None, "reduction": reduction,
+              "ignore_index": -1}
+        value = getattr(lib.nn.functional, loss)(xx, lib.tensor(t), **kw)
+        chain = _chain(value.grad_fn)
+        value.sum().backward()
+        out.append((_np(value), _np(xx.grad), chain))
+    assert out[0][2] == out[1][2]
+    # a log-softmax over 3 classes and a (weighted) mean over at most 60 terms, in float64
+    eps = np.finfo(np.float64).eps
+    np.testing.assert_allclose(out[0][0], out[1][0], rtol=64 * eps, atol=64 * eps)
+    np.testing.assert_allclose(out[0][1], out[1][1], rtol=64 * eps, atol=64 * eps)
+
+
+@pytest.mark.parametrize("xs,ts", [((2, 3, 4, 5), (2, 4, 4)), ((2, 3, 4), (2, 5)),
+                                   ((2, 3, 4, 5), (3, 4, 5)), ((2, 3, 4, 5, 6), (2, 4, 5))])
+def test_nll_loss_nd_shape_errors_match_torch(torch, xs, ts):
+    with pytest.raises((RuntimeError, ValueError)) as theirs:
+        torch.nn.functional.nll_loss(torch.zeros(xs), torch.zeros(ts, dtype=torch.long))
+    with pytest.raises(type(theirs.value)) as ours:
+        F.nll_loss(sg.zeros(xs), sg.zeros(ts, dtype=sg.int64))
+    assert str(ours.value) == str(theirs.value)
+
+
+@pytest.mark.parametrize("mode", ["exact", "local"])
+def test_nll_loss_nd_is_verified(mode):
+    rng = np.random.default_rng(5)
+    for xs, ts in (((2, 3, 2, 2), (2, 2, 2)), ((2, 3, 3), (2, 3))):
+        x = sg.tensor(rng.standard_normal(xs), requires_grad=True)
+        loss = F.cross_entropy(x, sg.tensor(rng.integers(0, 3, ts)),
+                               weight=sg.tensor([1.0, 2.0, 0.5], dtype=sg.float64))
+        assert sg.verify(loss, names={"x": x}, mode=mode).ok

@@ -26,6 +26,9 @@ def test_has_every_kernel_of_the_numpy_backend():
     names -= set(base.OPTIONAL)
     assert not [k for k in sorted(names) if not hasattr(be, k)]
     assert not any(hasattr(be, k) for k in base.OPTIONAL)
+    # and the meaning-only kernels are the SymPy backend's alone
+    assert all(hasattr(be, k) for k in base.MEANING_ONLY)
+    assert not any(hasattr(NumpyBackend, k) for k in base.MEANING_ONLY)
 
 
 def test_kernels_are_exact_on_symbols():

@@ -1,5 +1,5 @@
-// Collapsing long chains: loops (`x = x * w + b`) build runs of ops that make a 500-node
-// graph unreadable; collapsed, each run is one box. The same rule as layout.py's
+// Collapsing long chains: loops (`x = x * w + b`) build runs of simple ops that make a
+// 500-node graph unreadable; collapsed, each run is one box. The same rule as layout.py's
 // find_chains, so the chain boxes of a shipped layout are the ones found here.
 import { CheckStatus, IGraphNode, IGraphPayload } from './types';
 
@@ -40,26 +40,46 @@ function summarizeRun(members: IGraphNode[]): string {
 
 /**
  * Find maximal runs of op nodes a → b → c … where each node's only op input is the next
- * one and each is consumed only by the previous one (other inputs, leaves and None, may
- * hang off any member). Such runs come from loops (`x = x * w + b`) and are what makes a
- * 500-node graph unreadable; collapsed, they become one box with their leaves around it.
+ * one and each is consumed only by the previous one, and each is a simple node: one input
+ * of its own. An input of its own is any op, and any leaf that no other op consumes (a
+ * layer's weight); leaves shared by several ops (the `w` of `x = x * w + b`) and None do
+ * not count. Such runs come from loops and are what makes a 500-node graph unreadable;
+ * collapsed, they become one box with their shared leaves around it. A conv net's body
+ * does not fold: a convolution, with its own weight and bias, stays in sight. The same
+ * rule as find_chains in symgrad/jupyter/layout.py.
  */
 export function findChains(g: IGraphPayload, keep: Set<string>): IGroup[] {
   const byId = new Map(g.nodes.map(n => [n.id, n] as const));
   const opChildren = new Map<string, Set<string>>();
   const parents = new Map<string, Set<string>>();
-  for (const e of g.edges) {
-    if (!parents.has(e.to)) {
-      parents.set(e.to, new Set());
+  const inputs = new Map<string, Set<string>>();
+  const add = (m: Map<string, Set<string>>, k: string, v: string): void => {
+    if (!m.has(k)) {
+      m.set(k, new Set());
     }
-    parents.get(e.to)!.add(e.from);
+    m.get(k)!.add(v);
+  };
+  for (const e of g.edges) {
+    add(parents, e.to, e.from);
+    add(inputs, e.from, e.to);
     if (byId.get(e.to)?.kind === 'op') {
-      if (!opChildren.has(e.from)) {
-        opChildren.set(e.from, new Set());
-      }
-      opChildren.get(e.from)!.add(e.to);
+      add(opChildren, e.from, e.to);
     }
   }
+  const ownInputs = (id: string): number => {
+    let count = 0;
+    for (const i of inputs.get(id) ?? []) {
+      const kind = byId.get(i)?.kind;
+      if (
+        kind === 'op' ||
+        ((kind === 'leaf' || kind === 'accumulate') &&
+          (parents.get(i)?.size ?? 0) < 2)
+      ) {
+        count++;
+      }
+    }
+    return count;
+  };
   const roots = new Set(g.roots);
   const breaker = (n: IGraphNode): boolean =>
     n.kind !== 'op' ||
@@ -67,7 +87,8 @@ export function findChains(g: IGraphPayload, keep: Set<string>): IGroup[] {
     roots.has(n.id) || // the root stays in sight
     n.first_bad === true ||
     n.check.status === 'fail' ||
-    n.check.status === 'error';
+    n.check.status === 'error' ||
+    ownInputs(n.id) > 1; // a node with several inputs (a layer) is never folded
   // next(a) = b when the link a → b may be inside a run.
   const next = new Map<string, string>();
   const hasPrev = new Set<string>();

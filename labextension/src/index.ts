@@ -6,6 +6,7 @@ import { IRenderMime } from '@jupyterlab/rendermime-interfaces';
 import { Widget } from '@lumino/widgets';
 import { IGraphView, renderGraphView, renderReportView } from './draw';
 import { registerInspector } from './inspector';
+import { TWIN_ATTR, twinOf } from './twins';
 
 export const GRAPH_MIME = 'application/vnd.symgrad.graph+json';
 export const REPORT_MIME = 'application/vnd.symgrad.report+json';
@@ -26,6 +27,13 @@ export class SymgradRenderer extends Widget implements IRenderMime.IRenderer {
     this.view?.dispose();
     this.view = null;
     this.node.textContent = '';
+    // A `%%symgrad` graph beside its Inspector: hidden while that Inspector is live.
+    const twin = twinOf(model.metadata);
+    if (twin) {
+      this.node.setAttribute(TWIN_ATTR, twin);
+    } else {
+      this.node.removeAttribute(TWIN_ATTR);
+    }
     if (this.mimeType === GRAPH_MIME) {
       this.view = renderGraphView(this.node, data);
     } else {

@@ -9,6 +9,7 @@
 // {type: 'request'} and again whenever they change; they are not traits, so no saved
 // widget state holds them. The buttons send {type: 'verify'} and {type: 'stop'}.
 import { badge, IGraphView, renderGraphView, renderReportView } from './draw';
+import { hideTwin } from './twins';
 
 export const INSPECTOR_API = 'symgrad.inspector.v1';
 /** How long to wait for the kernel's graph before saying that none answered. */
@@ -33,6 +34,8 @@ interface IGraphMessage {
   type: 'graph';
   graph: unknown;
   report: unknown;
+  /** The widget's model id: the `%%symgrad` graph output of this id is hidden. */
+  model_id?: string;
 }
 
 function isGraphMessage(m: unknown): m is IGraphMessage {
@@ -175,9 +178,10 @@ export function renderInspector({
   const wait = el(doc, 'div', 'sg-placeholder', 'Waiting for the kernel…');
   graphHost.appendChild(wait);
   const timer = window.setTimeout(() => {
+    // A kernel still running the cell (a long verification) answers when it is done.
     wait.textContent =
-      'No kernel answered: run the cell to use the Inspector (the graph output above ' +
-      'is the saved graph).';
+      'No answer from the kernel yet (it may still be running the cell; if not, run ' +
+      'the cell to use the Inspector). The graph output above is the saved graph.';
   }, KERNEL_WAIT_MS);
 
   const selectedId = (): string | null => {
@@ -196,11 +200,17 @@ export function renderInspector({
     reportHost.appendChild(details);
     renderReportView(details, report);
   };
+  let releaseTwin: (() => void) | null = null;
   const onMessage = (msg: unknown): void => {
     if (!isGraphMessage(msg)) {
       return;
     }
     window.clearTimeout(timer);
+    if (!releaseTwin && typeof msg.model_id === 'string' && msg.model_id) {
+      // Drawn live from here on: the static twin would be a second picture.
+      releaseTwin = hideTwin(doc, msg.model_id);
+      host.dataset.sgLive = msg.model_id;
+    }
     const graph = msg.graph as { agreement?: { ok?: boolean | null } | null };
     ok = graph?.agreement?.ok;
     if (view) {
@@ -232,6 +242,8 @@ export function renderInspector({
   model.send({ type: 'request' });
   return () => {
     window.clearTimeout(timer);
+    releaseTwin?.();
+    releaseTwin = null;
     model.off('msg:custom', onMessage);
     model.off('change:selected', onSelected);
     for (const e of stateEvents) {

@@ -182,7 +182,7 @@ export function renderNodePanel(
         tb.appendChild(tr);
       }
       table.appendChild(tb);
-      p.appendChild(table);
+      p.appendChild(h('div', 'sg-table-scroll')).appendChild(table);
     }
   }
   const row = ctx.rowByNode.get(n.id);

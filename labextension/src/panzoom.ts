@@ -3,6 +3,9 @@
 // fitted to the width on first draw and on resize until the user moves it.
 import { IBounds } from './layout';
 
+/** Labels are at least this tall (CSS px) at "Fit"; zooming out by hand may go lower. */
+export const MIN_LABEL_PX = 10;
+
 export type Listen = <K extends keyof HTMLElementEventMap>(
   target: HTMLElement | SVGElement | Window,
   type: K,
@@ -20,6 +23,8 @@ export interface IPanZoomHost {
   /** Adds a listener that the view removes on teardown. */
   listen: Listen;
   bounds(): IBounds;
+  /** Smallest scale "Fit" uses: the one where node labels are MIN_LABEL_PX tall. */
+  minScale(): number;
   /** x of the node kept in view when the drawing is too wide to fit (the root). */
   anchorX(): number | null;
   onEscape(): void;
@@ -54,7 +59,8 @@ export class PanZoom {
     return this.host.canvas.clientWidth || this.host.element.clientWidth || 720;
   }
 
-  /** Fit the graph to the width (not below a readable scale); the root stays in view. */
+  /** Fit the graph to the width, not below the scale of readable labels (a graph too
+   * big for that is panned instead); the root stays in view. */
   fit(force: boolean): void {
     if (this.userMoved && !force) {
       this.applyTransform();
@@ -64,7 +70,8 @@ export class PanZoom {
     const cw = this.canvasWidth();
     const { width, height } = this.host.bounds();
     let k = Math.min(cw / width, maxH / height, 1.25);
-    k = Math.max(k, 0.35);
+    // Never below readable labels: a bigger graph is panned (drag) instead.
+    k = Math.max(k, Math.min(this.host.minScale(), 1.25));
     const ch = Math.max(Math.min(height * k, maxH), 90);
     this.host.canvas.style.height = `${Math.ceil(ch)}px`;
     const x = width * k <= cw ? (cw - width * k) / 2 : 0;

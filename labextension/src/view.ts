@@ -7,7 +7,7 @@ import { badge, errorBox, h, s } from './format';
 import { IBounds, IVisibleNode } from './layout';
 import { drawEdges, drawNode, INodeActions, tooltipLines } from './nodes';
 import { agreementTable, IPanelContext, renderNodePanel } from './panel';
-import { Listen, PanZoom } from './panzoom';
+import { Listen, MIN_LABEL_PX, PanZoom } from './panzoom';
 import { buildScene } from './scene';
 import {
   CheckStatus,
@@ -298,6 +298,7 @@ class GraphView implements IGraphView {
       maxHeight: this.opts.maxHeight ?? 520,
       listen: this.listen,
       bounds: () => this.bounds,
+      minScale: () => MIN_LABEL_PX / this.labelFontPx(),
       anchorX: () => {
         const root = this.graph?.roots[0];
         return root === undefined
@@ -306,6 +307,13 @@ class GraphView implements IGraphView {
       },
       onEscape: () => this.userSelect(null)
     });
+  }
+
+  /** The font size of node labels as the page's CSS sets it (12px by default). */
+  private labelFontPx(): number {
+    const label = this.viewport.querySelector('.sg-node-label');
+    const px = label ? parseFloat(getComputedStyle(label).fontSize) : NaN;
+    return Number.isFinite(px) && px > 0 ? px : 12;
   }
 
   private computeGroups(): void {

@@ -548,6 +548,9 @@ class BackwardCFunction(Node, FunctionCtx):
         self.materialize_grads = True
         self.needs_input_grad: tuple[bool, ...] = ()
         self._saved = None  # SavedTensor per ctx.save_for_backward entry, after forward
+        # per saved entry: the forward argument index it is (or None), so that a viewer
+        # can still show a freed saved input from the recorded inputs
+        self._saved_args: tuple = ()
         self._freed = False
         self._tensor_positions: tuple[int, ...] = ()  # edge i <- forward argument j
         # per forward argument: a weakref to a tensor (the tensor itself under
@@ -577,7 +580,9 @@ class BackwardCFunction(Node, FunctionCtx):
 
     def _release(self) -> None:
         if not self._freed:
-            self._saved = None
+            if self._saved is not None:  # one marker per entry: viewers still list them
+                self._saved = tuple(None if s is None else _node_module._FREED
+                                    for s in self._saved)
             self.to_save = ()
             self._freed = True
 
@@ -759,6 +764,8 @@ def _apply(cls, args, kwargs):
         else:
             saved.append(SavedTensor(t, is_output=False))
     ctx._saved = tuple(saved)
+    arg_index = {id(args[j]): j for j in positions}
+    ctx._saved_args = tuple(None if t is None else arg_index.get(id(t)) for t in ctx.to_save)
     ctx.to_save = ()
     return tuple(wrapped) if is_tuple else wrapped[0]
 

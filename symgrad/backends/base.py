@@ -29,6 +29,10 @@ KERNELS = ELEMENTWISE + STRUCTURAL
 #: runs its generic lowering where there is none or it returns None (declines).
 #: ``convolution``: conv1d/conv2d in one call (numpy, cpu, cuda; backends/conv_numpy.py).
 OPTIONAL = ("convolution",)
+#: Kernels only the symbolic backend has, asked for the same way: ``as_constant`` gives values
+#: a meaning treats as constants (no gradient flows through them); on numbers it would be
+#: the identity, so numeric backends leave it out.
+MEANING_ONLY = ("as_constant",)
 
 
 class Backend(Protocol):

@@ -22,6 +22,15 @@ def _erf(x):
     return out.astype(a.dtype if a.dtype.kind == "f" else np.float64, copy=False)
 
 
+def _log10(x):
+    """log10 rounded once: NumPy's float32 log10 is 1 ulp off at powers of ten (log10(1000)
+    = 3.0000002), where torch gives 3; computed in float64 and rounded to float32."""
+    a = np.asarray(x)
+    if a.dtype == np.float32:
+        return np.log10(a.astype(np.float64)).astype(np.float32)
+    return np.log10(a)
+
+
 def _pow(a, b):
     if isinstance(b, (int, np.integer)) and not isinstance(b, bool) and b < 0 \
             and np.asarray(a).dtype.kind in "iu":
@@ -45,6 +54,7 @@ def _torch_sign(x, out=None):
 NUMPY_MATH = {"exp": np.exp, "log": np.log, "sin": np.sin, "cos": np.cos, "tanh": np.tanh,
               "sqrt": np.sqrt, "abs": np.abs, "sign": _torch_sign, "where": np.where,
               "maximum": np.maximum, "minimum": np.minimum, "log1p": np.log1p,
+              "log2": np.log2, "log10": _log10,
               "expm1": np.expm1, "erf": _erf, "atan2": np.arctan2, "hypot": np.hypot,
               "pow": _pow, "pi": math.pi}
 

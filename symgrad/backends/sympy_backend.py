@@ -88,6 +88,19 @@ class SympyBackend:
         #: element, the one argmax returns (max(dim), which returns indices)
         self.ties_first = False
 
+    def as_constant(self, x):
+        """``x`` at its recorded values, free of every symbol: the meaning of a value through
+        which torch lets no gradient flow (embedding's padding row). Without a valuation
+        (the linearity probe) ``x`` is returned as it is."""
+        if self.valuation is None:
+            return x
+        arr = np.asarray(x, dtype=object)
+        out = np.empty(arr.shape, dtype=object)
+        for idx in np.ndindex(*arr.shape):
+            v = arr[idx]
+            out[idx] = v if is_number(v) else self.sp.sympify(float(self.valuation(v)))
+        return out
+
     # -- helpers ---------------------------------------------------------------------
     def _S(self, v):
         return v

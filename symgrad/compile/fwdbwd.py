@@ -172,22 +172,29 @@ def _cache_path(desc: dict) -> str:
     return os.path.join(cache_dir(), f"fwdbwd_{key}.json")
 
 
+def _code_problem(code) -> str | None:
+    """The shape a derivation record must have before code generation uses it."""
+    if not isinstance(code, dict) or not isinstance(code.get("stages"), list) or \
+            not isinstance(code.get("kernels"), list) or "backward" not in code:
+        return "not a derivation (stages, kernels, backward)"
+    b = code["backward"]
+    if b is not None and not (isinstance(b, dict) and isinstance(b.get("text"), str)
+                              and isinstance(b.get("params"), list)):
+        return "a backward without text and params"
+    return None
+
+
 def derived(desc: dict) -> dict:
-    """``derive(desc)``, from the disk cache when this structure was derived before."""
+    """``derive(desc)``, from the disk cache when this structure was derived before (the
+    record is sealed when written: a damaged, foreign or malformed one is deleted with a
+    warning and derived again, since its texts become generated code)."""
+    from .._codefiles import read_record, write_record
+
     path = _cache_path(desc)
-    try:
-        with open(path) as fh:
-            return json.load(fh)
-    except (OSError, ValueError):
-        pass
-    code = derive(desc)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    try:
-        with open(tmp, "w") as fh:
-            json.dump(code, fh)
-        os.replace(tmp, path)
-    except OSError:
-        pass
+    code = read_record(path, "derivation record", _code_problem)
+    if code is None:
+        code = derive(desc)
+        write_record(path, code)
     return code
 
 

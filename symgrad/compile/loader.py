@@ -1,8 +1,10 @@
 """Generated modules as real files under a cache dir, so Numba's ``cache=True`` works.
 
 The file handling is symgrad/_codefiles.py's, shared with the CPU backend's generated
-loops; this module chooses the cache directory and keeps it bounded: after a load, the
-step modules beyond ``max_files()`` are deleted, oldest written first, with their proof
+loops (every file is checked before it is used: modules against the text generated now,
+records and Numba's files against the seal written with them); this module chooses the
+cache directory, a private one or none, and keeps it bounded: after a load, the step
+modules beyond ``max_files()`` are deleted, oldest written first, with their proof
 records and compiled caches (modules imported by this process are never deleted).
 """
 
@@ -11,9 +13,8 @@ from __future__ import annotations
 import glob
 import os
 import sys
-import tempfile
 
-from .._codefiles import import_text, writable
+from .._codefiles import import_text, private_dir, process_dir, warn_once
 
 __all__ = ["cache_dir", "load", "max_files", "MAX_FILES"]
 
@@ -23,14 +24,21 @@ _STEM = "symgrad_step"
 
 
 def cache_dir() -> str:
-    """``$SYMGRAD_COMPILE_CACHE``, else ``~/.cache/symgrad/compile``, else a temp dir."""
-    explicit = os.environ.get("SYMGRAD_COMPILE_CACHE")
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    for cand in (explicit, os.path.join(base, "symgrad", "compile"),
-                 os.path.join(tempfile.gettempdir(), f"symgrad-compile-{os.getuid()}")):
-        if cand and writable(cand):
-            return cand
-    return tempfile.mkdtemp(prefix="symgrad-compile-")
+    """``$SYMGRAD_COMPILE_CACHE``, else ``$XDG_CACHE_HOME/symgrad/compile`` (default
+    ``~/.cache``), used only if private (``_codefiles.private_dir``: 0700, this user's, no
+    other user can write it or swap it); else this process's own temporary directory, so
+    no disk cache (said once). Never a shared, predictable path."""
+    path = os.environ.get("SYMGRAD_COMPILE_CACHE")
+    if not path:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"),
+                                                                ".cache")
+        path = os.path.join(base, "symgrad", "compile")
+    why = private_dir(path)
+    if why is None:
+        return path
+    warn_once(("no cache", path), f"sg.compile: no disk cache ({path}: {why}); the "
+              "generated code is kept for this process only")
+    return process_dir("compile")
 
 
 def max_files() -> int:

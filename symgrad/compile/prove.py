@@ -268,30 +268,45 @@ def cuda_at_generation(runs) -> dict:
     return _recorded(os.path.join(cache_dir(), f"cuda_{digest}.proof.json"), prove_all)
 
 
+def _record_problem(version: str):
+    """The check a proof record must pass before it is believed (see ``_recorded``)."""
+
+    def problem(data) -> str | None:
+        if not isinstance(data, dict):
+            return "not an object"
+        if data.get("symgrad") != version:
+            return "stale"  # left by another symgrad or prover: proved again, silently
+        if data.get("ok") is True:
+            proofs = data.get("proofs")
+            if not isinstance(proofs, dict) or not all(
+                    isinstance(k, str) and isinstance(v, str) for k, v in proofs.items()):
+                return "no 'proofs' mapping"
+        elif data.get("ok") is False:
+            if not isinstance(data.get("failure"), str):
+                return "no 'failure' text"
+        else:
+            return "no 'ok' flag"
+        return None
+
+    return problem
+
+
 def _recorded(path: str, prove_all) -> dict:
     """``prove_all()``'s outcome, read from the record at ``path`` when one from this
-    symgrad and prover exists, else proved now and recorded; raises ProofFailed."""
+    symgrad and prover exists (sealed when written: a damaged, foreign or malformed record
+    is deleted with a warning, never believed), else proved now and recorded; raises
+    ProofFailed."""
+    from .._codefiles import read_record, write_record
+
     version = _version()
-    try:
-        with open(path) as fh:
-            data = json.load(fh)
-        if not isinstance(data, dict) or "ok" not in data or data.get("symgrad") != version:
-            data = None  # unreadable, or left by another symgrad or prover
-    except (OSError, ValueError):
-        data = None
+    data = read_record(path, "proof record", _record_problem(version))
     if data is None:
         try:
             data = {"ok": True, "proofs": prove_all()}
         except ProofFailed as exc:
             data = {"ok": False, "failure": str(exc)}
         data["symgrad"] = version
-        try:  # atomic, as the module file itself: concurrent processes write the same
-            tmp = f"{path}.{os.getpid()}.tmp"
-            with open(tmp, "w") as fh:
-                json.dump(data, fh)
-            os.replace(tmp, path)
-        except OSError:
-            pass  # a read-only cache: the proof just runs again next time
+        write_record(path, data)  # a read-only cache: the proof just runs again next time
     if not data["ok"]:
         raise ProofFailed(data["failure"])
     return data["proofs"]

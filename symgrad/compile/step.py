@@ -171,6 +171,7 @@ class CompiledStep:
         self.stats: dict[str, Any] = {"traces": 0, "compile_s": 0.0, "fallbacks": []}
         self._full_warned = False
         self._retraces: dict = {}  # signature -> how often a guard made it retrace
+        self._baked: set = set()  # read paths warned about as baked in (once each)
 
     def __call__(self, *args, **kwargs):
         if kwargs:
@@ -217,6 +218,15 @@ class CompiledStep:
         self.stats["traces"] += 1
         result, program, reason = trace(self.fn, args)
         t0 = time.perf_counter()
+        baked = [] if program is None or program.constants is None else [
+            b for b in program.constants.unguarded if b not in self._baked]
+        if baked:
+            self._baked.update(baked)
+            name = getattr(self.fn, "__qualname__", repr(self.fn))
+            warnings.warn(f"sg.compile({name}): values read through a property are baked "
+                          f"into the compiled step, not guarded (a change is not seen): "
+                          f"{', '.join(baked)}; pass them as arguments or keep them in a "
+                          "plain attribute", UserWarning, stacklevel=3)
         if program is not None:
             try:
                 cuda = program.device == "cuda"
@@ -238,7 +248,11 @@ class CompiledStep:
                     except Exception as exc:  # a compile bug: say so, and stay eager
                         raise Unsupported(f"the generated code did not load ("
                                           f"{type(exc).__name__}: {exc})") from None
-                entry = Entry(program, gen, module)
+                try:
+                    entry = Entry(program, gen, module)
+                except Exception as exc:  # make() failed: a compile bug, never fn's error
+                    raise Unsupported(f"the generated code did not load ("
+                                      f"{type(exc).__name__}: {exc})") from None
                 entry._gather()  # binds the arrays; raises _Stale if they cannot be used
                 entry.example = [_copy(a._data) if isinstance(a, Tensor) else a for a in args]
                 reason = self_check(entry, args, result)

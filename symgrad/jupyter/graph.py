@@ -344,6 +344,8 @@ def _saved_rows(node: Any, namer: Namer, own_output: Any | None) -> list[dict]:
     from ..autograd import node as node_mod
 
     rows: list[dict] = []
+    if getattr(type(node), "_forward_cls", None) is not None:  # a custom Function's ctx
+        return _custom_saved_rows(node, namer)
     saved = getattr(node, "_saved", None)
     spec = getattr(type(node), "_spec", None)
     if isinstance(saved, dict) and spec is not None:
@@ -408,6 +410,84 @@ def _saved_rows(node: Any, namer: Namer, own_output: Any | None) -> list[dict]:
         else:
             _plain_fields(row, value)
         rows.append(row)
+    return rows
+
+
+def _custom_saved_rows(node: Any, namer: Namer) -> list[dict]:
+    """Rows for a custom Function's node (its ``ctx``), symgrad's or torch's.
+
+    Named as the user reads them: ``saved_tensors[i]`` for each ``save_for_backward``
+    entry (torch has no ``_saved_*`` attribute for these), then each tensor the forward
+    stored on ``ctx`` by its attribute name (``ctx.w`` -> ``w``), as ``vars(grad_fn)``
+    lists them in torch.
+    """
+    from ..autograd import node as node_mod
+
+    rows: list[dict] = []
+    saved = getattr(node, "_saved", None)
+    if isinstance(saved, tuple):  # symgrad: SavedTensor, None or the freed marker each
+        freed = getattr(node_mod, "_FREED", None)
+        saved_cls = getattr(node_mod, "SavedTensor", ())
+        arg_of = getattr(node, "_saved_args", ())
+        refs = getattr(node, "_input_refs", ())
+        for i, value in enumerate(saved):
+            name = f"saved_tensors[{i}]"
+            row: dict[str, Any] = {"name": name, "attr": name}
+            if value is None:
+                _plain_fields(row, None)
+            elif value is freed:
+                row["kind"] = "freed"
+                row["preview"] = "freed by backward (use retain_graph=True)"
+                j = arg_of[i] if i < len(arg_of) else None
+                t = _deref(refs[j]) if j is not None and j < len(refs) else None
+                if _is_tensor(t):  # a saved input the node still holds (symgrad.record())
+                    _tensor_fields(row, t, namer)
+            elif isinstance(value, saved_cls):
+                is_output = getattr(value, "output_nr", -1) >= 0
+                t = value.tensor
+                if t is None:
+                    try:
+                        t = value.unpack(node)
+                    except Exception:  # noqa: BLE001
+                        t = None
+                row["kind"], row["is_output"], row["same_object_as"] = "tensor", is_output, None
+                if t is not None:
+                    _tensor_fields(row, t, namer if not is_output else None)
+                    version = getattr(getattr(t, "_storage", None), "version", value.version)
+                    if version != value.version:
+                        row["preview"] += (f" (modified in place: version {version}, "
+                                           f"saved at {value.version})")
+            else:
+                _plain_fields(row, value)
+            rows.append(row)
+    elif _is_torch(node):
+        try:
+            tensors = node.saved_tensors
+        except RuntimeError:
+            rows.append({"name": "saved_tensors", "attr": "saved_tensors", "kind": "freed",
+                         "preview": "freed by backward (use retain_graph=True)"})
+            tensors = ()
+        except Exception:  # noqa: BLE001
+            tensors = ()
+        for i, t in enumerate(tensors):
+            name = f"saved_tensors[{i}]"
+            row = {"name": name, "attr": name}
+            if _is_tensor(t):
+                is_output = getattr(t, "grad_fn", None) is node
+                row["kind"], row["is_output"], row["same_object_as"] = "tensor", is_output, None
+                _tensor_fields(row, t, namer if not is_output else None)
+            else:
+                _plain_fields(row, t)
+            rows.append(row)
+    try:
+        attrs = sorted(vars(node).items())
+    except TypeError:
+        attrs = []
+    for name, value in attrs:  # ctx.w = w: only tensors (the ctx's own fields are not)
+        if _is_tensor(value):
+            row = {"name": name, "attr": name, "kind": "tensor", "is_output": False}
+            _tensor_fields(row, value, namer)
+            rows.append(row)
     return rows
 
 

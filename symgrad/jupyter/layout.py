@@ -126,25 +126,40 @@ def _summarize_run(labels: list[str]) -> str:
 
 def find_chains(payload: dict, keep: set[str] | frozenset[str] = frozenset()) -> list[dict]:
     """Maximal runs of op nodes ``a -> b -> c`` where each consumes only the next op and
-    is consumed only by the previous one (leaves and None may hang off any member).
+    is consumed only by the previous one, and each is a simple node: one input of its
+    own. An input of its own is any op, and any leaf that no other op consumes (a
+    layer's weight); leaves shared by several ops (the ``w`` of ``x = x * w + b``) and
+    None do not count. So a loop folds into one box, while a conv net's body does not: a
+    convolution, with its own weight and bias, has several inputs and stays in sight.
 
-    Loops (``x = x * w + b``) build them; they are what makes a 500-op graph unreadable
-    and slow to draw. Roots, ``keep`` (the selection) and failing nodes break runs, like
-    the labextension's ``findChains``. Each group: ``id``, ``members`` (ids), ``label``,
-    ``status`` (the worst member check).
+    Loops (``x = x * w + b``) build such runs; they are what makes a 500-op graph
+    unreadable and slow to draw. Roots, ``keep`` (the selection) and failing nodes break
+    runs, like the labextension's ``findChains``. Each group: ``id``, ``members`` (ids),
+    ``label``, ``status`` (the worst member check).
     """
     by_id = {n["id"]: n for n in payload["nodes"]}
     op_children: dict[str, set[str]] = {}
     parents: dict[str, set[str]] = {}
+    inputs: dict[str, set[str]] = {}
     for e in payload["edges"]:
         parents.setdefault(e["to"], set()).add(e["from"])
+        inputs.setdefault(e["from"], set()).add(e["to"])
         if by_id.get(e["to"], {}).get("kind") == "op":
             op_children.setdefault(e["from"], set()).add(e["to"])
     roots = set(payload.get("roots") or [])
 
+    def own_inputs(nid: str) -> int:
+        count = 0
+        for i in inputs.get(nid, ()):
+            kind = by_id.get(i, {}).get("kind")
+            if kind == "op" or (kind in ("leaf", "accumulate") and len(parents.get(i, ())) < 2):
+                count += 1
+        return count
+
     def breaker(n: dict) -> bool:
         return (n["kind"] != "op" or n["id"] in keep or n["id"] in roots
-                or n.get("first_bad") is True or n["check"]["status"] in ("fail", "error"))
+                or n.get("first_bad") is True or n["check"]["status"] in ("fail", "error")
+                or own_inputs(n["id"]) > 1)
 
     nxt: dict[str, str] = {}
     has_prev: set[str] = set()

@@ -8,7 +8,11 @@ verifies the graph it built (unless ``--no-verify``) and shows:
 * always, the graph MIME bundle as its own output (graph JSON + static SVG/HTML + a
   text outline: it survives in a saved notebook), carrying the verdicts once known;
 * in a kernel with ipywidgets (the ``jupyter`` extra), the Inspector widget as a second
-  output; it runs the verifier with a progress bar and Stop;
+  output; it runs the verifier with a progress bar and Stop. The two outputs carry
+  metadata (``{"symgrad": {"inspector": <model id>}}`` on the graph, ``{"symgrad":
+  {"live": true}}`` on the Inspector) by which the labextension shows one picture: the
+  Inspector hides its graph twin while it draws, and a saved notebook keeps only the
+  graph (with its verdicts), which every front end can show;
 * otherwise (core install, or terminal IPython) the verifier's report as a second output
   (report JSON + HTML table + text). In a kernel without ipywidgets, one line on stderr
   says so, once per session. Terminal IPython prints the text/plain parts: the graph as
@@ -139,23 +143,43 @@ def _inspector_class(shell: Any) -> tuple[type | None, str | None]:
     return Inspector, None
 
 
+#: Output metadata key of symgrad's two ``%%symgrad`` outputs (see :func:`live_metadata`).
+META_KEY = "symgrad"
+
+
+def live_metadata() -> dict:
+    """Metadata of the Inspector's output: live only. The labextension leaves such outputs
+    out of the notebook file it saves (the widget's model dies with the kernel; saved, its
+    view would reopen as "model not found"), so the file keeps the static graph."""
+    return {META_KEY: {"live": True}}
+
+
+def twin_metadata(inspector: Any) -> dict:
+    """Metadata of the graph output shown beside ``inspector``: its widget model id. The
+    labextension hides this output while that Inspector draws the same graph live."""
+    model_id = getattr(inspector, "model_id", None)
+    return {META_KEY: {"inspector": model_id}} if model_id else {}
+
+
 class _GraphOutput:
     """The graph bundle as one output. In a kernel it is shown at once and updated in
     place when the verdicts are in; a terminal cannot update an output, so there it is
-    shown once, by :meth:`show`."""
+    shown once, by :meth:`show`. ``metadata`` (the Inspector twin's id) goes with every
+    update, as an update replaces the output's metadata too."""
 
-    def __init__(self, payload: dict, live: bool) -> None:
+    def __init__(self, payload: dict, live: bool, metadata: dict | None = None) -> None:
         self.shown = payload if live else None
-        self.handle = display(mimebundle(payload), raw=True, display_id=True) if live \
-            else None
+        self.metadata = metadata or {}
+        self.handle = display(mimebundle(payload), raw=True, display_id=True,
+                              metadata=self.metadata) if live else None
 
     def show(self, payload: dict) -> None:
         if payload is self.shown:
             return
         if self.handle is not None:
-            self.handle.update(mimebundle(payload), raw=True)
+            self.handle.update(mimebundle(payload), raw=True, metadata=self.metadata)
         else:
-            display(mimebundle(payload), raw=True)
+            display(mimebundle(payload), raw=True, metadata=self.metadata)
         self.shown = payload
 
 
@@ -227,16 +251,20 @@ class SymgradMagics(Magics):
             self._notice(why_not, f"%%symgrad: {why_not}; showing the static graph"
                          + (" and report" if args.verify else "")
                          + " (pip install 'symgrad[jupyter]' for the Inspector)")
-        graph_out = _GraphOutput(payload, live=_has_kernel(shell))
         if inspector_cls is not None:  # the widget verifies (progress bar, Stop)
             inspector = inspector_cls(root_arg, names, verify=False, rtol=args.rtol,
                                       atol=args.atol, sample=args.sample, mode=args.mode)
-            display(inspector)
+            # Two outputs, never one bundle (DESIGN.md): the graph, which the saved file
+            # keeps, and the Inspector, live only; while the Inspector draws, the
+            # labextension hides its twin, so the live view shows one graph.
+            graph_out = _GraphOutput(payload, live=True, metadata=twin_metadata(inspector))
+            display(inspector, metadata=live_metadata())
             if args.verify:
                 inspector.verify(background=False)
                 graph_out.show(inspector.graph)
             self.last_inspector = inspector
             return None if suppress else value
+        graph_out = _GraphOutput(payload, live=_has_kernel(shell))
         report = error = None
         if args.verify:
             try:

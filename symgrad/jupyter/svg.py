@@ -190,6 +190,8 @@ def render_svg(payload: dict, selected: str | None = None) -> str:
             tip.append(f"dtype: {n['dtype']}")
         if n.get("formula"):
             tip.append(tex_to_text(n["formula"]))
+        for s in n.get("saved") or ():  # what the node saved, as the Inspector lists it
+            tip.append(_saved_line(s))
         if status != "none":
             tip.append(f"local check: {status}")
         out.append(
@@ -210,6 +212,15 @@ def render_svg(payload: dict, selected: str | None = None) -> str:
         out.append("</g>")
     out.append("</g></svg>")
     return "".join(out)
+
+
+def _saved_line(s: dict) -> str:
+    """One saved operand for a node's hover text: ``saved x [3] = [1., 2., 3.]``."""
+    shape = f" {s['shape']}" if s.get("shape") is not None and s.get("kind") != "scalar" else ""
+    same = f" (same object as {s['same_object_as']})" if s.get("same_object_as") else ""
+    freed = " (freed by backward)" if s.get("kind") == "freed" and shape else ""
+    return (f"saved {s.get('attr', '_saved_' + s['name'])}{shape} = "
+            f"{s.get('preview', '')}{same}{freed}")
 
 
 def badge(status: str) -> str:

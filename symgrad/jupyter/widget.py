@@ -19,7 +19,7 @@ select it), node panel, agreement table and the same controls. Every string from
 code is HTML-escaped before it reaches that HTML.
 
 Messages, front end to kernel: ``{"type": "request"}`` (answered by ``{"type": "graph",
-"graph", "report"}``, sent again whenever they change), ``{"type":
+"graph", "report", "model_id"}``, sent again whenever they change), ``{"type":
 "request-static-module"}`` (answered by ``{"type": "static-module", "code"}``),
 ``{"type": "request-static"}`` (answered by ``{"type": "static", "html"}``, sent again
 on every change), ``{"type": "verify"}`` and ``{"type": "stop"}``. Selection and
@@ -310,8 +310,10 @@ class Inspector(anywidget.AnyWidget):
     # -- the front end ------------------------------------------------------------------
     def _push_graph(self) -> None:
         # with the layout the static SVG uses (the view keeps the selection out of chains)
+        # model_id: the labextension hides the graph output of the same id (the
+        # ``%%symgrad`` twin) while this view draws it.
         self.send({"type": "graph", "graph": with_layout(self.graph, self.selected or None),
-                   "report": self.report or None})
+                   "report": self.report or None, "model_id": self.model_id})
 
     def _push_static(self) -> None:
         if self._static_views:

@@ -58,3 +58,8 @@ __all__ += ["MultiheadAttention"]
 from .norm_layers import BatchNorm1d, BatchNorm2d, Dropout, Embedding, LayerNorm  # noqa: E402
 
 __all__ += ["LayerNorm", "BatchNorm1d", "BatchNorm2d", "Dropout", "Embedding"]
+
+# -- recurrent layers (issue 31)
+from .rnn import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNBase, RNNCell, RNNCellBase  # noqa: E402
+
+__all__ += ["RNNBase", "RNN", "LSTM", "GRU", "RNNCellBase", "RNNCell", "LSTMCell", "GRUCell"]

@@ -284,25 +284,37 @@ def binary_cross_entropy_with_logits(input: Tensor, target: Tensor, weight: Tens
 
 def nll_loss(input: Tensor, target: Tensor, weight: Tensor | None = None, size_average=None,
              ignore_index: int = -100, reduce=None, reduction: str = "mean") -> Tensor:
-    """Negative log likelihood over class scores (``NllLossBackward0``); input (C,) or (N, C)."""
+    """Negative log likelihood over class scores: input (C,) or (N, C) (``NllLossBackward0``),
+    (N, C, H, W) (``NllLoss2DBackward0``), other (N, C, d1, ...) viewed as (N, C, 1, -1) first,
+    as torch's nll_loss_nd does."""
     red = _reduction_enum(_legacy_reduction(size_average, reduce, reduction))
     _check_tensor(input, "nll_loss", "input")
     _check_tensor(target, "nll_loss", "target")
-    if input.ndim not in (1, 2):
-        if input.ndim == 0:
-            raise ValueError("Expected 1 or more dimensions (got 0)")
-        raise NotImplementedError("symgrad's nll_loss takes input of shape (C,) or (N, C); "
-                                  "reshape (N, C, d1, ...) to (N*d1*..., C) first")
+    if input.ndim == 0:
+        raise ValueError("Expected 1 or more dimensions (got 0)")
+    if input.ndim > 2:
+        return _nll_loss_nd(input, target, weight, ignore_index, red)
     if input.ndim == 2 and (target.ndim != 1 or target.shape[0] != input.shape[0]):
         raise ValueError(f"Expected input batch_size ({input.shape[0]}) to match target "
                          f"batch_size ({target.shape[0] if target.ndim else 1}).")
-    if target.dtype.name != "int64":
+    if target.dtype.name != "int64":  # before the 1-D shape check, as torch
         raise RuntimeError(f"expected target dtype to be Long or Byte, but got "
                            f"{_torch_name(target.dtype)}")
     if input.ndim == 1 and target.ndim != 0:
         raise RuntimeError("1D target tensor expects 1D input tensors, but found inputs with "
                            f"sizes {list(input.shape)} and {list(target.shape)}.")
-    n_classes = input.shape[-1]
+    _nll_checks(input, target, weight, ignore_index)
+    out = apply(OPS["nll_loss"], (input,), {"target": target, "weight": weight,
+                                            "reduction": red, "ignore_index": ignore_index})
+    return out[0]
+
+
+def _nll_checks(input: Tensor, target: Tensor, weight, ignore_index: int) -> None:
+    """What every nll_loss form checks before a kernel: dtype, weight size, device, range."""
+    if target.dtype.name != "int64":
+        raise RuntimeError(f"expected target dtype to be Long or Byte, but got "
+                           f"{_torch_name(target.dtype)}")
+    n_classes = input.shape[1] if input.ndim > 1 else input.shape[0]
     if weight is not None:
         _check_tensor(weight, "nll_loss", "weight")
         if weight.numel() != n_classes:
@@ -313,9 +325,32 @@ def nll_loss(input: Tensor, target: Tensor, weight: Tensor | None = None, size_a
         raise RuntimeError("Expected all tensors to be on the same device, but found at least "
                            f"two devices, {target.device} and {input.device}!")
     _check_targets(target, n_classes, ignore_index)
-    out = apply(OPS["nll_loss"], (input,), {"target": target, "weight": weight,
-                                            "reduction": red, "ignore_index": ignore_index})
-    return out[0]
+
+
+def _nll_loss_nd(input: Tensor, target: Tensor, weight, ignore_index: int, red: int) -> Tensor:
+    """(N, C, d1, ...): torch's nll_loss_nd, with its views and its errors."""
+    if target.ndim == 0 or input.shape[0] != target.shape[0]:
+        raise ValueError(f"Expected input batch_size ({input.shape[0]}) to match target "
+                         f"batch_size ({target.shape[0] if target.ndim else 1}).")
+    n, c = input.shape[0], input.shape[1]
+    out_size = [n, *input.shape[2:]]
+    if input.ndim == 4:
+        if tuple(target.shape) != (n, *input.shape[2:]):
+            raise RuntimeError(f"size mismatch (got input: {list(input.shape)} , target: "
+                               f"{list(target.shape)}")
+    elif tuple(target.shape[1:]) != tuple(input.shape[2:]):
+        raise RuntimeError(f"Expected target size {out_size}, got {list(target.shape)}")
+    _nll_checks(input, target, weight, ignore_index)
+    x, t = input, target
+    if input.ndim != 4:
+        empty = input.numel() == 0
+        x = _F.reshape(input.contiguous(), (n, c, 0, 0) if empty else (n, c, 1, -1))
+        t = _F.reshape(target.contiguous(), (n, 0, 0) if target.numel() == 0 else (n, 1, -1))
+    out = apply(OPS["nll_loss2d"], (x,), {"target": t, "weight": weight, "reduction": red,
+                                           "ignore_index": ignore_index})[0]
+    if input.ndim != 4 and red == 0:
+        out = _F.reshape(out, tuple(out_size))
+    return out
 
 
 def _check_targets(target: Tensor, n_classes: int, ignore_index: int) -> None:

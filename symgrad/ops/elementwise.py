@@ -20,7 +20,8 @@ from .spec import OpSpec
 
 #: ``where``/``sign``... on tensors, for the backward formulas built from ``Scalar.grad``
 _TENSOR_MATH = {f: (lambda t, _f=f: getattr(t, _f)() if hasattr(t, _f) else getattr(math, _f)(t))
-                for f in ("exp", "log", "sin", "cos", "tanh", "sqrt", "log1p", "expm1", "erf")}
+                for f in ("exp", "log", "sin", "cos", "tanh", "sqrt", "log1p", "expm1", "erf",
+                          "log2", "log10")}
 _TENSOR_MATH["abs"] = abs
 _TENSOR_MATH["sign"] = lambda t: t.sign()
 _TENSOR_MATH["sigmoid"] = lambda t: t.sigmoid()
@@ -252,6 +253,9 @@ _unary("relu", "ReluBackward0", Scalar("maximum(x, 0)", "g * (y > 0)",
 _unary("abs", "AbsBackward0", Scalar("abs(x)", "g * sign(x)"), dtype_rule="same")
 _unary("sign", "SignBackward0", Scalar("sign(x)", "g * 0"), dtype_rule="same")
 _unary("log1p", "Log1PBackward0", Scalar("log1p(x)", "g / (1 + x)"))
+# torch's rules: grad / (self * ln 2) and grad / (self * ln 10), the constant as one double
+_unary("log2", "Log2Backward0", Scalar("log2(x)", "g / (x * log(2))"))
+_unary("log10", "Log10Backward0", Scalar("log10(x)", "g / (x * log(10))"))
 _unary("expm1", "Expm1Backward0", Scalar("expm1(x)", "g * (y + 1)"))
 # erf' = 2/sqrt(pi) exp(-x^2): ``pi`` is exact in the meaning, so the audit can prove it
 _unary("erf", "ErfBackward0", Scalar("erf(x)", "2 / sqrt(pi) * exp(-(x * x)) * g"))

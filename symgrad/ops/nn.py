@@ -194,3 +194,29 @@ register(OpSpec(
     {"self": _nll_grad}, STRUCTURAL, dtype_rule="same",
     outputs=("result", "total_weight"), differentiable_outputs=1,
     doc="target and weight are params (no edge in torch); total_weight is output 1."))
+
+
+# -- nll_loss2d: (N, C, H, W) scores, (N, H, W) targets: nll_loss over the N*H*W rows ------
+def _nll2d_forward(be, self, target, weight=None, reduction=MEAN, ignore_index=-100):
+    n, c, h, w = self.shape
+    rows = be.reshape(be.transpose(self, (0, 2, 3, 1)), (n * h * w, c))
+    loss, total_weight = _nll_forward(be, rows, target, weight, reduction, ignore_index)
+    if reduction == NONE:
+        loss = be.reshape(loss, (n, h, w))
+    return loss, total_weight
+
+
+def _nll2d_grad(grad, self, target, weight, reduction, ignore_index, total_weight):
+    n, c, h, w = self.shape
+    rows = self.permute(0, 2, 3, 1).reshape(n * h * w, c)
+    flat = target.reshape(n * h * w)
+    g = grad.reshape(n * h * w) if reduction == NONE else grad
+    out = _nll_grad(g, rows, flat, weight, reduction, ignore_index, total_weight)
+    return out.reshape(n, h, w, c).permute(0, 3, 1, 2)
+
+
+register(OpSpec(
+    "nll_loss2d", "NllLoss2DBackward0", ("self",), _nll2d_forward,
+    {"self": _nll2d_grad}, STRUCTURAL, dtype_rule="same",
+    outputs=("result", "total_weight"), differentiable_outputs=1,
+    doc="torch.nn.functional.nll_loss on (N, C, H, W): the class dim is 1."))

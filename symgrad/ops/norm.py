@@ -166,7 +166,16 @@ register(OpSpec(
 # -- embedding ---------------------------------------------------------------------------------
 def _embedding_fwd(be, weight, indices, padding_idx, scale_grad_by_freq, sparse,
                    weight_sym_argsize_0):
-    return be.getitem(weight, (_arr(indices), Ellipsis))
+    rows = be.getitem(weight, (_arr(indices), Ellipsis))
+    constant = getattr(be, "as_constant", None)
+    pad = s64(padding_idx)
+    if constant is not None and pad >= 0:  # the meaning: the padding row is a constant
+        idx = np.asarray(_arr(indices))
+        hit = idx == pad
+        if hit.any():
+            rows = np.array(rows, dtype=object)
+            rows[hit] = constant(rows[hit])
+    return rows
 
 
 def embedding_backward(grad, indices, padding_idx, scale_grad_by_freq, weight_sym_argsize_0):

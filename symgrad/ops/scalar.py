@@ -36,10 +36,10 @@ __all__ = ["FUNCTIONS", "TRANSCENDENTAL", "Scalar", "build", "source"]
 #: The vocabulary an expression may call. ``where(c, a, b)`` is a select, ``sign`` follows
 #: torch 2.13 (sign(0) = 0 and sign(NaN) = 0), ``maximum`` propagates NaN as torch.maximum does.
 FUNCTIONS = ("exp", "log", "sin", "cos", "tanh", "sqrt", "abs", "sign", "where", "maximum",
-             "minimum", "log1p", "expm1", "erf", "atan2", "hypot", "pow")
+             "minimum", "log1p", "expm1", "erf", "atan2", "hypot", "pow", "log2", "log10")
 #: Functions a backend computes with a libm call (the CPU backend keeps NumPy's SIMD ones).
 TRANSCENDENTAL = frozenset({"exp", "log", "sin", "cos", "tanh", "sqrt", "log1p", "expm1", "erf",
-                            "atan2", "hypot", "pow"})
+                            "atan2", "hypot", "pow", "log2", "log10"})
 #: Constants an expression may name: exact in SymPy, the nearest float elsewhere.
 CONSTANTS = ("pi",)
 #: Expression variable -> the name an OpSpec formula uses for it.
@@ -321,6 +321,8 @@ def sympy_namespace(sp) -> dict:
              "erf": "erf", "atan2": "atan2", "pi": "pi"}
     out = {f: getattr(sp, n) for f, n in names.items() if hasattr(sp, n)}
     out["log1p"] = lambda x: sp.log(1 + x)
+    out["log2"] = lambda x: sp.log(x) / sp.log(2)
+    out["log10"] = lambda x: sp.log(x) / sp.log(10)
     out["expm1"] = lambda x: sp.exp(x) - 1
     out["hypot"] = lambda a, b: sp.sqrt(a * a + b * b)
     out["pow"] = lambda a, b: a ** b

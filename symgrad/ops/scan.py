@@ -1,4 +1,5 @@
-"""Cumulative sum and product along one dim (backend kernels ``cumsum`` / ``cumprod``).
+"""Cumulative sum and product along one dim (backend kernels ``cumsum`` / ``cumprod``), and
+``prod``, which is the last element of a cumulative product.
 
 cumsum's gradient is the reversed cumulative sum of the incoming gradient. cumprod's is
 ``reverse_cumsum(grad * result) / self`` where no input element is zero (torch's fast
@@ -74,6 +75,82 @@ def _cumprod_backward_with_zeros(grad, d, self):
     return (before * tail).transpose(d, last)
 
 
+def _prod_input(be, self, dtype):
+    """``self`` in the result's dtype: ``dtype=``, else its own float, else int64 (torch)."""
+    want = dtype.np if dtype is not None else (
+        self.dtype if np.dtype(self.dtype).kind == "f" else np.dtype(np.int64))
+    return self if self.dtype == want else be.cast(self, want)
+
+
+def _prod_fwd(be, self, dtype=None):
+    x = _prod_input(be, self, dtype)
+    n = int(np.prod(x.shape))
+    if n == 0:
+        return be.full((), 1, x.dtype)
+    return be.getitem(be.cumprod(be.reshape(x, (n,)), 0), (n - 1,))
+
+
+def _prod_dim_fwd(be, self, dim, keepdim, dtype=None):
+    x = _prod_input(be, self, dtype)
+    if x.ndim == 0:
+        return be.copy(x)
+    d = norm(dim, x.ndim)
+    if x.shape[d] == 0:
+        shape = tuple(1 if i == d else s for i, s in enumerate(x.shape) if keepdim or i != d)
+        return be.full(shape, 1, x.dtype)
+    last = slice(-1, None) if keepdim else -1
+    return be.copy(be.getitem(be.cumprod(x, d), (slice(None),) * d + (last,)))
+
+
+def _cat_ones(ones, part, d):
+    return _tl.apply(OPS["cat"], (ones, part), {"dim": u64(d),
+                                                "_sizes": (1, part.shape[d])})
+
+
+def _prod_safe_zeros_backward(grad, inp, d):
+    """torch's rule where an input is zero: grad times the product of every other element,
+    as the exclusive cumulative products from the left and from the right."""
+    n = inp.shape[d]
+    if inp.numel() == 0:
+        return grad.expand(tuple(inp.shape))
+    size = tuple(1 if i == d else s for i, s in enumerate(inp.shape))
+    ones = _tl.ones(size, dtype=inp.dtype, device=inp.device)
+    left = cumprod(_cat_ones(ones, inp.narrow(d, 0, n - 1), d), d)
+    right = flip(cumprod(_cat_ones(ones, flip(inp.narrow(d, 1, n - 1), (d,)), d), d), (d,))
+    return grad * (left * right)
+
+
+def prod_backward(grad, result, self):
+    """ProdBackward0: ``grad * (result / self)`` without zeros, else the safe rule."""
+    if self.ndim == 0:
+        return grad
+    if not bool((self == 0).sum().item()):
+        return grad * (result / self)
+    flat = self.reshape(self.numel())
+    return _prod_safe_zeros_backward(grad, flat, 0).reshape(tuple(self.shape))
+
+
+def prod_dim_backward(grad, dim, keepdim, result, self):
+    """ProdBackward1, as ProdBackward0 along ``dim``."""
+    if self.ndim == 0:
+        return grad
+    d = norm(dim, self.ndim)
+    if not keepdim:
+        grad, result = grad.unsqueeze(d), result.unsqueeze(d)
+    if not bool((self == 0).sum().item()):
+        return grad * (result / self)
+    return _prod_safe_zeros_backward(grad, self, d)
+
+
+register(OpSpec(
+    "prod", "ProdBackward0", ("self",), _prod_fwd,
+    {"self": lambda grad, result, self: prod_backward(grad, result, self)},
+    STRUCTURAL, dtype_rule="sum", doc="torch.prod over every element; ``dtype``: the result's."))
+register(OpSpec(
+    "prod_dim", "ProdBackward1", ("self",), _prod_dim_fwd,
+    {"self": lambda grad, dim, keepdim, result, self:
+        prod_dim_backward(grad, dim, keepdim, result, self)},
+    STRUCTURAL, dtype_rule="sum", doc="torch.prod along one dim."))
 register(OpSpec(
     "cumsum", "CumsumBackward0", ("self",), _scan_fwd("cumsum"),
     {"self": lambda grad, dim: grad if grad.ndim == 0 else reverse_cumsum(grad, dim)},

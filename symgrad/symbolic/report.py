@@ -392,11 +392,24 @@ def _latex_nonfinite(tex: str) -> str:
 # -- rendering (from the JSON form, so session reports and the CLI draw the same) ---------
 _BAD_NODE = ("mismatch", "error", "unsupported", "timeout")
 
+#: What a node's worst-element detail (``d/dself[1, 2]: engine X, symbolic Y``) measures:
+#: the node's own backward applied to a seeded random cotangent, so its element and values
+#: differ from the leaf table's worst element (of d(output)/d(leaf)) even for the same tensor.
+NODE_WORST = "local check (its backward on a seeded random cotangent, not the leaf gradient)"
+
+
+def node_detail(detail: str) -> str:
+    """A node's detail, its worst-element clause saying which check it comes from."""
+    if detail.startswith("d/d"):
+        return f"{NODE_WORST}, worst element {detail}"
+    return detail
+
 LEAF_COLUMNS = {  # key: (header, what it holds)
     "leaf": ("leaf", "the leaf tensor: parameter path or variable name"),
     "shape": ("shape", "shape and dtype"),
     "status": ("status", "ok, mismatch, or not checked (local mode: no symbolic value)"),
-    "worst": ("worst element", "the element where engine and symbolic differ most"),
+    "worst": ("worst element", "the element of the leaf's gradient d(output)/d(leaf) where "
+                               "engine and symbolic differ most"),
     "engine": ("engine grad", "d(output)/d(leaf) at the worst element from the engine's "
                               "backward"),
     "symbolic": ("symbolic grad", "the same from SymPy's exact derivative"),
@@ -419,7 +432,9 @@ NODE_COLUMNS = {
     "bound": ("bound", "the largest error allowed at the worst element"),
     "rel": ("max rel err", "largest |engine - reference| / |reference|"),
     "formula": ("formula", "the op's meaning used for the check"),
-    "detail": ("detail", "the worst element: engine value against the reference"),
+    "detail": ("detail", "the worst element of the node's backward on a seeded random "
+                         "cotangent (not of the leaf gradient): engine value against the "
+                         "reference"),
 }
 _LEAF_SUMMARY = ("leaf", "shape", "status", "worst", "engine", "symbolic", "fd", "abs",
                  "fd_err")
@@ -511,7 +526,7 @@ def render_text(data: dict, verbose: bool = True, width: int = TEXT_WIDTH) -> st
     if first is not None:
         lines.append(f"first bad node: {first['label']}")
         if first.get("detail"):
-            lines += _wrap(first["detail"], width, "    ", "  ")
+            lines += _wrap(node_detail(first["detail"]), width, "    ", "  ")
     elif data.get("first_bad_node_label"):
         lines.append(f"first bad node: {data['first_bad_node_label']}")
 
@@ -562,7 +577,7 @@ def render_text(data: dict, verbose: bool = True, width: int = TEXT_WIDTH) -> st
                      "abs": "max abs err: largest |engine - symbolic|",
                      "bound": "bound: the error allowed there",
                      "fd_err": f"finite-diff err: largest |finite-diff - {fd_vs}|"}
-            legend = ["grads: d(output)/d(leaf) at the worst element"]
+            legend = ["grads: d(output)/d(leaf) at the worst element of the leaf's gradient"]
             legend += [short[c] for c in cols if short.get(c)]
             lines += _wrap("; ".join(legend) + "; -: not computed", width, "  ", "  ")
     elif leaves:
@@ -592,8 +607,8 @@ def render_text(data: dict, verbose: bool = True, width: int = TEXT_WIDTH) -> st
             lines.append("  details:")
             for n in detailed:
                 sampled = " (sampled)" if n.get("sampled") else ""
-                lines += _wrap(f"{n['label']}: {n['detail']}{sampled}", width, "      ",
-                               "    ")
+                lines += _wrap(f"{n['label']}: {node_detail(n['detail'])}{sampled}", width,
+                               "      ", "    ")
     elif ran_nodes:
         bad = [n for n in nodes if n.get("status") in _BAD_NODE]
         counts: dict[str, int] = {}
@@ -607,7 +622,7 @@ def render_text(data: dict, verbose: bool = True, width: int = TEXT_WIDTH) -> st
                    f"{_fmt(n.get('max_abs_err'), 3)} (against {n['reference']})"
             lines += _wrap(head, width, "      ", "  ")
             if n.get("detail") and n is not first:
-                lines += _wrap(n["detail"], width, "      ", "    ")
+                lines += _wrap(node_detail(n["detail"]), width, "      ", "    ")
 
     hvp = list(data.get("hvp") or [])
     if hvp and (verbose or any(h.get("status") != "ok" for h in hvp)):
@@ -650,7 +665,8 @@ def render_html(data: dict) -> str:
     first = _first_bad(data, nodes)
     if first is not None:
         parts.append(f"<p>first bad node: <code>{e(first['label'])}</code>"
-                     + (f" &mdash; {e(first['detail'])}" if first.get("detail") else "")
+                     + (f" &mdash; {e(node_detail(first['detail']))}" if first.get("detail")
+                        else "")
                      + "</p>")
     leaves = list(data.get("leaves") or [])
     fd_vs = "engine" if mode == "local" else "symbolic"

@@ -280,6 +280,8 @@ def _claims_double_backward(outs, cotangents, leaves) -> bool:
 
 def _function_failure(cls_name, report, leaves) -> str:
     """A readable reason naming the input whose gradient is wrong and the element."""
+    from ..symbolic.report import node_detail
+
     pos = {name: j for j, name, _ in leaves}
     lines = []
     for row in report.leaves:
@@ -291,15 +293,16 @@ def _function_failure(cls_name, report, leaves) -> str:
                                         if row.name in pos else "")
         if row.status == "mismatch":
             bound = f", bound {row.bound:.3g}" if row.bound is not None else ""
-            lines.append(f"{cls_name}.backward gives a wrong gradient for {arg}: at {where} "
-                         f"engine {row.engine_value:.10g}, exact {row.symbolic_value:.10g} "
-                         f"(max abs err {row.max_abs_err:.3g}{bound})")
+            lines.append(f"{cls_name}.backward gives a wrong gradient for {arg}: worst "
+                         f"element of the gradient at {where}: engine {row.engine_value:.10g}, "
+                         f"exact {row.symbolic_value:.10g} (max abs err "
+                         f"{row.max_abs_err:.3g}{bound})")
         else:
             lines.append(f"{arg}: {row.status}" + (f" ({row.detail})" if row.detail else ""))
     for row in report.nodes:
         if row.status in ("mismatch", "error", "could not evaluate") and row.detail:
             lines.append(f"{row.name} (its own backward against the derivative of its "
-                         f"forward): {row.detail}")
+                         f"forward): {node_detail(row.detail)}")
     for h in report.hvp:
         if h.get("status") not in ("ok", None):
             lines.append(f"double backward of {cls_name}: the Hessian-vector product for "

@@ -73,6 +73,22 @@ class LabServer:
         return self.log.read_text(errors="replace")[-n:]
 
 
+def _this_labextension(base: Path, env: dict[str, str]) -> None:
+    """Serve the labextension built in this checkout (``symgrad/labextension``): a data
+    dir first on JUPYTER_PATH links to it. With the usual editable install that is the
+    build the venv links to anyway; from a second checkout (a git worktree sharing
+    another's venv) it is this checkout's build, as PYTHONPATH makes the kernels import
+    this checkout's symgrad."""
+    build = REPO / "symgrad" / "labextension"
+    if not (build / "package.json").exists():
+        return  # no build here: the installed labextension serves
+    data = base / "jupyter-data"
+    (data / "labextensions").mkdir(parents=True)
+    (data / "labextensions" / "symgrad").symlink_to(build, target_is_directory=True)
+    env["JUPYTER_PATH"] = os.pathsep.join(
+        [str(data), *filter(None, [os.environ.get("JUPYTER_PATH")])])
+
+
 def _serve(tmp_path_factory: pytest.TempPathFactory, module: str,
            extra_args: list[str]) -> Iterator[LabServer]:
     """``python -m <module>`` (jupyterlab or notebook) on a free port, until the session ends."""
@@ -88,6 +104,7 @@ def _serve(tmp_path_factory: pytest.TempPathFactory, module: str,
     env = dict(os.environ, JUPYTERLAB_SETTINGS_DIR=str(settings),
                JUPYTERLAB_WORKSPACES_DIR=str(base / "workspaces"),
                JUPYTER_CONFIG_DIR=str(base / "config"), PYTHONPATH=str(REPO))
+    _this_labextension(base, env)
     port = _free_port()
     log = base / "server.log"
     with open(log, "wb") as out:

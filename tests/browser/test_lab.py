@@ -77,7 +77,7 @@ def _open(browser, url: str):
 
 def _graph(page, cell: int):
     # the cell's first output: in a %%symgrad cell the graph bundle, before the Inspector
-    # (whose anywidget canvas draws the same view)
+    # (whose anywidget canvas draws the same view, and which hides this one while live)
     return page.locator(".jp-Notebook .jp-Cell").nth(cell).locator(
         ".jp-OutputArea-output").first.locator(".sg-view[data-symgrad=graph]")
 
@@ -139,6 +139,13 @@ def test_symgrad_magic_in_jupyterlab(browser, lab_server, artifacts):
         assert badge.get_attribute("data-status") == "pass", leaf
     assert graph.locator(".sg-node[data-kind=op][data-status=pass]").count() == 2
 
+    # One picture: the Inspector draws the graph live and its static twin (kept for the
+    # saved file) is hidden; the Inspector's view is the one to click.
+    inspector = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".symgrad-inspector")
+    canvas = inspector.locator(".sg-view[data-symgrad=graph]")
+    canvas.locator(".sg-node").first.wait_for(state="visible", timeout=60_000)
+    assert not graph.is_visible()
+    graph = canvas
     mul = graph.locator(".sg-node[data-kind=op]", has_text="MulBackward0")
     mul.scroll_into_view_if_needed()
     mul.click()
@@ -155,9 +162,6 @@ def test_symgrad_magic_in_jupyterlab(browser, lab_server, artifacts):
     graph.screenshot(path=str(artifacts / "lab-tutorial-graph.png"))
 
     # -- the live Inspector: the labextension's view, driven by the kernel -----------------
-    inspector = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".symgrad-inspector")
-    canvas = inspector.locator(".sg-view[data-symgrad=graph]")
-    canvas.locator(".sg-node").first.wait_for(state="attached", timeout=60_000)
     assert canvas.locator(".sg-node[data-kind=op]").count() == 2
     assert canvas.locator(".sg-node[data-kind=accumulate]").count() == 3
     assert canvas.locator(".sg-node[data-kind=op][data-status=pass]").count() == 2

@@ -20,6 +20,8 @@ def test_labextension_paths_point_at_the_build():
     meta = json.loads((PKG / paths[0]["src"] / "package.json").read_text())
     assert meta["name"] == "symgrad"
     assert meta["jupyterlab"]["mimeExtension"]  # a MIME renderer (the built entry point)
+    # and an application plugin: notebooks are saved without the live-only Inspector
+    assert meta["jupyterlab"]["extension"]
     assert meta["jupyterlab"]["_build"]["load"].startswith("static/remoteEntry.")
     assert (PKG / "labextension" / "install.json").exists()
 

@@ -20,29 +20,46 @@ from __future__ import annotations
 import math
 import os
 import sys
-import tempfile
 import threading
 import time
 import types
 
-from ..._codefiles import import_text, writable
+from ..._codefiles import (
+    guard_numba_cache,
+    import_text,
+    private_dir,
+    process_dir,
+    seal_numba_dir,
+    warn_once,
+    writable,
+)
 
 __all__ = ["THREADING_LAYER", "twin"]
 
 
 def _cache_dir_fallback() -> None:
-    """Numba caches next to this file; where that is read-only, use a user cache dir."""
-    if os.environ.get("NUMBA_CACHE_DIR"):
+    """Numba caches next to this file; where that is read-only, in a private user cache dir
+    (0700, this user's: symgrad/_codefiles.py's ``private_dir``), else in this process's
+    own temporary dir: never a shared, predictable path. The files in a directory chosen
+    here are sealed and checked before Numba unpickles them (``SYMGRAD_NUMBA_SEALED``
+    tells child processes, which inherit ``NUMBA_CACHE_DIR``, to do the same)."""
+    chosen = os.environ.get("NUMBA_CACHE_DIR")
+    if chosen:
+        if os.environ.get("SYMGRAD_NUMBA_SEALED") == chosen:
+            seal_numba_dir(chosen)
         return
     here = os.path.dirname(os.path.abspath(__file__))
     if writable(os.path.join(here, "__pycache__")):
         return
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    for cand in (os.path.join(base, "symgrad", "numba"),
-                 os.path.join(tempfile.gettempdir(), f"symgrad-numba-{os.getuid()}")):
-        if writable(cand):
-            os.environ["NUMBA_CACHE_DIR"] = cand
-            return
+    cand = os.path.join(base, "symgrad", "numba")
+    why = private_dir(cand)
+    if why is not None:
+        warn_once(("no cache", cand), f"symgrad: no disk cache for compiled kernels "
+                  f"({cand}: {why}); they are kept for this process only")
+        cand = process_dir("numba")
+    seal_numba_dir(cand)
+    os.environ["NUMBA_CACHE_DIR"] = os.environ["SYMGRAD_NUMBA_SEALED"] = cand
 
 
 def _threading() -> str:
@@ -76,6 +93,7 @@ from . import rules  # noqa: E402
 
 if os.environ.get("NUMBA_CACHE_DIR"):
     numba.config.CACHE_DIR = os.environ["NUMBA_CACHE_DIR"]
+guard_numba_cache()  # before the first cached kernel loads
 THREADING_LAYER = _threading()
 
 # fastmath stays off: results must match the NumPy reference and torch bit-for-bit where

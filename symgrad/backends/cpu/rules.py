@@ -37,6 +37,7 @@ def minimum(a, b):
 PY_MATH = {"exp": math.exp, "log": math.log, "sin": math.sin, "cos": math.cos,
            "tanh": math.tanh, "sqrt": math.sqrt, "abs": abs, "sign": sign, "where": where,
            "maximum": maximum, "minimum": minimum, "log1p": math.log1p, "expm1": math.expm1,
+           "log2": math.log2, "log10": math.log10,
            "erf": math.erf, "atan2": math.atan2, "hypot": math.hypot, "pow": math.pow,
            "pi": math.pi}
 

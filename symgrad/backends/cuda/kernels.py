@@ -73,9 +73,9 @@ else:  # pragma: no cover
     _exp, _log, _sin, _cos, _tanh, _sqrt, _pow = (math.exp, math.log, math.sin, math.cos,
                                                   math.tanh, math.sqrt, math.pow)
 # libm on the GPU; under the simulator NumPy's ufuncs (``math.erf`` there: NumPy has none)
-_log1p, _expm1, _erf, _atan2, _hypot = (
-    (np.log1p, np.expm1, math.erf, np.arctan2, np.hypot) if SIM
-    else (math.log1p, math.expm1, math.erf, math.atan2, math.hypot))
+_log1p, _expm1, _erf, _atan2, _hypot, _log2, _log10 = (
+    (np.log1p, np.expm1, math.erf, np.arctan2, np.hypot, np.log2, np.log10) if SIM
+    else (math.log1p, math.expm1, math.erf, math.atan2, math.hypot, math.log2, math.log10))
 
 
 @_device
@@ -165,6 +165,7 @@ FUNCS = {name[3:] if name.startswith("_f_") else "b_" + name[3:]: _device(fn)
 CUDA_MATH = {"exp": _exp, "log": _log, "sin": _sin, "cos": _cos, "tanh": _tanh,
              "sqrt": _sqrt, "abs": abs, "sign": _device(_v_sign), "where": _device(_v_where),
              "maximum": _device(_v_maximum), "minimum": _device(_v_minimum), "log1p": _log1p,
+             "log2": _log2, "log10": _log10,
              "expm1": _expm1, "erf": _erf, "atan2": _atan2, "hypot": _hypot, "pow": _pow,
              "pi": math.pi}
 INT_MATH = {**CUDA_MATH, "pow": _device(_v_ipow)}
