@@ -30,7 +30,7 @@ USED_BY_PROGRAMS = [
     ("nn", "LayerNorm"), ("nn", "Dropout"), ("nn", "Conv2d"), ("nn", "MaxPool2d"),
     ("nn", "ModuleList"), ("nn", "ModuleDict"), ("nn.init", "normal_"),
     ("nn.utils", "clip_grad_norm_"), ("optim", "AdamW"), ("optim", "SGD"),
-    ("optim.lr_scheduler", "StepLR"),
+    ("optim", "Adadelta"), ("optim", "LBFGS"), ("optim.lr_scheduler", "StepLR"),
 ]
 
 
