@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import lr_scheduler
+from . import lr_scheduler, swa_utils
 from ._adafactor import Adafactor
 from .adadelta import Adadelta
 from .adagrad import Adagrad
@@ -18,4 +18,5 @@ from .rprop import Rprop
 from .sgd import SGD
 
 __all__ = ["Optimizer", "SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adadelta", "Adamax",
-           "NAdam", "RAdam", "ASGD", "Rprop", "Adafactor", "LBFGS", "lr_scheduler"]
+           "NAdam", "RAdam", "ASGD", "Rprop", "Adafactor", "LBFGS", "lr_scheduler",
+           "swa_utils"]
