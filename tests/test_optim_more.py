@@ -568,3 +568,16 @@ def test_optimizer_and_state_are_freed_without_the_cycle_collector(name, no_gc):
     assert sg.memory_allocated() > base and opt.state[w]
     del opt, closure, w, loss
     assert sg.memory_allocated() == base
+
+
+def test_adagrad_fills_every_accumulator_with_the_optimizers_initial_value_as_torch(torch):
+    """torch reads ``initial_accumulator_value`` from the defaults, not from the group."""
+    sums = []
+    for lib in (sg, torch):
+        a, b = lib.nn.Parameter(lib.ones(2)), lib.nn.Parameter(lib.ones(1))
+        opt = lib.optim.Adagrad([{"params": [a]},
+                                 {"params": [b], "initial_accumulator_value": 0.7}],
+                                initial_accumulator_value=0.2)
+        sums.append([opt.state[a]["sum"].tolist(), opt.state[b]["sum"].tolist()])
+    assert sums[0] == sums[1]
+    assert opt.param_groups[1]["initial_accumulator_value"] == 0.7
