@@ -25,7 +25,8 @@ ABSENT_RULES: list[tuple[str, str]] = [
     (r"^q_|quantiz|^dequantize|int_repr|qscheme|^fbgemm|^quantized_|_per_channel|"
      r"_per_tensor", "quantized tensors and kernels"),
     (r"sparse|^(coo|csr|csc|bsr|bsc)|_coo|_csr|_csc|_bsr|_bsc|to_dense|^indices$|"
-     r"^values$|_nnz|^ccol|^crow|^row_indices|^col_indices|coalesce", "sparse layouts"),
+     r"^values$|_nnz|^ccol|^crow|^row_indices|^col_indices|coalesce|^SparseAdam$",
+     "sparse layouts"),
     (r"^mkldnn|^miopen|^cudnn_|^_?cufft|^native_channel_shuffle|^nnpack|^xnnpack|"
      r"^vulkan|^is_vulkan|^mps|^is_mps|^xpu|^is_xpu|^ipu|^is_ipu|^hpu|^mtia|^is_mtia|"
      r"^is_meta|^meta$|^is_maia|^maia|^ort|^is_nested|^nested|^is_mkldnn|^fpga",

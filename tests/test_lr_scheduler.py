@@ -83,14 +83,14 @@ def test_50_steps_of_learning_rates_equal_torchs(name, kind, torch):
 
 # the other optimizers under the schedulers that set lr, and (those with betas) OneCycleLR,
 # which cycles beta1 as it cycles SGD's momentum
-OTHER_OPTIMIZERS = ["Adadelta", "Adamax", "NAdam", "RAdam", "ASGD", "RMSprop", "Adagrad",
-                    "AdamW"]
+OTHER_OPTIMIZERS = ["Adadelta", "Adamax", "NAdam", "RAdam", "ASGD", "Rprop", "Adafactor",
+                    "RMSprop", "Adagrad", "AdamW"]
 
 
 @pytest.mark.parametrize("name", ["StepLR", "OneCycleLR", "CosineAnnealingWarmRestarts"])
 @pytest.mark.parametrize("kind", OTHER_OPTIMIZERS)
 def test_other_optimizers_follow_the_schedules_as_torchs(name, kind, torch):
-    if name == "OneCycleLR" and kind in ("Adadelta", "ASGD", "Adagrad"):
+    if name == "OneCycleLR" and kind in ("Adadelta", "ASGD", "Adagrad", "Rprop", "Adafactor"):
         for lib in (sg, torch):  # nothing to cycle: refused as torch refuses it
             with pytest.raises(ValueError, match="optimizer must support momentum or beta1"):
                 _run(lib, name, kind)

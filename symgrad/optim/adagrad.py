@@ -44,13 +44,14 @@ class Adagrad(Optimizer):
                                   "differentiable": differentiable, "fused": fused})
         for group in self.param_groups:
             for p in group["params"]:
-                self._init_state(p, group["fused"])
+                self._init_state(p, group)
 
-    def _init_state(self, p, fused: bool | None = False) -> dict:
+    def _init_state(self, p, group: dict) -> dict:
         from ..creation import full_like
 
         state = self.state[p]
-        state["step"] = scalar_state(0.0, fused=fused)
+        state["step"] = scalar_state(0.0, fused=group["fused"])
+        # the optimizer's value even where a group names its own, as torch's
         state["sum"] = full_like(p, self.defaults["initial_accumulator_value"])
         return state
 
@@ -64,7 +65,7 @@ class Adagrad(Optimizer):
                     continue
                 be = backend_for(p._device.type)
                 before_write(p)  # a graph recorded before the step sees the old values
-                state = self.state.get(p) or self._init_state(p, group["fused"])
+                state = self.state.get(p) or self._init_state(p, group)
                 step = bump_step(state["step"])
                 g = p._grad._data
                 if group["maximize"]:

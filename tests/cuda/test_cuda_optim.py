@@ -14,7 +14,7 @@ ONE_STEP_TERMS = 16
 
 
 @pytest.mark.parametrize("name", ["Adam", "AdamW", "RMSprop", "Adagrad", "SGD", "Adadelta",
-                                  "Adamax", "NAdam", "RAdam", "ASGD"])
+                                  "Adamax", "NAdam", "RAdam", "ASGD", "Rprop", "Adafactor"])
 def test_steps_on_a_cuda_parameter_keep_the_step_count_on_the_cpu(name):
     """As torch (not capturable): ``state['step']`` stays a CPU tensor (ASGD's goes with the
     parameter, as torch's does); the update runs on the parameter's device and equals the
