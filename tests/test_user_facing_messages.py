@@ -102,3 +102,32 @@ def test_first_use_compiles_show_one_progress_line(capsys, monkeypatch):
     assert all(f.startswith(kernels._CompileNotice.desc) for f in frames)
     assert "3 done" in frames[-1] and "fresh_2" in frames[-1]
     assert sys.stderr is not None
+
+
+def _backward_overflow():
+    x = sg.tensor([1.0, 2.0], requires_grad=True)
+    y = x * 1e10  # finite: 1e10, 2e10
+    y.backward(sg.tensor([1e30, 1.0]))  # 1e30 * 1e10 overflows float32 here
+
+
+def test_fp_warning_in_a_backward_names_the_op_at_the_backward_call():
+    with warnings.catch_warnings(record=True) as log:
+        warnings.filterwarnings("always", category=RuntimeWarning, module=re.escape(__name__))
+        _backward_overflow()
+    assert [str(w.message) for w in log] == [
+        "mul: overflow encountered in the backward of MulBackward0"]
+    assert log[0].filename == __file__
+    assert log[0].lineno == _lineno(_backward_overflow, "y.backward(")
+
+
+def test_verify_says_non_finite_values_itself_without_numpy_warnings():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        a = sg.tensor([float("inf"), 1.0], requires_grad=True)
+        b = sg.tensor([0.0, 2.0], requires_grad=True)
+        d = (a * b).sum()
+    with warnings.catch_warnings(record=True) as log:
+        warnings.simplefilter("always")
+        rep = sg.verify(d, names={"a": a, "b": b})
+    assert rep.status == "non-finite"
+    assert [w for w in log if issubclass(w.category, RuntimeWarning)] == []

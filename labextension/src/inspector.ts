@@ -217,7 +217,7 @@ export function renderInspector({
     const graph = msg.graph as {
       agreement?: { ok?: boolean | null; verdict?: string | null } | null;
     };
-    ok = graph?.agreement?.verdict || graph?.agreement?.ok;
+    ok = graph?.agreement?.verdict ?? graph?.agreement?.ok;
     if (view) {
       view.update(graph);
       view.select(selectedId());

@@ -21,6 +21,30 @@ from .node import AccumulateGrad
 
 __all__ = ["run_backward", "backward", "grad"]
 
+#: the node whose backward runs now, for :func:`_fp_warning`
+_running: list = [None]
+
+
+def _fp_warning(err: str, flag: int) -> None:
+    """NumPy's floating-point error in a backward (``inf * 0`` ...), said at the user's
+    line (their ``backward()`` call) naming the op, not inside a generated rule."""
+    from .fast_apply import warn_at_user
+
+    node = _running[0]
+    if node is None:
+        warn_at_user(f"{err} encountered in backward()", RuntimeWarning)
+        return
+    spec = getattr(type(node), "_spec", None)
+    name = node.name()
+    op = spec.name if spec is not None else name
+    warn_at_user(f"{op}: {err} encountered in the backward of {name}", RuntimeWarning)
+
+
+def _fp_errstate():
+    """For one backward pass: NumPy's warnings (where they are on) go to _fp_warning."""
+    calls = {k: "call" for k, v in np.geterr().items() if v == "warn"}
+    return np.errstate(call=_fp_warning, **calls)
+
 
 def _needed_nodes(roots, targets):
     """Nodes from which some target node is reachable (only these run with ``inputs=``)."""
@@ -110,9 +134,12 @@ def run_backward(roots, grad_roots, *, retain_graph: bool, create_graph: bool,
 
     prev_mode = _state.enabled
     _state.enabled = create_graph
+    errstate = _fp_errstate()
+    errstate.__enter__()
     try:
         while ready:
             _, _, node = heapq.heappop(ready)
+            _running[0] = node
             grads = buffers.pop(node, None) or [None] * node._num_outputs()
             if node._tensor_hooks or node._retained or node._pre_hooks:
                 grads = _run_pre_hooks(node, grads, shared)
@@ -151,7 +178,9 @@ def run_backward(roots, grad_roots, *, retain_graph: bool, create_graph: bool,
                 if deps[nxt] == 0:
                     heapq.heappush(ready, (-nxt._sequence_nr, id(nxt), nxt))
     finally:
+        errstate.__exit__(None, None, None)
         _state.enabled = prev_mode
+        _running[0] = None
 
     if not accumulate and inputs is not None:
         for i, r in enumerate(results):
@@ -212,9 +241,11 @@ def _backward_all(roots, grad_roots, retain_graph: bool, create_graph: bool) -> 
     prev_mode = _state.enabled
     _state.enabled = create_graph
     try:
-        _run_plain(ready, buffers, deps, shared, retain_graph, create_graph)
+        with _fp_errstate():
+            _run_plain(ready, buffers, deps, shared, retain_graph, create_graph)
     finally:
         _state.enabled = prev_mode
+        _running[0] = None
 
 
 def _run_plain(ready, buffers, deps, shared, retain_graph, create_graph) -> None:
@@ -225,12 +256,14 @@ def _run_plain(ready, buffers, deps, shared, retain_graph, create_graph) -> None
     """
     heappop, heappush = heapq.heappop, heapq.heappush
     fn_mod, anomaly = _fn, _anomaly
+    running = _running
     node = None
     while True:
         if node is None:
             if not ready:
                 return
             node = heappop(ready)[2]
+        running[0] = node
         grads = buffers.pop(node, None) or [None] * node._num_outputs()
         if node._tensor_hooks or node._retained or node._pre_hooks:
             grads = _run_pre_hooks(node, grads, shared)
