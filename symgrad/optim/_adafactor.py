@@ -6,9 +6,8 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from ..backends import backend_for
 from ..tensor import Tensor
-from ._common import lerp_, lr_value, scalar_state
+from ._common import lerp_, lr_value, param_backend, scalar_state
 from .optimizer import Optimizer, bump_step
 
 __all__ = ["Adafactor"]
@@ -71,7 +70,7 @@ class Adafactor(Optimizer):
             for p in group["params"]:
                 if p._grad is None:
                     continue
-                be = backend_for(p._device.type)
+                be = param_backend(p)
                 state = self.state.get(p) or self._init_state(p)
                 g = p._grad._data
                 if group["maximize"]:

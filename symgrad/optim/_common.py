@@ -4,11 +4,20 @@ update reads back with ``.item()``), torch's ``lerp_`` and its learning-rate che
 
 from __future__ import annotations
 
+from ..autograd.record import before_write
 from ..backends import backend_for
 from ..tensor import Tensor
 
 __all__ = ["lr_value", "scalar_dtype", "scalar_state", "get_value", "set_value", "check_lr",
-           "lerp_"]
+           "lerp_", "param_backend"]
+
+
+def param_backend(p: Tensor):
+    """The backend that updates ``p`` in place, once the write is noted: a graph recorded
+    before this step is then checked at the values it recorded, or told it changed
+    (``autograd.record.before_write``). Every optimizer's update of a parameter starts here."""
+    before_write(p)
+    return backend_for(p._device.type)
 
 
 def scalar_dtype(fused: bool | None = False):

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..backends import backend_for
 from ..tensor import Tensor
-from ._common import check_lr, get_value, lr_value, scalar_state, set_value
+from ._common import check_lr, get_value, lr_value, param_backend, scalar_state, set_value
 from .optimizer import Optimizer, bump_step, check_flags
 
 __all__ = ["ASGD"]
@@ -56,7 +55,7 @@ class ASGD(Optimizer):
             for p in group["params"]:
                 if p._grad is None:
                     continue
-                be = backend_for(p._device.type)
+                be = param_backend(p)
                 state = self.state.get(p) or self._init_state(p, group)
                 g = p._grad._data
                 if group["maximize"]:

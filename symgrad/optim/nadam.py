@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 from ..backends import backend_for
 from ..tensor import Tensor
-from ._common import check_lr, get_value, lerp_, lr_value, scalar_state
+from ._common import check_lr, get_value, lerp_, lr_value, param_backend, scalar_state
 from .optimizer import Optimizer, bump_step, check_flags
 
 __all__ = ["NAdam"]
@@ -67,7 +67,7 @@ class NAdam(Optimizer):
             for p in group["params"]:
                 if p._grad is None:
                     continue
-                be = backend_for(p._device.type)
+                be = param_backend(p)
                 state = self.state.get(p) or self._init_state(p)
                 g = p._grad._data
                 if group["maximize"]:

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..backends import backend_for
 from ..tensor import Tensor
-from ._common import check_lr, lerp_, lr_value, scalar_state
+from ._common import check_lr, lerp_, lr_value, param_backend, scalar_state
 from .optimizer import Optimizer, bump_step, check_flags
 
 __all__ = ["RAdam"]
@@ -61,7 +60,7 @@ class RAdam(Optimizer):
             for p in group["params"]:
                 if p._grad is None:
                     continue
-                be = backend_for(p._device.type)
+                be = param_backend(p)
                 state = self.state.get(p) or self._init_state(p)
                 g = p._grad._data
                 if group["maximize"]:

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..autograd.record import before_write
-from ..backends import backend_for
 from ..tensor import Tensor
-from ._common import scalar_state
+from ._common import param_backend, scalar_state
 from .optimizer import Optimizer, bump_step, check_flags
 
 __all__ = ["RMSprop"]
@@ -63,8 +61,7 @@ class RMSprop(Optimizer):
             for p in group["params"]:
                 if p._grad is None:
                     continue
-                be = backend_for(p._device.type)
-                before_write(p)  # a graph recorded before the step sees the old values
+                be = param_backend(p)
                 state = self.state.get(p) or self._init_state(p, group)
                 g = p._grad._data
                 if group["maximize"]:

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..autograd.record import before_write
-from ..backends import backend_for
 from ..tensor import Tensor
+from ._common import param_backend
 from .optimizer import Optimizer, check_flags
 
 __all__ = ["SGD"]
@@ -49,8 +48,7 @@ class SGD(Optimizer):
                 grad = p._grad
                 if grad is None:
                     continue
-                be = backend_for(p._device.type)
-                before_write(p)  # a graph recorded before the step sees the old values
+                be = param_backend(p)
                 d = grad._data
                 if group["maximize"]:
                     d = be.neg(d)

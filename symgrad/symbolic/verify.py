@@ -219,11 +219,11 @@ def verify(root, gradient=None, *, names=None, mode: str = "auto", order: int = 
     # the report says where nan/inf arise; NumPy's warnings from the replays would be noise
     with np.errstate(all="ignore"):
         return _verify(root, gradient, names, mode, order, rtol, atol, sample, seed, timeout,
-                       backend, progress)
+                       backend, progress, namespace)
 
 
 def _verify(root, gradient, names, mode, order, rtol, atol, sample, seed, timeout, backend,
-            progress) -> Report:
+            progress, namespace) -> Report:
     t0 = time.perf_counter()
     deadline = None if timeout is None else t0 + float(timeout)
     engine, engine_name = E.pick_engine(backend)
