@@ -11,6 +11,14 @@ from . import accelerator, amp, autograd, backends, cuda, func, nn, ops, optim, 
 from ._random import Generator
 from .amp import autocast
 from .autograd import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled
+
+# torch's attribute paths to submodules that their packages do not import (the packages sit
+# below what these import): torch.cuda.amp, torch.backends.cudnn / .cuda.matmul / .mps ...
+from .backends import cuda as _backends_cuda  # noqa: F401
+from .backends import cudnn as _backends_cudnn  # noqa: F401
+from .backends import mkldnn as _backends_mkldnn  # noqa: F401
+from .backends import mps as _backends_mps  # noqa: F401
+from .backends import openmp as _backends_openmp  # noqa: F401
 from .compile import compile  # noqa: A004  (torch.compile's name, as torch shadows it)
 from .creation import (
     arange,
@@ -23,7 +31,6 @@ from .creation import (
     get_default_device,
     linspace,
     manual_seed,
-    multinomial,
     ones,
     ones_like,
     rand,
@@ -33,6 +40,7 @@ from .creation import (
     zeros,
     zeros_like,
 )
+from .cuda import amp as _cuda_amp  # noqa: F401
 from .device import device
 from .dtypes import bool_ as bool  # noqa: A001
 from .dtypes import dtype, float32, float64, get_default_dtype, int64, set_default_dtype
@@ -232,6 +240,7 @@ from .tensor_functions import (  # noqa: E402
     index_add,
     index_select,
     masked_fill,
+    multinomial,
     norm,
     outer,
     roll,

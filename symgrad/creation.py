@@ -15,7 +15,6 @@ from . import _tensor_layer as _tl
 from . import device as _device_mod
 from . import dtypes as _dt
 from ._random import _generator, default_generator, manual_seed  # noqa: F401  (kept here)
-from ._tensor_layer import TORCH_NAMES
 from .device import as_device, resolve
 from .tensor import (
     _INT64_MAX,
@@ -364,42 +363,3 @@ def from_numpy(array: np.ndarray) -> Tensor:
 # ops' backward formulas and the engine make zeros and ranges through these (they sit below)
 _tl.provide(zeros=zeros, zeros_like=zeros_like, ones=ones, ones_like=ones_like, arange=arange)
 
-
-def multinomial(input: Tensor, num_samples: int, replacement: bool = False, *, generator=None,
-                out=None) -> Tensor:
-    """Category indices drawn with probabilities proportional to the rows of ``input``.
-
-    Without replacement it draws as torch's CPU kernel does, the ``num_samples`` largest of
-    ``p / Exp(1)`` (so zero-weight categories come last, not never); the numbers differ from
-    torch's for the same seed (symgrad's generator is NumPy's)."""
-    if out is not None:
-        raise TypeError("multinomial(): out= is not supported by symgrad")
-    if input.dtype not in (_dt.float32, _dt.float64):
-        raise RuntimeError("multinomial only supports floating-point dtypes for input, got: "
-                           f"{TORCH_NAMES[input.dtype.name]}")
-    if input.ndim not in (1, 2):
-        raise RuntimeError("prob_dist must be 1 or 2 dim")
-    n = int(num_samples)
-    if n <= 0:
-        raise RuntimeError("cannot sample n_sample <= 0 samples")
-    p = np.asarray(input.detach().cpu().numpy(), dtype=np.float64).reshape(-1, input.shape[-1])
-    if not replacement and n > p.shape[1]:
-        raise RuntimeError("cannot sample n_sample > prob_dist.size(-1) samples without "
-                           "replacement")
-    if not np.isfinite(p).all() or (p < 0).any():
-        raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
-    sums = p.sum(axis=1)
-    if (sums <= 0).any():
-        raise RuntimeError("invalid multinomial distribution (sum of probabilities <= 0)")
-    g = _generator(generator)
-    if replacement:
-        cdf = np.cumsum(p / sums[:, None], axis=1)
-        cdf[:, -1] = 1.0
-        draws = g.random((p.shape[0], n))
-        rows = [np.searchsorted(c, d, side="right") for c, d in zip(cdf, draws)]
-        picked = np.minimum(np.stack(rows), p.shape[1] - 1)
-    else:
-        keys = p / g.exponential(size=p.shape)
-        picked = np.argsort(-keys, axis=1, kind="stable")[:, :n]
-    picked = picked.astype(np.int64).reshape(input.shape[:-1] + (n,))
-    return _finish(np.ascontiguousarray(picked), input.device, False)

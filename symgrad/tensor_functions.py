@@ -14,8 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from . import _tensor_layer as _tl
 from . import dtypes as _dt
 from ._aliases import numpy_aliases
+from ._random import _generator as _rng_of
+from ._tensor_layer import TORCH_NAMES as _TORCH_NAMES
 from ._tensor_layer import TensorBase
 from ._tensor_layer import wrap_dim as _wrap_dim
 from ._views import mark_multi_output_views
@@ -677,8 +680,6 @@ def unique(input: Tensor, sorted: bool = True, return_inverse: bool = False,  # 
     (torch's Unique2Backward0 raises "not implemented" when reached). ``sorted=False`` sorts
     too: torch's CPU kernel does the same for the inputs checked, and an order is a
     valid answer where torch promises none."""
-    from .tensor import Tensor
-
     a = _host(input)
     if dim is None:
         values, inverse, counts = np.unique(a.reshape(-1), return_inverse=True,
@@ -691,7 +692,7 @@ def unique(input: Tensor, sorted: bool = True, return_inverse: bool = False,  # 
         inverse = inverse.reshape(-1)
 
     def wrap(arr: np.ndarray) -> Tensor:
-        return Tensor._wrap(np.ascontiguousarray(arr)).to(input.device)
+        return _tl.Tensor._wrap(np.ascontiguousarray(arr)).to(input.device)
 
     out = [wrap(values.astype(a.dtype))]
     if return_inverse:
@@ -701,11 +702,44 @@ def unique(input: Tensor, sorted: bool = True, return_inverse: bool = False,  # 
     return out[0] if len(out) == 1 else tuple(out)
 
 
-def _multinomial_method(self: Tensor, num_samples: int, replacement: bool = False, *,
-                        generator: Any = None) -> Tensor:
-    from .creation import multinomial
+def multinomial(input: Tensor, num_samples: int, replacement: bool = False, *, generator=None,
+                out=None) -> Tensor:
+    """Category indices drawn with probabilities proportional to the rows of ``input``.
 
-    return multinomial(self, num_samples, replacement, generator=generator)
+    Without replacement it draws as torch's CPU kernel does, the ``num_samples`` largest of
+    ``p / Exp(1)`` (so zero-weight categories come last, not never); the numbers differ from
+    torch's for the same seed (symgrad's generator is NumPy's)."""
+    if out is not None:
+        raise TypeError("multinomial(): out= is not supported by symgrad")
+    if input.dtype not in (_dt.float32, _dt.float64):
+        raise RuntimeError("multinomial only supports floating-point dtypes for input, got: "
+                           f"{_TORCH_NAMES[input.dtype.name]}")
+    if input.ndim not in (1, 2):
+        raise RuntimeError("prob_dist must be 1 or 2 dim")
+    n = int(num_samples)
+    if n <= 0:
+        raise RuntimeError("cannot sample n_sample <= 0 samples")
+    p = np.asarray(input.detach().cpu().numpy(), dtype=np.float64).reshape(-1, input.shape[-1])
+    if not replacement and n > p.shape[1]:
+        raise RuntimeError("cannot sample n_sample > prob_dist.size(-1) samples without "
+                           "replacement")
+    if not np.isfinite(p).all() or (p < 0).any():
+        raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
+    sums = p.sum(axis=1)
+    if (sums <= 0).any():
+        raise RuntimeError("invalid multinomial distribution (sum of probabilities <= 0)")
+    g = _rng_of(generator)
+    if replacement:
+        cdf = np.cumsum(p / sums[:, None], axis=1)
+        cdf[:, -1] = 1.0
+        draws = g.random((p.shape[0], n))
+        rows = [np.searchsorted(c, d, side="right") for c, d in zip(cdf, draws)]
+        picked = np.minimum(np.stack(rows), p.shape[1] - 1)
+    else:
+        keys = p / g.exponential(size=p.shape)
+        picked = np.argsort(-keys, axis=1, kind="stable")[:, :n]
+    picked = picked.astype(np.int64).reshape(input.shape[:-1] + (n,))
+    return _tl.Tensor._wrap(np.ascontiguousarray(picked)).to(input.device)
 
 
 #: Tensor methods (torch.Tensor has each of these names)
@@ -721,7 +755,6 @@ def _split_method(self: Tensor, split_size: Any, dim: int = 0) -> tuple:
 
 
 #: Tensor methods whose signature differs from the function's
-METHOD_FORMS = {"split": _split_method, "multinomial": _multinomial_method}
+METHOD_FORMS = {"split": _split_method}
 #: top-level functions (torch has each of these names; torch.repeat does not exist)
-FUNCTIONS = tuple(m for m in METHODS if m not in ("repeat", "masked_fill_", "multinomial")) \
-    + ("einsum",)
+FUNCTIONS = tuple(m for m in METHODS if m not in ("repeat", "masked_fill_")) + ("einsum",)

@@ -62,6 +62,3 @@ def _register_cpu() -> None:
 
 
 _register_cpu()
-
-# torch.backends' switch modules (symgrad/backends/_flags.py): `symgrad.backends.cudnn` etc.
-from . import cuda, cudnn, mkldnn, mps, openmp  # noqa: E402, F401

@@ -158,5 +158,3 @@ def seed() -> None:
 def seed_all() -> None:
     """No GPU generator to seed (see :func:`manual_seed`)."""
 
-
-from . import amp  # noqa: E402 - after is_available, which symgrad.amp reads
