@@ -417,10 +417,13 @@ def test_symgrad_cell_ending_in_opt_step_in_the_inspector(shell, capsys, monkeyp
     w = shell.magics_manager.registry["SymgradMagics"].last_inspector
     ag = w.graph["agreement"]
     status = w.static_parts()["status"]
-    if recorded:
-        assert ag["ok"] is True and ag.get("verdict") is None
+    if recorded:  # agreement, but at the values recorded before opt.step(): said so
+        assert ag["ok"] is True
+        assert ag["verdict"] == ("checked at the values recorded before 0.weight, 0.bias, "
+                                 "2.weight, 2.bias changed in place: gradients agree there")
         assert "checked at the values recorded then" in ag["message"]
-        assert "gradients agree" in status and w.report["precise"] is True
+        assert ag["verdict"] in status and 'data-status="pass"' in status
+        assert "imprecise" not in status.lower() and w.report["precise"] is True
     else:
         assert ag["ok"] is None
         assert ag["verdict"].startswith("changed in place: ") and \
@@ -450,3 +453,37 @@ def test_a_write_that_bypassed_the_hook_is_not_taken_for_the_recorded_value():
     rep = sg.verify(loss, names={"w": w, "x": x})
     assert rep.status == "changed in place" and not rep.ok
     assert CHANGED_LINE.match(rep.notes[0]), rep.notes[0]
+
+
+def test_symgrad_cell_ending_in_opt_step_graph_payload_says_recorded_values(shell, capsys,
+                                                                          monkeypatch):
+    """Without widgets: the cell's graph output (its payload, static HTML and text) says
+    where the agreement holds, never a bare 'gradients agree'; a payload without the note
+    keeps the plain agreement."""
+    from IPython.core import display_functions
+
+    from symgrad.jupyter.graph import GRAPH_MIME, _recorded_verdict
+
+    shell.run_cell(SETUP)
+    shown: list[dict] = []
+    publish = display_functions.publish_display_data
+
+    def spy(data, *args, **kwargs):
+        shown.append(data)
+        return publish(data, *args, **kwargs)
+
+    monkeypatch.setattr(display_functions, "publish_display_data", spy)
+    _run_magic_cell(shell, capsys, "%%symgrad\n" + STEP)
+    bundles = [d for d in shown if GRAPH_MIME in d]
+    assert len(bundles) == 1
+    ag = bundles[0][GRAPH_MIME]["agreement"]
+    line = ("checked at the values recorded before 0.weight, 0.bias, 2.weight, 2.bias "
+            "changed in place: gradients agree there")
+    assert ag["ok"] is True and ag["verdict"] == line
+    assert line in bundles[0]["text/html"] and line in bundles[0]["text/plain"]
+    assert "gradients agree<" not in bundles[0]["text/html"]
+    assert _recorded_verdict({"ok": True, "notes": ["something else"]}) is None
+    assert _recorded_verdict({"ok": False, "notes": [
+        "w (its .data replaced) changed in place after the graph was recorded; checked at "
+        "the values recorded then (symgrad.record() kept them)"]}) == \
+        "checked at the values recorded before w changed in place: gradients disagree there"

@@ -62,6 +62,9 @@ function el<K extends keyof HTMLElementTagNameMap>(
   return e;
 }
 
+/** The verdict shown: agree/disagree, why neither, or [agree?, at which values]. */
+type Verdict = boolean | string | [boolean, string] | null | undefined;
+
 /** The controls: tolerances, Verify, Stop, progress and the verdict. */
 class ControlBar {
   readonly node: HTMLElement;
@@ -75,7 +78,8 @@ class ControlBar {
     doc: Document,
     private model: IInspectorModel,
     // true/false: agree/disagree; a string: neither, and why (agreement.verdict)
-    private verdict: () => boolean | string | null | undefined
+    // [ok, line]: agree/disagree, where and how it holds
+    private verdict: () => Verdict
   ) {
     this.node = el(doc, 'div', 'sg-view sg-inspector-bar');
     this.node.dataset.symgrad = 'controls';
@@ -141,13 +145,15 @@ class ControlBar {
     if (status === 'done') {
       const ok = this.verdict();
       this.status.appendChild(
-        typeof ok === 'string'
-          ? badge('error', ok)
-          : ok === true
-            ? badge('pass', 'gradients agree')
-            : ok === false
-              ? badge('fail', 'gradients disagree')
-              : badge('none', 'no verdict')
+        Array.isArray(ok) // agree/disagree at the values recorded, said so
+          ? badge(ok[0] ? 'pass' : 'fail', ok[1])
+          : typeof ok === 'string'
+            ? badge('error', ok)
+            : ok === true
+              ? badge('pass', 'gradients agree')
+              : ok === false
+                ? badge('fail', 'gradients disagree')
+                : badge('none', 'no verdict')
       );
     } else {
       const text: Record<string, string> = {
@@ -173,7 +179,7 @@ export function renderInspector({
   host.classList.add('sg-widget', 'symgrad-inspector');
   host.textContent = '';
   let view: IGraphView | null = null;
-  let ok: boolean | string | null | undefined;
+  let ok: Verdict;
   const bar = new ControlBar(doc, model, () => ok);
   const graphHost = el(doc, 'div', 'sg-inspector-graph');
   const reportHost = el(doc, 'div', 'sg-inspector-report');
@@ -217,7 +223,11 @@ export function renderInspector({
     const graph = msg.graph as {
       agreement?: { ok?: boolean | null; verdict?: string | null } | null;
     };
-    ok = graph?.agreement?.verdict ?? graph?.agreement?.ok;
+    const ag = graph?.agreement;
+    ok =
+      ag?.verdict && typeof ag.ok === 'boolean'
+        ? [ag.ok, ag.verdict]
+        : (ag?.verdict ?? ag?.ok);
     if (view) {
       view.update(graph);
       view.select(selectedId());

@@ -138,9 +138,19 @@ export function renderReportView(
   head.appendChild(h('span', 'sg-title', 'Gradient check'));
   // neither agreement nor disagreement (non-finite, changed in place ...): its word
   const other = !r.ok && !!r.status && r.status !== 'mismatch';
+  // checked at the values kept when recorded (leaves written in place since): said so
+  const recorded = (r.notes ?? []).some(n =>
+    n.includes('checked at the values recorded then')
+  )
+    ? ' at the values recorded before the in-place change'
+    : '';
   const overall = badge(
     r.ok ? 'pass' : other ? 'error' : 'fail',
-    r.ok ? 'gradients agree' : other ? String(r.status) : 'gradients disagree'
+    r.ok
+      ? 'gradients agree' + recorded
+      : other
+        ? String(r.status)
+        : 'gradients disagree' + recorded
   );
   overall.dataset.symgrad = 'overall';
   head.appendChild(overall);

@@ -77,7 +77,7 @@ export interface IAgreement {
   atol?: number | null;
   first_bad_node?: string | null;
   message?: string | null;
-  verdict?: string | null; // neither agree nor disagree (ok null): why, in one line
+  verdict?: string | null; // ok null: why neither; ok a bool: at which values it holds
   rows: IAgreementRow[];
 }
 

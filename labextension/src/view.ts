@@ -189,12 +189,14 @@ class GraphView implements IGraphView {
     if (ag) {
       const status: CheckStatus =
         ag.ok === true ? 'pass' : ag.ok === false ? 'fail' : 'none';
+      // verdict: why neither (ok null), or at which values it holds (ok a bool)
       const text =
-        ag.ok === true
+        ag.verdict ||
+        (ag.ok === true
           ? 'gradients agree'
           : ag.ok === false
             ? 'gradients disagree'
-            : 'unverified';
+            : 'unverified');
       const b = badge(status, text);
       b.dataset.symgrad = 'overall';
       this.header.appendChild(b);

@@ -1044,6 +1044,28 @@ def _verdict(data: Mapping) -> str | None:
                 str(status))
 
 
+#: the verifier's note when it checked at the values kept when the graph was recorded
+#: (the leaves named before it were written in place since, e.g. by ``opt.step()``)
+RECORDED_NOTE = ("changed in place after the graph was recorded; checked at the values "
+                 "recorded then")
+_CHANGED_LEAF = re.compile(r"\s*(.+?) \((?:version [^)]*|its \.data replaced)\)(?:,|$)")
+
+
+def _recorded_verdict(data: Mapping) -> str | None:
+    """A report checked at the recorded values (its leaves changed in place since) is not a
+    plain agreement: one line that says at which values it holds, naming the leaves."""
+    ok = data.get("ok")
+    if not isinstance(ok, bool):
+        return None
+    for note in data.get("notes") or []:
+        head, sep, _ = str(note).partition(" " + RECORDED_NOTE)
+        if sep:
+            names = _CHANGED_LEAF.findall(head) or [head]
+            return (f"checked at the values recorded before {', '.join(names)} changed in "
+                    f"place: gradients {'agree' if ok else 'disagree'} there")
+    return None
+
+
 def apply_report(payload: dict, report: Any, node_map: Mapping[int, str] | None = None,
                  local: Any = None) -> dict:
     """Fill ``agreement`` and per-node ``check`` from a verifier Report (in place).
@@ -1124,6 +1146,8 @@ def apply_report(payload: dict, report: Any, node_map: Mapping[int, str] | None 
     verdict = _verdict(data)
     if verdict is not None:  # neither agreement nor disagreement
         ok = None
+    else:  # agreement or disagreement, but at the values recorded before an in-place write
+        verdict = _recorded_verdict(data)
     payload["agreement"] = {
         "ok": ok if isinstance(ok, bool) else None,
         "verdict": verdict,

@@ -369,8 +369,9 @@ class Inspector(anywidget.AnyWidget):
         if self.status == "done":
             ok = (self.graph.get("agreement") or {}).get("ok")
             verdict = (self.graph.get("agreement") or {}).get("verdict")
-            if verdict:
-                return badge("error") + " " + esc(verdict)
+            if verdict:  # ok a bool too: agreement at the recorded values, said so
+                return badge("pass" if ok else "fail" if ok is False else "error") + " " \
+                    + esc(verdict)
             return (badge("pass" if ok else "fail" if ok is False else "none") + " "
                     + ("gradients agree" if ok else "gradients disagree" if ok is False
                        else "no verdict"))
