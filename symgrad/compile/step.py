@@ -17,6 +17,8 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from ..autograd import function as _fn
 from ..backends import backend_for
 from ..device import device as _device
@@ -34,6 +36,12 @@ __all__ = ["CompiledStep"]
 
 class _Stale(Exception):
     """An entry's leaves or optimizer state no longer fit its code (retrace)."""
+
+
+class _EagerCall(Exception):
+    """This call's arguments fit the signature but not the code (an argument's old .grad
+    of another shape or dtype, or with a graph; the same tensor passed twice): run fn
+    eagerly this once."""
 
 
 class Entry:
@@ -98,6 +106,9 @@ class Entry:
             self._bound = arrays
         entry = []
         for slot in self.layout.entry_grads:
+            if type(slot) is tuple:  # an argument's .grad: filled in by arg_entry
+                entry.append(None)
+                continue
             g = self._leaf(slot)._grad
             entry.append(None if g is None else g._data)
         hyper = []
@@ -122,12 +133,45 @@ class Entry:
                 raise _Stale("a parameter or optimizer state array that is not a writable "
                              "C-contiguous array")
 
+    def arg_entry(self, args: tuple, entry: list) -> None:
+        """The incoming ``.grad`` of each argument the code accumulates into (in place,
+        as eager's ``old += g``), checked to be such an array."""
+        seen: set = set()
+        for k, key in enumerate(self.layout.entry_grads):
+            if type(key) is not tuple:
+                continue
+            a = args[key[1]]
+            if id(a) in seen or a._backward_hooks:
+                raise _EagerCall
+            seen.add(id(a))
+            g = a._grad
+            if g is None:
+                continue
+            d = g._data
+            if g._grad_fn is not None or g._device != a._device or not isinstance(
+                    d, np.ndarray) or d.shape != a._data.shape or d.dtype != a._data.dtype \
+                    or not d.flags.writeable:
+                raise _EagerCall
+            entry[k] = d
+
     def __call__(self, args: tuple):
         leaves, entry, hyper = self._gather()
+        arg_grads = self.layout.arg_grads
+        if arg_grads:
+            self.arg_entry(args, entry)
         tensors = [a._data for a in args if isinstance(a, Tensor)]
         outs = self.run(tensors, leaves, entry, hyper)
         for slot, name in self.layout.final_grads.items():
             self._leaf(slot)._grad = self._grad_tensors[slot] if name else None
+        if arg_grads:
+            n = len(outs) - len(arg_grads)
+            for (i, _), g in zip(arg_grads, outs[n:]):
+                a = args[i]
+                if a._grad is None:
+                    a._grad = Tensor._wrap(g, self.device)
+                else:  # added into in place: eager's in-place add bumps the version
+                    a._grad._bump()
+            outs = outs[:n]
         return _rebuild(self._result, iter(outs), args, self)
 
 
@@ -189,6 +233,8 @@ class CompiledStep:
             return self.fn(*args)
         try:
             return entry(args)
+        except _EagerCall:
+            return self.fn(*args)
         except _Stale as exc:
             del self._cache[key]
             n = self._retraces[key] = self._retraces.get(key, 0) + 1

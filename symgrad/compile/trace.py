@@ -121,9 +121,17 @@ class Tracer:
         self.reads: dict[int, tuple] = {}
         for i, a in enumerate(args):
             if isinstance(a, Tensor):
-                if a._grad_fn is not None or a._requires_grad:
-                    self.fail(f"argument {i} requires grad (only parameters may)")
-                v = self.program.new_value(a._data.shape, a._data.dtype, False, "arg", i)
+                if a._grad_fn is not None:
+                    self.fail(f"argument {i} is not a leaf (it has a graph from outside fn)")
+                elif a._requires_grad and id(a) in self._values:
+                    self.fail(f"argument {i} requires grad and is passed twice")
+                elif a._requires_grad and a._backward_hooks:
+                    self.fail(f"a hook on argument {i}")
+                grad = a._requires_grad
+                v = self.program.new_value(a._data.shape, a._data.dtype, grad, "arg", i)
+                if grad:  # its .grad before fn, for the self-check of the generated code
+                    self.program.before[("argrad", i)] = None if a._grad is None else \
+                        _copy(a._grad._data)
                 self._bind(a, v)
                 self.device(a)
                 self.program.args.append(("tensor", v))
@@ -175,6 +183,16 @@ class Tracer:
         self._leaf_slots[id(t)] = slot
         self._bind(t, v)
         return v
+
+    def _slot(self, t) -> int:
+        """The leaf slot of a tensor whose .grad or optimizer state fn changes (an argument
+        that requires grad is not a parameter: its .grad is accumulated only)."""
+        v = self.leaf(t)
+        if v.kind != "leaf":
+            self.fail(f"argument {v.slot} of fn is zeroed or updated inside fn (compiled: its "
+                      ".grad is accumulated by backward only)")
+            return -1
+        return v.slot
 
     def _operand(self, x) -> Any:
         if isinstance(x, Tensor):
@@ -505,7 +523,7 @@ class Tracer:
         """``p.grad = None`` is a zero_grad of one leaf; any other assignment is untraced."""
         if not self._quiet:
             if value is None:
-                self.program.events.append(ZeroGrad([self.leaf(t).slot]))
+                self.program.events.append(ZeroGrad([self._slot(t)]))
             else:
                 self.fail("assigning a tensor to .grad")
         fset(t, value)
@@ -521,7 +539,7 @@ class Tracer:
                 self.fail("zero_grad(set_to_none=False)")
             params = ([p for g in owner.param_groups for p in g["params"]]
                       if isinstance(owner, Optimizer) else list(owner.parameters()))
-            self.program.events.append(ZeroGrad([self.leaf(p).slot for p in params]))
+            self.program.events.append(ZeroGrad([self._slot(p) for p in params]))
         return self._quietly(original, owner, set_to_none)
 
     def step(self, original, opt, closure=None):
@@ -531,7 +549,7 @@ class Tracer:
                 self.fail(reason)
             else:
                 kind = "adam" if isinstance(opt, Adam) else "sgd"
-                groups = [[self.leaf(p).slot for p in g["params"]] for g in opt.param_groups]
+                groups = [[self._slot(p) for p in g["params"]] for g in opt.param_groups]
                 k = len(self.program.events)
                 self.program.events.append(Step(kind, weakref.ref(opt), groups))
                 for g, slots in zip(opt.param_groups, groups):
