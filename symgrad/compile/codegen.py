@@ -667,6 +667,9 @@ def generate(program: Program, backend) -> Generated:
     body: list[str] = []
     ops_so_far: list[OpCall] = []
     grad_state: dict[int, str] = {}
+    for v in program.values:  # tensors creation functions made inside fn: constants
+        if v.kind == "const":
+            ctx.alloc(f"{v.name} = {ctx.bind(program.consts[v.slot], f'C{v.slot}')}")
     groups = ctx.plan = fuse.plan(program)
     ctx.tprod, ctx.fortran, ctx.epilogue = _transposed_products(program, groups)
     for k, event in enumerate(program.events):

@@ -408,6 +408,7 @@ class _Builder:
         leaf_values = [self.leaves[s] for s in layout.leaves]
         final = {slot: name for slot, name in layout.final_grads.items() if name}
         n_leaves = len(leaf_values)
+        consts = [(v, program.consts[v.slot]) for v in program.values if v.kind == "const"]
 
         def build():
             G = {slot: be.empty(self.leaves[slot].shape, self.leaves[slot].dtype)
@@ -420,6 +421,8 @@ class _Builder:
                 for v, a in zip(args, A):
                     env[v.index] = a
                 for v, a in zip(leaf_values, L[:n_leaves]):
+                    env[v.index] = a
+                for v, a in consts:  # made inside fn by creation functions
                     env[v.index] = a
                 ctx["L"], ctx["E"], ctx["H"] = L, E, H
                 for f in plan:

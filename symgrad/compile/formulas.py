@@ -135,7 +135,7 @@ def op_backward(call: OpCall, be, dev):
                         v = getters[p](env) if p in getters else call.params.get(p)
                         if isinstance(v, Value):
                             v = env[v.index]
-                        if hasattr(v, "__cuda_array_interface__"):
+                        if isinstance(v, np.ndarray) or hasattr(v, "__cuda_array_interface__"):
                             v = Tensor._wrap(v, dev)
                         cache[p] = v
                     kwargs[p] = cache[p]

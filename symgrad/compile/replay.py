@@ -56,6 +56,9 @@ def replay(program: Program, example: list) -> tuple[Tensor, dict]:
             tensors[v.index] = copy
             names[f"leaf{v.slot}"] = copy
 
+        elif v.kind == "const":
+            tensors[v.index] = Tensor._wrap(_host(program.consts[v.slot]))
+
     def get(x):
         return tensors[x.index] if isinstance(x, Value) else x
 

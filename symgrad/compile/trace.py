@@ -184,6 +184,15 @@ class Tracer:
         self._bind(t, v)
         return v
 
+    def constant(self, t) -> None:
+        """A tensor a deterministic creation function made inside fn: a constant Value
+        (its array, copied, is baked into the generated code)."""
+        self.device(t)
+        v = self.program.new_value(t._data.shape, t._data.dtype, False, "const",
+                                   len(self.program.consts))
+        self.program.consts.append(_copy(t._data))
+        self._bind(t, v)
+
     def _slot(self, t) -> int:
         """The leaf slot of a tensor whose .grad or optimizer state fn changes (an argument
         that requires grad is not a parameter: its .grad is accumulated only)."""
@@ -301,6 +310,8 @@ class Tracer:
         if v.kind == "leaf":
             return ("on a parameter or a tensor read from outside fn (a side effect outside "
                     "the trace)")
+        if v.kind == "const":
+            return "on a tensor a creation function made inside fn (a constant of the trace)"
         if self._aliased(target):
             return ("on a view or on a tensor that has views (they would see the change; "
                     "the out-of-place rewrite would not)")
@@ -628,6 +639,18 @@ class Tracer:
             return orig_setitem(t, index, value)
 
         patches.put(Tensor, "__setitem__", _setitem)
+        # deterministic creation functions (arange, zeros, full ...): their tensor is a
+        # constant of the trace (its arguments are shapes and Python values, fixed by the
+        # signature and guards), e.g. the positions of a GPT or attention's causal mask
+        import symgrad as _sg
+
+        from .. import _tensor_layer, creation
+        for name in _CREATORS:
+            orig = getattr(creation, name)
+            wrapper = _creator(tracer, orig)
+            for owner in (creation, _sg, _tensor_layer):
+                if owner.__dict__.get(name) is orig:
+                    patches.put(owner, name, wrapper)
         # changes of a tensor's place in the graph that do not pass apply either
         orig_detach_ = Tensor.detach_
 
@@ -747,6 +770,21 @@ def _structure(x, tracer: Tracer):
         return ("const", x)
     tracer.fail(f"fn returned a {type(x).__name__}")
     return ("const", None)
+
+
+#: creation functions whose result depends only on their (Python) arguments
+_CREATORS = ("arange", "zeros", "ones", "full", "eye", "linspace", "zeros_like", "ones_like",
+             "full_like")
+
+
+def _creator(tracer: Tracer, orig):
+    def made(*args, **kwargs):
+        t = orig(*args, **kwargs)
+        if not tracer._quiet and tracer._sink is None and isinstance(t, Tensor) and \
+                not t._requires_grad and id(t) not in tracer._values:
+            tracer.constant(t)
+        return t
+    return made
 
 
 def trace(fn, args: tuple) -> tuple[Any, Program | None, str | None]:
