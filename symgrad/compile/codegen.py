@@ -59,9 +59,10 @@ class Layout:
     entry_grads: list = field(default_factory=list)
     #: structural flags of each optimizer step (change them and the code no longer fits)
     flags: list = field(default_factory=list)
-    #: (argument position, name) of each argument's gradient, returned after fn's results
-    #: (a new array where the argument had no .grad, else its old .grad's, added into);
-    #: their entry ``.grad`` is ``("arg", position)`` in ``entry_grads``
+    #: (argument position, name) of each argument whose ``.grad`` fn changes: None where
+    #: fn set it to None last, else its gradient array, returned after fn's results (a
+    #: new array, or the old .grad's array added into in place); an incoming ``.grad`` the
+    #: code reads is ``("arg", position)`` in ``entry_grads``
     arg_grads: list = field(default_factory=list)
 
 
@@ -462,21 +463,20 @@ def _accumulate_arg(v: Value, g: str, ctx: _Ctx, lines: list, grad_state: dict,
     """AccumulateGrad of an argument that requires grad, as eager's: its ``.grad`` is a new
     array when it had none (so a ``.grad`` kept from an earlier call is not overwritten),
     else the old ``.grad``'s array added to in place (the same tensor, as eager's
-    ``old += g``). The caller sets ``.grad`` from the names in ``layout.arg_grads``."""
+    ``old += g``). The caller sets ``.grad`` from ``layout.arg_grads``."""
     key = ("arg", v.slot)
     name = f"GA{v.slot}"
-    if grad_state.get(key) == "buf":
+    state = grad_state.get(key, "entry")
+    if state == "buf":
         lines.append(f"np.add({name}, {g}, out={name})")
-        return
-    layout.entry_grads.append(key)
-    layout.arg_grads.append((v.slot, name))
-    e = f"E[{len(layout.entry_grads) - 1}]"
-    lines.append(f"if {e} is None:")
-    lines.append(f"    {name} = np.empty({v.shape!r}, {ctx.dtype(v)})")
-    lines.append(f"    np.copyto({name}, {g})")
-    lines.append("else:")
-    lines.append(f"    {name} = {e}")
-    lines.append(f"    np.add({name}, {g}, out={name})")
+    elif state == "none":  # ``x.grad = None`` earlier in fn
+        lines += [f"{name} = np.empty({v.shape!r}, {ctx.dtype(v)})", f"np.copyto({name}, {g})"]
+    else:
+        layout.entry_grads.append(key)
+        e = f"E[{len(layout.entry_grads) - 1}]"
+        lines += [f"if {e} is None:", f"    {name} = np.empty({v.shape!r}, {ctx.dtype(v)})",
+                  f"    np.copyto({name}, {g})", "else:", f"    {name} = {e}",
+                  f"    np.add({name}, {g}, out={name})"]
     grad_state[key] = "buf"
 
 
@@ -690,7 +690,7 @@ def generate(program: Program, backend) -> Generated:
             body += [f"{o.name} = {src.name}" for o, src in zip(event.outputs, event.sources)]
         elif isinstance(event, Backward):
             _backward(ops_so_far, event.root, ctx, body, grad_state, layout)
-        elif isinstance(event, ZeroGrad):
+        elif isinstance(event, ZeroGrad):  # slots: leaf slots, ("arg", position)
             for slot in event.leaves:
                 grad_state[slot] = "none"
         elif isinstance(event, Step):
@@ -699,10 +699,11 @@ def generate(program: Program, backend) -> Generated:
                 raise Unsupported("the optimizer is gone")
             _step(k, event, opt, leaves, ctx, body, grad_state, layout)
     for slot, state in grad_state.items():
-        if type(slot) is tuple:  # an argument's: layout.arg_grads
+        if type(slot) is tuple:  # an argument's: None (``x.grad = None``) or its array
+            layout.arg_grads.append((slot[1], f"GA{slot[1]}" if state == "buf" else None))
             continue
         layout.final_grads[slot] = ctx.buf(leaves[slot], "G") if state == "buf" else None
-    outs = _result_names(program.result) + [n for _, n in layout.arg_grads]
+    outs = _result_names(program.result) + [n for _, n in layout.arg_grads if n]
     body.append(f"return ({''.join(n + ', ' for n in outs)})")
     text = _module_text(program, ctx, layout, body, groups)
     return Generated(text, ctx.constants, layout, groups.kernels, groups)

@@ -99,10 +99,10 @@ def check_generated(program: Program, example: list, make, constants: dict, layo
     terms = len(program.events) + max((max(v.shape, default=1) for v in program.values),
                                       default=1)
     problems = []
-    n = len(outs) - len(layout.arg_grads)
+    got_grads = iter(outs[len(outs) - sum(1 for _, n in layout.arg_grads if n):])
     pairs = [(f"leaf{slot}", name and buffers[name]) for slot, name in
              layout.final_grads.items()]
-    pairs += [(f"arg{i}", g) for (i, _), g in zip(layout.arg_grads, outs[n:])]
+    pairs += [(f"arg{i}", next(got_grads)) for i, n in layout.arg_grads if n]
     for key, got in pairs:
         leaf = names.get(key)
         if got is None or leaf is None or leaf.grad is None:

@@ -61,6 +61,8 @@ class Entry:
         self._opts = {k: e.opt for k, e in enumerate(program.events) if isinstance(e, Step)}
         self._bound: list = []
         self._result = program.result
+        #: how many of run's outputs are fn's results (the arguments' gradients follow)
+        self._n_results = len(_values_of(program.result))
         c = program.constants
         self._constants = c if c is not None and c.active else None
         #: copies of the traced call's tensor arguments (step.verify replays on them)
@@ -164,19 +166,33 @@ class Entry:
         for slot, name in self.layout.final_grads.items():
             self._leaf(slot)._grad = self._grad_tensors[slot] if name else None
         if arg_grads:
-            n = len(outs) - len(arg_grads)
-            for (i, _), g in zip(arg_grads, outs[n:]):
+            got = iter(outs[self._n_results:])
+            for i, name in arg_grads:
                 a = args[i]
-                if a._grad is None:
+                if name is None:
+                    a._grad = None
+                    continue
+                g = next(got)
+                old = a._grad
+                if old is not None and old._data is g:  # added into in place (eager's
+                    old._bump()                           # in-place add bumps the version)
+                else:
                     a._grad = Tensor._wrap(g, self.device)
-                else:  # added into in place: eager's in-place add bumps the version
-                    a._grad._bump()
-            outs = outs[:n]
+            outs = outs[:self._n_results]
         return _rebuild(self._result, iter(outs), args, self)
 
 
 def _flag(group: dict, name: str) -> bool:
     return bool(group.get(name)) if name == "decoupled_weight_decay" else group[name] != 0
+
+
+def _values_of(structure) -> list:
+    kind, x = structure
+    if kind == "value":
+        return [x]
+    if kind in ("tuple", "list"):
+        return [v for y in x for v in _values_of(y)]
+    return []
 
 
 def _rebuild(structure, outs, args, entry):

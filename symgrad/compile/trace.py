@@ -533,7 +533,11 @@ class Tracer:
     def set_grad(self, fset, t, value) -> None:
         """``p.grad = None`` is a zero_grad of one leaf; any other assignment is untraced."""
         if not self._quiet:
-            if value is None:
+            v = self._values.get(id(t))
+            if value is None and v is not None and v.kind == "arg":
+                if v.requires_grad:  # an argument's .grad = None: arg_grads says so
+                    self.program.events.append(ZeroGrad([("arg", v.slot)]))
+            elif value is None:
                 self.program.events.append(ZeroGrad([self._slot(t)]))
             else:
                 self.fail("assigning a tensor to .grad")
