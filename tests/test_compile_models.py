@@ -272,13 +272,13 @@ def test_every_drawable_op_compiles_its_backward():
     no_rule: dict[str, list] = {}
     compiled: set = set()
 
-    for name in NAMES:
+    def for_op(name):
         @settings(derandomize=True, max_examples=2, deadline=None, database=None,
                   phases=(Phase.generate,),
                   suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                          HealthCheck.filter_too_much])
         @given(st.data())
-        def run(data, name=name):
+        def run(data):
             b = Builder(data)
             try:
                 b.leaf(b.shape())
@@ -291,8 +291,10 @@ def test_every_drawable_op_compiles_its_backward():
                 no_rule.setdefault(name, []).extend(reasons)
             if not step.stats["fallbacks"] and step._entries():
                 compiled.add(name)
+        return run
 
-        run()
+    for name in NAMES:
+        for_op(name)()
     assert not no_rule, f"ops whose backward has no compile rule: {no_rule}"
     # most drawn programs compile whole (some fall back for other reasons: value reads
     # in a forward such as nonzero, mixed dtypes ...)
