@@ -139,13 +139,15 @@ class Entry:
         """The incoming ``.grad`` of each argument the code accumulates into (in place,
         as eager's ``old += g``), checked to be such an array."""
         seen: set = set()
+        for i, _ in self.layout.arg_grads:
+            a = args[i]
+            if id(a) in seen or a._backward_hooks:
+                raise _EagerCall
+            seen.add(id(a))
         for k, key in enumerate(self.layout.entry_grads):
             if type(key) is not tuple:
                 continue
             a = args[key[1]]
-            if id(a) in seen or a._backward_hooks:
-                raise _EagerCall
-            seen.add(id(a))
             g = a._grad
             if g is None:
                 continue
