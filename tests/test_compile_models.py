@@ -327,21 +327,27 @@ class _Conv1d(nn.Module):
     def __init__(self):
         super().__init__()
         self.conv = nn.Conv1d(2, 3, 3, padding=1)
-        self.fc = nn.Linear(3 * 4, 4)
+        self.fc = nn.Linear(3 * 16, 4)
 
     def forward(self, x):
         return self.fc(F.gelu(self.conv(x.flatten(2))).flatten(1))
 
 
 class _Norms(nn.Module):
+    """Training-mode batch norm on batch statistics (``track_running_stats=False``: the
+    running-stat update writes into buffers in place, a side effect on state outside fn
+    that still falls back, docs/compile.md) and LayerNorm."""
+
     def __init__(self):
         super().__init__()
-        self.bn = nn.BatchNorm2d(2)
+        self.bn = nn.BatchNorm2d(2, track_running_stats=False)
         self.ln = nn.LayerNorm(16)
         self.fc = nn.Linear(32, 4)
 
     def forward(self, x):
-        h = self.ln(self.bn(x).flatten(2))
+        # the GELU between them: LayerNorm over a channel's positions would cancel batch
+        # norm's per-channel bias, leaving it a gradient of pure rounding noise
+        h = self.ln(F.gelu(self.bn(x)).flatten(2))
         return self.fc(h.flatten(1))
 
 
