@@ -12,6 +12,13 @@ before any import in every worker):
   (``w.grad = None``; ``chain(x * w).sum().backward()``)
 * ``gelu``: MLP 128-256-256-10 with GELU written from elementary ops (tanh form), batch 64,
   cross_entropy, Adam
+* ``chain_xg``: ``chain`` with input gradients (``x.requires_grad``; ``x.grad = None`` and
+  ``w.grad = None`` in the step): goal sg.compile <= 0.2x torch eager
+* ``lenet``: LeNet-5 (conv 6x5x5, relu, max-pool, conv 16x5x5, relu, max-pool, 256-120-84-10),
+  batch 64 of 1x28x28, cross_entropy, SGD(momentum=0.9): goal <= 0.8x torch eager
+* ``gpt``: a 2-layer nanoGPT-shaped model (n_embd 64, 4 heads, 32 tokens, vocab 65, batch 8,
+  tied embedding, causal scaled_dot_product_attention, GELU MLP), AdamW: goal <= 0.8x torch
+  eager (and sg eager <= 1.5x torch eager)
 
 Each variant runs in its own process (thread pools and allocators interfere); without
 ``--quick`` the variants are rotated over three rounds and the best time of each is kept,
@@ -35,7 +42,9 @@ ROOT = os.path.dirname(HERE)
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
                "NUMBA_NUM_THREADS")
 VARIANTS = ("torch_eager", "torch_compile", "sg_eager", "sg_compile")
-WORKLOADS = ("small", "big", "chain", "gelu")
+WORKLOADS = ("small", "big", "chain", "gelu", "chain_xg", "lenet", "gpt")
+#: issue 33's goals: sg.compile / torch eager at most this
+GOALS = {"chain_xg": 0.2, "lenet": 0.8, "gpt": 0.8}
 
 
 # -- the steps, written once for both libraries ------------------------------------------------
@@ -52,9 +61,100 @@ def _gelu(x):
     return 0.5 * x * (1.0 + (0.7978845608 * (x + 0.044715 * x ** 3)).tanh())
 
 
+def _gpt(lib, vocab=65, block=32, n_embd=64, n_head=4, n_layer=2):
+    nn, F = lib.nn, lib.nn.functional
+
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c_attn = nn.Linear(n_embd, 3 * n_embd)
+            self.c_proj = nn.Linear(n_embd, n_embd)
+
+        def forward(self, x):
+            B, T, C = x.size()
+            q, k, v = self.c_attn(x).split(n_embd, dim=2)
+            k = k.view(B, T, n_head, C // n_head).transpose(1, 2)
+            q = q.view(B, T, n_head, C // n_head).transpose(1, 2)
+            v = v.view(B, T, n_head, C // n_head).transpose(1, 2)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0,
+                                               is_causal=True)
+            return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln_1, self.ln_2 = nn.LayerNorm(n_embd), nn.LayerNorm(n_embd)
+            self.attn = Attention()
+            self.mlp = nn.Sequential(nn.Linear(n_embd, 4 * n_embd), nn.GELU(),
+                                     nn.Linear(4 * n_embd, n_embd))
+
+        def forward(self, x):
+            x = x + self.attn(self.ln_1(x))
+            return x + self.mlp(self.ln_2(x))
+
+    class GPT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wte, self.wpe = nn.Embedding(vocab, n_embd), nn.Embedding(block, n_embd)
+            self.h = nn.ModuleList([Block() for _ in range(n_layer)])
+            self.ln_f = nn.LayerNorm(n_embd)
+            self.lm_head = nn.Linear(n_embd, vocab, bias=False)
+            self.wte.weight = self.lm_head.weight
+
+        def forward(self, idx, targets):
+            b, t = idx.size()
+            pos = lib.arange(0, t, dtype=lib.long)
+            x = self.wte(idx) + self.wpe(pos)
+            for blk in self.h:
+                x = blk(x)
+            logits = self.lm_head(self.ln_f(x))
+            return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+    return GPT()
+
+
 def _build(lib, F, optim, workload: str):
     """(step fn, its args) for ``workload`` in library ``lib`` (torch or symgrad)."""
     lib.manual_seed(0)
+    if workload == "chain_xg":
+        w = lib.randn(1000, requires_grad=True)
+        x = lib.randn(1000, requires_grad=True)
+
+        def chain_xg_step(x):
+            w.grad = None
+            x.grad = None
+            loss = _chain(x * w).sum()
+            loss.backward()
+            return loss
+
+        return chain_xg_step, (x,)
+    if workload in ("lenet", "gpt"):
+        nn = lib.nn
+        if workload == "lenet":
+            model = nn.Sequential(
+                nn.Conv2d(1, 6, 5), nn.ReLU(), nn.MaxPool2d(2),
+                nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2),
+                nn.Flatten(), nn.Linear(256, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(),
+                nn.Linear(84, 10))
+            opt = optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+            x, y = lib.randn(64, 1, 28, 28), lib.randint(0, 10, (64,))
+
+            def forward(a, b):
+                return F.cross_entropy(model(a), b)
+        else:
+            model = _gpt(lib)
+            opt = optim.AdamW(model.parameters(), lr=1e-3)
+            x, y = lib.randint(0, 65, (8, 32)), lib.randint(0, 65, (8, 32))
+            forward = model
+
+        def model_step(a, b):
+            opt.zero_grad()
+            loss = forward(a, b)
+            loss.backward()
+            opt.step()
+            return loss
+
+        return model_step, (x, y)
     if workload == "chain":
         w = lib.randn(1000, requires_grad=True)
         x = lib.randn(1000)
@@ -107,10 +207,11 @@ def _best(fn, args, number: int, repeat: int) -> float:
     return best
 
 
-_NUMBER = {"small": 400, "big": 40, "chain": 400, "gelu": 60}
+_NUMBER = {"small": 400, "big": 40, "chain": 400, "gelu": 60, "chain_xg": 400, "lenet": 20,
+           "gpt": 20}
 
 
-def worker(variant: str, quick: bool) -> dict:
+def worker(variant: str, quick: bool, only: tuple = WORKLOADS) -> dict:
     """Time every workload with one variant (this process imports one library)."""
     if variant.startswith("torch"):
         import torch
@@ -122,7 +223,7 @@ def worker(variant: str, quick: bool) -> dict:
 
         lib, F, optim = sg, sg.nn.functional, sg.optim
     out = {}
-    for workload in WORKLOADS:
+    for workload in only:
         fn, args = _build(lib, F, optim, workload)
         if variant.endswith("compile"):
             fn = lib.compile(fn)
@@ -136,23 +237,26 @@ def worker(variant: str, quick: bool) -> dict:
             out[workload] = {"ms": ms, "first_s": first}
             if variant == "sg_compile":  # its own part: code generation + Numba (or cache)
                 out[workload]["compile_s"] = fn.stats["compile_s"]
+                if fn.stats["fallbacks"]:  # ran eagerly: say why
+                    out[workload]["fallback"] = fn.stats["fallbacks"][0][:160]
         except Exception as exc:  # torch.compile needs a working C toolchain
             out[workload] = {"unavailable": f"{type(exc).__name__}: {str(exc)[:120]}"}
     return out
 
 
-def run_worker(variant: str, quick: bool, cache: str, timeout: float) -> dict:
+def run_worker(variant: str, quick: bool, cache: str, timeout: float,
+               only: tuple = WORKLOADS) -> dict:
     env = {**os.environ, "PYTHONPATH": ROOT, "SYMGRAD_COMPILE_CACHE": cache,
            **{v: "1" for v in THREAD_VARS}}
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", variant] + (
-        ["--quick"] if quick else [])
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", variant,
+           "--only", ",".join(only)] + (["--quick"] if quick else [])
     try:
         res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return {w: {"unavailable": f"timed out after {timeout:.0f} s"} for w in WORKLOADS}
+        return {w: {"unavailable": f"timed out after {timeout:.0f} s"} for w in only}
     if res.returncode:
         reason = (res.stderr.strip().splitlines() or ["no output"])[-1][:160]
-        return {w: {"unavailable": reason} for w in WORKLOADS}
+        return {w: {"unavailable": reason} for w in only}
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
@@ -173,11 +277,17 @@ def main() -> None:
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--no-torch-compile", action="store_true",
                     help="skip torch.compile (its first call takes tens of seconds)")
+    ap.add_argument("--only", default=",".join(WORKLOADS),
+                    help="comma-separated workloads (default: all)")
     args = ap.parse_args()
+    only = tuple(w for w in args.only.split(",") if w)
+    bad = set(only) - set(WORKLOADS)
+    if bad:
+        ap.error(f"unknown workloads {sorted(bad)} (known: {', '.join(WORKLOADS)})")
     if args.worker:
         for v in THREAD_VARS:
             os.environ[v] = "1"
-        print(json.dumps(worker(args.worker, args.quick)))
+        print(json.dumps(worker(args.worker, args.quick, only)))
         return
     variants = [v for v in VARIANTS if not (args.no_torch_compile and v == "torch_compile")]
     rounds = 1 if args.quick else 3
@@ -187,12 +297,13 @@ def main() -> None:
         for r in range(rounds):
             order = variants[r % len(variants):] + variants[:r % len(variants)]
             for v in order:
-                res = run_worker(v, args.quick, cache, 900)
+                res = run_worker(v, args.quick, cache, 900, only)
                 if v == "sg_compile" and cold is None:
                     cold = {w: x.get("first_s") for w, x in res.items()}
                     cold_own = {w: x.get("compile_s") for w, x in res.items()}
                 _merge(results[v], res)
-        warm = run_worker("sg_compile", True, cache, 900) if "sg_compile" in variants else {}
+        warm = (run_worker("sg_compile", True, cache, 900, only) if "sg_compile" in variants
+                else {})
     summary = {"results": results, "sg_compile_first_call_cold_s": cold,
                "sg_compile_first_call_warm_s": {w: x.get("first_s") for w, x in warm.items()},
                "sg_compile_own_cold_s": cold_own,
@@ -200,15 +311,15 @@ def main() -> None:
     if args.json:
         print(json.dumps(summary))
         return
-    _print(summary, variants)
+    _print(summary, variants, only)
 
 
-def _print(summary: dict, variants: list) -> None:
+def _print(summary: dict, variants: list, only: tuple = WORKLOADS) -> None:
     res = summary["results"]
     print("ms per step (1 thread, best of the rounds); ratio = variant / torch eager; "
           "first call in s (first round)")
-    print(f"{'workload':8} " + " ".join(f"{v:>24}" for v in variants))
-    for w in WORKLOADS:
+    print(f"{'workload':8} " + " ".join(f"{v:>24}" for v in variants) + "   goal")
+    for w in only:
         base = res.get("torch_eager", {}).get(w, {}).get("ms")
         cells = []
         for v in variants:
@@ -218,12 +329,20 @@ def _print(summary: dict, variants: list) -> None:
                 continue
             ratio = f"{r['ms'] / base:.2f}x" if base else "-"
             cells.append(f"{r['ms']:9.3f} ({ratio:>6}) {r['first_s']:5.1f}s")
-        print(f"{w:8} " + " ".join(cells))
+        goal = ""
+        if w in GOALS:
+            got = res.get("sg_compile", {}).get(w, {}).get("ms")
+            met = "?" if not (got and base) else ("met" if got / base <= GOALS[w] else "MISSED")
+            goal = f"   sg.compile <= {GOALS[w]}x: {met}"
+        print(f"{w:8} " + " ".join(cells) + goal)
     for v in variants:
-        for w in WORKLOADS:
+        for w in only:
             reason = res[v].get(w, {}).get("unavailable")
             if reason:
-                print(f"{v} {w}: unavailable: {reason}")
+                print(f"{v} {w}: unavailable (skipped): {reason}")
+            fallback = res[v].get(w, {}).get("fallback")
+            if fallback:
+                print(f"{v} {w}: ran eagerly: {fallback}")
     cold, warm = summary["sg_compile_first_call_cold_s"], summary["sg_compile_first_call_warm_s"]
     if cold:
         own, own_warm = summary["sg_compile_own_cold_s"], summary["sg_compile_own_warm_s"]
@@ -232,7 +351,7 @@ def _print(summary: dict, variants: list) -> None:
             return f"{(d or {}).get(w) or float('nan'):.3f}"
 
         print("sg.compile first call (eager traced run + compile), s, cold cache / warm cache:")
-        for w in WORKLOADS:
+        for w in only:
             print(f"  {w:6} {s(cold, w)} / {s(warm, w)}   of which code generation + Numba: "
                   f"{s(own, w)} / {s(own_warm, w)}")
 

@@ -14,11 +14,37 @@ from . import conv_numpy as _conv
 
 __all__ = ["NUMPY_MATH", "NumpyBackend", "numpy_kernel"]
 
+def _erf1(v):
+    return math.erf(v)
+
+
+#: erf as a ufunc: the C library's erf (what ``math.erf`` calls) in a Numba loop, built on
+#: first use; ``np.vectorize(math.erf)`` costs ~1 µs a Python call per element (a GPT's
+#: exact GELU spent most of its step there)
+_ERF_UFUNC = None
+
+
+def _erf_ufunc():
+    global _ERF_UFUNC
+    if _ERF_UFUNC is None:
+        try:
+            import numba
+
+            _ERF_UFUNC = numba.vectorize(["float64(float64)"], cache=True)(_erf1)
+        except Exception:  # no Numba: the Python loop
+            _ERF_UFUNC = np.vectorize(math.erf, otypes=[np.float64])
+    return _ERF_UFUNC
+
+
 def _erf(x):
-    """erf elementwise through ``math.erf`` (NumPy has no erf ufunc; SciPy's would cost
-    0.2 s of every ``import symgrad`` and is not a dependency), keeping a float dtype."""
+    """erf elementwise through the C library's ``erf`` (NumPy has no erf ufunc; SciPy's
+    would cost 0.2 s of every ``import symgrad`` and is not a dependency), in float64,
+    keeping a float dtype."""
     a = np.asarray(x)
-    out = np.vectorize(math.erf, otypes=[np.float64])(a)
+    if a.dtype.kind in "fiub" and a.size > 16:
+        out = _erf_ufunc()(a.astype(np.float64, copy=False))
+    else:
+        out = np.vectorize(math.erf, otypes=[np.float64])(a)
     return out.astype(a.dtype if a.dtype.kind == "f" else np.float64, copy=False)
 
 

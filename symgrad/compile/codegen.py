@@ -34,6 +34,7 @@ from .rules import (
     BROADCASTING,
     RULES,
     backward_code,
+    formulas_rule,
     forward_code,
     has_backward,
     multi_backward_code,
@@ -60,6 +61,11 @@ class Layout:
     flags: list = field(default_factory=list)
     #: leaf slots an optimizer step writes in place (their versions are bumped per call)
     written: list = field(default_factory=list)
+    #: (argument position, name) of each argument whose ``.grad`` fn changes: None where
+    #: fn set it to None last, else its gradient array, returned after fn's results (a
+    #: new array, or the old .grad's array added into in place); an incoming ``.grad`` the
+    #: code reads is ``("arg", position)`` in ``entry_grads``
+    arg_grads: list = field(default_factory=list)
 
 
 @dataclass
@@ -211,6 +217,9 @@ def _multi_backward(call, need: set, grads: dict, values: dict, ctx: _Ctx,
         return
     if not has_backward(call, ctx.backend):
         raise Unsupported(f"no compile rule for the backward of {call.spec.name}")
+    if formulas_rule(call, ctx.backend):
+        _formulas_backward(call, need, grads, values, ctx, lines)
+        return
     got = [g if g is None or g.isidentifier() else f"({g})" for g in got]
     expr = multi_backward_code(call, ctx, got)[0]
     values[x.index] = x
@@ -250,6 +259,9 @@ def _backward(ops: list, root: Value, ctx: _Ctx, lines: list, grad_state: dict,
             continue
         if not has_backward(call, ctx.backend):
             raise Unsupported(f"no compile rule for the backward of {call.spec.name}")
+        if formulas_rule(call, ctx.backend):
+            _formulas_backward(call, need, grads, values, ctx, lines)
+            continue
         if call.spec.name != "to_copy" and any(
                 x.dtype != out.dtype for x in call.tensor_inputs if x.index in need):
             raise Unsupported(f"mixed dtypes on the gradient path ({call.spec.name}): eager "
@@ -276,9 +288,38 @@ def _backward(ops: list, root: Value, ctx: _Ctx, lines: list, grad_state: dict,
                 grads[x.index] = expr
     for idx in sorted(need):
         v = values.get(idx)
-        if v is None or v.kind != "leaf" or idx not in grads:
+        if v is None or v.kind == "op" or idx not in grads:
             continue
-        _accumulate(v, grads[idx], ctx, lines, grad_state, layout)
+        if v.kind == "arg":
+            _accumulate_arg(v, grads[idx], ctx, lines, grad_state, layout)
+        else:
+            _accumulate(v, grads[idx], ctx, lines, grad_state, layout)
+
+
+def _formulas_backward(call: OpCall, need: set, grads: dict, values: dict, ctx: _Ctx,
+                       lines: list) -> None:
+    """An op without a NumPy rule: the eager node's backward on the arrays (the backend's
+    one-pass kernel or the op's registered formulas, then the engine's fit to the inputs'
+    shapes and dtypes; formulas.op_backward), called once for all its inputs."""
+    from ..device import device as _device
+    from .formulas import op_backward
+
+    fn = ctx.bind(op_backward(call, ctx.backend, _device("cpu")), f"bwd_{call.spec.name}")
+    env = {v.index: v.name for v in _values_in([call.inputs, call.params, call.outputs], [])}
+    got = [grads.get(v.index) if v.index in need else None for v in call.outputs]
+    r = f"r{call.outputs[0].index}"
+    lines.append(f"{r} = {fn}({{{', '.join(f'{k}: {n}' for k, n in env.items())}}}, "
+                 f"[{', '.join('None' if g is None else g for g in got)}])")
+    for pos, x in enumerate(call.inputs):
+        if not isinstance(x, Value) or x.index not in need:
+            continue
+        values[x.index] = x
+        expr = f"{r}[{pos}]"
+        if x.index in grads:
+            lines.append(f"g{x.index} = {grads[x.index]} + {expr}")
+            grads[x.index] = f"g{x.index}"
+        else:
+            grads[x.index] = expr
 
 
 def _fused_backward(group, need: set, grads: dict, values: dict, ctx: _Ctx,
@@ -417,6 +458,28 @@ def _accumulate(v: Value, g: str, ctx: _Ctx, lines: list, grad_state: dict,
         lines.append("else:")
         lines.append(f"    np.add({e}, {g}, out={buf})")
     grad_state[v.slot] = "buf"
+
+
+def _accumulate_arg(v: Value, g: str, ctx: _Ctx, lines: list, grad_state: dict,
+                    layout: Layout) -> None:
+    """AccumulateGrad of an argument that requires grad, as eager's: its ``.grad`` is a new
+    array when it had none (so a ``.grad`` kept from an earlier call is not overwritten),
+    else the old ``.grad``'s array added to in place (the same tensor, as eager's
+    ``old += g``). The caller sets ``.grad`` from ``layout.arg_grads``."""
+    key = ("arg", v.slot)
+    name = f"GA{v.slot}"
+    state = grad_state.get(key, "entry")
+    if state == "buf":
+        lines.append(f"np.add({name}, {g}, out={name})")
+    elif state == "none":  # ``x.grad = None`` earlier in fn
+        lines += [f"{name} = np.empty({v.shape!r}, {ctx.dtype(v)})", f"np.copyto({name}, {g})"]
+    else:
+        layout.entry_grads.append(key)
+        e = f"E[{len(layout.entry_grads) - 1}]"
+        lines += [f"if {e} is None:", f"    {name} = np.empty({v.shape!r}, {ctx.dtype(v)})",
+                  f"    np.copyto({name}, {g})", "else:", f"    {name} = {e}",
+                  f"    np.add({name}, {g}, out={name})"]
+    grad_state[key] = "buf"
 
 
 def _grad_of(slot: int, v: Value, ctx: _Ctx, grad_state: dict, layout: Layout) -> str | None:
@@ -608,6 +671,9 @@ def generate(program: Program, backend) -> Generated:
     body: list[str] = []
     ops_so_far: list[OpCall] = []
     grad_state: dict[int, str] = {}
+    for v in program.values:  # tensors creation functions made inside fn: constants
+        if v.kind == "const":
+            ctx.alloc(f"{v.name} = {ctx.bind(program.consts[v.slot], f'C{v.slot}')}")
     groups = ctx.plan = fuse.plan(program)
     ctx.tprod, ctx.fortran, ctx.epilogue = _transposed_products(program, groups)
     for k, event in enumerate(program.events):
@@ -628,7 +694,7 @@ def generate(program: Program, backend) -> Generated:
             body += [f"{o.name} = {src.name}" for o, src in zip(event.outputs, event.sources)]
         elif isinstance(event, Backward):
             _backward(ops_so_far, event.root, ctx, body, grad_state, layout)
-        elif isinstance(event, ZeroGrad):
+        elif isinstance(event, ZeroGrad):  # slots: leaf slots, ("arg", position)
             for slot in event.leaves:
                 grad_state[slot] = "none"
         elif isinstance(event, Step):
@@ -637,8 +703,11 @@ def generate(program: Program, backend) -> Generated:
                 raise Unsupported("the optimizer is gone")
             _step(k, event, opt, leaves, ctx, body, grad_state, layout)
     for slot, state in grad_state.items():
+        if type(slot) is tuple:  # an argument's: None (``x.grad = None``) or its array
+            layout.arg_grads.append((slot[1], f"GA{slot[1]}" if state == "buf" else None))
+            continue
         layout.final_grads[slot] = ctx.buf(leaves[slot], "G") if state == "buf" else None
-    outs = _result_names(program.result)
+    outs = _result_names(program.result) + [n for _, n in layout.arg_grads if n]
     body.append(f"return ({''.join(n + ', ' for n in outs)})")
     text = _module_text(program, ctx, layout, body, groups)
     return Generated(text, ctx.constants, layout, groups.kernels, groups)

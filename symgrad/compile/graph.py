@@ -28,7 +28,8 @@ class Value:
     shape: tuple
     dtype: np.dtype
     requires_grad: bool
-    #: "arg" (fn's positional tensor ``slot``), "leaf" (``Program.leaves[slot]``), "op"
+    #: "arg" (fn's positional tensor ``slot``), "leaf" (``Program.leaves[slot]``), "op",
+    #: "const" (``Program.consts[slot]``: made inside fn by a deterministic creation function)
     kind: str
     slot: int = -1
 
@@ -144,6 +145,8 @@ class Program:
     values: list = field(default_factory=list)
     #: weak references to the tensors read from outside fn (parameters, buffers)
     leaves: list = field(default_factory=list)
+    #: the arrays of the "const" values (creation functions inside fn), in slot order
+    consts: list = field(default_factory=list)
     #: fn's positional arguments: ("tensor", Value) or ("const", python value)
     args: list = field(default_factory=list)
     #: fn's result: a nested structure of Values / python constants ("tuple", [...]) etc.

@@ -39,7 +39,10 @@ def signature(args: tuple) -> tuple[Any, str | None]:
             if kind not in ("cpu", "cuda"):
                 return None, f"{kind} tensors (compiled: cpu, cuda)"
             d = a._data
-            parts.append((d.shape, d.dtype.str, a._requires_grad, kind))
+            # a non-leaf argument (a graph from outside fn) is its own signature: eager's
+            # backward goes on into that graph, the compiled one could not
+            parts.append((d.shape, d.dtype.str, a._requires_grad if a._grad_fn is None else 2,
+                          kind))
         elif type(a) in _SCALARS:
             parts.append((type(a), a))
         else:

@@ -46,6 +46,7 @@ def replay(program: Program, example: list) -> tuple[Tensor, dict]:
     for kind, v in program.args:
         if kind == "tensor":
             tensors[v.index] = Tensor._wrap(_host(example[v.slot]))
+            tensors[v.index].requires_grad_(v.requires_grad)
             names[f"arg{v.slot}"] = tensors[v.index]
     for v in program.values:
         if v.kind == "leaf":
@@ -56,6 +57,9 @@ def replay(program: Program, example: list) -> tuple[Tensor, dict]:
             copy.requires_grad_(v.requires_grad)
             tensors[v.index] = copy
             names[f"leaf{v.slot}"] = copy
+
+        elif v.kind == "const":
+            tensors[v.index] = Tensor._wrap(_host(program.consts[v.slot]))
 
     def get(x):
         return tensors[x.index] if isinstance(x, Value) else x
@@ -93,18 +97,23 @@ def check_generated(program: Program, example: list, make, constants: dict, layo
     root.backward()
     run, buffers = make(constants)
     tensors = [_copy(example[v.slot]) for kind, v in program.args if kind == "tensor"]
-    run(tensors, [_copy(a) for a in arrays], [None] * len(layout.entry_grads), hyper)
+    outs = run(tensors, [_copy(a) for a in arrays], [None] * len(layout.entry_grads), hyper)
     terms = len(program.events) + max((max(v.shape, default=1) for v in program.values),
                                       default=1)
     problems = []
-    for slot, name in layout.final_grads.items():
-        leaf = names.get(f"leaf{slot}")
-        if name is None or leaf is None or leaf.grad is None:
+    got_grads = iter(outs[len(outs) - sum(1 for _, n in layout.arg_grads if n):])
+    pairs = [(f"leaf{slot}", name and buffers[name]) for slot, name in
+             layout.final_grads.items()]
+    pairs += [(f"arg{i}", next(got_grads)) for i, n in layout.arg_grads if n]
+    for key, got in pairs:
+        leaf = names.get(key)
+        if got is None or leaf is None or leaf.grad is None:
             continue
-        want, got = leaf.grad._data, _host(buffers[name])
+        slot = key
+        want, got = leaf.grad._data, _host(got)
         bound = 4 * terms * np.finfo(want.dtype).eps * max(float(np.abs(want).max()), 1e-30)
         err = float(np.abs(got - want).max())
         if not err <= bound:
-            problems.append(f"gradient of leaf {slot}: generated code differs from eager by "
+            problems.append(f"gradient of {slot}: generated code differs from eager by "
                             f"{err:.3g} (bound {bound:.3g})")
     return problems

@@ -20,6 +20,7 @@ from .graph import OpCall, Value
 from .runtime import MATH, scalar_names, view_grad_ok
 
 __all__ = ["forward_code", "backward_code", "has_backward", "multi_backward_code",
+           "formulas_rule", "rule_kind",
            "ufunc_forward", "BROADCASTING", "UFUNCS", "UNARY_UFUNCS", "MULTI_OUTPUT"]
 
 #: op -> inputs whose gradient has the output's shape and is summed back to the input's
@@ -494,7 +495,30 @@ def multi_backward_code(call: OpCall, ctx, grads: list) -> dict[int, str]:
     return {0: f"{MULTI_OUTPUT[call.spec.name]}(({', '.join(parts)},), axis={d})"}
 
 
+def formulas_rule(call: OpCall, backend=None) -> bool:
+    """Is ``call``'s backward the engine's own (``formulas.op_backward``, called from the
+    generated code): an op with registered formulas and no NumPy rule of its own here?"""
+    return bool(call.spec.grads) and not _own_backward(call, backend)
+
+
+def rule_kind(spec) -> str | None:
+    """How the compiled step differentiates ``spec`` (for the registry completeness test):
+    "rule" (written here), "scalar" (its stanza's grad texts), "formulas" (the engine's
+    backward, called from the generated code), or None (no backward at all)."""
+    if spec.name in RULES or spec.name in MULTI_OUTPUT or spec.name in _VIEW_GRAD or \
+            spec.name.startswith(("cat", "stack")):
+        return "rule"
+    sc = spec.scalar
+    if sc is not None and bool(sc.grads) and scalar_names(sc) <= set(MATH):
+        return "scalar"
+    return "formulas" if spec.grads else None
+
+
 def has_backward(call: OpCall, backend=None) -> bool:
+    return _own_backward(call, backend) or bool(call.spec.grads)
+
+
+def _own_backward(call: OpCall, backend=None) -> bool:
     spec = call.spec
     if spec.name in MULTI_OUTPUT:
         return isinstance(call.inputs[0], Value)

@@ -69,7 +69,8 @@ def self_check(entry, args: tuple, result) -> str | None:
 
                 old = backend_for("cuda").full(like.shape, 0, like.dtype)
         state.append(_copy(old))
-    grads = [before[("grad", s)] for s in layout.entry_grads]
+    grads = [before[("argrad", s[1]) if type(s) is tuple else ("grad", s)]
+             for s in layout.entry_grads]
     _, _, hyper = entry._gather()
     run, buffers = entry.module.make(entry.generated.constants)
     tensors = [a._data for a in args if isinstance(a, Tensor)]
@@ -94,6 +95,15 @@ def self_check(entry, args: tuple, result) -> str | None:
             return f"parameter {slot}'s .grad is set in one and not the other"
         if name is not None:
             checks.append((f"gradient of parameter {slot}", buffers[name], g._data, None))
+    n = entry._n_results
+    got_grads = iter(outs[n:])
+    for i, name in layout.arg_grads:
+        g = args[i]._grad
+        if (name is None) != (g is None):
+            return f"argument {i}'s .grad is set in one and not the other"
+        if name is not None:
+            checks.append((f"gradient of argument {i}", next(got_grads), g._data, None))
+    outs = outs[:n]
     for i, (got, want) in enumerate(zip(outs, _flat(result))):
         if isinstance(want, Tensor):
             checks.append((f"returned value {i}", got, want._data, None))

@@ -18,6 +18,8 @@ from collections import ChainMap
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from ..autograd import function as _fn
 from ..autograd.record import before_write
 from ..backends import backend_for
@@ -38,6 +40,12 @@ class _Stale(Exception):
     """An entry's leaves or optimizer state no longer fit its code (retrace)."""
 
 
+class _EagerCall(Exception):
+    """This call's arguments fit the signature but not the code (an argument's old .grad
+    of another shape or dtype, or with a graph; the same tensor passed twice): run fn
+    eagerly this once."""
+
+
 class Entry:
     """One signature's generated code, bound to the leaves and optimizer it was traced on."""
 
@@ -55,6 +63,8 @@ class Entry:
         self._opts = {k: e.opt for k, e in enumerate(program.events) if isinstance(e, Step)}
         self._bound: list = []
         self._result = program.result
+        #: how many of run's outputs are fn's results (the arguments' gradients follow)
+        self._n_results = len(_values_of(program.result))
         c = program.constants
         self._constants = c if c is not None and c.active else None
         #: copies of the traced call's tensor arguments (step.verify replays on them)
@@ -100,6 +110,9 @@ class Entry:
             self._bound = arrays
         entry = []
         for slot in self.layout.entry_grads:
+            if type(slot) is tuple:  # an argument's .grad: filled in by arg_entry
+                entry.append(None)
+                continue
             g = self._leaf(slot)._grad
             entry.append(None if g is None else g._data)
         hyper = []
@@ -124,8 +137,34 @@ class Entry:
                 raise _Stale("a parameter or optimizer state array that is not a writable "
                              "C-contiguous array")
 
+    def arg_entry(self, args: tuple, entry: list) -> None:
+        """The incoming ``.grad`` of each argument the code accumulates into (in place,
+        as eager's ``old += g``), checked to be such an array."""
+        seen: set = set()
+        for i, _ in self.layout.arg_grads:
+            a = args[i]
+            if id(a) in seen or a._backward_hooks:
+                raise _EagerCall
+            seen.add(id(a))
+        for k, key in enumerate(self.layout.entry_grads):
+            if type(key) is not tuple:
+                continue
+            a = args[key[1]]
+            g = a._grad
+            if g is None:
+                continue
+            d = g._data
+            if g._grad_fn is not None or g._device != a._device or not isinstance(
+                    d, np.ndarray) or d.shape != a._data.shape or d.dtype != a._data.dtype \
+                    or not d.flags.writeable:
+                raise _EagerCall
+            entry[k] = d
+
     def __call__(self, args: tuple):
         leaves, entry, hyper = self._gather()
+        arg_grads = self.layout.arg_grads
+        if arg_grads:
+            self.arg_entry(args, entry)
         tensors = [a._data for a in args if isinstance(a, Tensor)]
         written = [self._leaf(slot) for slot in self.layout.written]
         for t in written:  # as eager's optimizer step: graphs recorded before see old values
@@ -135,11 +174,34 @@ class Entry:
             t._storage.version += 1
         for slot, name in self.layout.final_grads.items():
             self._leaf(slot)._grad = self._grad_tensors[slot] if name else None
+        if arg_grads:
+            got = iter(outs[self._n_results:])
+            for i, name in arg_grads:
+                a = args[i]
+                if name is None:
+                    a._grad = None
+                    continue
+                g = next(got)
+                old = a._grad
+                if old is not None and old._data is g:  # added into in place (eager's
+                    old._bump()                           # in-place add bumps the version)
+                else:
+                    a._grad = Tensor._wrap(g, self.device)
+            outs = outs[:self._n_results]
         return _rebuild(self._result, iter(outs), args, self)
 
 
 def _flag(group: dict, name: str) -> bool:
     return bool(group.get(name)) if name == "decoupled_weight_decay" else group[name] != 0
+
+
+def _values_of(structure) -> list:
+    kind, x = structure
+    if kind == "value":
+        return [x]
+    if kind in ("tuple", "list"):
+        return [v for y in x for v in _values_of(y)]
+    return []
 
 
 def _rebuild(structure, outs, args, entry):
@@ -196,6 +258,8 @@ class CompiledStep:
             return self.fn(*args)
         try:
             return entry(args)
+        except _EagerCall:
+            return self.fn(*args)
         except _Stale as exc:
             del self._cache[key]
             n = self._retraces[key] = self._retraces.get(key, 0) + 1

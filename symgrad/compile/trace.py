@@ -121,9 +121,17 @@ class Tracer:
         self.reads: dict[int, tuple] = {}
         for i, a in enumerate(args):
             if isinstance(a, Tensor):
-                if a._grad_fn is not None or a._requires_grad:
-                    self.fail(f"argument {i} requires grad (only parameters may)")
-                v = self.program.new_value(a._data.shape, a._data.dtype, False, "arg", i)
+                if a._grad_fn is not None:
+                    self.fail(f"argument {i} is not a leaf (it has a graph from outside fn)")
+                elif a._requires_grad and id(a) in self._values:
+                    self.fail(f"argument {i} requires grad and is passed twice")
+                elif a._requires_grad and a._backward_hooks:
+                    self.fail(f"a hook on argument {i}")
+                grad = a._requires_grad
+                v = self.program.new_value(a._data.shape, a._data.dtype, grad, "arg", i)
+                if grad:  # its .grad before fn, for the self-check of the generated code
+                    self.program.before[("argrad", i)] = None if a._grad is None else \
+                        _copy(a._grad._data)
                 self._bind(a, v)
                 self.device(a)
                 self.program.args.append(("tensor", v))
@@ -175,6 +183,25 @@ class Tracer:
         self._leaf_slots[id(t)] = slot
         self._bind(t, v)
         return v
+
+    def constant(self, t) -> None:
+        """A tensor a deterministic creation function made inside fn: a constant Value
+        (its array, copied, is baked into the generated code)."""
+        self.device(t)
+        v = self.program.new_value(t._data.shape, t._data.dtype, False, "const",
+                                   len(self.program.consts))
+        self.program.consts.append(_copy(t._data))
+        self._bind(t, v)
+
+    def _slot(self, t) -> int:
+        """The leaf slot of a tensor whose .grad or optimizer state fn changes (an argument
+        that requires grad is not a parameter: its .grad is accumulated only)."""
+        v = self.leaf(t)
+        if v.kind != "leaf":
+            self.fail(f"argument {v.slot} of fn is zeroed or updated inside fn (compiled: its "
+                      ".grad is accumulated by backward only)")
+            return -1
+        return v.slot
 
     def _operand(self, x) -> Any:
         if isinstance(x, Tensor):
@@ -283,6 +310,8 @@ class Tracer:
         if v.kind == "leaf":
             return ("on a parameter or a tensor read from outside fn (a side effect outside "
                     "the trace)")
+        if v.kind == "const":
+            return "on a tensor a creation function made inside fn (a constant of the trace)"
         if self._aliased(target):
             return ("on a view or on a tensor that has views (they would see the change; "
                     "the out-of-place rewrite would not)")
@@ -504,8 +533,12 @@ class Tracer:
     def set_grad(self, fset, t, value) -> None:
         """``p.grad = None`` is a zero_grad of one leaf; any other assignment is untraced."""
         if not self._quiet:
-            if value is None:
-                self.program.events.append(ZeroGrad([self.leaf(t).slot]))
+            v = self._values.get(id(t))
+            if value is None and v is not None and v.kind == "arg":
+                if v.requires_grad:  # an argument's .grad = None: arg_grads says so
+                    self.program.events.append(ZeroGrad([("arg", v.slot)]))
+            elif value is None:
+                self.program.events.append(ZeroGrad([self._slot(t)]))
             else:
                 self.fail("assigning a tensor to .grad")
         fset(t, value)
@@ -521,7 +554,7 @@ class Tracer:
                 self.fail("zero_grad(set_to_none=False)")
             params = ([p for g in owner.param_groups for p in g["params"]]
                       if isinstance(owner, Optimizer) else list(owner.parameters()))
-            self.program.events.append(ZeroGrad([self.leaf(p).slot for p in params]))
+            self.program.events.append(ZeroGrad([self._slot(p) for p in params]))
         return self._quietly(original, owner, set_to_none)
 
     def step(self, original, opt, closure=None):
@@ -531,7 +564,7 @@ class Tracer:
                 self.fail(reason)
             else:
                 kind = "adam" if isinstance(opt, Adam) else "sgd"
-                groups = [[self.leaf(p).slot for p in g["params"]] for g in opt.param_groups]
+                groups = [[self._slot(p) for p in g["params"]] for g in opt.param_groups]
                 k = len(self.program.events)
                 self.program.events.append(Step(kind, weakref.ref(opt), groups))
                 for g, slots in zip(opt.param_groups, groups):
@@ -610,6 +643,18 @@ class Tracer:
             return orig_setitem(t, index, value)
 
         patches.put(Tensor, "__setitem__", _setitem)
+        # deterministic creation functions (arange, zeros, full ...): their tensor is a
+        # constant of the trace (its arguments are shapes and Python values, fixed by the
+        # signature and guards), e.g. the positions of a GPT or attention's causal mask
+        import symgrad as _sg
+
+        from .. import _tensor_layer, creation
+        for name in _CREATORS:
+            orig = getattr(creation, name)
+            wrapper = _creator(tracer, orig)
+            for owner in (creation, _sg, _tensor_layer):
+                if owner.__dict__.get(name) is orig:
+                    patches.put(owner, name, wrapper)
         # changes of a tensor's place in the graph that do not pass apply either
         orig_detach_ = Tensor.detach_
 
@@ -729,6 +774,21 @@ def _structure(x, tracer: Tracer):
         return ("const", x)
     tracer.fail(f"fn returned a {type(x).__name__}")
     return ("const", None)
+
+
+#: creation functions whose result depends only on their (Python) arguments
+_CREATORS = ("arange", "zeros", "ones", "full", "eye", "linspace", "zeros_like", "ones_like",
+             "full_like")
+
+
+def _creator(tracer: Tracer, orig):
+    def made(*args, **kwargs):
+        t = orig(*args, **kwargs)
+        if not tracer._quiet and tracer._sink is None and isinstance(t, Tensor) and \
+                not t._requires_grad and id(t) not in tracer._values:
+            tracer.constant(t)
+        return t
+    return made
 
 
 def trace(fn, args: tuple) -> tuple[Any, Program | None, str | None]:

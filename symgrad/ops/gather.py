@@ -49,8 +49,25 @@ def _leading(be, src, shape):
     return be.getitem(src, tuple(slice(0, n) for n in shape))
 
 
+def check_range(index, self, dim) -> None:
+    """torch's ``index I is out of bounds for dimension D with size S``, on a host index
+    array (the op's own check, so a compiled step runs it on each call; the public
+    functions read a device index back themselves)."""
+    if not isinstance(index, np.ndarray) or index.size == 0 or index.dtype.kind not in "iu":
+        return
+    n = self.ndim
+    d = norm(dim, n) if n else 0
+    size = self.shape[d] if n else 1
+    lo, hi = index.min(), index.max()
+    if lo < 0 or hi >= size:
+        bad = index[(index < 0) | (index >= size)]
+        raise RuntimeError(f"index {int(bad.reshape(-1)[0])} is out of bounds for dimension "
+                           f"{d} with size {size}")
+
+
 def _gather_fwd(be, self, dim, index, sparse_grad=False):
     index = _arr(index)
+    check_range(index, self, dim)
     if self.ndim == 0:
         return be.copy(self)
     return be.getitem(self, index_grid(be, index, norm(dim, self.ndim)))
@@ -58,6 +75,7 @@ def _gather_fwd(be, self, dim, index, sparse_grad=False):
 
 def _scatter_fwd(be, self, src, dim, index, accumulate):
     index = _arr(index)
+    check_range(index, self, dim)
     if index.size == 0:
         return be.copy(self)
     scalar = self.ndim == 0  # a 0-dim self is addressed as a 1-element vector
@@ -87,6 +105,7 @@ def _index_select_fwd(be, self, dim, index):
 
 def _index_add_fwd(be, self, source, dim, index, alpha=1, source_dim=None):
     index = _vector(be, _arr(index))
+    check_range(index, self, dim)
     out = be.copy(self)
     if alpha != 1:
         source = be.mul(source, alpha)

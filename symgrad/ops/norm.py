@@ -166,7 +166,13 @@ register(OpSpec(
 # -- embedding ---------------------------------------------------------------------------------
 def _embedding_fwd(be, weight, indices, padding_idx, scale_grad_by_freq, sparse,
                    weight_sym_argsize_0):
-    rows = be.getitem(weight, (_arr(indices), Ellipsis))
+    idx = _arr(indices)
+    # torch's bounds check, here on the host array (the op's own: a compiled step runs it
+    # each call; F.embedding reads device indices back itself)
+    if isinstance(idx, np.ndarray) and idx.size and (
+            idx.min() < 0 or idx.max() >= weight_sym_argsize_0):
+        raise IndexError("index out of range in self")
+    rows = be.getitem(weight, (idx, Ellipsis))
     constant = getattr(be, "as_constant", None)
     pad = s64(padding_idx)
     if constant is not None and pad >= 0:  # the meaning: the padding row is a constant

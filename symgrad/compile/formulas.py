@@ -1,0 +1,182 @@
+"""The engine's backward of one traced op, on arrays: the generic compile rule.
+
+``op_backward(call, be, dev)`` gives ``run(env, grads)``: what the eager node's ``apply``
+does for that op (the backend's one-pass ``fused_backward`` kernel where it has one, else
+the op's registered tensor formulas on tensors wrapping the arrays, under no_grad), then
+the engine's ``_fit_to_inputs`` (sum back over broadcast dims, cast to the input's dtype).
+The CUDA plan (cuda_step.py) runs every op's backward this way; the CPU code generator
+(codegen.py) calls it from the generated module for the ops without a NumPy rule of their
+own (rules.py), so every op with a backward compiles.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import _tensor_layer as _tl
+from ..autograd import function as _fn
+from ..autograd.grad_mode import no_grad
+from ..backends import backend_for
+from ..ops.nn import MEAN as _MEAN
+from ..ops.nn import NONE as _NONE
+from ..tensor import Tensor
+from .graph import OpCall, Value
+
+__all__ = ["op_backward"]
+
+
+def _nll_grad_device(grad, self, target, weight, reduction, ignore_index, total_weight):
+    """nll_loss's formula (symgrad/ops/nn.py ``_nll_grad``) without its host read: with
+    no class weights, "every target ignored" is ``total_weight == 0``, chosen on the device
+    by ``where`` (eager reads the count back to branch on it). Same values: the kept
+    case is ``coef * (grad / total_weight)``; the ignored case zeros (``+ 0.0`` maps
+    -0. to 0. in both, as the eager branch does in its own)."""
+    c = self.shape[-1]
+    t = target.reshape(-1, 1) if self.ndim == 2 else target.reshape(1)
+    hit = t == _tl.arange(c, device=self.device)
+    if 0 <= ignore_index < c:
+        hit = hit & (t != ignore_index)
+    coef = -hit.to(self.dtype)
+    if reduction == _MEAN:
+        be, g, tw = backend_for("cuda"), grad._data, total_weight._data
+        scaled = _fn.as_array(be.where(be.ne(tw, 0), be.div(g, tw), 0.0))
+        return coef * Tensor._wrap(be.cast(scaled, g.dtype), grad.device) + 0.0
+    return coef * (grad.unsqueeze(-1) if self.ndim == 2 and reduction == _NONE else grad)
+
+
+#: backwards of structural ops written on arrays: the backend call eager's formula makes
+#: (``grad.t()`` is the t op's transpose; a reshape's inverse is ``be.reshape`` to the
+#: input's sizes), without wrapping the arrays in Tensors
+_ARRAY_RULES = {
+    "t": lambda be, g, shape: be.transpose(g, tuple(range(g.ndim))[::-1]),
+    **{name: (lambda be, g, shape: be.reshape(g, shape))
+       for name in ("view", "unsqueeze", "squeeze", "squeeze_")},
+}
+
+
+def _device_formula(spec, call: OpCall, input_name: str, dev):
+    """A device form of a formula that reads a value into Python, where one is known."""
+    if dev.type == "cuda" and spec.name == "nll_loss" and call.params.get("weight") is None \
+            and spec.grads.pristine:
+        return _nll_grad_device
+    return spec.grads[input_name]
+
+
+def _const(value):
+    return lambda env: value
+
+
+def _slot(index: int):
+    return lambda env: env[index]
+
+
+def _saved_getters(call: OpCall, needs: int) -> dict:
+    """name -> function(env) giving the saved operand as the fused kernel receives it."""
+    spec = call.spec
+    getters = {}
+    for name, how, j in _fn._save_plan(spec, needs):
+        if how is _fn._PARAM:
+            v = call.params.get(name)
+            getters[name] = (_slot(v.index) if isinstance(v, Value)
+                             else _const(v))
+        elif how is _fn._INPUT:
+            x = call.inputs[j]
+            getters[name] = (_slot(x.index) if isinstance(x, Value)
+                             else _const(x))
+        elif how is _fn._OUTPUT:
+            getters[name] = _slot(call.outputs[j].index)
+        elif how is _fn._UNUSED:
+            getters[name] = lambda env: None
+        elif how is _fn._SIZES:
+            getters[name] = _const(tuple(call.inputs[j].shape))
+        elif how is _fn._STRIDES:
+            getters[name] = (lambda i: lambda env: tuple(
+                s // env[i].itemsize for s in env[i].strides))(call.inputs[j].index)
+        else:
+            kind, detail = spec.saved_kind(name)
+            if kind == "meta" and detail == "_sym_numel":
+                x = call.inputs[spec.inputs.index(name[: -len(detail)])]
+                getters[name] = _const(int(np.prod(x.shape)))
+            elif kind == "output":
+                getters[name] = _slot(
+                    call.outputs[spec.outputs.index(name)].index)
+            else:
+                getters[name] = _const(call.params.get(name))
+    return getters
+
+
+def op_backward(call: OpCall, be, dev):
+    """fn(env, grad arrays per output) -> gradient arrays per input (None where none), as
+    the engine's node apply + _fit_to_inputs give them."""
+    spec = call.spec
+    needed = tuple(isinstance(x, Value) and x.requires_grad for x in call.inputs)
+    needs = sum(1 << i for i, n in enumerate(needed) if n)
+    getters = _saved_getters(call, needs)
+    kernel = getattr(be, spec.fused_backward, None) if spec.fused_backward else None
+    if not spec.grads.pristine:
+        kernel = None
+    ins = call.inputs
+    out0 = call.outputs[0] if call.outputs else None
+
+    formula = {n: _device_formula(spec, call, n, dev) for n in spec.grads}
+
+    def formulas(env, grad):
+        with no_grad():
+            g = grad if spec.variadic_outputs else Tensor._wrap(grad, dev)
+            cache: dict = {}
+            res = []
+            for i, input_name in enumerate(spec.inputs):
+                if not needed[i] or input_name not in spec.grads:
+                    res.append(None)
+                    continue
+                kwargs = {}
+                for p in spec.formula_params[input_name]:
+                    if p not in cache:
+                        v = getters[p](env) if p in getters else call.params.get(p)
+                        if isinstance(v, Value):
+                            v = env[v.index]
+                        if isinstance(v, np.ndarray) or hasattr(v, "__cuda_array_interface__"):
+                            v = Tensor._wrap(v, dev)
+                        cache[p] = v
+                    kwargs[p] = cache[p]
+                r = formula[input_name](g, **kwargs)
+                res.append(None if r is None else r._data)
+            return res
+
+    rule = _ARRAY_RULES.get(spec.name) if spec.grads.pristine else None
+    in_shape = tuple(ins[0].shape) if ins and isinstance(ins[0], Value) else None
+
+    def run(env, grads):
+        if rule is not None and grads[0] is not None:
+            outs = [_fn.as_array(rule(be, grads[0], in_shape))]
+        elif spec.variadic_outputs:
+            grad = [None if gr is None else Tensor._wrap(gr, dev) for gr in grads]
+            outs = formulas(env, grad)
+        else:
+            grad = grads[0]
+            if grad is None:
+                grad = be.full(out0.shape, 0, out0.dtype)
+            outs = None
+            if kernel is not None:
+                outs = kernel(grad, needed, *[getters[p](env) for p in spec.saved])
+                if outs is not None:
+                    outs = [None if o is None else _fn.as_array(o) for o in outs]
+            if outs is None:
+                outs = formulas(env, grad)
+        fitted = []
+        for x, g in zip(ins, outs):
+            if g is None or not isinstance(x, Value):
+                fitted.append(None)
+                continue
+            if g.shape != x.shape:
+                lead = len(g.shape) - len(x.shape)
+                if lead > 0 and tuple(g.shape[lead:]) == tuple(x.shape):
+                    g = be.sum(g, tuple(range(lead)), False)
+                else:
+                    with no_grad():
+                        g = Tensor._wrap(g, dev).sum_to_size(x.shape)._data
+            if g.dtype != x.dtype:
+                g = be.cast(g, x.dtype)
+            fitted.append(g)
+        return fitted
+    return run
