@@ -34,8 +34,22 @@ from .creation import (
     zeros_like,
 )
 from .device import device
+from .dtypes import (
+    bfloat16,
+    dtype,
+    float16,
+    float32,
+    float64,
+    get_default_dtype,
+    int8,
+    int16,
+    int32,
+    int64,
+    promote_types,
+    set_default_dtype,
+    uint8,
+)
 from .dtypes import bool_ as bool  # noqa: A001
-from .dtypes import dtype, float32, float64, get_default_dtype, int64, set_default_dtype
 from .func import vmap
 from .functional import (
     abs,
@@ -136,11 +150,27 @@ from .functional import all_ as all  # noqa: A004 - torch.all
 from .functional import any_ as any  # noqa: A004 - torch.any
 from .memory import max_memory_allocated, memory_allocated, reset_peak_memory_stats
 from .serialization import load, save
-from .tensor import BoolTensor, DoubleTensor, FloatTensor, LongTensor, Size, Tensor, tensor
+from .tensor import (
+    BFloat16Tensor,
+    BoolTensor,
+    ByteTensor,
+    CharTensor,
+    DoubleTensor,
+    FloatTensor,
+    HalfTensor,
+    IntTensor,
+    LongTensor,
+    ShortTensor,
+    Size,
+    Tensor,
+    tensor,
+)
 
 float = float32  # noqa: A001
 double = float64
 long = int64
+half = float16
+short = int16
 
 __version__ = "0.1.0"
 
@@ -255,3 +285,9 @@ __all__ += ["linalg", "gather", "scatter", "scatter_add", "take_along_dim", "ind
             "index_add", "masked_fill", "cumsum", "cumprod", "flip", "var", "std", "norm",
             "sort", "argsort", "topk", "tril", "triu", "roll", "tile", "outer", "einsum",
             "split", "chunk", "unbind", "tensor_split", "diagonal", "unique", "multinomial"]
+
+# -- half precision and the narrow integers (issue 31) ------------------------------------------
+__all__ += ["float16", "half", "bfloat16", "int32", "int", "int16", "short", "int8", "uint8",
+            "promote_types", "HalfTensor", "BFloat16Tensor", "IntTensor", "ShortTensor",
+            "CharTensor", "ByteTensor"]
+int = int32  # noqa: A001 - torch.int (bound last: this module's code above uses the builtin)

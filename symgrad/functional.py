@@ -418,7 +418,9 @@ def clone(input):
 
 
 def to_dtype(input, dtype):
-    return apply(_O["to_copy"], (input,), {"dtype": _dt.as_dtype(dtype)})
+    d = _dt.as_dtype(dtype)
+    _dt.check_device(d, input._device.type)
+    return apply(_O["to_copy"], (input,), {"dtype": d})
 
 
 def to_device(input, device):
@@ -430,6 +432,7 @@ def to_device(input, device):
         from .cuda import _require_cuda
 
         device = _require_cuda(device)
+        _dt.check_device(input.dtype, "cuda")
     elif device.type == "cpu":
         device = CPU  # any cpu index is the one cpu; other types (the verifier's symbolic
         # device) keep their own backend

@@ -189,9 +189,10 @@ def test_load_reads_a_torch_checkpoint(torch, tmp_path):
     assert loaded["step"] == 7
     np.testing.assert_array_equal(_np(loaded["t"]), _np(extra["t"]))  # strides honoured
     assert isinstance(loaded["p"], sg.nn.Parameter) and loaded["p"].requires_grad
-    assert loaded["i"].dtype == sg.int64 and _np(loaded["i"]).tolist() == [1, 2]
-    assert loaded["h"].dtype == sg.float32 and _np(loaded["h"]).tolist() == [0.5, -2.0]
-    assert loaded["b"].dtype == sg.float32 and _np(loaded["b"]).tolist() == [1.5, 3.0]
+    # torch's dtypes are kept (issue 31), values bit for bit
+    assert loaded["i"].dtype == sg.int32 and _np(loaded["i"]).tolist() == [1, 2]
+    assert loaded["h"].dtype == sg.float16 and _np(loaded["h"]).tolist() == [0.5, -2.0]
+    assert loaded["b"].dtype == sg.bfloat16 and _np(loaded["b"]).tolist() == [1.5, 3.0]
 
 
 def test_load_refuses_code_in_a_torch_checkpoint(torch, tmp_path):

@@ -70,7 +70,7 @@ def source(spec, saved_display) -> str:
         else "params == kernel_params"
     lines += [
         "    dt = DT_OF[d]",
-        "    if not dt.is_floating_point:",
+        "    if not dt.is_floating_point or dt.compute is not None:",
         "        return general(spec, inputs, params)",
         "    try:",
         "        be = BACKENDS[DEVICE_DEFAULT[dev.type]]",

@@ -16,8 +16,8 @@ import numpy as np
 
 from .. import _tensor_layer as _tl
 from .. import memory as _memory
-from ..backends import _BACKENDS, _DEVICE_DEFAULT, backend_for
-from ..dtypes import bool_, default_float, float64, int64, promote
+from ..backends import _BACKENDS, _DEVICE_DEFAULT, backend_for, upcast_halves
+from ..dtypes import HALF_NP, bool_, default_float, float64, int64, promote
 from ..memory import Storage
 from ..ops import spec as _spec_module
 from ..ops.scalar import define
@@ -201,6 +201,13 @@ def _apply_general(spec, inputs, params):
         dtype = d if d.is_floating_point else None
     if dtype is None:
         dtype, arrays = _promote_and_cast(spec, inputs, params, be, Tensor)
+    half = None
+    if not spec.view:
+        for a in arrays:
+            if type(a) is np.ndarray and a.dtype in HALF_NP:
+                half = a.dtype
+                arrays = upcast_halves(arrays, be)
+                break
     try:
         out = spec.forward(be, *arrays, **params)
     except ValueError as exc:
@@ -223,6 +230,8 @@ def _apply_general(spec, inputs, params):
         o = as_array(o)
         if k == 0 and o.dtype != dtype.np and rule != "bool_compare":
             o = be.cast(o, dtype.np)
+        elif k and half is not None and o.dtype == np.float32:
+            o = be.cast(o, half)  # a second float output (var_mean's mean) of half inputs
         storage = first._storage if (spec.view and _is_view_of(o, first._data, be)) else None
         wrapped.append(Tensor._wrap(o, device, storage))
     if requires_grad and _state.enabled and spec.grad_fn is not None and wrapped:

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 from .. import functional as _F
+from .._tensor_layer import LEGACY_NAMES as _LEGACY_NAMES
 from ..autograd.grad_mode import no_grad
 from ..tensor import Tensor
 from ..utils.hooks import BackwardHook, RemovableHandle
@@ -873,8 +874,7 @@ class ModuleDict(Module):
             self[m[0]] = m[1]
 
 
-_TENSOR_TYPE = {"float32": "FloatTensor", "float64": "DoubleTensor", "int64": "LongTensor",
-                "bool": "BoolTensor"}
+_TENSOR_TYPE = _LEGACY_NAMES
 
 
 def _param_line(k, p, typename: bool) -> str:
