@@ -169,6 +169,17 @@ class Tensor(TensorBase):
     def is_floating_point(self) -> bool:
         return self.dtype.is_floating_point
 
+    def is_signed(self) -> bool:
+        return self.dtype.is_signed
+
+    @property
+    def itemsize(self) -> int:
+        return self._data.itemsize
+
+    @property
+    def nbytes(self) -> int:
+        return self._data.nbytes
+
     @property
     def is_cuda(self) -> bool:
         return self._device.type == "cuda"

@@ -244,7 +244,7 @@ def test_int32_arithmetic_matches_torch(torch):
         _same(code, torch)
 
 
-# -- save / load (the CUDA refusal: tests/cuda/test_cuda_half_refused.py) ---------------------------------------------------------
+# -- save / load (the CUDA refusal: tests/cuda/test_cuda_half_refused.py) -----------------------
 @pytest.mark.parametrize("d", NARROW)
 def test_save_load_round_trip_keeps_the_dtype(tmp_path, d):
     t = sg.tensor([1.5, -2.0, 3.0, 100.0]).to(getattr(sg, d))

@@ -437,6 +437,16 @@ class Module:
 
         return self.to(float64)
 
+    def half(self) -> Module:
+        from ..dtypes import float16
+
+        return self.to(float16)
+
+    def bfloat16(self) -> Module:
+        from ..dtypes import bfloat16
+
+        return self.to(bfloat16)
+
     # -- state dicts --------------------------------------------------------------------------
     def state_dict(self, *, destination=None, prefix: str = "", keep_vars: bool = False):
         """Parameters and persistent buffers by dotted name (detached unless ``keep_vars``)."""
