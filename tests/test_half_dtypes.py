@@ -253,3 +253,39 @@ def test_save_load_round_trip_keeps_the_dtype(tmp_path, d):
     back = sg.load(path)
     assert back["t"].dtype is getattr(sg, d) and back["dtype"] is getattr(sg, d)
     np.testing.assert_array_equal(back["t"].numpy().view(np.uint8), t.numpy().view(np.uint8))
+
+
+# -- the verifier -------------------------------------------------------------------------------
+def _float16_graph(wrong: bool):
+    class Twice(sg.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * (2.5 if wrong else 2)  # 25% off: far outside float16 rounding
+
+        @staticmethod
+        def sympy(x):
+            return 2 * x
+
+    a = sg.tensor([0.5, -1.25, 2.0], dtype=sg.float16, requires_grad=True)
+    b = sg.tensor([1.5, 0.25, -0.75], requires_grad=True)
+    loss = (Twice.apply(a) * b).sum()
+    loss.backward(retain_graph=True)
+    return loss
+
+
+@pytest.mark.parametrize("mode", ["exact", "local"])
+def test_verify_checks_float16_graphs_both_ways(mode):
+    assert sg.verify(_float16_graph(wrong=False), mode=mode).ok
+    assert not sg.verify(_float16_graph(wrong=True), mode=mode).ok
+
+
+def test_verify_refuses_bfloat16_graphs_rather_than_guess():
+    a = sg.tensor([0.5, -1.25], dtype=sg.bfloat16, requires_grad=True)
+    loss = (a.float() * 3).sum()  # bfloat16 only at the leaf
+    loss.backward(retain_graph=True)
+    with pytest.raises(NotImplementedError, match="bfloat16 tensors"):
+        sg.verify(loss)
