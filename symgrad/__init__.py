@@ -34,8 +34,8 @@ from .creation import (
     zeros_like,
 )
 from .device import device
+from .dtypes import bool_ as bool  # noqa: A001
 from .dtypes import (
-    bfloat16,
     dtype,
     float16,
     float32,
@@ -49,7 +49,6 @@ from .dtypes import (
     set_default_dtype,
     uint8,
 )
-from .dtypes import bool_ as bool  # noqa: A001
 from .func import vmap
 from .functional import (
     abs,
@@ -151,7 +150,6 @@ from .functional import any_ as any  # noqa: A004 - torch.any
 from .memory import max_memory_allocated, memory_allocated, reset_peak_memory_stats
 from .serialization import load, save
 from .tensor import (
-    BFloat16Tensor,
     BoolTensor,
     ByteTensor,
     CharTensor,
@@ -212,10 +210,11 @@ def verify(root, gradient=None, **kwargs):
 def _refuse_bfloat16(root) -> None:
     """The verifier's rounding bounds read NumPy's float dtypes, and bfloat16 (an ml_dtypes
     extension dtype) is not one of them: rather than a false alarm, say so."""
-    from .dtypes import bfloat16 as _bf16
+    from . import dtypes as _dtypes
 
-    if not isinstance(root, Tensor):
+    if not isinstance(root, Tensor) or _dtypes._BFLOAT16 is None:  # no bfloat16 tensor yet
         return
+    _bf16 = _dtypes._BFLOAT16
     seen, stack = set(), [root.grad_fn]
     found = root.dtype is _bf16
     while stack and not found:
@@ -321,3 +320,17 @@ __all__ += ["float16", "half", "bfloat16", "int32", "int", "int16", "short", "in
             "promote_types", "HalfTensor", "BFloat16Tensor", "IntTensor", "ShortTensor",
             "CharTensor", "ByteTensor"]
 int = int32  # noqa: A001 - torch.int (bound last: this module's code above uses the builtin)
+
+
+def __getattr__(name: str):
+    """``bfloat16`` and ``BFloat16Tensor`` on first use: they import ml_dtypes, whose dtype
+    registration would cost every ``import symgrad`` 30-50 ms."""
+    if name == "bfloat16":
+        from .dtypes import _bfloat16
+
+        return _bfloat16()
+    if name == "BFloat16Tensor":
+        import sys
+
+        return sys.modules[__name__ + ".tensor"].BFloat16Tensor  # (``tensor`` is the function)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -356,10 +356,12 @@ def from_numpy(array: np.ndarray) -> Tensor:
     """A tensor sharing memory with ``array`` (as torch.from_numpy)."""
     if not isinstance(array, np.ndarray):
         raise TypeError(f"expected np.ndarray (got {type(array).__name__})")
-    if array.dtype not in _dt._BY_NP:  # numpy's float16/int32/..., ml_dtypes' bfloat16
+    if array.dtype not in _dt._BY_NP and not _dt.is_bfloat16_np(array.dtype):
+        # numpy's float16/int32/..., ml_dtypes' bfloat16
         raise TypeError(f"can't convert np.ndarray of type numpy.{array.dtype.type.__name__}. "
                         "The only supported types are: float64, float32, float16, bfloat16, "
                         "int64, int32, int16, int8, uint8 and bool.")
+    _dt.from_numpy_dtype(array.dtype)  # registers bfloat16 on first sight
     return Tensor._wrap(array)
 
 

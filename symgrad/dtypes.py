@@ -6,15 +6,16 @@ dimensioned tensor keeps its dtype against a 0-dim tensor of the same category.
 
 The half-precision dtypes are stored as NumPy's ``float16`` and ml_dtypes' ``bfloat16``
 (a maintained NumPy extension dtype, also used by JAX); their arithmetic is computed in
-float32 and rounded once, as torch's CPU kernels do (``dtype.compute``).
+float32 and rounded once, as torch's CPU kernels do (``dtype.compute``). ml_dtypes is
+imported when bfloat16 is first asked for (``symgrad.bfloat16``, a bfloat16 array, a
+checkpoint): registering its dtypes costs 30-50 ms, a noticeable part of ``import symgrad``.
 """
 
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 
-__all__ = ["dtype", "float32", "float64", "float16", "bfloat16", "int64", "int32", "int16",
+__all__ = ["dtype", "float32", "float64", "float16", "int64", "int32", "int16",
            "int8", "uint8", "bool_", "promote", "promote_types", "as_dtype",
            "set_default_dtype", "get_default_dtype", "HALF_NP"]
 
@@ -46,7 +47,6 @@ class dtype:
 float32 = dtype("float32", np.float32, 2)
 float64 = dtype("float64", np.float64, 2)
 float16 = dtype("float16", np.float16, 2)
-bfloat16 = dtype("bfloat16", ml_dtypes.bfloat16, 2)
 int64 = dtype("int64", np.int64, 1)
 int32 = dtype("int32", np.int32, 1)
 int16 = dtype("int16", np.int16, 1)
@@ -54,21 +54,51 @@ int8 = dtype("int8", np.int8, 1)
 uint8 = dtype("uint8", np.uint8, 1)
 bool_ = dtype("bool", np.bool_, 0)
 
-ALL = (float32, float64, float16, bfloat16, int64, int32, int16, int8, uint8, bool_)
-#: NumPy dtypes of the half-precision dtypes (computed in float32)
-HALF_NP = frozenset((float16.np, bfloat16.np))
+#: NumPy dtypes of the half-precision dtypes (computed in float32); bfloat16's joins it
+#: when ml_dtypes is loaded (the set is shared by the modules that import it)
+HALF_NP = {float16.np}
 
-_BY_NAME = {d.name: d for d in ALL}
+_BY_NAME = {d.name: d for d in (float32, float64, float16, int64, int32, int16, int8, uint8,
+                                bool_)}
 _BY_NAME.update({"float": float32, "double": float64, "long": int64, "half": float16,
                  "int": int32, "short": int16})
-_BY_NP = {d.np: d for d in ALL}
+#: NumPy dtype -> symgrad dtype: the one table (tensor.py's and apply's DT_OF is this dict)
+_BY_NP = {d.np: d for d in _BY_NAME.values()}
 _DEFAULT_FLOAT = float32
+_BFLOAT16: dtype | None = None
+
+
+def _bfloat16() -> dtype:
+    """symgrad.bfloat16, made (and ml_dtypes imported) on first use."""
+    global _BFLOAT16
+    if _BFLOAT16 is None:
+        import ml_dtypes
+
+        d = dtype("bfloat16", ml_dtypes.bfloat16, 2)
+        _BY_NAME["bfloat16"] = d
+        _BY_NP[d.np] = d
+        HALF_NP.add(d.np)
+        _BFLOAT16 = d
+    return _BFLOAT16
+
+
+def __getattr__(name: str):
+    if name == "bfloat16":
+        return _bfloat16()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def is_bfloat16_np(np_dtype) -> bool:
+    """Whether ``np_dtype`` is ml_dtypes' bfloat16 (without importing ml_dtypes)."""
+    return getattr(np_dtype, "name", None) == "bfloat16"
 
 
 def from_numpy_dtype(np_dtype) -> dtype:
     try:
         return _BY_NP[np.dtype(np_dtype)]
     except KeyError:
+        if is_bfloat16_np(np.dtype(np_dtype)):
+            return _bfloat16()
         kind = np.dtype(np_dtype).kind
         if kind == "f":
             return float64 if np.dtype(np_dtype).itemsize > 4 else float32
@@ -86,8 +116,11 @@ def as_dtype(d) -> dtype:
     if isinstance(d, dtype):
         return d
     if isinstance(d, str):
+        name = d.replace("torch.", "").replace("symgrad.", "")
+        if name == "bfloat16":
+            return _bfloat16()
         try:
-            return _BY_NAME[d.replace("torch.", "").replace("symgrad.", "")]
+            return _BY_NAME[name]
         except KeyError:
             raise TypeError(f"unsupported dtype {d!r}") from None
     if d is bool:
@@ -177,7 +210,7 @@ def set_default_dtype(d, /) -> None:
         if type(d).__module__.startswith("torch") and str(d).startswith("torch."):
             name = str(d)[len("torch."):]
             if name in ("float32", "float64", "float16", "bfloat16"):
-                d = _BY_NAME[name]
+                d = as_dtype(name)
             else:
                 raise TypeError("only floating-point types are supported as the default type")
         else:

@@ -92,6 +92,10 @@ _TORCH_STORAGES = {
     "CharStorage": ("i1", "int8"), "ByteStorage": ("u1", "uint8"),
     "HalfStorage": ("<f2", "float16"), "BFloat16Storage": ("<u2", "bfloat16"),
 }
+#: torch dtypes a checkpoint may hold as values (``{"dtype": torch.float16}``)
+_TORCH_DTYPES = frozenset(("float32", "float64", "float16", "bfloat16", "int64", "int32",
+                           "int16", "int8", "uint8", "bool", "half", "float", "double", "long",
+                           "int", "short"))
 _TORCH_REBUILDERS = {"_rebuild_tensor_v2", "_rebuild_parameter"}
 
 
@@ -150,8 +154,12 @@ class _TorchZipUnpickler(pickle.Unpickler):
         if (module, name) in (("collections", "OrderedDict"), ("builtins", "set"),
                               ("builtins", "frozenset"), ("builtins", "slice")):
             return super().find_class(module, name)
+        if module == "torch" and name in _TORCH_DTYPES:  # a dtype kept as a value
+            from .dtypes import as_dtype
+
+            return as_dtype(name)
         if module == "torch" and name.endswith("Storage") or module == "torch" and \
-                name in ("float16", "bfloat16", "int32", "complex64"):
+                name in ("complex64", "complex128", "uint16", "uint32", "uint64"):
             raise pickle.UnpicklingError(
                 f"this torch checkpoint holds torch.{name}, which symgrad cannot read")
         raise pickle.UnpicklingError(

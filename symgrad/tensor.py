@@ -40,13 +40,13 @@ from .memory import Storage, new_storage
 from .ops import OPS as _OPS
 
 __all__ = ["Tensor", "Size", "tensor", "FloatTensor", "DoubleTensor", "LongTensor", "BoolTensor",
-           "HalfTensor", "BFloat16Tensor", "IntTensor", "ShortTensor", "CharTensor",
+           "HalfTensor", "IntTensor", "ShortTensor", "CharTensor",
            "ByteTensor"]
 
 #: In-place ops whose result dtype must be castable to the tensor's (PyTorch's rule).
 _ARITH = frozenset(("add", "sub", "mul", "div"))
 
-_DT_OF = {d.np: d for d in _dt.ALL}
+_DT_OF = _dt._BY_NP  # the one table (bfloat16 joins it when ml_dtypes is loaded)
 
 
 _new = object.__new__
@@ -398,7 +398,7 @@ class Tensor(TensorBase):
         return self.to(_dt.float16)
 
     def bfloat16(self) -> Tensor:
-        return self.to(_dt.bfloat16)
+        return self.to(_dt._bfloat16())
 
     def int(self) -> Tensor:
         return self.to(_dt.int32)
@@ -824,7 +824,7 @@ def _infer_dtype(data: Any) -> _dt.dtype:
         return _dt.bool_
     if a.dtype.kind in "iu":
         return _dt.from_numpy_dtype(a.dtype) if isinstance(data, np.ndarray) else _dt.int64
-    if a.dtype.kind == "f" or a.dtype == _dt.bfloat16.np:
+    if a.dtype.kind == "f" or _dt.is_bfloat16_np(a.dtype):
         # numpy arrays keep their dtype; Python floats become the default dtype (torch)
         if isinstance(data, np.ndarray):
             return _dt.from_numpy_dtype(a.dtype)
@@ -1065,7 +1065,7 @@ def tensor(data, dtype=None, device=None, requires_grad: bool = False) -> Tensor
     elif isinstance(data, (list, tuple)) and _has_tensor(data):
         data = [_to_py(x) for x in data]
     if isinstance(data, np.ndarray):
-        if data.dtype.kind not in _NP_KINDS and data.dtype != _dt.bfloat16.np:
+        if data.dtype.kind not in _NP_KINDS and not _dt.is_bfloat16_np(data.dtype):
             raise _ndarray_error(data)
         if d is None:
             d = _infer_dtype(data)
@@ -1211,7 +1211,14 @@ DoubleTensor = _legacy_type("DoubleTensor", _dt.float64)
 LongTensor = _legacy_type("LongTensor", _dt.int64)
 BoolTensor = _legacy_type("BoolTensor", _dt.bool_)
 HalfTensor = _legacy_type("HalfTensor", _dt.float16)
-BFloat16Tensor = _legacy_type("BFloat16Tensor", _dt.bfloat16)
+
+
+def __getattr__(name: str):
+    """``BFloat16Tensor``, made on first use (bfloat16 loads ml_dtypes)."""
+    if name == "BFloat16Tensor":
+        t = globals()["BFloat16Tensor"] = _legacy_type("BFloat16Tensor", _dt._bfloat16())
+        return t
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 IntTensor = _legacy_type("IntTensor", _dt.int32)
 ShortTensor = _legacy_type("ShortTensor", _dt.int16)
 CharTensor = _legacy_type("CharTensor", _dt.int8)

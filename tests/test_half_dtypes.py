@@ -289,3 +289,18 @@ def test_verify_refuses_bfloat16_graphs_rather_than_guess():
     loss.backward(retain_graph=True)
     with pytest.raises(NotImplementedError, match="bfloat16 tensors"):
         sg.verify(loss)
+
+
+def test_ml_dtypes_loads_on_first_use_of_bfloat16():
+    """``import symgrad`` does not pay for ml_dtypes; a bfloat16 array met first (before
+    ``symgrad.bfloat16`` was ever named) is still read as bfloat16."""
+    import subprocess
+    import sys
+
+    code = ("import sys, symgrad as sg\n"
+            "assert 'ml_dtypes' not in sys.modules\n"
+            "import numpy as np, ml_dtypes\n"
+            "t = sg.from_numpy(np.array([2.5], ml_dtypes.bfloat16))\n"
+            "assert t.dtype is sg.bfloat16 and (t * 2).tolist() == [5.0]\n"
+            "assert isinstance(t, sg.BFloat16Tensor)\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
