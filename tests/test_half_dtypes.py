@@ -304,3 +304,23 @@ def test_ml_dtypes_loads_on_first_use_of_bfloat16():
             "assert t.dtype is sg.bfloat16 and (t * 2).tolist() == [5.0]\n"
             "assert isinstance(t, sg.BFloat16Tensor)\n")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("d", HALVES)
+def test_compile_runs_half_precision_eagerly_and_says_why(d):
+    rng = np.random.default_rng(3)
+    w = sg.tensor(rng.standard_normal((300, 4)), dtype=getattr(sg, d), requires_grad=True)
+    x = sg.tensor(rng.standard_normal((8, 300)), dtype=getattr(sg, d))
+
+    def step(x):
+        loss = ((x @ w).tanh() * 2 + 1).sum()
+        loss.backward()
+        return loss
+
+    want = step(x)
+    want_grad = w.grad.clone()
+    w.grad = None
+    with pytest.warns(UserWarning, match="float16/bfloat16 tensors run eagerly"):
+        got = sg.compile(step)(x)
+    assert got.dtype is want.dtype and got.item() == want.item()
+    np.testing.assert_array_equal(w.grad.float().numpy(), want_grad.float().numpy())
