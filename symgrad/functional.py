@@ -1212,8 +1212,8 @@ def random_(self, *args, generator=None, **kwargs) -> Tensor:
             raise ValueError("Overflow when unpacking long long")
     _refuse_leaf(self)
     d = self.dtype
-    digits = {"float32": 24, "float64": 53}.get(d.name)
-    top = 2**digits if digits else {"int64": 2**63 - 1, "bool": 1}[d.name]
+    digits = {"float32": 24, "float64": 53, "float16": 11, "bfloat16": 8}.get(d.name)
+    top = 2**digits if digits else 1 if d is _dt.bool_ else int(np.iinfo(d.np).max)
     lo = int(lo)
     if hi is None:
         hi_incl = top
