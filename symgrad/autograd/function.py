@@ -202,7 +202,7 @@ def _apply_general(spec, inputs, params):
     if dtype is None:
         dtype, arrays = _promote_and_cast(spec, inputs, params, be, Tensor)
     half = None
-    if not spec.view:
+    if not spec.view and (mixed or np_dtype.itemsize == 2 and np_dtype in HALF_NP):
         for a in arrays:
             if type(a) is np.ndarray and a.dtype in HALF_NP:
                 half = a.dtype
