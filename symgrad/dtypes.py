@@ -135,6 +135,14 @@ def as_dtype(d) -> dtype:
     return from_numpy_dtype(d)
 
 
+def via_float32(a: np.ndarray, np_dtype) -> np.ndarray:
+    """``a`` as ``np_dtype``; into float16/bfloat16 through float32 as torch converts
+    (``c10::Half(double)`` takes a float: a float64 or int64 value is rounded twice)."""
+    if np_dtype in HALF_NP and a.dtype != np.float32 and a.dtype not in HALF_NP:
+        a = a.astype(np.float32)
+    return a.astype(np_dtype, order="C", copy=False)
+
+
 def check_device(d: dtype, device_type: str) -> None:
     """Refuse a half-precision dtype on the CUDA backend, whose kernels are generated for
     float32/float64 (and integers) only; it names the way out."""

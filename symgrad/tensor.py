@@ -530,7 +530,8 @@ class Tensor(TensorBase):
         if grad_on and differentiable:
             check_multi_output_view(self, graph)
         if not (differentiable and graph):
-            if kernel is not None:
+            # (a half tensor's arithmetic goes through the op: float32, rounded once)
+            if kernel is not None and (arith is None or self._data.dtype not in _dt.HALF_NP):
                 getattr(be, kernel)(self._data, src)
             else:
                 if graph:  # a non-differentiable op on graph tensors records nothing
@@ -1034,7 +1035,7 @@ def _from_data(data: Any, d: _dt.dtype | None) -> np.ndarray:
     if d is _dt.float32 and raw.dtype.kind in "iu":
         raw = raw.astype(np.float64)  # as torch: a Python int becomes a double first
     with np.errstate(over="ignore", invalid="ignore"):
-        return raw.astype(d.np, order="C")
+        return _dt.via_float32(raw, d.np)
 
 
 def _check_narrow_int(raw: np.ndarray, d: _dt.dtype) -> None:
@@ -1075,7 +1076,7 @@ def tensor(data, dtype=None, device=None, requires_grad: bool = False) -> Tensor
                                  "uint64 dtype; pass dtype=symgrad.int64 to wrap it as "
                                  "torch does)")
         with np.errstate(over="ignore", invalid="ignore"):
-            arr = np.array(data, dtype=d.np, copy=True, order="C")
+            arr = np.array(_dt.via_float32(data, d.np), copy=True, order="C")
     else:
         arr = _from_data(data, d)
     dev = resolve(device)

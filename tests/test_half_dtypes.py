@@ -324,3 +324,47 @@ def test_compile_runs_half_precision_eagerly_and_says_why(d):
         got = sg.compile(step)(x)
     assert got.dtype is want.dtype and got.item() == want.item()
     np.testing.assert_array_equal(w.grad.float().numpy(), want_grad.float().numpy())
+
+
+@pytest.mark.parametrize("d", HALVES)
+@pytest.mark.parametrize("code,ulps", [
+    ("x.add_(y)", 0), ("x.mul_(y)", 0), ("x.div_(y)", 0), ("x.mul_(0.1)", 0), ("x.exp_()", 0),
+    ("x.clamp_(-0.5, 0.5)", 0), ("x.copy_(y)", 0), ("x.fill_(0.1)", 0),
+    ("x.addcmul_(y, y, value=0.5)", 1),
+    # torch fuses a + alpha * b into one float32 fma: one float32 rounding apart, which
+    # moves the half result by at most one unit in the last place
+    ("x.sub_(y, alpha=0.3)", 1), ("x.add_(1e-3)", 1),
+])
+def test_half_inplace_arithmetic_is_rounded_once_like_torch(torch, d, code, ulps):
+    """In-place arithmetic on a half tensor runs the op in float32 (the NumPy kernels
+    would round a Python scalar to the half dtype first: x.mul_(0.1) would differ)."""
+    rng = np.random.default_rng(4)
+    a, b = rng.standard_normal((3, 400)), rng.uniform(0.5, 2, (3, 400))
+    got = []
+    for lib in (torch, sg):
+        x = lib.tensor(a, dtype=getattr(lib, d))
+        y = lib.tensor(b, dtype=getattr(lib, d))
+        eval(code, {}, {"x": x, "y": y})
+        got.append(x.float().numpy().astype(np.float64))
+    ulp = np.abs(np.spacing(got[0].astype(getattr(sg, d).np)).astype(np.float64))
+    assert (np.abs(got[1] - got[0]) <= ulps * ulp).all(), code
+
+
+@pytest.mark.parametrize("d", HALVES)
+@pytest.mark.parametrize("code", [
+    "x", "x - 0.3", "0.3 - x", "x + 0.3", "x + 1e-3", "x * 0.7", "x / 0.3", "x ** 1.3",
+    "x.abs() ** 1.3", "1.3 ** x", "x > 0.3", "x == 0.3", "x <= 0.3", "x.clamp(0.3, 0.7)",
+    "lib.tensor(a).to(x.dtype)", "lib.zeros(3000, dtype=x.dtype).copy_(lib.tensor(a))",
+    "x.add_(0.3)", "x.mul_(0.7)",
+])
+def test_half_scalar_operands_and_conversions_match_torch_bit_for_bit(torch, d, code):
+    """torch rounds the Python number of add/sub/pow/comparisons to the tensor's half dtype
+    (mul/div read it as float32), and converts float64 to half through float32; values
+    on both sides of half(0.3) make the comparisons tell."""
+    a = np.random.default_rng(6).uniform(-2, 2, 3000)
+    a[:20], a[20:40] = 0.30078125, 0.2998046875
+    got = []
+    for lib in (torch, sg):
+        x = lib.tensor(a, dtype=getattr(lib, d))
+        got.append(eval(code, {"lib": lib}, {"x": x, "a": a}).float().numpy())
+    np.testing.assert_array_equal(got[1], got[0], err_msg=code)

@@ -207,6 +207,8 @@ def _apply_general(spec, inputs, params):
             if type(a) is np.ndarray and a.dtype in HALF_NP:
                 half = a.dtype
                 arrays = upcast_halves(arrays, be)
+                if spec.name in _HALF_SCALAR_OPS:
+                    arrays, params = _half_scalars(arrays, params, half)
                 break
     try:
         out = spec.forward(be, *arrays, **params)
@@ -237,6 +239,26 @@ def _apply_general(spec, inputs, params):
     if requires_grad and _state.enabled and spec.grad_fn is not None and wrapped:
         _record(spec, inputs, params, wrapped)  # (unbind of an empty dim has no outputs)
     return tuple(wrapped)
+
+
+#: ops whose Python-number operands (and ``alpha``) torch rounds to a half tensor's dtype
+#: before computing in float32 (mul/div and the rest read them as float32)
+_HALF_SCALAR_OPS = frozenset(("add", "sub", "rsub", "pow", "pow_scalar_base", "gt", "lt",
+                              "ge", "le", "eq", "ne"))
+
+
+def _half_scalars(arrays: list, params: dict, half) -> tuple[list, dict]:
+    """torch's add/sub/pow/comparisons on float16/bfloat16: ``x + 0.3`` adds half(0.3) (the
+    wrapped scalar takes the tensor's dtype), ``x ** 1.3`` raises to half(1.3), ``x > 0.3``
+    compares with half(0.3), and ``alpha`` is a half number too."""
+    def rounded(v):
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return float(np.asarray(v, dtype=np.float64).astype(half))
+        return v
+    arrays = [rounded(a) for a in arrays]
+    params = {k: rounded(v) if k in ("alpha", "other", "exponent", "self") else v
+              for k, v in params.items()}
+    return arrays, params
 
 
 def as_array(out):
