@@ -119,6 +119,10 @@ def test_promotion_matches_torch(torch, a, b):
     "lib.tensor([1, 2], dtype=lib.int32) + lib.tensor(2., dtype=lib.float16)",
     "lib.tensor([1, 2], dtype=lib.int32).sum().dtype", "lib.tensor([1, 2], dtype=lib.uint8).sum()",
     "lib.where(lib.tensor([True, False]), lib.ones(2, dtype=lib.float16), 0.)",
+    "lib.tensor([1, 2], dtype=lib.int32).mean()", "lib.tensor([1, 2]).mean()",
+    "lib.tensor([1, 2], dtype=lib.uint8).mean()",
+    "lib.mm(lib.ones(2, 2, dtype=lib.float16), lib.ones(2, 2))",
+    "lib.mm(lib.ones(2, 2, dtype=lib.float64), lib.ones(2, 2, dtype=lib.bfloat16))",
     "lib.cat([lib.ones(1, dtype=lib.float16), lib.ones(1, dtype=lib.bfloat16)])",
 ])
 def test_scalar_and_zero_dim_promotion_match_torch(torch, code):

@@ -87,14 +87,14 @@ def _result_dtype(rule, tensors, scalars, params):
         if not d.is_floating_point:
             raise RuntimeError(
                 "mean(): could not infer output dtype. Input dtype must be either a floating "
-                f"point or complex dtype. Got: {d.name.capitalize()}")
+                f"point or complex dtype. Got: {_tl.TORCH_NAMES[d.name]}")
         return d
     if rule == "same_required":
         d0 = tensors[0].dtype
         for t in tensors[1:]:
             if t.dtype is not d0:
                 raise RuntimeError("expected m1 and m2 to have the same dtype, but got: "
-                                   f"{d0.name} != {t.dtype.name}")
+                                   f"{_tl.CPP_NAMES[d0.name]} != {_tl.CPP_NAMES[t.dtype.name]}")
         return d0
     if rule == "param":
         return params["dtype"]
