@@ -37,6 +37,8 @@ def _special(v: float) -> str | None:
 
 def format_data(a: np.ndarray, indent: int) -> str:
     """The bracketed body, e.g. ``[[1., 2.],\\n        [3., 4.]]``."""
+    if a.dtype.kind not in "fbiu":  # bfloat16 (an extension dtype): its values, exactly
+        a = a.astype(np.float32)
     summarize = a.size > _THRESHOLD
     sample = _summary_values(a) if summarize else a.ravel()
     if a.dtype.kind == "f":

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["TensorBase", "provide", "type_name", "wrap_dim", "TORCH_NAMES", "CPP_NAMES"]
+__all__ = ["TensorBase", "provide", "type_name", "wrap_dim", "TORCH_NAMES", "CPP_NAMES",
+           "LEGACY_NAMES"]
 
 
 class TensorBase:
@@ -57,9 +58,16 @@ def provide(**names: Any) -> None:
 
 # -- small helpers of the tensor layer that the lower modules share ---------------------------
 #: PyTorch's scalar type names, for its error messages.
-TORCH_NAMES = {"float32": "Float", "float64": "Double", "int64": "Long", "bool": "Bool"}
+TORCH_NAMES = {"float32": "Float", "float64": "Double", "int64": "Long", "bool": "Bool",
+               "float16": "Half", "bfloat16": "BFloat16", "int32": "Int", "int16": "Short",
+               "int8": "Char", "uint8": "Byte"}
 #: The C++ names some of its messages use instead (clamp_'s cast error).
-CPP_NAMES = {"float32": "float", "float64": "double", "int64": "long int", "bool": "bool"}
+CPP_NAMES = {"float32": "float", "float64": "double", "int64": "long int", "bool": "bool",
+             "float16": "c10::Half", "bfloat16": "c10::BFloat16", "int32": "int",
+             "int16": "short int", "int8": "signed char", "uint8": "unsigned char"}
+
+#: torch's legacy tensor type names (``t.type()``: ``torch.HalfTensor``)
+LEGACY_NAMES = {k: v + "Tensor" for k, v in TORCH_NAMES.items()}
 
 
 def type_name(x: Any) -> str:

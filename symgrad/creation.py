@@ -149,6 +149,7 @@ def _device_made(kernel: str, shape, d: _dt.dtype, device, requires_grad: bool, 
     from .cuda import _require_cuda
 
     dev = _require_cuda(resolve(device))
+    _dt.check_device(d, dev.type)
     t = Tensor._wrap(getattr(backend_for(dev.type), kernel)(shape, *args), dev)
     return _factory_grad(t, requires_grad)
 
@@ -354,9 +355,12 @@ def from_numpy(array: np.ndarray) -> Tensor:
     """A tensor sharing memory with ``array`` (as torch.from_numpy)."""
     if not isinstance(array, np.ndarray):
         raise TypeError(f"expected np.ndarray (got {type(array).__name__})")
-    if array.dtype not in (np.float32, np.float64, np.int64, np.bool_):
+    if array.dtype not in _dt._BY_NP and not _dt.is_bfloat16_np(array.dtype):
+        # numpy's float16/int32/..., ml_dtypes' bfloat16
         raise TypeError(f"can't convert np.ndarray of type numpy.{array.dtype.type.__name__}. "
-                        "The only supported types are: float64, float32, int64 and bool.")
+                        "The only supported types are: float64, float32, float16, bfloat16, "
+                        "int64, int32, int16, int8, uint8 and bool.")
+    _dt.from_numpy_dtype(array.dtype)  # registers bfloat16 on first sight
     return Tensor._wrap(array)
 
 

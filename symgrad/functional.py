@@ -418,7 +418,9 @@ def clone(input):
 
 
 def to_dtype(input, dtype):
-    return apply(_O["to_copy"], (input,), {"dtype": _dt.as_dtype(dtype)})
+    d = _dt.as_dtype(dtype)
+    _dt.check_device(d, input._device.type)
+    return apply(_O["to_copy"], (input,), {"dtype": d})
 
 
 def to_device(input, device):
@@ -430,6 +432,7 @@ def to_device(input, device):
         from .cuda import _require_cuda
 
         device = _require_cuda(device)
+        _dt.check_device(input.dtype, "cuda")
     elif device.type == "cpu":
         device = CPU  # any cpu index is the one cpu; other types (the verifier's symbolic
         # device) keep their own backend
@@ -1209,8 +1212,8 @@ def random_(self, *args, generator=None, **kwargs) -> Tensor:
             raise ValueError("Overflow when unpacking long long")
     _refuse_leaf(self)
     d = self.dtype
-    digits = {"float32": 24, "float64": 53}.get(d.name)
-    top = 2**digits if digits else {"int64": 2**63 - 1, "bool": 1}[d.name]
+    digits = {"float32": 24, "float64": 53, "float16": 11, "bfloat16": 8}.get(d.name)
+    top = 2**digits if digits else 1 if d is _dt.bool_ else int(np.iinfo(d.np).max)
     lo = int(lo)
     if hi is None:
         hi_incl = top

@@ -32,6 +32,12 @@ _ALLOWED = {
     ("numpy.dtypes", "Float64DType"),
     ("numpy.dtypes", "Int64DType"),
     ("numpy.dtypes", "BoolDType"),
+    ("numpy.dtypes", "Float16DType"),
+    ("numpy.dtypes", "Int32DType"),
+    ("numpy.dtypes", "Int16DType"),
+    ("numpy.dtypes", "Int8DType"),
+    ("numpy.dtypes", "UInt8DType"),
+    ("ml_dtypes", "bfloat16"),  # the scalar type of bfloat16 arrays (a type, runs no code)
     ("builtins", "set"),
     ("builtins", "frozenset"),
     ("builtins", "slice"),
@@ -78,24 +84,30 @@ def load(f, map_location=None, *, weights_only: bool = True) -> Any:
 
 
 #: torch storage classes -> the NumPy dtype of their bytes and the dtype symgrad keeps
-#: (an exact widening where symgrad lacks torch's dtype: int32 -> int64, float16 -> float32)
+#: (torch's own dtype: every one of these has a symgrad dtype)
 _TORCH_STORAGES = {
     "FloatStorage": ("<f4", "float32"), "DoubleStorage": ("<f8", "float64"),
     "LongStorage": ("<i8", "int64"), "BoolStorage": ("?", "bool"),
-    "IntStorage": ("<i4", "int64"), "ShortStorage": ("<i2", "int64"),
-    "CharStorage": ("i1", "int64"), "ByteStorage": ("u1", "int64"),
-    "HalfStorage": ("<f2", "float32"), "BFloat16Storage": ("<u2", "float32"),
+    "IntStorage": ("<i4", "int32"), "ShortStorage": ("<i2", "int16"),
+    "CharStorage": ("i1", "int8"), "ByteStorage": ("u1", "uint8"),
+    "HalfStorage": ("<f2", "float16"), "BFloat16Storage": ("<u2", "bfloat16"),
 }
+#: torch dtypes a checkpoint may hold as values (``{"dtype": torch.float16}``)
+_TORCH_DTYPES = frozenset(("float32", "float64", "float16", "bfloat16", "int64", "int32",
+                           "int16", "int8", "uint8", "bool", "half", "float", "double", "long",
+                           "int", "short"))
 _TORCH_REBUILDERS = {"_rebuild_tensor_v2", "_rebuild_parameter"}
 
 
 class _TorchStorage:
     def __init__(self, kind: str, data: bytes) -> None:
+        from .dtypes import as_dtype
+
         code, keep = _TORCH_STORAGES[kind]
         raw = np.frombuffer(data, dtype=np.dtype(code))
-        if kind == "BFloat16Storage":  # bfloat16 is the top half of a float32
-            raw = (raw.astype(np.uint32) << 16).view(np.float32)
-        self.array = raw.astype(keep)
+        if kind == "BFloat16Storage":  # the same 16 bits as ml_dtypes' bfloat16
+            raw = raw.view(as_dtype(keep).np)
+        self.array = raw.astype(as_dtype(keep).np)
 
 
 def _rebuild_tensor(storage: _TorchStorage, offset: int, size, stride, requires_grad=False,
@@ -142,8 +154,12 @@ class _TorchZipUnpickler(pickle.Unpickler):
         if (module, name) in (("collections", "OrderedDict"), ("builtins", "set"),
                               ("builtins", "frozenset"), ("builtins", "slice")):
             return super().find_class(module, name)
+        if module == "torch" and name in _TORCH_DTYPES:  # a dtype kept as a value
+            from .dtypes import as_dtype
+
+            return as_dtype(name)
         if module == "torch" and name.endswith("Storage") or module == "torch" and \
-                name in ("float16", "bfloat16", "int32", "complex64"):
+                name in ("complex64", "complex128", "uint16", "uint32", "uint64"):
             raise pickle.UnpicklingError(
                 f"this torch checkpoint holds torch.{name}, which symgrad cannot read")
         raise pickle.UnpicklingError(

@@ -39,13 +39,14 @@ from .device import CPU, as_device, resolve
 from .memory import Storage, new_storage
 from .ops import OPS as _OPS
 
-__all__ = ["Tensor", "Size", "tensor", "FloatTensor", "DoubleTensor", "LongTensor", "BoolTensor"]
+__all__ = ["Tensor", "Size", "tensor", "FloatTensor", "DoubleTensor", "LongTensor", "BoolTensor",
+           "HalfTensor", "IntTensor", "ShortTensor", "CharTensor",
+           "ByteTensor"]
 
 #: In-place ops whose result dtype must be castable to the tensor's (PyTorch's rule).
 _ARITH = frozenset(("add", "sub", "mul", "div"))
 
-_DT_OF = {np.dtype(np.float32): _dt.float32, np.dtype(np.float64): _dt.float64,
-          np.dtype(np.int64): _dt.int64, np.dtype(np.bool_): _dt.bool_}
+_DT_OF = _dt._BY_NP  # the one table (bfloat16 joins it when ml_dtypes is loaded)
 
 
 _new = object.__new__
@@ -167,6 +168,17 @@ class Tensor(TensorBase):
 
     def is_floating_point(self) -> bool:
         return self.dtype.is_floating_point
+
+    def is_signed(self) -> bool:
+        return self.dtype.is_signed
+
+    @property
+    def itemsize(self) -> int:
+        return self._data.itemsize
+
+    @property
+    def nbytes(self) -> int:
+        return self._data.nbytes
 
     @property
     def is_cuda(self) -> bool:
@@ -331,7 +343,7 @@ class Tensor(TensorBase):
         return bool(self.item())
 
     def __index__(self) -> int:
-        if self.dtype is not _dt.int64 or self._data.size != 1:
+        if self.dtype.category != 1 or self._data.size != 1:
             raise TypeError("only integer tensors of a single element can be converted to an "
                             "index")
         return int(self.item())
@@ -381,6 +393,24 @@ class Tensor(TensorBase):
 
     def long(self) -> Tensor:
         return self.to(_dt.int64)
+
+    def half(self) -> Tensor:
+        return self.to(_dt.float16)
+
+    def bfloat16(self) -> Tensor:
+        return self.to(_dt._bfloat16())
+
+    def int(self) -> Tensor:
+        return self.to(_dt.int32)
+
+    def short(self) -> Tensor:
+        return self.to(_dt.int16)
+
+    def char(self) -> Tensor:
+        return self.to(_dt.int8)
+
+    def byte(self) -> Tensor:
+        return self.to(_dt.uint8)
 
     def bool(self) -> Tensor:
         return self.to(_dt.bool_)
@@ -502,7 +532,8 @@ class Tensor(TensorBase):
             check_multi_output_view(self, graph)
         if not (differentiable and graph):
             before_write(self)
-            if kernel is not None:
+            # (a half tensor's arithmetic goes through the op: float32, rounded once)
+            if kernel is not None and (arith is None or self._data.dtype not in _dt.HALF_NP):
                 getattr(be, kernel)(self._data, src)
             else:
                 if graph:  # a non-differentiable op on graph tensors records nothing
@@ -796,8 +827,8 @@ def _infer_dtype(data: Any) -> _dt.dtype:
     if a.dtype.kind == "b":
         return _dt.bool_
     if a.dtype.kind in "iu":
-        return _dt.int64
-    if a.dtype.kind == "f":
+        return _dt.from_numpy_dtype(a.dtype) if isinstance(data, np.ndarray) else _dt.int64
+    if a.dtype.kind == "f" or _dt.is_bfloat16_np(a.dtype):
         # numpy arrays keep their dtype; Python floats become the default dtype (torch)
         if isinstance(data, np.ndarray):
             return _dt.from_numpy_dtype(a.dtype)
@@ -820,7 +851,8 @@ def _check_dtype_arg(fn: str, dtype: Any) -> _dt.dtype | None:
         pass
     hint = ""
     if isinstance(dtype, (str, np.dtype, type)) or type(dtype).__module__.startswith("torch"):
-        hint = f" ({dtype!r} has no symgrad dtype; use float32, float64, int64 or bool)"
+        hint = (f" ({dtype!r} has no symgrad dtype; use float32, float64, float16, bfloat16, "
+                "int64, int32, int16, int8, uint8 or bool)")
     raise TypeError(f"{fn}(): argument 'dtype' must be symgrad.dtype, not "
                     f"{_type_name(dtype)}{hint}")
 
@@ -997,6 +1029,8 @@ def _from_data(data: Any, d: _dt.dtype | None) -> np.ndarray:
             bad = ~((raw >= _INT64_MIN) & (raw < 2.0**63))
         if bad.any():
             raise RuntimeError("value cannot be converted to type int64 without overflow")
+    elif d.category == 1 and d is not _dt.int64 and raw.size and raw.dtype.kind in "fiu":
+        _check_narrow_int(raw, d)
     if raw.dtype == d.np:
         # np.asarray of Python data is a new array already; of a buffer (a torch tensor,
         # array.array) it is a view, which must be copied
@@ -1004,7 +1038,18 @@ def _from_data(data: Any, d: _dt.dtype | None) -> np.ndarray:
     if d is _dt.float32 and raw.dtype.kind in "iu":
         raw = raw.astype(np.float64)  # as torch: a Python int becomes a double first
     with np.errstate(over="ignore", invalid="ignore"):
-        return raw.astype(d.np, order="C")
+        return _dt.via_float32(raw, d.np)
+
+
+def _check_narrow_int(raw: np.ndarray, d: _dt.dtype) -> None:
+    """torch's overflow check of Python numbers stored as int32/int16/int8/uint8: a float
+    must lie in the dtype's range, an int too (for uint8 from -128: torch lets -1 wrap)."""
+    info = np.iinfo(d.np)
+    lo = info.min if d.is_signed or raw.dtype.kind == "f" else -(info.max + 1) // 2
+    with np.errstate(invalid="ignore"):
+        ok = (raw >= lo) & (raw <= info.max)
+    if not ok.all():
+        raise RuntimeError(f"value cannot be converted to type {d.name} without overflow")
 
 
 def tensor(data, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
@@ -1024,7 +1069,7 @@ def tensor(data, dtype=None, device=None, requires_grad: bool = False) -> Tensor
     elif isinstance(data, (list, tuple)) and _has_tensor(data):
         data = [_to_py(x) for x in data]
     if isinstance(data, np.ndarray):
-        if data.dtype.kind not in _NP_KINDS:
+        if data.dtype.kind not in _NP_KINDS and not _dt.is_bfloat16_np(data.dtype):
             raise _ndarray_error(data)
         if d is None:
             d = _infer_dtype(data)
@@ -1034,7 +1079,7 @@ def tensor(data, dtype=None, device=None, requires_grad: bool = False) -> Tensor
                                  "uint64 dtype; pass dtype=symgrad.int64 to wrap it as "
                                  "torch does)")
         with np.errstate(over="ignore", invalid="ignore"):
-            arr = np.array(data, dtype=d.np, copy=True, order="C")
+            arr = np.array(_dt.via_float32(data, d.np), copy=True, order="C")
     else:
         arr = _from_data(data, d)
     dev = resolve(device)
@@ -1066,8 +1111,7 @@ def _to_py(x):
 
 # -- torch's legacy constructors: Tensor(...), FloatTensor(...) ... -------------------------
 
-_LEGACY_NAMES = {"float32": "FloatTensor", "float64": "DoubleTensor", "int64": "LongTensor",
-                 "bool": "BoolTensor"}
+_LEGACY_NAMES = _tl.LEGACY_NAMES
 
 
 def _arg_type(v: Any) -> str:
@@ -1170,6 +1214,19 @@ FloatTensor = _legacy_type("FloatTensor", _dt.float32)
 DoubleTensor = _legacy_type("DoubleTensor", _dt.float64)
 LongTensor = _legacy_type("LongTensor", _dt.int64)
 BoolTensor = _legacy_type("BoolTensor", _dt.bool_)
+HalfTensor = _legacy_type("HalfTensor", _dt.float16)
+
+
+def __getattr__(name: str):
+    """``BFloat16Tensor``, made on first use (bfloat16 loads ml_dtypes)."""
+    if name == "BFloat16Tensor":
+        t = globals()["BFloat16Tensor"] = _legacy_type("BFloat16Tensor", _dt._bfloat16())
+        return t
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+IntTensor = _legacy_type("IntTensor", _dt.int32)
+ShortTensor = _legacy_type("ShortTensor", _dt.int16)
+CharTensor = _legacy_type("CharTensor", _dt.int8)
+ByteTensor = _legacy_type("ByteTensor", _dt.uint8)
 
 
 # The layers below (ops' backward formulas, autograd, the op functions) reach the Tensor

@@ -179,7 +179,8 @@ def test_load_reads_a_torch_checkpoint(torch, tmp_path):
     extra = {"model": model.state_dict(), "step": 7, "t": torch.arange(12.).reshape(3, 4).t(),
              "p": torch.nn.Parameter(torch.ones(2)), "i": torch.tensor([1, 2], dtype=torch.int32),
              "h": torch.tensor([0.5, -2.0], dtype=torch.float16),
-             "b": torch.tensor([1.5, 3.0], dtype=torch.bfloat16)}
+             "b": torch.tensor([1.5, 3.0], dtype=torch.bfloat16),
+             "dtypes": [torch.float16, torch.bfloat16, torch.int32, torch.uint8]}
     torch.save(extra, path)
     loaded = sg.load(path)
     ours = sg.nn.Sequential(sg.nn.Linear(3, 4), sg.nn.ReLU(), sg.nn.Linear(4, 2))
@@ -189,9 +190,11 @@ def test_load_reads_a_torch_checkpoint(torch, tmp_path):
     assert loaded["step"] == 7
     np.testing.assert_array_equal(_np(loaded["t"]), _np(extra["t"]))  # strides honoured
     assert isinstance(loaded["p"], sg.nn.Parameter) and loaded["p"].requires_grad
-    assert loaded["i"].dtype == sg.int64 and _np(loaded["i"]).tolist() == [1, 2]
-    assert loaded["h"].dtype == sg.float32 and _np(loaded["h"]).tolist() == [0.5, -2.0]
-    assert loaded["b"].dtype == sg.float32 and _np(loaded["b"]).tolist() == [1.5, 3.0]
+    # torch's dtypes are kept (issue 31), values bit for bit
+    assert loaded["i"].dtype == sg.int32 and _np(loaded["i"]).tolist() == [1, 2]
+    assert loaded["h"].dtype == sg.float16 and _np(loaded["h"]).tolist() == [0.5, -2.0]
+    assert loaded["b"].dtype == sg.bfloat16 and _np(loaded["b"]).tolist() == [1.5, 3.0]
+    assert loaded["dtypes"] == [sg.float16, sg.bfloat16, sg.int32, sg.uint8]
 
 
 def test_load_refuses_code_in_a_torch_checkpoint(torch, tmp_path):

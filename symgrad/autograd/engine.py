@@ -13,6 +13,7 @@ import numpy as np
 
 from .. import _tensor_layer as _tl
 from ..backends import backend_for
+from ..dtypes import HALF_NP
 from . import function as _fn
 from .anomaly_mode import _anomaly
 from .function import accumulator_of
@@ -321,7 +322,8 @@ def _sum_grads(a, b):
     """Two gradients for one output: ``a + b``; with no graph to record and nothing to
     broadcast or promote, one backend add on the arrays (a Tensor op costs ~2 µs more)."""
     x, y = a._data, b._data
-    if _state.enabled or x.shape != y.shape or x.dtype != y.dtype or a._device != b._device:
+    if _state.enabled or x.shape != y.shape or x.dtype != y.dtype or a._device != b._device \
+            or x.dtype in HALF_NP:  # half precision: through apply, computed in float32
         return a + b
     device = a._device
     return type(a)._wrap(_fn.as_array(backend_for(device.type).add(x, y)), device)
@@ -452,7 +454,7 @@ def _sum_to(g, shape):
     data = g._data
     gs = data.shape
     lead = len(gs) - len(shape)
-    if lead > 0 and not _state.enabled and gs[lead:] == shape:
+    if lead > 0 and not _state.enabled and gs[lead:] == shape and data.dtype not in HALF_NP:
         be = backend_for(g._device.type)
         return type(g)._wrap(be.sum(data, tuple(range(lead)), False), g._device)
     return g.sum_to_size(shape)
@@ -508,7 +510,7 @@ def _make_grads(outputs, grad_outputs, create_graph):
             data = out._data
             if data.size != 1:
                 raise RuntimeError("grad can be implicitly created only for scalar outputs")
-            if data.dtype.kind != "f":
+            if data.dtype.kind != "f" and data.dtype not in HALF_NP:
                 raise RuntimeError("grad can be implicitly created only for real scalar "
                                    f"outputs but got {out.dtype!r}")
             if out._device.type == "cpu":  # the common case, without the factory's checks

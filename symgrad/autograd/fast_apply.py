@@ -129,7 +129,7 @@ def source(spec, saved_display) -> str:
         else "params == kernel_params"
     lines += [
         "    dt = DT_OF[d]",
-        "    if not dt.is_floating_point:",
+        "    if not dt.is_floating_point or dt.compute is not None:",
         "        return general(spec, inputs, params)",
         "    if warnings_module.filters is not fp_seen[0]:",
         "        fp_filter()",

@@ -16,8 +16,8 @@ import numpy as np
 
 from .. import _tensor_layer as _tl
 from .. import memory as _memory
-from ..backends import _BACKENDS, _DEVICE_DEFAULT, backend_for
-from ..dtypes import bool_, default_float, float64, int64, promote
+from ..backends import _BACKENDS, _DEVICE_DEFAULT, backend_for, upcast_halves
+from ..dtypes import HALF_NP, bool_, default_float, float64, int64, promote
 from ..memory import Storage
 from ..ops import spec as _spec_module
 from ..ops.scalar import define
@@ -87,14 +87,14 @@ def _result_dtype(rule, tensors, scalars, params):
         if not d.is_floating_point:
             raise RuntimeError(
                 "mean(): could not infer output dtype. Input dtype must be either a floating "
-                f"point or complex dtype. Got: {d.name.capitalize()}")
+                f"point or complex dtype. Got: {_tl.TORCH_NAMES[d.name]}")
         return d
     if rule == "same_required":
         d0 = tensors[0].dtype
         for t in tensors[1:]:
             if t.dtype is not d0:
                 raise RuntimeError("expected m1 and m2 to have the same dtype, but got: "
-                                   f"{d0.name} != {t.dtype.name}")
+                                   f"{_tl.CPP_NAMES[d0.name]} != {_tl.CPP_NAMES[t.dtype.name]}")
         return d0
     if rule == "param":
         return params["dtype"]
@@ -201,6 +201,15 @@ def _apply_general(spec, inputs, params):
         dtype = d if d.is_floating_point else None
     if dtype is None:
         dtype, arrays = _promote_and_cast(spec, inputs, params, be, Tensor)
+    half = None
+    if not spec.view and (mixed or np_dtype.itemsize == 2 and np_dtype in HALF_NP):
+        for a in arrays:
+            if type(a) is np.ndarray and a.dtype in HALF_NP:
+                half = a.dtype
+                arrays = upcast_halves(arrays, be)
+                if spec.name in _HALF_SCALAR_OPS:
+                    arrays, params = _half_scalars(arrays, params, half)
+                break
     try:
         out = spec.forward(be, *arrays, **params)
     except ValueError as exc:
@@ -223,11 +232,33 @@ def _apply_general(spec, inputs, params):
         o = as_array(o)
         if k == 0 and o.dtype != dtype.np and rule != "bool_compare":
             o = be.cast(o, dtype.np)
+        elif k and half is not None and o.dtype == np.float32:
+            o = be.cast(o, half)  # a second float output (var_mean's mean) of half inputs
         storage = first._storage if (spec.view and _is_view_of(o, first._data, be)) else None
         wrapped.append(Tensor._wrap(o, device, storage))
     if requires_grad and _state.enabled and spec.grad_fn is not None and wrapped:
         _record(spec, inputs, params, wrapped)  # (unbind of an empty dim has no outputs)
     return tuple(wrapped)
+
+
+#: ops whose Python-number operands (and ``alpha``) torch rounds to a half tensor's dtype
+#: before computing in float32 (mul/div and the rest read them as float32)
+_HALF_SCALAR_OPS = frozenset(("add", "sub", "rsub", "pow", "pow_scalar_base", "gt", "lt",
+                              "ge", "le", "eq", "ne"))
+
+
+def _half_scalars(arrays: list, params: dict, half) -> tuple[list, dict]:
+    """torch's add/sub/pow/comparisons on float16/bfloat16: ``x + 0.3`` adds half(0.3) (the
+    wrapped scalar takes the tensor's dtype), ``x ** 1.3`` raises to half(1.3), ``x > 0.3``
+    compares with half(0.3), and ``alpha`` is a half number too."""
+    def rounded(v):
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return float(np.asarray(v, dtype=np.float64).astype(half))
+        return v
+    arrays = [rounded(a) for a in arrays]
+    params = {k: rounded(v) if k in ("alpha", "other", "exponent", "self") else v
+              for k, v in params.items()}
+    return arrays, params
 
 
 def as_array(out):

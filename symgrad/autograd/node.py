@@ -12,9 +12,13 @@ import itertools
 import weakref
 from typing import Any
 
+import numpy as np
+
 from .. import _tensor_layer as _tl
 from ..backends import _BACKENDS, _DEVICE_DEFAULT
 from ..backends import backend_for as _backend_for
+from ..backends import upcast_halves as _upcast_halves
+from ..dtypes import HALF_NP as _HALF_NP
 from .grad_mode import _state as _grad_state
 
 __all__ = ["Node", "OpNode", "AccumulateGrad", "SavedTensor", "node_class_for"]
@@ -123,8 +127,7 @@ def _tensor_type():
     return _tl.Tensor
 
 
-_TYPE_NAMES = {"float32": "FloatTensor", "float64": "DoubleTensor", "int64": "LongTensor",
-               "bool": "BoolTensor"}
+_TYPE_NAMES = _tl.LEGACY_NAMES
 
 
 class SavedTensor:
@@ -464,7 +467,14 @@ class OpNode(Node):
                 raise RuntimeError(FREED_MESSAGE)
             else:
                 args.append(value)
-        outs = kernel(grad._data, needed, *args)
+        half = grad._data.dtype
+        if half in _HALF_NP:  # computed in float32 and rounded once, as torch's kernels
+            outs = kernel(*_upcast_halves([grad._data], be), needed, *_upcast_halves(args, be))
+            if outs is not None:
+                outs = tuple([o if o is None or o.dtype != np.float32 else be.cast(o, half)
+                              for o in outs])
+        else:
+            outs = kernel(grad._data, needed, *args)
         if outs is None:
             return None
         # a kernel may pass the incoming gradient through (addmm's bias): it keeps its

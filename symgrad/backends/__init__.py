@@ -6,6 +6,9 @@ register themselves here when they land; ``set_cpu_backend`` switches the defaul
 
 from __future__ import annotations
 
+import numpy as np
+
+from ..dtypes import HALF_NP
 from .numpy_backend import NumpyBackend
 
 _BACKENDS: dict[str, object] = {"numpy": NumpyBackend()}
@@ -39,6 +42,16 @@ def small_kernel(kernel: str):
     be = _BACKENDS.get("cpu")
     fn = cpu_module.SMALL_KERNELS.get(kernel)
     return None if be is None or fn is None else (be, fn, cpu_module)
+
+
+def upcast_halves(arrays: list, be) -> list:
+    """float16/bfloat16 operands as float32: torch's CPU kernels compute half precision in
+    float32 and round the result once, and so does symgrad: every non-view op on a half
+    tensor runs on float32 arrays (autograd.function's apply, and a node's fused backward
+    kernel), and its result is rounded to the half dtype once. It also keeps half arrays
+    away from the Numba kernels, which take float32/float64 only."""
+    return [be.cast(a, np.float32) if type(a) is np.ndarray and a.dtype in HALF_NP else a
+            for a in arrays]
 
 
 def set_cpu_backend(name: str) -> str:

@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 
+from ..dtypes import HALF_NP, via_float32
 from ..ops import OPS
 from ..ops.elementwise import scalar_kernels
 from ..ops.scalar import TRANSCENDENTAL, build
@@ -227,7 +228,7 @@ class NumpyBackend:
 
     @staticmethod
     def cast(x, np_dtype):
-        return np.asarray(x).astype(np_dtype, copy=False)
+        return via_float32(np.asarray(x), np.dtype(np_dtype))
 
     @staticmethod
     def copy(x):
@@ -284,6 +285,8 @@ class NumpyBackend:
 
     @staticmethod
     def copy_(dst, src):
+        if dst.dtype in HALF_NP and getattr(src, "dtype", None) != dst.dtype:
+            src = via_float32(np.asarray(src), dst.dtype)
         np.copyto(dst, src, casting="unsafe")
 
     @staticmethod

@@ -24,6 +24,7 @@ from ..autograd import function as _fn
 from ..autograd.record import before_write
 from ..backends import backend_for
 from ..device import device as _device
+from ..dtypes import HALF_NP
 from ..tensor import Tensor
 from . import fuse, loader, prove
 from .codegen import Generated, Unsupported, generate
@@ -300,6 +301,10 @@ class CompiledStep:
                           "plain attribute", UserWarning, stacklevel=3)
         if program is not None:
             try:
+                if any(v.dtype in HALF_NP for v in program.values):
+                    raise Unsupported("float16/bfloat16 tensors run eagerly (the generated "
+                                      "kernels take float32/float64; eager computes half "
+                                      "precision in float32 and rounds once)")
                 cuda = program.device == "cuda"
                 try:
                     # CUDA: a plan of device calls (cuda_step.py), no module text to load

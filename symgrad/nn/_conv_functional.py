@@ -12,7 +12,7 @@ import os
 import warnings
 
 from .. import functional as _F
-from .._tensor_layer import TORCH_NAMES
+from .._tensor_layer import CPP_NAMES, LEGACY_NAMES, TORCH_NAMES
 from ..autograd.function import apply
 from ..ops import OPS
 from ..tensor import Tensor
@@ -24,7 +24,7 @@ _PAD = OPS["constant_pad_nd"]
 _MAX = OPS["max_pool2d_with_indices"]
 _AVG = OPS["avg_pool2d"]
 _ADAPTIVE = OPS["adaptive_avg_pool2d"]
-_C_TYPE = {"float32": "float", "float64": "double", "int64": "long int", "bool": "bool"}
+_C_TYPE = CPP_NAMES
 
 
 def _check_tensor(x, fn: str, arg: str, pos: int) -> None:
@@ -53,8 +53,7 @@ def _size_str(shape) -> str:
     return "[" + ", ".join(str(s) for s in shape) + "]"
 
 
-_TORCH_TYPE = {"float32": "torch.FloatTensor", "float64": "torch.DoubleTensor",
-               "int64": "torch.LongTensor", "bool": "torch.BoolTensor"}
+_TORCH_TYPE = {k: "torch." + v for k, v in LEGACY_NAMES.items()}
 
 
 def _torch_picks_mkldnn(input: Tensor, weight: Tensor, stride, dilation, groups) -> bool:

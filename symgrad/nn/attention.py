@@ -114,8 +114,9 @@ def _check_sdpa_inputs(query, key, value, attn_mask, dropout_p: float) -> None:
 
 def _dtype_name(t: Tensor) -> str:
     """The C++ scalar-type name torch prints in these messages (``float``, ``double``, ``bool``)."""
-    return {"float32": "float", "float64": "double", "int64": "long int"}.get(
-        str(t.dtype).removeprefix("symgrad."), str(t.dtype).removeprefix("symgrad."))
+    from .._tensor_layer import CPP_NAMES
+
+    return CPP_NAMES.get(t.dtype.name, t.dtype.name)
 
 
 def _gqa_repeats(query: Tensor, key: Tensor, value: Tensor, enable_gqa: bool) -> int:

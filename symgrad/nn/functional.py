@@ -74,7 +74,7 @@ def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 
 
 def _torch_name(d) -> str:
-    return {"float32": "Float", "float64": "Double", "int64": "Long", "bool": "Bool"}[d.name]
+    return TORCH_NAMES[d.name]
 
 
 def addmm(input: Tensor, mat1: Tensor, mat2: Tensor, *, beta=1, alpha=1) -> Tensor:

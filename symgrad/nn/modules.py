@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 from .. import functional as _F
+from .._tensor_layer import LEGACY_NAMES as _LEGACY_NAMES
 from ..autograd.grad_mode import no_grad
 from ..tensor import Tensor
 from ..utils.hooks import BackwardHook, RemovableHandle
@@ -493,6 +494,16 @@ class Module:
 
         return self.to(float64)
 
+    def half(self) -> Module:
+        from ..dtypes import float16
+
+        return self.to(float16)
+
+    def bfloat16(self) -> Module:
+        from ..dtypes import bfloat16
+
+        return self.to(bfloat16)
+
     # -- state dicts --------------------------------------------------------------------------
     def state_dict(self, *, destination=None, prefix: str = "", keep_vars: bool = False):
         """Parameters and persistent buffers by dotted name (detached unless ``keep_vars``)."""
@@ -930,8 +941,7 @@ class ModuleDict(Module):
             self[m[0]] = m[1]
 
 
-_TENSOR_TYPE = {"float32": "FloatTensor", "float64": "DoubleTensor", "int64": "LongTensor",
-                "bool": "BoolTensor"}
+_TENSOR_TYPE = _LEGACY_NAMES
 
 
 def _param_line(k, p, typename: bool) -> str:
