@@ -137,7 +137,8 @@ export function renderReportView(
   const head = h('div', 'sg-header');
   head.appendChild(h('span', 'sg-title', 'Gradient check'));
   // neither agreement nor disagreement (non-finite, changed in place ...): its word
-  const other = !r.ok && !!r.status && r.status !== 'mismatch';
+  const other =
+    !r.ok && !!r.status && r.status !== 'mismatch' && r.status !== 'ok';
   // checked at the values kept when recorded (leaves written in place since): said so
   const recorded = (r.notes ?? []).some(n =>
     n.includes('checked at the values recorded then')

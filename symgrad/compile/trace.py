@@ -16,6 +16,7 @@ old one, as the array's contents were in eager). See :meth:`Tracer._inplace`.
 
 from __future__ import annotations
 
+import sys
 import weakref
 from typing import Any
 
@@ -646,9 +647,11 @@ class Tracer:
         # deterministic creation functions (arange, zeros, full ...): their tensor is a
         # constant of the trace (its arguments are shapes and Python values, fixed by the
         # signature and guards), e.g. the positions of a GPT or attention's causal mask
-        import symgrad as _sg
-
         from .. import _tensor_layer, creation
+
+        # the package's own attributes too (sg.arange): it is loaded, being our parent, so
+        # it is read from sys.modules rather than imported from below
+        _sg = sys.modules[__name__.split(".")[0]]
         for name in _CREATORS:
             orig = getattr(creation, name)
             wrapper = _creator(tracer, orig)

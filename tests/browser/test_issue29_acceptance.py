@@ -131,6 +131,15 @@ def _check_rows(cell, grads: dict[str, list], what: str) -> None:
     tables = _visible(cell.locator("[data-symgrad=agreement]"))
     assert len(tables) == 1, what
     rows = tables[0].locator("tbody tr")
+    # the status can say "done" a moment before the view has filled the table (seen once in
+    # Notebook 7 on a loaded machine): wait until every row shows its engine value
+    deadline = time.monotonic() + 60
+    while rows.count() == 0 or not all(
+            ENGINE.match(" ".join(rows.nth(k).locator("td").nth(2).inner_text().split()))
+            for k in range(rows.count())):
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.25)
     seen = []
     for k in range(rows.count()):
         tr = rows.nth(k)

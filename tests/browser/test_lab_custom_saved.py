@@ -35,11 +35,16 @@ CELLS = [
 ]
 
 
-def _panel_rows(page, cell: int) -> dict[str, list[str]]:
-    graph = page.locator(".jp-Notebook .jp-Cell").nth(cell).locator(
-        ".sg-view[data-symgrad=graph]").first
+def _panel_rows(page, cell: int, live: bool = False) -> dict[str, list[str]]:
+    """The saved-operand rows of the custom node's panel, in the picture the user sees: in
+    a ``%%symgrad`` cell (``live``) the Inspector's (its static twin is hidden), else the
+    graph output's."""
+    where = page.locator(".jp-Notebook .jp-Cell").nth(cell)
+    if live:
+        where = where.locator(".symgrad-inspector")
+    graph = where.locator(".sg-view[data-symgrad=graph]").first
     node = graph.locator(".sg-node[data-kind=op]", has_text="ScaleBackward")
-    node.wait_for(state="attached", timeout=120_000)
+    node.wait_for(state="visible", timeout=120_000)
     node.scroll_into_view_if_needed()
     node.click()
     panel = graph.locator("[data-symgrad=node-panel]")
@@ -86,7 +91,7 @@ def test_custom_function_saved_operands_in_jupyterlab(browser, lab_server, artif
         path=str(artifacts / "lab-custom-saved.png"))
 
     # after backward in a %%symgrad cell: freed, the saved input shown from the record
-    rows = _panel_rows(page, 2)
+    rows = _panel_rows(page, 2, live=True)
     assert list(rows) == ["saved_tensors[0]", "saved_tensors[1]", "w"]
     assert rows["saved_tensors[0]"][1:4] == ["freed", "[2]", "float32"]
     assert rows["saved_tensors[0]"][5] == "same object as u"

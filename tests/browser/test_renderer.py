@@ -403,6 +403,7 @@ def test_report_payload(page):
     # A disagreement (as the verifier reports one), with a hostile leaf name.
     bad = json.loads(json.dumps(report))
     bad["ok"] = False
+    bad["status"] = "mismatch"
     bad["leaves"][0].update(name=payloads.XSS, status="mismatch", max_abs_err=0.5)
     bad["nodes"][0].update(status="mismatch", detail=payloads.XSS)
     bad["first_bad_node"] = bad["nodes"][0]["id"]
