@@ -9,7 +9,7 @@ from ..backends import backend_for
 from ..tensor import Tensor
 
 __all__ = ["lr_value", "scalar_dtype", "scalar_state", "get_value", "set_value", "check_lr",
-           "lerp_", "param_backend"]
+           "lerp_", "param_backend", "check_adam_args"]
 
 
 def param_backend(p: Tensor):
@@ -65,6 +65,19 @@ def check_lr(lr) -> None:
         raise ValueError("Tensor lr must be 1-element")
     if not 0.0 <= lr:
         raise ValueError(f"Invalid learning rate: {lr}")
+
+
+def check_adam_args(lr, eps: float, betas, weight_decay: float) -> None:
+    """The Adam family's argument checks (Adamax, NAdam, RAdam), in torch's order and words."""
+    check_lr(lr)
+    if not 0.0 <= eps:
+        raise ValueError(f"Invalid epsilon value: {eps}")
+    if not 0.0 <= betas[0] < 1.0:
+        raise ValueError(f"Invalid beta parameter at index 0: {betas[0]}")
+    if not 0.0 <= betas[1] < 1.0:
+        raise ValueError(f"Invalid beta parameter at index 1: {betas[1]}")
+    if not 0.0 <= weight_decay:
+        raise ValueError(f"Invalid weight_decay value: {weight_decay}")
 
 
 def lerp_(be, start, end, weight: float) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from ..tensor import Tensor
-from ._common import check_lr, lerp_, lr_value, param_backend, scalar_state
+from ._common import check_adam_args, lerp_, lr_value, param_backend, scalar_state
 from .optimizer import Optimizer, bump_step, check_flags
 
 __all__ = ["Adamax"]
@@ -21,15 +21,7 @@ class Adamax(Optimizer):
                  maximize: bool = False, differentiable: bool = False,
                  capturable: bool = False) -> None:
         check_flags(differentiable)
-        check_lr(lr)
-        if not 0.0 <= eps:
-            raise ValueError(f"Invalid epsilon value: {eps}")
-        if not 0.0 <= betas[0] < 1.0:
-            raise ValueError(f"Invalid beta parameter at index 0: {betas[0]}")
-        if not 0.0 <= betas[1] < 1.0:
-            raise ValueError(f"Invalid beta parameter at index 1: {betas[1]}")
-        if not 0.0 <= weight_decay:
-            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        check_adam_args(lr, eps, betas, weight_decay)
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps,
                                   "weight_decay": weight_decay, "foreach": foreach,
                                   "maximize": maximize, "differentiable": differentiable,

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 from ..backends import backend_for
 from ..tensor import Tensor
-from ._common import check_lr, get_value, lerp_, lr_value, param_backend, scalar_state
+from ._common import check_adam_args, get_value, lerp_, lr_value, param_backend, scalar_state
 from .optimizer import Optimizer, bump_step, check_flags
 
 __all__ = ["NAdam"]
@@ -30,15 +30,7 @@ class NAdam(Optimizer):
                  maximize: bool = False, capturable: bool = False,
                  differentiable: bool = False) -> None:
         check_flags(differentiable)
-        check_lr(lr)
-        if not 0.0 <= eps:
-            raise ValueError(f"Invalid epsilon value: {eps}")
-        if not 0.0 <= betas[0] < 1.0:
-            raise ValueError(f"Invalid beta parameter at index 0: {betas[0]}")
-        if not 0.0 <= betas[1] < 1.0:
-            raise ValueError(f"Invalid beta parameter at index 1: {betas[1]}")
-        if not 0.0 <= weight_decay:
-            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        check_adam_args(lr, eps, betas, weight_decay)
         if not 0.0 <= momentum_decay:
             raise ValueError(f"Invalid momentum_decay value: {momentum_decay}")
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps,
