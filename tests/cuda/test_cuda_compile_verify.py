@@ -172,7 +172,7 @@ def test_verify_catches_a_corrupted_fused_cuda_kernel(monkeypatch):
         warnings.simplefilter("error")
         step(x, y)
     assert step._entries() and step._entries()[-1].module.runs
-    with pytest.raises(RuntimeError, match=r"disagrees with eager: gradient of leaf \d+"):
+    with pytest.raises(RuntimeError, match=r"disagrees with eager: gradient of leaf ?\d+"):
         step.verify()
     monkeypatch.setattr(sys.modules["symgrad.compile.replay"], "check_generated",
                         lambda *a: [])
