@@ -4,8 +4,8 @@ Each function normalizes its arguments the way PyTorch does (dims, scalars, over
 and calls ``apply`` with the op's spec; nothing here computes or differentiates.
 
 tensor.py binds these functions as Tensor's methods and operators in its class body
-(``__mul__ = _F.mul``), and calls :func:`install_inplace_methods` for the generated
-in-place forms. This module sits below tensor.py: it recognises tensors as
+(``__mul__ = _F.mul``), and attaches the in-place forms generated here
+(:func:`inplace_methods`). This module sits below tensor.py: it recognises tensors as
 ``TensorBase`` and reaches the class and its factory through ``_tensor_layer``.
 """
 
@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from . import _tensor_layer as _tl
 from . import dtypes as _dt
+from . import return_types
 from ._aliases import numpy_aliases
 from ._random import _generator
 from ._tensor_layer import CPP_NAMES as _CPP_NAMES
@@ -22,10 +23,18 @@ from ._tensor_layer import TORCH_NAMES as _TORCH_NAMES
 from ._tensor_layer import TensorBase
 from ._tensor_layer import type_name as _type_name
 from ._tensor_layer import wrap_dim as _wrap_dim
+from .autograd import function as _fn
 from .autograd.function import apply
+from .autograd.grad_mode import _state
+from .backends import backend_for
 from .backends.base import view_strides
+from .cuda import _require_cuda
+from .device import CPU
 from .ops import OPS
 from .ops._ints import u64, u64s
+from .ops.indexing import select as _select
+from .ops.indexing import slice_
+from .ops.shape import list_spec
 
 if TYPE_CHECKING:  # annotations only: tensor.py imports this module to bind its methods
     from .tensor import Tensor
@@ -425,12 +434,7 @@ def to_dtype(input, dtype):
 
 def to_device(input, device):
     """Copy ``input`` to ``device``; recorded as ToCopyBackward0 (as torch) when it needs grad."""
-    from .backends import backend_for
-    from .device import CPU
-
     if device.type == "cuda":
-        from .cuda import _require_cuda
-
         device = _require_cuda(device)
         _dt.check_device(input.dtype, "cuda")
     elif device.type == "cpu":
@@ -441,9 +445,6 @@ def to_device(input, device):
     host = backend_for(input._device.type).to_host(input._data)
     out = _tl.Tensor._wrap(backend_for(device.type).from_host(host), device)
     if input._requires_grad:
-        from .autograd import function as _fn
-        from .autograd.grad_mode import _state
-
         if _state.enabled:
             _fn._T()
             _fn._record(_O["to_cuda" if device.type == "cuda" else "to_cpu"], (input,), {},
@@ -634,8 +635,6 @@ def _batched_matmul(t1, t2):
 
 # -- max / min / argmax / clamp --------------------------------------------------------------
 def _minmax(name, input, dim, keepdim):
-    from . import return_types
-
     if isinstance(dim, TensorBase):
         return (maximum if name == "max" else minimum)(input, dim)
     if dim is None:
@@ -798,8 +797,6 @@ def _tensor_list(tensors, name):
 
 def cat(tensors, dim=0):
     """torch.cat; 1-D empty tensors are skipped (PyTorch's legacy rule)."""
-    from .ops.shape import list_spec
-
     tensors = _tensor_list(tensors, "cat")
     if not tensors:
         raise ValueError("torch.cat(): expected a non-empty list of Tensors")
@@ -825,8 +822,6 @@ def cat(tensors, dim=0):
 
 
 def stack(tensors, dim=0):
-    from .ops.shape import list_spec
-
     tensors = _tensor_list(tensors, "stack")
     if not tensors:
         raise RuntimeError("stack expects a non-empty TensorList")
@@ -840,8 +835,6 @@ def stack(tensors, dim=0):
 
 
 def select(input, dim, index):
-    from .ops.indexing import select as _select
-
     if input.ndim == 0:
         raise IndexError("select() cannot be applied to a 0-dim tensor.")
     d = _wrap_dim(dim, input.ndim)
@@ -853,8 +846,6 @@ def select(input, dim, index):
 
 
 def narrow(input, dim, start, length):
-    from .ops.indexing import slice_
-
     d = _wrap_dim(dim, input.ndim)
     size = input.shape[d]
     if not -size <= start <= size:
@@ -993,8 +984,6 @@ def isclose(input, other, rtol: float = 1e-05, atol: float = 1e-08,
             equal_nan: bool = False) -> Tensor:
     """``|input - other| <= atol + rtol * |other|`` elementwise (a bool tensor), or equal;
     NaNs are close to each other only with ``equal_nan``; infinities only to themselves."""
-    from .backends import backend_for
-
     close = _isclose("isclose", input, other, rtol, atol, equal_nan)
     if input._device.type == "cpu":
         return _tl.Tensor._wrap(close)
@@ -1114,8 +1103,6 @@ def _continuous_only(t: Tensor, what: str, names: dict) -> None:
 
 def _refuse_leaf(self: Tensor) -> None:
     """torch's leaf error, before any number is drawn (the generator must not advance)."""
-    from .autograd.grad_mode import _state
-
     if _state.enabled and self._requires_grad and self._grad_fn is None:
         raise RuntimeError("a leaf Variable that requires grad is being used in an in-place "
                            "operation.")
@@ -1126,7 +1113,6 @@ def _write_random(self: Tensor, method: str, op: str, host, others: tuple = ()) 
     copies them: truly in place without a graph, UniformBackward0 ... with one."""
     import numpy as np
 
-    from .backends import backend_for
 
     with np.errstate(all="ignore"):
         host = np.ascontiguousarray(host, dtype=self.dtype.np)
@@ -1359,15 +1345,13 @@ clamp_min_ = _inplace_function("clamp_min_")
 clamp_max_ = _inplace_function("clamp_max_")
 
 
-def install_inplace_methods(cls) -> None:
-    """Give ``cls`` (tensor.py calls it with Tensor) the in-place methods generated here:
-    ``<op>_`` for each elementwise op of :func:`_elementwise_functions` (``exp_``, ``gt_`` ...;
-    ``add_``/``sub_``/``mul_``/``div_`` are written in tensor.py), the random initialisers
-    (``uniform_`` ...) and torch's in-place aliases (``multiply_`` ...)."""
-    for name in _elementwise_functions():
-        if name not in _HAND_WRITTEN:
-            setattr(cls, name + "_", _inplace_form(name))
-    for fn in _INITIALISERS:
-        setattr(cls, fn.__name__, fn)
-    for alias, target in _INPLACE_ALIASES.items():
-        setattr(cls, alias, getattr(cls, target))
+def inplace_methods() -> dict:
+    """Tensor's methods generated here from the op registry, by name (tensor.py attaches
+    them): ``<op>_`` for each elementwise op of :func:`_elementwise_functions` (``exp_``,
+    ``gt_`` ...; ``add_``/``sub_``/``mul_``/``div_`` are written in tensor.py) and the random
+    initialisers (``uniform_`` ...). torch's in-place aliases (``multiply_`` ...) are
+    ``_INPLACE_ALIASES``, resolved on the class."""
+    methods = {name + "_": _inplace_form(name) for name in _elementwise_functions()
+               if name not in _HAND_WRITTEN}
+    methods.update((fn.__name__, fn) for fn in _INITIALISERS)
+    return methods

@@ -23,9 +23,13 @@ from . import _tensor_layer as _tl
 from . import dtypes as _dt
 from ._tensor_layer import TensorBase
 from ._views import check_multi_output_view
+from .autograd.function import _record
 from .autograd.grad_mode import _state
 from .autograd.node import _saved_tensors_hooks
 from .autograd.record import _recording, before_write
+from .backends import backend_for
+from .functional import expand, unsqueeze, view
+from .ops import OPS
 from .ops import indexing as _ix
 from .ops._ints import INT64_MAX, u64
 
@@ -188,8 +192,6 @@ def _slice(x: Tensor, dim: int, s: slice, optimize: bool) -> Tensor:
 
 def getitem(x: Tensor, index) -> Tensor:
     """``x[index]`` with PyTorch's decomposition and errors."""
-    from .functional import unsqueeze
-
     if not _treat_as_tuple(index):
         i = _item(index)
         if i is None:
@@ -346,9 +348,6 @@ def _view_written(items) -> str | None:
 
 def setitem(x: Tensor, index, value) -> None:
     """``x[index] = value``: writes x's data and, under autograd, rebases x's grad_fn."""
-    from .backends import backend_for
-    from .functional import expand, view
-
     if index is False:
         return  # PyTorch does nothing for x[False] = v
     items = _items(index)
@@ -422,8 +421,6 @@ def setitem(x: Tensor, index, value) -> None:
         _iv.record_write(base, old_base, src, (written, adv), x, view_region, others, be,
                          eager)
         return
-    from .autograd.function import _record
-    from .ops import OPS
 
     if whole and adv is None:
         spec, params = OPS["setitem_copy"], {}

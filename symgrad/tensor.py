@@ -21,6 +21,7 @@ from . import _tensor_layer as _tl
 from . import dtypes as _dt
 from . import functional as _F
 from . import indexing as _ix
+from . import tensor_functions as _TF
 from ._format import format_data
 from ._tensor_layer import CPP_NAMES as _CPP_NAMES  # noqa: F401  (imported from here too)
 from ._tensor_layer import TORCH_NAMES as _TORCH_NAMES  # noqa: F401
@@ -686,12 +687,16 @@ class Tensor(TensorBase):
     def __reduce_ex__(self, protocol):
         return (_rebuild, (self.detach().cpu()._data.copy(), self._requires_grad, self.name))
 
-    # -- op methods and operators -------------------------------------------------------------
-    # The public op functions of functional.py (and indexing.py for ``[]``), bound as they
-    # are: ``t.exp()`` and ``a * b`` call them with no extra Python call in between. The
-    # in-place twins of the elementwise ops (``exp_``, ``gt_`` ...), the random initialisers
-    # (``uniform_`` ...) and torch's in-place aliases are generated from the op registry by
-    # ``functional.install_inplace_methods``, called below the class.
+    # -- op methods and operators: the one table --------------------------------------------
+    # One line per method (its aliases on the same line): the public functions of
+    # functional.py, tensor_functions.py and indexing.py (``[]``), bound as they are, so that
+    # ``t.exp()`` calls ``symgrad.exp`` with no Python call in between and help(),
+    # inspect.signature and go-to-definition show that function. Those modules sit below
+    # this one and never import it (tests/test_tensor_method_table.py); adding a method is a
+    # line here. What the op registry generates is attached right below the class
+    # (``_attach_registry_methods``): the in-place twins of the elementwise ops (``exp_``,
+    # ``gt_`` ...), the random initialisers (``uniform_`` ...), torch's in-place aliases, and
+    # the straight lines of ``+ - * /``, whose fallback is the function bound here.
     add = __add__ = __radd__ = _F.add
     sub = subtract = __sub__ = _F.sub
     mul = multiply = __mul__ = __rmul__ = _F.mul
@@ -785,7 +790,6 @@ class Tensor(TensorBase):
     logsumexp = _F.logsumexp
     select = _F.select
     narrow = _F.narrow
-    norm = _F.norm
     all = _F.all_  # noqa: A003
     any = _F.any_  # noqa: A003
     addcmul = _F.addcmul
@@ -793,6 +797,37 @@ class Tensor(TensorBase):
     isclose = _F.isclose
     allclose = _F.allclose
     mT = property(_F._mT)
+    # tensor_functions.py
+    gather = _TF.gather
+    scatter = _TF.scatter
+    scatter_add = _TF.scatter_add
+    take_along_dim = _TF.take_along_dim
+    index_select = _TF.index_select
+    index_add = _TF.index_add
+    masked_fill = _TF.masked_fill
+    masked_fill_ = _TF.masked_fill_
+    cumsum = _TF.cumsum
+    cumprod = _TF.cumprod
+    flip = _TF.flip
+    var = _TF.var
+    std = _TF.std
+    norm = _TF.norm
+    sort = _TF.sort
+    argsort = _TF.argsort
+    topk = _TF.topk
+    tril = _TF.tril
+    triu = _TF.triu
+    roll = _TF.roll
+    repeat = _TF.repeat
+    tile = _TF.tile
+    outer = _TF.outer
+    split = _TF._split_method  # torch names the method's argument split_size
+    chunk = _TF.chunk
+    unbind = _TF.unbind
+    tensor_split = _TF.tensor_split
+    diagonal = _TF.diagonal
+    unique = _TF.unique
+    multinomial = _TF.multinomial
 
     @property
     def T(self):  # noqa: N802
@@ -809,11 +844,6 @@ class Tensor(TensorBase):
 
     def where(self, condition, other):
         return _F.where(condition, self, other)
-
-
-
-#: exp_, gt_, ..., uniform_, normal_, ..., multiply_, clip_ ...: generated from the registry
-_F.install_inplace_methods(Tensor)
 
 
 def _rebuild(data, requires_grad, name):
@@ -1234,10 +1264,18 @@ ByteTensor = _legacy_type("ByteTensor", _dt.uint8)
 _tl.provide(Tensor=Tensor, tensor=tensor, DT_OF=_DT_OF, backend_for=_backend_for)
 
 
-def _install_operator_lines() -> None:
-    """``a + b``, ``a - b``, ``a * b`` and ``a / b`` (and the reflected ``+`` and ``*``) run
-    their op's straight line (autograd/fast_apply.py) directly: one Python call fewer than
-    through functional.py, which takes every call off that line."""
+
+def _attach_registry_methods() -> None:
+    """Tensor's methods generated from the op registry (the class body has the rest): the
+    in-place twins of the elementwise ops and the random initialisers (functional.py),
+    torch's in-place aliases (``multiply_`` is ``mul_``), and ``a + b``, ``a - b``, ``a * b``,
+    ``a / b`` (and the reflected ``+`` and ``*``) as their op's straight line
+    (autograd/fast_apply.py): one Python call fewer than through functional.py, which takes
+    every call off that line. Runs once the class is provided (the lines read it)."""
+    for name, method in _F.inplace_methods().items():
+        setattr(Tensor, name, method)
+    for alias, target in _F._INPLACE_ALIASES.items():
+        setattr(Tensor, alias, getattr(Tensor, target))
     for names, op, params, fallback in (
             (("__add__", "__radd__"), "add", "{'alpha': 1}", _F.add),
             (("__sub__",), "sub", "{'alpha': 1}", _F.sub),
@@ -1248,15 +1286,4 @@ def _install_operator_lines() -> None:
             setattr(Tensor, name, method)
 
 
-_install_operator_lines()
-
-
-# -- tensor functions and normalisation (issue 21) ---------------------------------------------
-def _install_tensor_functions() -> None:
-    from . import tensor_functions as _TF
-
-    for _name in _TF.METHODS:  # a method whose argument names differ from the function's
-        setattr(Tensor, _name, _TF.METHOD_FORMS.get(_name) or getattr(_TF, _name))
-
-
-_install_tensor_functions()
+_attach_registry_methods()

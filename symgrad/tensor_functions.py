@@ -4,7 +4,7 @@ take_along_dim, cumsum/cumprod, var/std, norm and linalg.vector_norm, flip.
 Each function checks its arguments with torch's wording (index dtype, index range, dims,
 shapes) so that nothing unchecked reaches a kernel, then applies the op's spec
 (symgrad/ops/gather.py, scan.py, stats.py). tensor.py binds them as Tensor methods where
-torch has them (``METHODS``); symgrad/__init__.py exports ``FUNCTIONS``.
+torch has them (its class body); symgrad/__init__.py exports ``FUNCTIONS``.
 """
 
 from __future__ import annotations
@@ -16,16 +16,18 @@ import numpy as np
 
 from . import _tensor_layer as _tl
 from . import dtypes as _dt
+from . import return_types
 from ._aliases import numpy_aliases
 from ._random import _generator as _rng_of
+from ._tensor_layer import CPP_NAMES, TORCH_NAMES, TensorBase
 from ._tensor_layer import TORCH_NAMES as _TORCH_NAMES
-from ._tensor_layer import TensorBase
 from ._tensor_layer import wrap_dim as _wrap_dim
 from ._views import mark_multi_output_views
 from .autograd.function import apply
 from .autograd.grad_mode import is_grad_enabled
 from .ops import OPS
 from .ops._ints import u64, u64s
+from .ops.indexing import slice_
 
 if TYPE_CHECKING:
     from .tensor import Tensor
@@ -168,8 +170,6 @@ def index_add(input: Tensor, dim: int, index: Tensor, source: Tensor, *,
 def _masked_fill_args(input, mask, value):
     """torch's checks; the mask expanded where it broadcasts beyond ``input``."""
     if mask.dtype is not _dt.bool_:
-        from ._tensor_layer import CPP_NAMES
-
         raise RuntimeError("masked_fill_ only supports boolean masks, but got mask with dtype "
                            f"{CPP_NAMES.get(mask.dtype.name, mask.dtype.name)}")
     if isinstance(value, TensorBase):
@@ -177,8 +177,6 @@ def _masked_fill_args(input, mask, value):
             raise RuntimeError("masked_fill_ only supports a 0-dimensional value tensor, but "
                                f"got tensor with {value.ndim} dimension(s).")
         if value.requires_grad and is_grad_enabled() and not input.dtype.is_floating_point:
-            from ._tensor_layer import TORCH_NAMES
-
             raise RuntimeError(f"Autograd not support dtype: {TORCH_NAMES[input.dtype.name]}")
     if tuple(np.broadcast_shapes(tuple(mask.shape), tuple(input.shape))) != tuple(input.shape):
         mask = mask.expand(*np.broadcast_shapes(tuple(mask.shape), tuple(input.shape)))
@@ -284,8 +282,6 @@ def vector_norm(x: Tensor, ord: Any = 2, dim: Any = None, keepdim: bool = False,
 
 
 def _dt_name(d) -> str:
-    from ._tensor_layer import TORCH_NAMES
-
     return TORCH_NAMES.get(d.name, d.name)
 
 
@@ -303,8 +299,6 @@ def norm(input: Tensor, p: Any = "fro", dim: Any = None, keepdim: bool = False,
 # -- sort / topk / tril / triu / roll / repeat / tile / outer ---------------------------------
 def sort(input: Tensor, dim: int = -1, descending: bool = False, stable: bool = False):
     """(values, indices) along ``dim``; always stable (ties keep their order)."""
-    from . import return_types
-
     _wrap_dim(dim, input.ndim)
     values, indices = apply(OPS["sort"], (input,), {"dim": u64(dim),
                                                    "descending": bool(descending)})
@@ -317,7 +311,6 @@ def argsort(input: Tensor, dim: int = -1, descending: bool = False,
 
 
 def topk(input: Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = True):  # noqa: A002
-    from . import return_types
 
     d = _wrap_dim(dim, input.ndim)
     size = input.shape[d] if input.ndim else 1
@@ -471,16 +464,12 @@ def unbind(input: Tensor, dim: int = 0) -> tuple:
 def tensor_split(input: Tensor, indices_or_sections: Any, dim: int = 0) -> tuple:
     """``sections`` nearly equal pieces, or pieces cut at ``indices``; each piece is its own
     slice (SliceBackward0), as torch records it."""
-    from .ops.indexing import slice_
-
     arg = indices_or_sections
     if input.ndim == 0:
         raise RuntimeError("tensor_split expected at least a 1-dimensional tensor, but got a "
                            "tensor with 0 dims")
     if isinstance(arg, TensorBase):
         if arg.dtype is not _dt.int64:
-            from ._tensor_layer import TORCH_NAMES
-
             raise RuntimeError("tensor_split expected tensor_indices_or_sections to have dtype "
                                f"of long, but got {TORCH_NAMES.get(arg.dtype.name)}")
         if arg.ndim > 1:
@@ -742,19 +731,14 @@ def multinomial(input: Tensor, num_samples: int, replacement: bool = False, *, g
     return _tl.Tensor._wrap(np.ascontiguousarray(picked)).to(input.device)
 
 
-#: Tensor methods (torch.Tensor has each of these names)
-METHODS = ("gather", "scatter", "scatter_add", "take_along_dim", "index_select", "index_add",
-           "masked_fill", "masked_fill_", "cumsum", "cumprod", "flip", "var", "std", "norm",
-           "sort", "argsort", "topk", "tril", "triu", "roll", "repeat", "tile", "outer", "split",
-           "chunk", "unbind", "tensor_split", "diagonal", "unique", "multinomial")
-
-
 def _split_method(self: Tensor, split_size: Any, dim: int = 0) -> tuple:
     """``Tensor.split(split_size, dim=0)`` (torch names the argument so on the method)."""
     return split(self, split_size, dim)
 
 
-#: Tensor methods whose signature differs from the function's
-METHOD_FORMS = {"split": _split_method}
-#: top-level functions (torch has each of these names; torch.repeat does not exist)
-FUNCTIONS = tuple(m for m in METHODS if m not in ("repeat", "masked_fill_")) + ("einsum",)
+#: top-level functions (torch has each of these names; the Tensor methods, tensor.py's
+#: class body, also have repeat and masked_fill_, and split as ``_split_method``)
+FUNCTIONS = ("gather", "scatter", "scatter_add", "take_along_dim", "index_select", "index_add",
+             "masked_fill", "cumsum", "cumprod", "flip", "var", "std", "norm", "sort",
+             "argsort", "topk", "tril", "triu", "roll", "tile", "outer", "split", "chunk",
+             "unbind", "tensor_split", "diagonal", "unique", "multinomial", "einsum")

@@ -240,7 +240,7 @@ def test_tensor_methods_are_defined_where_go_to_definition_looks():
                  "__le__", "__gt__", "__ge__", "__and__", "__or__", "__invert__",
                  "__getitem__", "__setitem__", "__iter__", "exp", "sum", "matmul", "T", "mT"):
         assert name in names, f"Tensor.{name} is not defined in tensor.py's class body"
-    # and nothing outside tensor.py / functional.install_inplace_methods sets them
+    # and nothing outside tensor.py sets them (_attach_registry_methods, below the class)
     for path in ROOT.rglob("*.py"):
         if path.name == "tensor.py" and path.parent == ROOT:
             continue
