@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from . import _tensor_layer as _tl
+from . import cuda as _cuda
 from . import dtypes as _dt
 from . import return_types
 from ._aliases import numpy_aliases
@@ -28,7 +29,6 @@ from .autograd.function import apply
 from .autograd.grad_mode import _state
 from .backends import backend_for
 from .backends.base import view_strides
-from .cuda import _require_cuda
 from .device import CPU
 from .ops import OPS
 from .ops._ints import u64, u64s
@@ -435,7 +435,7 @@ def to_dtype(input, dtype):
 def to_device(input, device):
     """Copy ``input`` to ``device``; recorded as ToCopyBackward0 (as torch) when it needs grad."""
     if device.type == "cuda":
-        device = _require_cuda(device)
+        device = _cuda._require_cuda(device)  # read at call time: the verifier swaps it
         _dt.check_device(input.dtype, "cuda")
     elif device.type == "cpu":
         device = CPU  # any cpu index is the one cpu; other types (the verifier's symbolic

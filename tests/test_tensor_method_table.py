@@ -15,6 +15,7 @@ import ast
 import inspect
 from pathlib import Path
 
+import pytest
 import test_layers as layers  # tests/ is on sys.path under pytest
 
 import symgrad as sg
@@ -193,3 +194,19 @@ def test_methods_keep_torch_signatures_where_they_differ_from_the_function():
 def test_tensor_functions_exports_are_the_package_functions():
     missing = [n for n in TF.FUNCTIONS if getattr(sg, n, None) is not getattr(TF, n)]
     assert not missing, missing
+
+
+def test_what_the_verifier_swaps_is_read_at_call_time(monkeypatch):
+    """The symbolic replay swaps ``symgrad.cuda._require_cuda`` for its own device check, so
+    to_device reads it from the module at each call (not a name bound at import)."""
+    import symgrad.cuda
+
+    class Swapped(Exception):
+        pass
+
+    def swapped(device):
+        raise Swapped(str(device))
+
+    monkeypatch.setattr(symgrad.cuda, "_require_cuda", swapped)
+    with pytest.raises(Swapped, match="^cuda$"):
+        sg.ones(2).to("cuda")
