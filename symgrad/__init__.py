@@ -316,13 +316,17 @@ from .tensor_functions import (  # noqa: E402
     triu,
     unbind,
     unique,
+    unsafe_chunk,
+    unsafe_split,
+    unsafe_split_with_sizes,
     var,
 )
 
 __all__ += ["linalg", "gather", "scatter", "scatter_add", "take_along_dim", "index_select",
             "index_add", "masked_fill", "cumsum", "cumprod", "flip", "var", "std", "norm",
             "sort", "argsort", "topk", "tril", "triu", "roll", "tile", "outer", "einsum",
-            "split", "chunk", "unbind", "tensor_split", "diagonal", "unique", "multinomial"]
+            "split", "chunk", "unbind", "tensor_split", "diagonal", "unique", "multinomial",
+            "unsafe_split", "unsafe_split_with_sizes", "unsafe_chunk"]
 
 # -- half precision and the narrow integers (issue 31) ------------------------------------------
 __all__ += ["float16", "half", "bfloat16", "int32", "int", "int16", "short", "int8", "uint8",

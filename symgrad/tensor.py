@@ -828,6 +828,9 @@ class Tensor(TensorBase):
     diagonal = _TF.diagonal
     unique = _TF.unique
     multinomial = _TF.multinomial
+    unsafe_split = _TF._unsafe_split_method  # argument positions counted after self
+    unsafe_split_with_sizes = _TF._unsafe_split_with_sizes_method
+    unsafe_chunk = _TF._unsafe_chunk_method
 
     @property
     def T(self):  # noqa: N802

@@ -382,9 +382,11 @@ def _py_type(x) -> str:
 
 
 def _pieces(name: str, input, params: dict) -> tuple:
-    """Apply a multi-output view op; its pieces refuse in-place writes as torch's do."""
+    """Apply a multi-output op; the pieces of a view op refuse in-place writes as torch's do
+    (the unsafe_ ops' pieces are no views for autograd: they take them)."""
     outs = apply(OPS[name], (input,), params)
-    mark_multi_output_views(outs, input.requires_grad)
+    if OPS[name].view:
+        mark_multi_output_views(outs, input.requires_grad)
     return outs
 
 
@@ -401,26 +403,34 @@ def split(tensor: Tensor, split_size_or_sections: Any, dim: int = 0) -> tuple:
                 raise TypeError("split_with_sizes(): argument 'split_sizes' (position 2) must "
                                 f"be tuple of ints, but found element of type {_py_type(s)} "
                                 f"at pos {k}")
-        sizes = tuple(int(s) for s in sizes)
-        if tensor.ndim == 0:
-            raise RuntimeError("split expects at least a 1-dimensional tensor")
-        d = _wrap_dim(dim, tensor.ndim)
-        n = tensor.shape[d]
-        if any(s < 0 for s in sizes):
-            raise RuntimeError("split_with_sizes expects split_sizes have only non-negative "
-                               f"entries, but got split_sizes={list(sizes)}")
-        if sum(sizes) != n:
-            raise RuntimeError(f"split_with_sizes expects split_sizes to sum exactly to {n} "
-                               f"(input tensor's size at dimension {d}), but got "
-                               f"split_sizes={list(sizes)}")
-        return _pieces("split_with_sizes", tensor, {"split_sizes": sizes, "dim": u64(dim)})
+        return _by_sizes("split_with_sizes", tensor, tuple(int(s) for s in sizes), dim)
     if not _is_int(sizes):
         if isinstance(sizes, bool):
             raise TypeError("split() received an invalid combination of arguments - got "
                             f"(Tensor, bool, {_py_type(dim)}), but expected one of:")
         raise TypeError("split_with_sizes(): argument 'split_sizes' (position 2) must be "
                         f"tuple of ints, not {_py_type(sizes)}")
-    size = int(sizes)
+    return _by_size("split", tensor, int(sizes), dim)
+
+
+def _by_sizes(name: str, tensor: Tensor, sizes: tuple, dim: int) -> tuple:
+    """split_with_sizes / unsafe_split_with_sizes after the argument types: torch's checks."""
+    if tensor.ndim == 0:
+        raise RuntimeError("split expects at least a 1-dimensional tensor")
+    d = _wrap_dim(dim, tensor.ndim)
+    n = tensor.shape[d]
+    if any(s < 0 for s in sizes):
+        raise RuntimeError("split_with_sizes expects split_sizes have only non-negative "
+                           f"entries, but got split_sizes={list(sizes)}")
+    if sum(sizes) != n:
+        raise RuntimeError(f"split_with_sizes expects split_sizes to sum exactly to {n} "
+                           f"(input tensor's size at dimension {d}), but got "
+                           f"split_sizes={list(sizes)}")
+    return _pieces(name, tensor, {"split_sizes": sizes, "dim": u64(dim)})
+
+
+def _by_size(name: str, tensor: Tensor, size: int, dim: int) -> tuple:
+    """split / unsafe_split of an int size after the argument types: torch's checks."""
     if tensor.ndim == 0:
         raise RuntimeError("split expects at least a 1-dimensional tensor")
     d = _wrap_dim(dim, tensor.ndim)
@@ -430,14 +440,19 @@ def split(tensor: Tensor, split_size_or_sections: Any, dim: int = 0) -> tuple:
     if size == 0 and n != 0:
         raise RuntimeError("split_size can only be 0 if dimension size is 0, but got dimension "
                            f"size of {n}")
-    return _pieces("split", tensor, {"split_size": size, "dim": u64(dim)})
+    return _pieces(name, tensor, {"split_size": size, "dim": u64(dim)})
 
 
 def chunk(input: Tensor, chunks: int, dim: int = 0) -> tuple:
     """At most ``chunks`` pieces of equal size (the last may be smaller): torch.chunk, which
     records a split (SplitBackward0) of size ceil(n / chunks)."""
+    return _chunk("chunk", "", input, chunks, dim)
+
+
+def _chunk(fn: str, unsafe: str, input: Tensor, chunks: int, dim: int) -> tuple:
+    """chunk (``unsafe=""``) and unsafe_chunk (``"unsafe_"``: the unsafe_ split ops)."""
     if not _is_int(chunks):
-        raise TypeError("chunk(): argument 'chunks' (position 2) must be int, not "
+        raise TypeError(f"{fn}(): argument 'chunks' (position 2) must be int, not "
                         f"{_py_type(chunks)}")
     if input.ndim == 0:
         raise RuntimeError("chunk expects at least a 1-dimensional tensor")
@@ -448,9 +463,77 @@ def chunk(input: Tensor, chunks: int, dim: int = 0) -> tuple:
     n = input.shape[d]
     size = (n + chunks - 1) // chunks
     if size == 0 and n == 0:  # torch: chunks empty pieces, through split_with_sizes
-        return _pieces("split_with_sizes", input, {"split_sizes": (0,) * chunks,
-                                                   "dim": u64(dim)})
-    return _pieces("split", input, {"split_size": size, "dim": u64(dim)})
+        return _pieces(unsafe + "split_with_sizes", input, {"split_sizes": (0,) * chunks,
+                                                            "dim": u64(dim)})
+    return _pieces(unsafe + "split", input, {"split_size": size, "dim": u64(dim)})
+
+
+# -- torch's unsafe_ forms: the same pieces, no views for autograd ----------------------------
+def _int_arg(fn: str, name: str, pos: int, v: Any) -> int:
+    if not _is_int(v):
+        raise TypeError(f"{fn}(): argument '{name}' (position {pos}) must be int, not "
+                        f"{_py_type(v)}")
+    return int(v)
+
+
+def unsafe_split(input: Tensor, split_size: int, dim: int = 0) -> tuple:
+    """torch.unsafe_split: ``split`` of an int size whose pieces are no views for autograd
+    (UnsafeSplitBackward0). They share the input's memory, so writing into a piece writes
+    the input; torch's warning holds: modify the input or the pieces in place, not both."""
+    return _unsafe_split(input, split_size, dim, 2)
+
+
+def unsafe_split_with_sizes(input: Tensor, split_sizes: Any, dim: int = 0) -> tuple:
+    """torch.unsafe_split_with_sizes: ``split`` of listed sizes, no views for autograd
+    (UnsafeSplitWithSizesBackward0); see :func:`unsafe_split`."""
+    return _unsafe_split_with_sizes(input, split_sizes, dim, 2)
+
+
+def unsafe_chunk(input: Tensor, chunks: int, dim: int = 0) -> tuple:
+    """torch.unsafe_chunk: ``chunk`` whose pieces are no views for autograd (what torch's
+    LSTM and GRU cut their gates with); see :func:`unsafe_split`."""
+    return _unsafe_chunk(input, chunks, dim, 2)
+
+
+# Tensor's methods: torch counts argument positions after self
+def _unsafe_split_method(self: Tensor, split_size: int, dim: int = 0) -> tuple:
+    """``Tensor.unsafe_split(split_size, dim=0)``: see :func:`unsafe_split`."""
+    return _unsafe_split(self, split_size, dim, 1)
+
+
+def _unsafe_split_with_sizes_method(self: Tensor, split_sizes: Any, dim: int = 0) -> tuple:
+    """``Tensor.unsafe_split_with_sizes(split_sizes, dim=0)``: see :func:`unsafe_split`."""
+    return _unsafe_split_with_sizes(self, split_sizes, dim, 1)
+
+
+def _unsafe_chunk_method(self: Tensor, chunks: int, dim: int = 0) -> tuple:
+    """``Tensor.unsafe_chunk(chunks, dim=0)``: see :func:`unsafe_chunk`."""
+    return _unsafe_chunk(self, chunks, dim, 1)
+
+
+def _unsafe_split(input, split_size, dim, pos: int) -> tuple:
+    """(``pos``: the position torch's argument errors give ``split_size``)"""
+    size = _int_arg("unsafe_split", "split_size", pos, split_size)
+    return _by_size("unsafe_split", input, size, _int_arg("unsafe_split", "dim", pos + 1, dim))
+
+
+def _unsafe_split_with_sizes(input, split_sizes, dim, pos: int) -> tuple:
+    fn = "unsafe_split_with_sizes"
+    if not isinstance(split_sizes, (list, tuple)):
+        raise TypeError(f"{fn}(): argument 'split_sizes' (position {pos}) must be tuple of "
+                        f"ints, not {_py_type(split_sizes)}")
+    for k, v in enumerate(split_sizes):
+        if not _is_int(v):
+            raise TypeError(f"{fn}(): argument 'split_sizes' (position {pos}) must be tuple "
+                            f"of ints, but found element of type {_py_type(v)} at pos {k}")
+    return _by_sizes(fn, input, tuple(int(v) for v in split_sizes),
+                     _int_arg(fn, "dim", pos + 1, dim))
+
+
+def _unsafe_chunk(input, chunks, dim, pos: int) -> tuple:
+    chunks = _int_arg("unsafe_chunk", "chunks", pos, chunks)
+    return _chunk("unsafe_chunk", "unsafe_", input, chunks,
+                  _int_arg("unsafe_chunk", "dim", pos + 1, dim))
 
 
 def unbind(input: Tensor, dim: int = 0) -> tuple:
@@ -741,4 +824,5 @@ def _split_method(self: Tensor, split_size: Any, dim: int = 0) -> tuple:
 FUNCTIONS = ("gather", "scatter", "scatter_add", "take_along_dim", "index_select", "index_add",
              "masked_fill", "cumsum", "cumprod", "flip", "var", "std", "norm", "sort",
              "argsort", "topk", "tril", "triu", "roll", "tile", "outer", "split", "chunk",
-             "unbind", "tensor_split", "diagonal", "unique", "multinomial", "einsum")
+             "unbind", "tensor_split", "diagonal", "unique", "multinomial", "einsum",
+             "unsafe_split", "unsafe_split_with_sizes", "unsafe_chunk")

@@ -355,14 +355,15 @@ def _split_op(kind):
         t = b.shadow[i]
         d = b.dim(t)
         n = t.shape[d]
-        if kind == "split":
+        if kind in ("split", "unsafe_split"):
             size = b.draw(st.integers(1 if n else 0, max(n, 1) + 1))
-            method = b.draw(st.sampled_from(["split", "chunk"]))
-            arg = size if method == "split" else b.draw(st.integers(1, 4))
-        elif kind == "split_with_sizes":
+            prefix = "unsafe_" if kind == "unsafe_split" else ""
+            method = prefix + b.draw(st.sampled_from(["split", "chunk"]))
+            arg = size if method.endswith("split") else b.draw(st.integers(1, 4))
+        elif kind in ("split_with_sizes", "unsafe_split_with_sizes"):
             cuts = sorted(b.draw(st.lists(st.integers(0, n), max_size=3)))
             arg = [e - s for s, e in zip([0] + cuts, cuts + [n])]
-            method = "split"
+            method = "split" if kind == "split_with_sizes" else kind
         else:
             method, arg = "unbind", None
         count = len(getattr(sg, method)(t, *(() if arg is None else (arg,)), d))
@@ -589,7 +590,8 @@ GENERATORS = {
     "copy_slices": _setitem_op("copy_slices"), "setitem_copy": _setitem_op("setitem_copy"),
     "index_put": _setitem_op("index_put"), "cat": _list_op("cat"), "stack": _list_op("stack"),
     "split": _split_op("split"), "split_with_sizes": _split_op("split_with_sizes"),
-    "unbind": _split_op("unbind"),
+    "unbind": _split_op("unbind"), "unsafe_split": _split_op("unsafe_split"),
+    "unsafe_split_with_sizes": _split_op("unsafe_split_with_sizes"),
     "diagonal": _gen_diagonal, "diagonal_backward": _gen_diagonal_backward,
     "baddbmm": _gen_baddbmm, "safe_softmax": _gen_safe_softmax,
     "masked_fill_tensor": _simple("masked_fill_tensor", lambda b, t: (

@@ -481,6 +481,7 @@ _VIEW_GRAD = frozenset({"slice", "select"})
 # -- ops with several outputs (one node: split, split_with_sizes, unbind) -------------------
 #: op -> how the pieces' gradients join into the input's: along the op's dim
 MULTI_OUTPUT = {"split": "np.concatenate", "split_with_sizes": "np.concatenate",
+                "unsafe_split": "np.concatenate", "unsafe_split_with_sizes": "np.concatenate",
                 "unbind": "np.stack"}
 
 

@@ -7,13 +7,14 @@ follow torch's distribution, not torch's draws), input/hidden shape handling (un
 input included), return structure and error messages as torch 2.13.
 
 The forward follows torch's CPU kernels (``aten/src/ATen/native/RNN.cpp``) step by step,
-written with ordinary differentiable ops (linear, chunk, sigmoid, tanh, relu, mul, add,
-unbind, stack, cat), so autograd, hooks and ``symgrad.verify`` need no new rule: for a whole
-sequence the input projection ``x W_ih^T + b_ih`` is taken once for all time steps, each
-step adds ``h W_hh^T + b_hh``; the reverse direction walks the steps backwards; layers are
-joined by dropout (training only, not after the last layer), directions by ``cat`` on the
-feature dimension. LSTM's ``proj_size`` (``weight_hr_l{k}``) is supported. Packed sequences
-(``torch.nn.utils.rnn.PackedSequence``) are not: a clear TypeError says so.
+written with ordinary differentiable ops (linear, unsafe_chunk as torch cuts the gates,
+sigmoid, tanh, relu, mul, add, unbind, stack, cat), so autograd, hooks and ``symgrad.verify``
+need no new rule: for a whole sequence the input projection ``x W_ih^T + b_ih`` is taken
+once for all time steps, each step adds ``h W_hh^T + b_hh``; the reverse direction walks the
+steps backwards; layers are joined by dropout (training only, not after the last layer),
+directions by ``cat`` on the feature dimension. LSTM's ``proj_size`` (``weight_hr_l{k}``) is
+supported. Packed sequences (``torch.nn.utils.rnn.PackedSequence``) are not: a clear
+TypeError says so.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def _lstm_step(igates: Tensor, hidden: tuple[Tensor, Tensor], w_hh: Tensor,
     """torch's LSTMCell: gates i, f, g, o; c' = f c + i g; h' = o tanh(c') (then W_hr)."""
     hx, cx = hidden
     gates = F.linear(hx, w_hh, b_hh) + igates
-    i, f, g, o = gates.chunk(4, 1)
+    i, f, g, o = gates.unsafe_chunk(4, 1)
     i, f, g, o = _F.sigmoid(i), _F.sigmoid(f), _F.tanh(g), _F.sigmoid(o)
     cy = f * cx + i * g
     hy = o * _F.tanh(cy)
@@ -61,8 +62,8 @@ def _lstm_step(igates: Tensor, hidden: tuple[Tensor, Tensor], w_hh: Tensor,
 def _gru_step(igates: Tensor, hx: Tensor, w_hh: Tensor, b_hh: Tensor | None,
               w_hr: Tensor | None = None) -> Tensor:
     """torch's GRUCell: r, z gates; n = tanh(i_n + r (W_hn h + b_hn)); h' = (h - n) z + n."""
-    i_r, i_z, i_n = igates.chunk(3, 1)
-    h_r, h_z, h_n = F.linear(hx, w_hh, b_hh).chunk(3, 1)
+    i_r, i_z, i_n = igates.unsafe_chunk(3, 1)
+    h_r, h_z, h_n = F.linear(hx, w_hh, b_hh).unsafe_chunk(3, 1)
     r = _F.sigmoid(h_r + i_r)
     z = _F.sigmoid(h_z + i_z)
     n = _F.tanh(i_n + h_n * r)

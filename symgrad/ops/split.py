@@ -4,6 +4,10 @@ PyTorch records one ``SplitBackward0`` (``SplitWithSizesBackward0``, ``UnbindBac
 for all the pieces, each piece its own ``output_nr``; the backward joins the pieces'
 gradients again (``cat`` / ``stack``), with zeros for pieces that got none, as torch's
 ``split_backward`` and ``unbind_backward`` do. chunk is split with the size chunk picks.
+``unsafe_split`` / ``unsafe_split_with_sizes`` (torch's unsafe_split, unsafe_chunk: what its
+LSTM and GRU cut their gates with) are the same cut under their own grad_fn names
+(``UnsafeSplitBackward0`` ...): the pieces share the input's memory but are no views for
+autograd, so writing into one in place records on the piece alone, as in torch.
 """
 
 from __future__ import annotations
@@ -90,3 +94,12 @@ register(OpSpec(
     "unbind", "UnbindBackward0", ("self",), _unbind_fwd, {"self": _unbind_grad}, STRUCTURAL,
     dtype_rule="same", view=True, variadic_outputs=True,
     doc="torch.unbind: the slices along dim, that dim removed."))
+register(OpSpec(
+    "unsafe_split", "UnsafeSplitBackward0", ("self",), _split_fwd, {"self": _split_grad},
+    STRUCTURAL, dtype_rule="same", variadic_outputs=True,
+    doc="torch.unsafe_split and torch.unsafe_chunk: split's pieces, no views for autograd."))
+register(OpSpec(
+    "unsafe_split_with_sizes", "UnsafeSplitWithSizesBackward0", ("self",),
+    _split_with_sizes_fwd, {"self": _split_with_sizes_grad}, STRUCTURAL, dtype_rule="same",
+    variadic_outputs=True, doc="torch.unsafe_split_with_sizes (and unsafe_chunk of an empty "
+                               "dim): split_with_sizes' pieces, no views for autograd."))

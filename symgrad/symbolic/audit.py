@@ -151,6 +151,8 @@ EXAMPLES = {
     "split": lambda x, y: _sg().split(x * y, 2, 1)[0],
     "split_with_sizes": lambda x, y: x.split([1, 2], -1)[1],
     "unbind": lambda x, y: (x * y).unbind(1)[2],
+    "unsafe_split": lambda x, y: (x * y).unsafe_chunk(2, 1)[1],
+    "unsafe_split_with_sizes": lambda x, y: _sg().unsafe_split_with_sizes(x * y, [2, 1], 1)[0],
     "stack": lambda x, y: _sg().stack([x, y], 1),
     "softmax": lambda x, y: _sg().softmax(x, dim=1),
     "log_softmax": lambda x, y: _sg().log_softmax(x, dim=0),
