@@ -401,14 +401,6 @@ def test_dtype_mismatch_names_both_dtypes():
         sg.nn.GRU(3, 4)(sg.zeros(2, 1, 3, dtype=sg.float64))
 
 
-def test_packed_sequences_are_refused_clearly():
-    class PackedSequence(tuple):
-        pass
-
-    with pytest.raises(TypeError, match="packed sequences"):
-        sg.nn.LSTM(3, 4)(PackedSequence())
-
-
 # -- the graph ----------------------------------------------------------------------------------
 def _node_names(root) -> collections.Counter:
     seen, stack, names = set(), [root], collections.Counter()

@@ -13,8 +13,8 @@ need no new rule: for a whole sequence the input projection ``x W_ih^T + b_ih`` 
 once for all time steps, each step adds ``h W_hh^T + b_hh``; the reverse direction walks the
 steps backwards; layers are joined by dropout (training only, not after the last layer),
 directions by ``cat`` on the feature dimension. LSTM's ``proj_size`` (``weight_hr_l{k}``) is
-supported. Packed sequences (``torch.nn.utils.rnn.PackedSequence``) are not: a clear
-TypeError says so.
+supported, and so are packed sequences (``nn.utils.rnn.PackedSequence``): each step runs
+the sequences still going, the finished ones keep their state.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from . import functional as F
 from . import init
 from .modules import Module
 from .parameter import Parameter
+from .utils.rnn import PackedSequence
 
 __all__ = ["RNNBase", "RNN", "LSTM", "GRU", "RNNCellBase", "RNNCell", "LSTMCell", "GRUCell"]
 
@@ -74,10 +75,18 @@ _STEPS = {"RNN_TANH": _rnn_step(_F.tanh), "RNN_RELU": _rnn_step(_F.relu), "LSTM"
           "GRU": _gru_step}
 
 
-def _check_packed(input) -> None:
-    if type(input).__name__ == "PackedSequence":
-        raise TypeError("symgrad's recurrent layers do not take packed sequences yet: pass the "
-                        "padded (seq_len, batch, features) tensor instead")
+def _rows(hidden, n: int):
+    """The first ``n`` rows (the sequences still running) of a state or (h, c) pair."""
+    if isinstance(hidden, tuple):
+        return tuple(h[:n] for h in hidden)
+    return hidden[:n]
+
+
+def _merge(new, hidden, n: int):
+    """``new`` for the first ``n`` rows, the finished sequences' ``hidden`` below them."""
+    if isinstance(hidden, tuple):
+        return tuple(_merge(a, b, n) for a, b in zip(new, hidden))
+    return new if n == hidden.size(0) else _F.cat([new, hidden[n:]], 0)
 
 
 # -- whole-sequence layers --------------------------------------------------------------------
@@ -188,7 +197,10 @@ class RNNBase(Module):
                                f"{self.input_size}, got {input.size(-1)}")
 
     def get_expected_hidden_size(self, input: Tensor, batch_sizes=None) -> tuple[int, int, int]:
-        mini_batch = input.size(0) if self.batch_first else input.size(1)
+        if batch_sizes is not None:
+            mini_batch = int(batch_sizes[0])
+        else:
+            mini_batch = input.size(0) if self.batch_first else input.size(1)
         num_directions = 2 if self.bidirectional else 1
         size = self.proj_size if self.proj_size > 0 else self.hidden_size
         return (self.num_layers * num_directions, mini_batch, size)
@@ -203,8 +215,13 @@ class RNNBase(Module):
         self.check_hidden_size(hidden, self.get_expected_hidden_size(input, batch_sizes))
 
     def permute_hidden(self, hx, permutation: Tensor | None):
-        """torch re-orders h0 for packed sequences; without them it is the identity."""
-        return hx
+        """The states' batch rows in ``permutation``'s order (packed sequences sort their
+        batch longest first); the identity without one."""
+        if permutation is None:
+            return hx
+        if isinstance(hx, tuple):
+            return tuple(h.index_select(1, permutation) for h in hx)
+        return hx.index_select(1, permutation)
 
     def extra_repr(self) -> str:
         s = "{input_size}, {hidden_size}"
@@ -231,8 +248,14 @@ class RNNBase(Module):
         w_hr = params[-1] if self.proj_size > 0 else None
         return w_ih, w_hh, b_ih, b_hh, w_hr
 
-    def _run(self, input: Tensor, hiddens: list) -> tuple[Tensor, list]:
-        """Sequence-first ``input`` through every layer; ``hiddens`` per layer-direction."""
+    def _run(self, input: Tensor, hiddens: list, batch_sizes: list[int] | None = None
+             ) -> tuple[Tensor, list]:
+        """Sequence-first ``input`` through every layer; ``hiddens`` per layer-direction.
+
+        With ``batch_sizes`` (a packed sequence), ``input`` is its data: step t holds the
+        first ``batch_sizes[t]`` sequences, the others keep their state (the reverse
+        direction starts each sequence at its own last step), as torch's packed layers do.
+        """
         step = _STEPS[self.mode]
         num_directions = 2 if self.bidirectional else 1
         if input.size(0) == 0:
@@ -244,14 +267,23 @@ class RNNBase(Module):
             for direction in range(num_directions):
                 index = layer * num_directions + direction
                 w_ih, w_hh, b_ih, b_hh, w_hr = self._layer_params(index)
-                igates = F.linear(layer_input, w_ih, b_ih).unbind(0)
+                projected = F.linear(layer_input, w_ih, b_ih)
+                igates = projected.unbind(0) if batch_sizes is None else \
+                    projected.split(batch_sizes, 0)
                 hidden = hiddens[index]
                 steps: list = [None] * len(igates)
                 order = range(len(igates) - 1, -1, -1) if direction else range(len(igates))
                 for t in order:
-                    hidden = step(igates[t], hidden, w_hh, b_hh, w_hr)
-                    steps[t] = hidden[0] if self.mode == "LSTM" else hidden
-                outputs.append(_F.stack(steps, 0))
+                    if batch_sizes is None:
+                        hidden = step(igates[t], hidden, w_hh, b_hh, w_hr)
+                        new = hidden
+                    else:
+                        n = batch_sizes[t]
+                        new = step(igates[t], _rows(hidden, n), w_hh, b_hh, w_hr)
+                        hidden = _merge(new, hidden, n)
+                    steps[t] = new[0] if self.mode == "LSTM" else new
+                outputs.append(_F.stack(steps, 0) if batch_sizes is None else
+                               _F.cat(steps, 0))
                 finals.append(hidden)
             layer_input = outputs[0] if num_directions == 1 else _F.cat(outputs, -1)
             if self.dropout != 0 and self.training and layer < self.num_layers - 1:
@@ -269,7 +301,6 @@ class RNNBase(Module):
 
     def _batched(self, input: Tensor, hx: Tensor | None, name: str):
         """torch's input/hx dimension handling for RNN and GRU: ``(input, hx, is_batched)``."""
-        _check_packed(input)
         if input.dim() not in (2, 3):
             raise ValueError(f"{name}: Expected input to be 2D or 3D, got {input.dim()}D"
                              f"{' tensor' if name == 'RNN' else ''} instead")
@@ -295,8 +326,35 @@ class RNNBase(Module):
         return creation.zeros(self.num_layers * num_directions, batch, size, dtype=input.dtype,
                               device=input.device)
 
+    def _packed(self, packed: PackedSequence, hx):
+        """torch's forward of a packed sequence: ``(PackedSequence, h_n)`` (``(h_n, c_n)``
+        for LSTM); h0 and the final states are in the caller's batch order."""
+        data, batch_sizes, sorted_indices, unsorted_indices = packed
+        sizes = [int(b) for b in batch_sizes.tolist()]
+        if hx is None:
+            real = self.proj_size if self.proj_size > 0 else self.hidden_size
+            zeros = creation.zeros(self.num_layers * (2 if self.bidirectional else 1),
+                                   sizes[0], real, dtype=data.dtype, device=data.device)
+            hx = zeros if self.mode != "LSTM" else (zeros, creation.zeros(
+                zeros.size(0), sizes[0], self.hidden_size, dtype=data.dtype,
+                device=data.device))
+        else:
+            hx = self.permute_hidden(hx, sorted_indices)
+        self.check_forward_args(data, hx, batch_sizes)
+        states = list(hx.unbind(0)) if self.mode != "LSTM" else \
+            list(zip(hx[0].unbind(0), hx[1].unbind(0), strict=True))
+        output, finals = self._run(data, states, sizes)
+        if self.mode == "LSTM":
+            hidden = (_F.stack([h for h, _ in finals], 0), _F.stack([c for _, c in finals], 0))
+        else:
+            hidden = _F.stack(finals, 0)
+        return (PackedSequence(output, batch_sizes, sorted_indices, unsorted_indices),
+                self.permute_hidden(hidden, unsorted_indices))
+
     def _single_state(self, input: Tensor, hx: Tensor | None, name: str):
         """The RNN/GRU forward: ``(output, h_n)``."""
+        if isinstance(input, PackedSequence):
+            return self._packed(input, hx)
         input, hx, is_batched = self._batched(input, hx, name)
         self.check_forward_args(input, hx, None)
         output, finals = self._sequence(input, list(hx.unbind(0)))
@@ -366,7 +424,10 @@ class LSTM(RNNBase):
                          bidirectional, proj_size, device=device, dtype=dtype)
 
     def get_expected_cell_size(self, input: Tensor, batch_sizes=None) -> tuple[int, int, int]:
-        mini_batch = input.size(0) if self.batch_first else input.size(1)
+        if batch_sizes is not None:
+            mini_batch = int(batch_sizes[0])
+        else:
+            mini_batch = input.size(0) if self.batch_first else input.size(1)
         num_directions = 2 if self.bidirectional else 1
         return (self.num_layers * num_directions, mini_batch, self.hidden_size)
 
@@ -381,7 +442,8 @@ class LSTM(RNNBase):
     def forward(self, input: Tensor, hx: tuple[Tensor, Tensor] | None = None
                 ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
         """``(output, (h_n, c_n))``; h_n has ``proj_size`` features when projecting."""
-        _check_packed(input)
+        if isinstance(input, PackedSequence):
+            return self._packed(input, hx)
         if input.dim() not in (2, 3):
             raise ValueError(f"LSTM: Expected input to be 2D or 3D, got {input.dim()}D instead")
         is_batched = input.dim() == 3

@@ -1,7 +1,9 @@
-"""``symgrad.nn.utils``: gradient clipping and parameter/vector conversion (torch's names)."""
+"""``symgrad.nn.utils``: gradient clipping, parameter/vector conversion and packed
+sequences (``rnn``), with torch's names."""
 
 from __future__ import annotations
 
+from . import rnn
 from .clip_grad import (
     clip_grad_norm,
     clip_grad_norm_,
@@ -12,4 +14,4 @@ from .clip_grad import (
 from .convert_parameters import parameters_to_vector, vector_to_parameters
 
 __all__ = ["clip_grad_norm", "clip_grad_norm_", "clip_grad_value_", "clip_grads_with_norm_",
-           "get_total_norm", "parameters_to_vector", "vector_to_parameters"]
+           "get_total_norm", "parameters_to_vector", "vector_to_parameters", "rnn"]
