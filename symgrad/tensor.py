@@ -1267,7 +1267,6 @@ ByteTensor = _legacy_type("ByteTensor", _dt.uint8)
 _tl.provide(Tensor=Tensor, tensor=tensor, DT_OF=_DT_OF, backend_for=_backend_for)
 
 
-
 def _attach_registry_methods() -> None:
     """Tensor's methods generated from the op registry (the class body has the rest): the
     in-place twins of the elementwise ops and the random initialisers (functional.py),
