@@ -184,3 +184,34 @@ def test_progress_is_reported_as_nodes_finish():
                   progress=lambda done, total: seen.append((done, total)))
     n = len(sg.verify(loss, names=names, mode="local", namespace={}).nodes)
     assert [d for d, _ in seen][:n] == list(range(1, n + 1))
+
+
+class _Held(cf.ThreadPoolExecutor):
+    """Every check held until ``release`` is set: workers slower than the timeout."""
+
+    def __init__(self) -> None:
+        super().__init__(1)
+        self.release = threading.Event()
+
+    def submit(self, fn, *args, **kwargs):
+        def held(*a, **k):
+            self.release.wait(60)
+            return fn(*a, **k)
+
+        return super().submit(held, *args, **kwargs)
+
+
+def test_timeout_holds_with_slow_workers():
+    loss, names = _graph()
+    ex = _Held()
+    t0 = time.perf_counter()
+    try:
+        rep = sg.verify(loss, names=names, mode="local", namespace={}, executor=ex,
+                        timeout=3)
+        elapsed = time.perf_counter() - t0
+    finally:
+        ex.release.set()
+        ex.shutdown(wait=True)
+    assert rep.timed_out and not rep.ok
+    assert rep.nodes and all(n.status == "timeout" for n in rep.nodes)
+    assert elapsed < 3 + 20  # the deadline, not the held checks (60 s), ended it

@@ -194,9 +194,13 @@ def _fanned(graph, engine, engine_name, rngs, sample, tol_for, deadline, progres
             if not _portable(g):
                 later.append(k)
                 continue
-            with _LOCK:
-                out = _prepare(g, graph, engine, engine_name, rngs[k], sample, tol_for,
-                               deadline)
+            try:
+                with _LOCK:
+                    out = _prepare(g, graph, engine, engine_name, rngs[k], sample, tol_for,
+                                   deadline)
+            except TimeoutExpired:
+                timed_out = True
+                break
             if out[0] == "done":  # decided before any backward ran (skipped, unsupported)
                 finish(k, out[1])
                 continue
@@ -211,7 +215,7 @@ def _fanned(graph, engine, engine_name, rngs, sample, tol_for, deadline, progres
                 later.append(k)
                 continue
             futures[executor.submit(check_item, item)] = k
-        for k in later:  # checked here while the workers run
+        for k in later if not timed_out else ():  # checked here while the workers run
             try:
                 finish(k, local(k))
             except TimeoutExpired:
