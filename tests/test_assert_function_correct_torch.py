@@ -150,3 +150,23 @@ def test_inputs_of_the_wrong_library_are_a_clear_error():
         assert_function_correct(SmoothClamp, sx, 0.7)
     with pytest.raises(TypeError, match="expects an autograd.Function class"):
         assert_function_correct(SmoothClamp.apply, _x(), 0.7)
+
+
+class RaisingBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x.exp()
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return grad @ torch.ones(7, 2, dtype=x.dtype)  # a shape error
+
+
+def test_a_torch_backward_that_raises_fails_naming_the_node_and_the_error():
+    with pytest.raises(AssertionError) as info:
+        assert_function_correct(RaisingBackward, _x())
+    first = str(info.value).splitlines()[0]
+    assert first.startswith("RaisingBackwardBackward (its own backward")
+    assert "backward raised RuntimeError" in first and "7x2" in first
