@@ -280,7 +280,7 @@ def _prepare(g, graph, engine, engine_name, rng, sample, tol_for, deadline):
     def recording(graph_, g_, vs):
         res = backward(graph_, g_, vs)
         rec["vs"] = [np.array(v, copy=True) for v in vs]
-        rec["res"] = [None if r is None else np.array(r, copy=True) for r in res]
+        rec["res"] = [None if r is None else _Shipped.of(r) for r in res]
         rec["glue"] = _pack_glue(g_.glue)
         raise _Deferred
 
@@ -299,12 +299,48 @@ def _prepare(g, graph, engine, engine_name, rng, sample, tol_for, deadline):
             outputs[nr] = np.asarray(graph.value_of(("node", g.index, nr)))
         except Exception as exc:  # noqa: BLE001 - raised again where the check asks
             outputs[nr] = RuntimeError(f"{type(exc).__name__}: {exc}")
+    own = [(g.index, nr) for nr in outputs]
+    recorded = getattr(graph, "_recorded", None)  # the outputs the walker found recorded
+    values = getattr(graph, "_values", {})
     item = {"index": g.index, "name": g.name, "spec": g.spec.name, "params": dict(g.params),
             "inputs": list(g.inputs), "out_shapes": list(g.out_shapes),
             "out_dtypes": list(g.out_dtypes), "needs": tuple(g.needs),
             "input_names": tuple(g.input_names), "note": g.note,
-            "in_values": list(graph.node_inputs(g)), "outputs": outputs, "rec": rec}
+            "in_values": [_Shipped.of(x) for x in graph.node_inputs(g)], "outputs": outputs,
+            "rec": rec,
+            # what a check reads of the graph about this node: its kind, the device of its
+            # root, which of the node's outputs were recorded, and their values
+            "kind": graph.kind,
+            "device": getattr(getattr(graph.root_tensor, "device", None), "type", "cpu"),
+            "recorded": None if recorded is None else {k for k in own if k in recorded},
+            "values": {k: np.asarray(values[k]) for k in own if k in values}}
     return "item", item
+
+
+class _Shipped:
+    """An array sent with its layout: a broadcast view (zero strides, as an expanded
+    gradient is) is sent as its one distinct slice and broadcast again on arrival, other
+    arrays in their own memory order, so that NumPy's sums over it run in the same order
+    there as here (a contiguous copy of a broadcast array sums in another order, and the
+    report's errors would differ in the last bit)."""
+
+    __slots__ = ("a", "shape")
+
+    def __init__(self, a, shape) -> None:
+        self.a, self.shape = a, shape
+
+    @staticmethod
+    def of(x):
+        if not isinstance(x, np.ndarray):
+            return np.asarray(x) if hasattr(x, "__array__") and not np.isscalar(x) else x
+        if x.size and 0 in x.strides:
+            idx = tuple(slice(0, 1) if st == 0 else slice(None) for st in x.strides)
+            return _Shipped(np.array(x[idx], order="K", copy=True), x.shape)
+        return np.array(x, order="K", copy=True)
+
+    @staticmethod
+    def back(x):
+        return np.broadcast_to(x.a, x.shape) if isinstance(x, _Shipped) else x
 
 
 class _Arr:
@@ -346,14 +382,26 @@ def _pack_glue(glue):
 
 
 # -- the worker's side ---------------------------------------------------------------
+class _OwnValues(dict):
+    """The node's own recorded values; any other key is not in the item."""
+
+    def __missing__(self, key):
+        raise _Fallback(f"value {key!r}")
+
+
 class _NodeGraph:
-    """What a node's check may read of its graph: its inputs and its own outputs."""
+    """What a node's check may read of its graph: its inputs and its own outputs, the
+    graph's kind and its root's device (anything else: checked in the caller)."""
 
-    kind = "worker"
+    def __init__(self, item: dict) -> None:
+        from types import SimpleNamespace
 
-    def __init__(self, index: int, outputs: dict) -> None:
-        self.index = index
-        self.outputs = outputs
+        self.index = item["index"]
+        self.outputs = item["outputs"]
+        self.kind = item["kind"]
+        self.root_tensor = SimpleNamespace(device=SimpleNamespace(type=item["device"]))
+        self._recorded = item["recorded"]
+        self._values = _OwnValues(item["values"])
 
     def node_inputs(self, g):
         return g.in_values
@@ -386,7 +434,7 @@ class _Replayed:
                 np.array_equal(np.asarray(a), b, equal_nan=True) for a, b in zip(vs, want)):
             raise _Fallback("another cotangent than the recorded one")
         g.glue = self.rec["glue"]
-        return list(self.rec["res"])
+        return [_Shipped.back(r) for r in self.rec["res"]]
 
 
 def check_item(item: dict):
@@ -405,10 +453,10 @@ def check_item(item: dict):
               list(item["out_shapes"]), list(item["out_dtypes"]), needs=item["needs"],
               input_names=item["input_names"])
     g.note = item["note"]
-    g.in_values = list(item["in_values"])
+    g.in_values = [_Shipped.back(x) for x in item["in_values"]]
     g.forward_numeric = _spec_forward(spec, item["params"])
     g.backward = _Replayed(item["rec"])
-    graph = _NodeGraph(item["index"], item["outputs"])
+    graph = _NodeGraph(item)
     engine, engine_name = E.pick_engine(item["engine_name"])
     left = item["left"]
     deadline = None if left is None else time.perf_counter() + left
