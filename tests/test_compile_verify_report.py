@@ -136,3 +136,21 @@ def test_generated_code_that_disagrees_outside_fused_loops_is_named_by_gradient(
     assert "generated code differs from eager" in row["detail"]
     assert row["derivation"]  # the generated statements that write it
     assert any(r["status"] == "ok" for r in report.compiled if r["name"] == "fused_0")
+
+
+def test_a_planted_error_in_a_plain_fused_backward_loop_is_named(monkeypatch):
+    """The plain fused path (a forward loop, then a backward loop per run): a wrong partial
+    in the compile rules' table names that backward loop."""
+    from symgrad.compile import fuse
+
+    _no_checks_at_generation(monkeypatch)
+    monkeypatch.setenv("SYMGRAD_COMPILE_FWDBWD", "0")
+    monkeypatch.setattr(fuse, "_LOCAL", dict(fuse._LOCAL, mul=("{g} * {b}", "{g} * {b}")))
+    step = _step()
+    step(sg.randn(6, 5))
+    report = step.verify()
+    assert not report.ok and report.status == "mismatch"
+    assert report.bad_kernel is not None and report.bad_kernel.startswith("fused_0_b")
+    row = next(r for r in report.compiled if r["name"] == report.bad_kernel)
+    assert row["kind"] == "fused backward loop" and row["status"] == "wrong"
+    assert f"def {report.bad_kernel}(" in row["derivation"]
