@@ -57,7 +57,7 @@ class _Fallback(BaseException):
     """A worker met something its item does not hold: the node is checked here."""
 
 
-def resolve(workers: Any, executor: Any, rtol, atol) -> Fan | None:
+def resolve(workers: Any, executor: Any) -> Fan | None:
     """A ``Fan`` for ``verify``'s ``workers`` / ``executor`` arguments (None: in this
     process); TypeError / ValueError naming the argument."""
     if workers is not None and executor is not None:
@@ -68,7 +68,7 @@ def resolve(workers: Any, executor: Any, rtol, atol) -> Fan | None:
                 f"verify(): argument 'executor' must be a concurrent.futures.Executor (a "
                 f"ProcessPoolExecutor, or a dask.distributed Client's get_executor()), not "
                 f"{type(executor).__module__}.{type(executor).__qualname__}")
-        return Fan(executor, False, rtol, atol)
+        return Fan(executor, False)
     if workers is None:
         return None
     if isinstance(workers, (bool, np.bool_)) or not isinstance(workers, (int, np.integer)):
@@ -78,7 +78,7 @@ def resolve(workers: Any, executor: Any, rtol, atol) -> Fan | None:
         raise ValueError(f"verify(): workers must be at least 1, not {int(workers)}")
     if workers == 1:
         return None  # one process: this one
-    return Fan(None, True, rtol, atol, int(workers))
+    return Fan(None, True, int(workers))
 
 
 def _mp_context():
@@ -98,13 +98,12 @@ def _mp_context():
 
 class Fan:
     """Where the per-node checks go: an executor (the caller's, or a process pool made
-    for one ``verify`` call) and what a worker needs to rebuild the tolerances."""
+    for one ``verify`` call)."""
 
-    def __init__(self, executor, owned: bool, rtol, atol, workers: int = 0) -> None:
+    def __init__(self, executor, owned: bool, workers: int = 0) -> None:
         self.executor = executor
         self.owned = owned
         self.workers = workers
-        self.rtol, self.atol = rtol, atol
 
     def open(self) -> cf.Executor:
         if self.executor is None:
@@ -206,7 +205,7 @@ def _fanned(graph, engine, engine_name, rngs, sample, tol_for, deadline, progres
                 continue
             item = out[1]
             item.update(rng=copy.deepcopy(saved_rngs[k]), sample=sample,
-                        engine_name=engine_name, rtol=fan.rtol, atol=fan.atol,
+                        engine_name=engine_name, tol=_Tolerances.of(tol_for, item),
                         left=None if deadline is None else deadline - time.perf_counter(),
                         pid=os.getpid())
             try:  # plain data by construction; a parameter that does not pickle stays here
@@ -315,6 +314,36 @@ def _prepare(g, graph, engine, engine_name, rng, sample, tol_for, deadline):
             "recorded": None if recorded is None else {k for k in own if k in recorded},
             "values": {k: np.asarray(values[k]) for k in own if k in values}}
     return "item", item
+
+
+class _Tolerances:
+    """``tol_for`` as data: (rtol, atol) for each float dtype a node's check may ask about,
+    and whether the user gave them (then they replace the rounding bound)."""
+
+    __slots__ = ("table", "user")
+
+    def __init__(self, table: dict, user: bool) -> None:
+        self.table, self.user = table, user
+
+    @staticmethod
+    def of(tol_for, item: dict) -> _Tolerances:
+        names = {"float16", "float32", "float64"}
+        for x in item["in_values"]:
+            a = x.a if isinstance(x, _Shipped) else x
+            if isinstance(a, np.ndarray) and a.dtype.kind == "f":
+                names.add(a.dtype.name)
+        return _Tolerances({n: tuple(tol_for(np.dtype(n))) for n in names},
+                           bool(getattr(tol_for, "user", False)))
+
+    def __call__(self, dt):
+        try:
+            name = np.dtype(dt).name
+        except TypeError:
+            name = str(dt)
+        hit = self.table.get(name)
+        if hit is None:
+            raise _Fallback(f"tolerance for {name}")
+        return hit
 
 
 class _Shipped:
@@ -444,7 +473,6 @@ def check_item(item: dict):
     from . import _engine as E
     from .graph import GNode, _spec_forward
     from .local import check_node
-    from .verify import _tol_factory
 
     spec = OPS.get(item["spec"])
     if spec is None:  # an op registered at run time in the caller's process only
@@ -464,8 +492,7 @@ def check_item(item: dict):
     try:
         with _LOCK if same_process else nullcontext():
             chk = check_node(g, graph, engine, engine_name, copy.deepcopy(item["rng"]),
-                             item["sample"], _tol_factory(item["rtol"], item["atol"]),
-                             deadline)
+                             item["sample"], item["tol"], deadline)
     except _Fallback:
         return "fallback", None
     except TimeoutExpired:

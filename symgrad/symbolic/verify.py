@@ -223,7 +223,7 @@ def verify(root, gradient=None, *, names=None, mode: str = "auto", order: int = 
     """
     _check_args(root, gradient, names, namespace, mode, order, rtol, atol, sample, seed, timeout,
                 backend, progress)
-    fan = _resolve_fan(workers, executor, rtol, atol)
+    fan = _resolve_fan(workers, executor)
     # the report says where nan/inf arise; NumPy's warnings from the replays would be noise
     with np.errstate(all="ignore"):
         return _verify(root, gradient, names, mode, order, rtol, atol, sample, seed, timeout,
