@@ -215,3 +215,27 @@ def test_timeout_holds_with_slow_workers():
     assert rep.timed_out and not rep.ok
     assert rep.nodes and all(n.status == "timeout" for n in rep.nodes)
     assert elapsed < 3 + 20  # the deadline, not the held checks (60 s), ended it
+
+
+def test_the_progress_bar_counts_fanned_out_nodes(monkeypatch):
+    """The bar a long run shows (tqdm) is updated as fanned-out nodes finish, and closed."""
+    import sys
+
+    V = sys.modules["symgrad.symbolic.verify"]
+
+    class Bar:
+        def __init__(self) -> None:
+            self.n, self.closed = 0, False
+
+        def update(self, n=1):
+            self.n += n
+
+        def close(self):
+            self.closed = True
+
+    bars = []
+    monkeypatch.setattr(V, "_progress", lambda n_nodes, cost: bars.append(Bar()) or bars[-1])
+    loss, names = _graph()
+    with cf.ThreadPoolExecutor(2) as ex:
+        rep = sg.verify(loss, names=names, mode="local", namespace={}, executor=ex)
+    assert len(bars) == 1 and bars[0].closed and bars[0].n == len(rep.nodes)
