@@ -26,7 +26,8 @@ import textwrap
 import types
 from typing import Any
 
-__all__ = ["prove_plan", "prove_group", "prove_runs", "at_generation", "ProofFailed"]
+__all__ = ["prove_plan", "prove_group", "prove_runs", "prove_each", "prove_each_run",
+           "at_generation", "ProofFailed"]
 
 
 class ProofFailed(Exception):
@@ -402,3 +403,79 @@ def prove_runs(runs) -> dict:
     and ``code`` (a CUDA step's runs, cuda_step._Fused: the kernels as loaded, proved on
     the derivation they were made from); AssertionError naming what differs."""
     return {r.name: prove_group(r.module, r.group, r.code) for r in runs}
+
+
+# -- one row per fused kernel, for ``CompiledStep.verify``'s report ----------------------
+def _ops(group) -> str:
+    """The ops a fused kernel stands for, in order (``sub -> pow``)."""
+    return " -> ".join(getattr(c.spec, "name", "?") for c in getattr(group, "calls", ()))
+
+
+def kernel_source(module, name: str) -> str:
+    """The source of kernel ``name`` of a generated module (and of its stage loops,
+    ``name_0``, ``name_b``), as loaded: what the proof ran on SymPy values."""
+    parts = []
+    for attr in sorted(vars(module)):
+        if attr != name and not attr.startswith(name + "_"):
+            continue
+        fn = getattr(module, attr)
+        py = getattr(fn, "py_func", None) or getattr(fn, "fn", None)
+        if py is None:
+            continue
+        try:
+            parts.append(textwrap.dedent(inspect.getsource(py)).rstrip())
+        except (OSError, TypeError):
+            continue
+    return "\n\n".join(parts)
+
+
+def derivation(module, name: str, group) -> str:
+    """What a fused kernel is derived from, for a report: its ops and its loop source."""
+    src = kernel_source(module, name)
+    head = f"fuses {_ops(group)}" if getattr(group, "calls", None) else ""
+    return "\n".join(x for x in (head, src) if x)
+
+
+def _row(kind: str, name: str, prove_one, deriv) -> dict:
+    """Prove one kernel: a row with ``status`` ok | wrong | not proved, and the detail."""
+    try:
+        how = prove_one()
+    except AssertionError as exc:
+        status, detail, how = "wrong", str(exc), None
+    except Exception as exc:  # noqa: BLE001 - the prover could not run on it: not proved
+        status, detail, how = ("not proved", f"{name}: could not be proved "
+                               f"({type(exc).__name__}: {exc})", None)
+    else:
+        if isinstance(how, dict):  # prove_runs([run]) gives {name: how}
+            how = how.get(name, "proved") if how else "proved"
+        status, detail = "ok", str(how)
+    try:
+        text = deriv()
+    except Exception as exc:  # noqa: BLE001 - a report row is still useful without it
+        text = f"(derivation unavailable: {type(exc).__name__}: {exc})"
+    return {"kind": kind, "name": name, "status": status, "how": how, "detail": detail,
+            "derivation": text}
+
+
+def prove_each(module, plan) -> list[dict]:
+    """``prove_plan`` kernel by kernel, a failure kept as a row instead of raised: one dict
+    per fused kernel (kind, name, status, how, detail, derivation)."""
+    rows = [_row("fused backward loop", k[0], lambda k=k: prove_kernel(module, *k),
+                 lambda k=k: derivation(module, k[0], k[1]))
+            for k in plan.backward_kernels]
+    rows += [_row("fused forward+backward run", g.name, lambda g=g: prove_group(module, g),
+                  lambda g=g: derivation(module, g.name, g))
+             for g in plan.fused_groups]
+    return rows
+
+
+def prove_each_run(runs) -> list[dict]:
+    """``prove_runs`` run by run (a CUDA step's fused kernels), failures as rows."""
+    this = sys.modules[__name__]  # looked up at call time: prove_runs may be replaced
+
+    def deriv(r):
+        src = kernel_source(r.module, r.name)
+        return "\n".join(x for x in (f"fuses {_ops(r.group)}", src or repr(r.code)) if x)
+
+    return [_row("fused CUDA kernel", r.name, lambda r=r: this.prove_runs([r]),
+                 lambda r=r: deriv(r)) for r in runs]

@@ -23,7 +23,7 @@ from ..tensor import Tensor
 from .graph import Backward, CustomCall, OpCall, Program, Value
 from .trace import _copy
 
-__all__ = ["replay", "check_generated"]
+__all__ = ["replay", "check_generated", "Disagreement"]
 
 
 def _host(a) -> np.ndarray:
@@ -114,6 +114,25 @@ def check_generated(program: Program, example: list, make, constants: dict, layo
         bound = 4 * terms * np.finfo(want.dtype).eps * max(float(np.abs(want).max()), 1e-30)
         err = float(np.abs(got - want).max())
         if not err <= bound:
-            problems.append(f"gradient of {slot}: generated code differs from eager by "
-                            f"{err:.3g} (bound {bound:.3g})")
+            buffer = dict((f"leaf{s}", n) for s, n in layout.final_grads.items()).get(key)
+            problems.append(Disagreement(
+                f"gradient of {slot}: generated code differs from eager by {err:.3g} "
+                f"(bound {bound:.3g})", key=key, err=err, bound=bound, buffer=buffer))
     return problems
+
+
+class Disagreement(str):
+    """One gradient where the generated code and eager disagree: the text, with the slot
+    key (``leaf0``, ``arg1``), the error and its bound, and the generated buffer (None for
+    an argument's gradient, which ``run`` returns)."""
+
+    key: str
+    err: float
+    bound: float
+    buffer: str | None
+
+    def __new__(cls, text: str, *, key: str, err: float, bound: float,
+                buffer: str | None) -> Disagreement:
+        self = super().__new__(cls, text)
+        self.key, self.err, self.bound, self.buffer = key, err, bound, buffer
+        return self

@@ -394,14 +394,20 @@ class CompiledStep:
         return dict(zip(unique_names(stand_ins, explicit, ns), order))
 
     def verify(self, **kwargs):
-        """Prove the latest signature's step: ``sg.verify`` on its traced forward, replayed
-        on the CPU on copies of the current parameters and of the traced call's arguments
-        (no side effects; a CUDA step's arrays are read back to the host), and the generated
-        code's gradients (a fresh instance, on copies on its own device) compared with the
-        eager engine's on that replay, and each fused backward loop (a CUDA step: each fused
-        run's kernels) proved against SymPy's derivative (``stats["proofs"]``); a
-        disagreement raises RuntimeError. Returns the Report; keywords go to ``sg.verify``
-        (``mode="auto"`` picks local checks on big shapes)."""
+        """Prove the latest signature's step and return the Report (a finding is a report,
+        not an exception): ``sg.verify`` on its traced forward, replayed on the CPU on
+        copies of the current parameters and of the traced call's arguments (no side
+        effects; a CUDA step's arrays are read back to the host); the generated code's
+        gradients (a fresh instance, on copies on its own device) compared with the eager
+        engine's on that replay; and each fused backward loop (a CUDA step: each fused
+        run's kernels) proved against SymPy's derivative (``stats["proofs"]``).
+
+        The compiled part is ``report.compiled``: one row per fused kernel and per gradient
+        that disagrees (kind, name, status, detail, derivation: the ops a kernel fuses and
+        its loop's source, or the generated statements that compute the gradient). A wrong
+        kernel or gradient makes the report not ok, status ``mismatch``, with
+        ``report.bad_kernel`` naming it. Keywords go to ``sg.verify`` (``mode="auto"``
+        picks local checks on big shapes)."""
         from .replay import check_generated, replay
 
         entries = self._entries()
@@ -420,15 +426,53 @@ class CompiledStep:
         arrays, _, hyper = entry._gather()
         problems = check_generated(entry.program, entry.example, entry.module.make,
                                    entry.generated.constants, entry.layout, arrays, hyper)
-        if problems:
-            raise RuntimeError("sg.compile: the generated step disagrees with eager: "
-                               + "; ".join(problems))
+        rows = [_disagreement_row(p, entry.generated.text) for p in problems]
         cuda = entry.device.type == "cuda"
-        try:
-            # CUDA: each fused run's kernels (cuda_fused.py), as loaded, on their derivation
-            self.stats["proofs"] = (prove.prove_runs(entry.module.runs) if cuda else
-                                    prove.prove_plan(entry.module, entry.generated.plan))
-        except AssertionError as exc:
-            what = "fused CUDA kernel" if cuda else "fused backward loop"
-            raise RuntimeError(f"sg.compile: a {what} is wrong: {exc}") from None
+        # CUDA: each fused run's kernels (cuda_fused.py), as loaded, on their derivation
+        kernels = (prove.prove_each_run(entry.module.runs) if cuda else
+                   prove.prove_each(entry.module, entry.generated.plan))
+        self.stats["proofs"] = {r["name"]: r["how"] if r["status"] == "ok" else r["detail"]
+                                for r in kernels}
+        _attach_compiled(report, kernels + rows, cuda)
         return report
+
+
+def _writers(text: str, buffer: str | None) -> str:
+    """The generated statements that write gradient buffer ``buffer`` (its derivation in
+    the generated code), from the module's ``run``."""
+    import re
+
+    if not buffer:
+        return "(returned by the generated run)"
+    word = re.compile(rf"\b{re.escape(buffer)}f?\b")
+    body = text.split("    def run(", 1)[-1]
+    lines = [ln.strip() for ln in body.splitlines()
+             if word.search(ln) and "np.empty" not in ln and "_update(" not in ln
+             and not ln.strip().startswith(("return", "def "))]
+    return "\n".join(lines)
+
+
+def _disagreement_row(problem, text: str) -> dict:
+    """A gradient where the generated code and eager disagree, as a report row."""
+    key = getattr(problem, "key", None)
+    return {"kind": "generated gradient", "name": f"gradient of {key}" if key else "gradient",
+            "status": "mismatch", "how": None, "detail": str(problem),
+            "derivation": _writers(text, getattr(problem, "buffer", None))}
+
+
+def _attach_compiled(report, rows: list, cuda: bool) -> None:
+    """The compiled step's rows on the Report: a wrong kernel or gradient makes it not ok
+    (status ``mismatch``), named by ``bad_kernel`` (a wrong fused kernel before a gradient
+    that disagrees: the kernel is the cause, the gradient its effect)."""
+    report.compiled = rows
+    bad = [r for r in rows if r["status"] != "ok"]
+    if not bad:
+        return
+    first = next((r for r in bad if r["kind"] != "generated gradient"), bad[0])
+    report.bad_kernel = first["name"]
+    report.ok = False
+    if report.status in ("", "ok"):
+        report.status = "mismatch"
+    where = "CUDA step" if cuda else "compiled step"
+    for r in bad:
+        report.notes.append(f"{where}: {r['kind']} {r['name']}: {r['status']}: {r['detail']}")

@@ -128,6 +128,12 @@ class Report:
     precise: bool = True
     #: where float32 precision was lost (a grad_fn), when a row is imprecise
     imprecise_node: Any = None
+    #: a compiled step's ``verify()``: one row per fused kernel (proved against SymPy) and
+    #: per gradient where the generated code and eager disagree; dicts with kind, name,
+    #: status (ok | wrong | not proved | mismatch), how, detail, derivation
+    compiled: list = field(default_factory=list)
+    #: the fused kernel (or generated gradient) of ``compiled`` that disagrees, by name
+    bad_kernel: str | None = None
     _sym: Any = field(default=None, repr=False)
     _gradient: Any = field(default=None, repr=False)
     _graph: Any = field(default=None, repr=False)
@@ -323,6 +329,10 @@ class Report:
             "nodes": nodes,
             "hvp": [{"name": h["name"], "status": h["status"],
                      "max_abs_err": _num(h["max_abs_err"])} for h in self.hvp],
+            **({"compiled": [{k: (None if r.get(k) is None else str(r[k])) for k in
+                              ("kind", "name", "status", "how", "detail", "derivation")}
+                             for r in self.compiled],
+                "bad_kernel": self.bad_kernel} if self.compiled else {}),
         }
 
     # -- HTML -----------------------------------------------------------------------------
@@ -645,6 +655,7 @@ def render_text(data: dict, verbose: bool = True, width: int = TEXT_WIDTH) -> st
         lines += ["  " + x for x in _table([["leaf", "status", "max abs err"]] + [
             [h.get("name", "?"), h.get("status", ""), _fmt(h.get("max_abs_err"), 3)]
             for h in hvp])]
+    lines += _compiled_text(data, verbose, width)
     if verbose and data.get("ran"):
         lines += _wrap("ran: " + ", ".join(data["ran"]), width, "  ", "")
     for s in data.get("skipped") or []:
@@ -652,6 +663,25 @@ def render_text(data: dict, verbose: bool = True, width: int = TEXT_WIDTH) -> st
     for n in data.get("notes") or []:
         lines += _wrap("note: " + n, width, "  ", "")
     return "\n".join(lines)
+
+
+def _compiled_text(data: dict, verbose: bool, width: int) -> list:
+    """A compiled step's kernels and generated gradients; a bad one with its derivation."""
+    rows = list(data.get("compiled") or [])
+    bad = [r for r in rows if r.get("status") != "ok"]
+    if not rows or not (verbose or bad):
+        return []
+    lines = ["", "compiled step" + (f": {data['bad_kernel']} disagrees"
+                                    if data.get("bad_kernel") else "") + ":"]
+    lines += ["  " + x for x in _table([["kernel", "kind", "status", "how"]] + [
+        [r.get("name", "?"), r.get("kind", ""), r.get("status", ""), r.get("how") or ""]
+        for r in (rows if verbose else bad)])]
+    for r in bad:
+        lines += _wrap(f"{r.get('name')}: {r.get('detail')}", width, "  ", "    ")
+        if r.get("derivation"):
+            lines.append("    derivation:")
+            lines += ["      " + ln for ln in str(r["derivation"]).splitlines()]
+    return lines
 
 
 def _th(cols: dict, keys) -> str:
@@ -728,6 +758,15 @@ def render_html(data: dict) -> str:
             parts.append("<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in (
                 h.get("name", "?"), h.get("status", ""), _fmt(h.get("max_abs_err"), 3)))
                 + "</tr>")
+        parts.append("</tbody></table>")
+    compiled = list(data.get("compiled") or [])
+    if compiled:
+        parts.append("<table><thead><tr><th>compiled kernel</th><th>kind</th><th>status</th>"
+                     "<th>detail</th><th>derivation</th></tr></thead><tbody>")
+        for r in compiled:
+            parts.append("<tr>" + "".join(f"<td>{e(str(r.get(c) or ''))}</td>" for c in (
+                "name", "kind", "status", "detail")) + "<td><pre>"
+                + e(str(r.get("derivation") or "")) + "</pre></td></tr>")
         parts.append("</tbody></table>")
     for n in list(data.get("notes") or []) + [f"skipped: {s}" for s in data.get("skipped")
                                               or []]:

@@ -10,9 +10,11 @@ import numpy as np
 
 from . import _engine as E
 from .exact import SymbolicGraph, TimeoutExpired
+from .fanout import node_checks, node_rngs
+from .fanout import resolve as _resolve_fan
 from .fd import fd_cost, fd_gradient
 from .graph import Graph
-from .local import check_node, rounding_bound
+from .local import rounding_bound
 from .report import LeafRow, NodeRow, Report, as_index
 
 __all__ = ["verify", "EXACT_BUDGET", "EXACT_BUDGETS", "DEFAULT_TOLERANCES",
@@ -202,7 +204,8 @@ def _check_args(root, gradient, names, namespace, mode, order, rtol, atol, sampl
 def verify(root, gradient=None, *, names=None, mode: str = "auto", order: int = 1,
            rtol: float | None = None, atol: float | None = None, sample: int | None = None,
            seed: int = 0, timeout: float | None = None, backend: str = "auto",
-           progress=None, namespace=None) -> Report:
+           progress=None, namespace=None, workers: int | None = None,
+           executor=None) -> Report:
     """Check the engine's gradients of ``root`` against SymPy's (see docs/verifier.md).
 
     Leaves are named as every view names them (``symgrad._naming``): ``tensor.name``,
@@ -213,17 +216,22 @@ def verify(root, gradient=None, *, names=None, mode: str = "auto", order: int = 
     ``progress``: optional ``callback(done, total)`` called as nodes are checked (widgets
     use it for a progress bar; an exception raised in it stops the verifier). Without
     one, long runs show a tqdm bar.
+
+    ``workers=N`` runs the per-node (local) checks in N processes, ``executor=`` on any
+    ``concurrent.futures.Executor`` (a ``dask.distributed`` Client's ``get_executor()``
+    too): the same report as in one process (fanout.py).
     """
     _check_args(root, gradient, names, namespace, mode, order, rtol, atol, sample, seed, timeout,
                 backend, progress)
+    fan = _resolve_fan(workers, executor)
     # the report says where nan/inf arise; NumPy's warnings from the replays would be noise
     with np.errstate(all="ignore"):
         return _verify(root, gradient, names, mode, order, rtol, atol, sample, seed, timeout,
-                       backend, progress, namespace)
+                       backend, progress, namespace, fan)
 
 
 def _verify(root, gradient, names, mode, order, rtol, atol, sample, seed, timeout, backend,
-            progress, namespace) -> Report:
+            progress, namespace, fan=None) -> Report:
     t0 = time.perf_counter()
     deadline = None if timeout is None else t0 + float(timeout)
     engine, engine_name = E.pick_engine(backend)
@@ -295,7 +303,7 @@ def _verify(root, gradient, names, mode, order, rtol, atol, sample, seed, timeou
                        sample, deadline, progress)
             if not rep.ok:
                 _run_local(rep, graph, engine, engine_name, rng, sample, tol_for, deadline,
-                           progress)
+                           progress, fan)
             elif not rep.nodes:
                 rep.nodes = [_not_run(g) for g in graph.nodes]
                 rep.skipped.append("local checks: every leaf agreed, so they were not needed")
@@ -303,7 +311,7 @@ def _verify(root, gradient, names, mode, order, rtol, atol, sample, seed, timeou
                 _run_hvp(rep, graph, gradient, tol_for, rng, deadline)
         else:
             _run_local(rep, graph, engine, engine_name, rng, sample, tol_for, deadline,
-                       progress)
+                       progress, fan)
             _leaf_rows_local(rep, graph, gradient, engine_grads, rng, sample, deadline)
             if order == 2:
                 rep.skipped.append("order=2: Hessian-vector products need exact mode "
@@ -959,20 +967,21 @@ def _fd_indices(n, worst, rng, sample):
     return np.array([worst] + rest[:k - 1], dtype=np.int64)
 
 
-def _run_local(rep, graph, engine, engine_name, rng, sample, tol_for, deadline, progress=None):
+def _run_local(rep, graph, engine, engine_name, rng, sample, tol_for, deadline, progress=None,
+               fan=None):
     rep.ran.append("local")
     rows = []
     origins = []
     first = None
-    for g in graph.nodes:
-        try:
-            chk = check_node(g, graph, engine, engine_name, rng, sample, tol_for, deadline)
-        except TimeoutExpired:
+    timed_out = False
+    # one generator per node: the same checks in this process or fanned out (fanout.py)
+    rngs = node_rngs(rng, len(graph.nodes))
+    for g, chk in node_checks(graph, engine, engine_name, rngs, sample, tol_for, deadline,
+                              progress, fan):
+        if chk is None:  # out of time at this node (or before it finished)
             rows.append(NodeRow(g.index, g.name, "timeout", _meaning(g), node=g.node))
-            for h in graph.nodes[g.index + 1:]:
-                rows.append(NodeRow(h.index, h.name, "timeout", _meaning(h), node=h.node))
-            rep.nodes = rows
-            raise
+            timed_out = True
+            continue
         row = NodeRow(g.index, g.name, chk.status, chk.formula or _meaning(g),
                       chk.max_abs_err, chk.max_rel_err, chk.sampled, chk.detail, node=g.node,
                       bound=chk.bound)
@@ -983,9 +992,9 @@ def _run_local(rep, graph, engine, engine_name, rng, sample, tol_for, deadline, 
             first = g.node
         if chk.status == "unsupported":
             rep.notes.append(f"{g.name}: {chk.detail}")
-        if progress is not None:
-            progress.update(1)
     rep.nodes = rows
+    if timed_out:
+        raise TimeoutExpired
     rep.first_bad_node = first
     if first is not None or any(r.status in ("unsupported", "could not evaluate")
                                 for r in rows):

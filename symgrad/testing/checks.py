@@ -252,6 +252,59 @@ def _function_failure(cls_name, report, leaves) -> str:
     return "\n".join(lines)
 
 
+def _torch_function_class(function_cls) -> bool:
+    """True for a ``torch.autograd.Function`` subclass (torch is not imported for this:
+    a class of torch's can only exist once torch is)."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(function_cls, type) and \
+        issubclass(function_cls, torch.autograd.Function)
+
+
+def _torch_function_graph(function_cls, inputs, seed):
+    """``function_cls.apply`` on leaf copies of the float torch tensors among ``inputs``,
+    recorded under ``symgrad.capture_torch()`` (the path ``symgrad.verify`` documents for
+    torch graphs), and the seeded cotangents: ``(outs, cotangents, names, leaves)``."""
+    import torch
+
+    from ..symbolic import capture_torch
+    from ..symbolic.trace import forward_arg_names
+
+    arg_names = forward_arg_names(function_cls, len(inputs))
+    args, names, leaves = [], {}, []
+    for j, x in enumerate(inputs):
+        if isinstance(x, torch.Tensor) and x.dtype.is_floating_point:
+            t = x.detach().clone().requires_grad_(True)
+            names[arg_names[j]] = t
+            leaves.append((j, arg_names[j], t))
+            args.append(t)
+        else:
+            args.append(x)
+    if not leaves:
+        return None, None, names, leaves
+    with capture_torch():
+        out = function_cls.apply(*args)
+    outs = [o for o in (out if isinstance(out, tuple) else (out,))
+            if isinstance(o, torch.Tensor) and o.requires_grad]
+    rng = np.random.default_rng(seed)
+    cots = [torch.tensor(rng.uniform(0.5, 1.5, size=tuple(o.shape)), dtype=o.dtype)
+            for o in outs]
+    return outs, cots, names, leaves
+
+
+def _torch_claims_double_backward(outs, cotangents, leaves) -> bool:
+    """As :func:`_claims_double_backward`, through ``torch.autograd.grad``."""
+    import torch
+
+    try:
+        gs = torch.autograd.grad(outs, [t for _, _, t in leaves], cotangents,
+                                 retain_graph=True, create_graph=True, allow_unused=True)
+    except Exception:  # noqa: BLE001 - not differentiable twice
+        return False
+    return any(g is not None and g.grad_fn is not None for g in gs)
+
+
 def assert_function_correct(function_cls, *inputs, order: int | None = None,
                             require_exact: bool = False, mode: str = "auto",
                             rtol: float | None = None, atol: float | None = None,
@@ -262,6 +315,11 @@ def assert_function_correct(function_cls, *inputs, order: int | None = None,
     backward is differentiable, i.e. its gradients carry a grad_fn under
     ``create_graph=True``).
 
+    ``function_cls`` is a symgrad ``autograd.Function`` (symgrad tensor inputs) or a
+    ``torch.autograd.Function`` (torch tensor inputs): a torch one is applied under
+    ``symgrad.capture_torch()`` and its torch graph verified, the path
+    ``symgrad.verify`` takes for any torch graph.
+
     Float tensor inputs are copied as leaves that require grad and named after forward's
     parameters; other arguments pass through. Outputs are checked along a seeded cotangent.
     Raises AssertionError naming the input whose gradient is wrong and the element (engine
@@ -271,25 +329,27 @@ def assert_function_correct(function_cls, *inputs, order: int | None = None,
     ``surrogate_gradient = True`` (straight-through estimator) is not compared with its
     forward's derivative. Returns the Report."""
     from ..symbolic import verify
-    from ..tensor import Tensor, tensor
 
-    args, names, leaves = _function_leaves(function_cls, inputs)
+    if not isinstance(function_cls, type) or not callable(getattr(function_cls, "apply", None)):
+        raise TypeError(f"assert_function_correct expects an autograd.Function class "
+                        f"(symgrad or torch), not {function_cls!r}")
+    is_torch = _torch_function_class(function_cls)
+    kind = "floating-point torch tensor" if is_torch else "floating-point tensor"
+    if is_torch:
+        outs, cots, names, leaves = _torch_function_graph(function_cls, inputs, seed)
+    else:
+        outs, cots, names, leaves = _symgrad_function_graph(function_cls, inputs, seed)
     if not leaves:
-        raise TypeError(f"{function_cls.__name__}: no floating-point tensor among the inputs")
-    out = function_cls.apply(*args)
-    outs = [o for o in (out if isinstance(out, tuple) else (out,))
-            if isinstance(o, Tensor) and o.requires_grad]
+        raise TypeError(f"{function_cls.__name__}: no {kind} among the inputs")
     if not outs:
         raise TypeError(f"{function_cls.__name__}.apply returned no tensor that requires grad")
-    rng = np.random.default_rng(seed)
-    cots = [tensor(rng.uniform(0.5, 1.5, size=tuple(o.shape)), dtype=o.dtype) for o in outs]
     if order is None:
-        order = 2 if _claims_double_backward(outs, cots, leaves) else 1
+        claims = _torch_claims_double_backward if is_torch else _claims_double_backward
+        order = 2 if claims(outs, cots, leaves) else 1
     if len(outs) == 1:
         root, gradient = outs[0], cots[0]
     else:  # several outputs: one scalar along the cotangents
-        root = sum((o * c).sum() for o, c in zip(outs, cots))
-        gradient = None
+        root, gradient = _combine(outs, cots, is_torch), None
     # forward's parameter names; the cotangents (constants) are named t0, t1 ...
     kwargs: dict[str, Any] = {"mode": mode, "order": order, "names": names, "namespace": {}}
     if rtol is not None:
@@ -307,3 +367,30 @@ def assert_function_correct(function_cls, *inputs, order: int | None = None,
         raise AssertionError(f"{function_cls.__name__}: not proved exactly: "
                              + "; ".join(fell_back))
     return report
+
+
+def _combine(outs, cots, is_torch: bool):
+    """One scalar ``sum((o * c).sum())``; for torch under ``capture_torch()``, which keeps
+    the values of the combining ops that torch itself does not save."""
+    if not is_torch:
+        return sum((o * c).sum() for o, c in zip(outs, cots))
+    from ..symbolic import capture_torch
+
+    with capture_torch():
+        return sum((o * c).sum() for o, c in zip(outs, cots))
+
+
+def _symgrad_function_graph(function_cls, inputs, seed):
+    """``function_cls.apply`` on leaf copies of the float symgrad tensors among ``inputs``
+    and the seeded cotangents: ``(outs, cotangents, names, leaves)``."""
+    from ..tensor import Tensor, tensor
+
+    args, names, leaves = _function_leaves(function_cls, inputs)
+    if not leaves:
+        return None, None, names, leaves
+    out = function_cls.apply(*args)
+    outs = [o for o in (out if isinstance(out, tuple) else (out,))
+            if isinstance(o, Tensor) and o.requires_grad]
+    rng = np.random.default_rng(seed)
+    cots = [tensor(rng.uniform(0.5, 1.5, size=tuple(o.shape)), dtype=o.dtype) for o in outs]
+    return outs, cots, names, leaves
