@@ -168,3 +168,55 @@ def test_torch_graphs_have_no_modules():
     jsonschema.validate(payload, load_schema())
     assert payload["modules"] == [] and payload["folds"] == []
     assert {n["module"] for n in payload["nodes"]} == {""}
+
+
+def _nodes_of(root) -> list:
+    seen, stack, out = set(), [root.grad_fn], []
+    while stack:
+        n = stack.pop()
+        if n is None or id(n) in seen:
+            continue
+        seen.add(id(n))
+        out.append(n)
+        stack += [f for f, _ in n.next_functions]
+    return out
+
+
+def test_planted_wrong_rule_in_block_1_is_found_from_the_top_box_down(monkeypatch):
+    model, loss = tiny_gpt_loss()
+    target = model.h[1].mlp.c_fc
+    bad = next(n for n in _nodes_of(loss) if n.name() == "AddmmBackward0"
+               and n._module_call[0]() is target)
+    real = type(bad).apply
+
+    def wrong(self, grad_outputs, needed):
+        # the rule is 0.1% off for the nodes made inside h.1.mlp.c_fc only
+        out = list(real(self, grad_outputs, needed))
+        call = self._module_call
+        if call is not None and call[0]() is target and out[1] is not None:
+            out[1] = out[1] * 1.001
+        return out
+
+    monkeypatch.setattr(type(bad), "apply", wrong)
+    report = sg.verify(loss, names=dict(model.named_parameters()), mode="local", sample=2)
+    assert not report.ok and report.first_bad_node is bad
+    assert report.first_bad_node_label.startswith("AddmmBackward0 in h.1.mlp.c_fc (#")
+    assert "first bad node: AddmmBackward0 in h.1.mlp.c_fc (#" in report.summary()
+    rows = report.to_json()["nodes"]
+    assert {r["module"] for r in rows if r["status"] == "mismatch"} == {"h.1.mlp.c_fc"}
+    payload = graph_json(loss, report=report, formulas=False)
+    jsonschema.validate(payload, load_schema())
+    verdicts = {m["path"]: m["verdict"] for m in payload["modules"]}
+    bad_boxes = {"h", "h.1", "h.1.mlp", "h.1.mlp.c_fc"}  # the box and its ancestors
+    assert {p for p, v in verdicts.items() if v == "bad"} == bad_boxes
+    assert all(v == "ok" for p, v in verdicts.items() if p not in bad_boxes)
+    first = payload["agreement"]["first_bad_node"]
+    assert all(m["first_bad"] == first for m in payload["modules"] if m["path"] in bad_boxes)
+    assert next(n for n in payload["nodes"] if n["id"] == first)["module"] == "h.1.mlp.c_fc"
+
+
+def test_boxes_without_checks_are_unchecked():
+    model, loss = tiny_gpt_loss()
+    payload = graph_json(loss, formulas=False)
+    assert {m["verdict"] for m in payload["modules"]} == {"unchecked"}
+    assert all(m["first_bad"] is None for m in payload["modules"])
