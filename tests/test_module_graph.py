@@ -220,3 +220,76 @@ def test_boxes_without_checks_are_unchecked():
     payload = graph_json(loss, formulas=False)
     assert {m["verdict"] for m in payload["modules"]} == {"unchecked"}
     assert all(m["first_bad"] is None for m in payload["modules"])
+
+
+def _svg_parts(svg: str):
+    import xml.etree.ElementTree as ET
+
+    root = ET.fromstring(svg)
+    ns = "{http://www.w3.org/2000/svg}"
+    frames = {g.get("data-path"): g for g in root.iter(ns + "g")
+              if g.get("class") == "sg-module"}
+    boxes = {g.get("data-id"): g for g in root.iter(ns + "g")
+             if g.get("class") == "sg-node" and g.get("data-kind") == "module"}
+    texts = {g.get("data-id"): [t.text for t in g.iter(ns + "text")] for g in boxes.values()}
+    return frames, boxes, texts
+
+
+def test_svg_draws_collapsed_modules_folds_and_expanded_frames():
+    model, loss = tiny_gpt_loss()
+    view = sg.graph(loss, collapse=None)
+    svg = view._repr_html_()
+    svg = svg[svg.index("<svg"):svg.index("</svg>") + 6]
+    frames, boxes, texts = _svg_parts(svg)
+    # a big graph: one box per top-level module; the two embeddings fold
+    assert set(boxes) == {"fold:wte", "module:h", "module:ln_f", "module:lm_head"}
+    assert texts["module:h"] == ["h: ModuleList", f"{120} nodes \u00b7 not checked"]
+    assert texts["fold:wte"][0] == "Embedding \u00d7 2"
+    assert not frames  # nothing expanded
+
+    svg = sg.graph(loss, collapse=2)._repr_html_()
+    frames, boxes, texts = _svg_parts(svg[svg.index("<svg"):svg.index("</svg>") + 6])
+    assert set(boxes) == {"fold:h.0"}  # both blocks collapsed: one "Block × 2" box
+    assert texts["fold:h.0"][0] == "Block \u00d7 2"
+    assert boxes["fold:h.0"].get("data-paths") == "h.0 h.1"
+    assert set(frames) == {"wte", "wpe", "h", "ln_f", "lm_head"}  # frames around the rest
+
+    svg = sg.graph(loss, collapse=["h.1"])._repr_html_()
+    frames, boxes, texts = _svg_parts(svg[svg.index("<svg"):svg.index("</svg>") + 6])
+    assert set(boxes) == {"module:h.1"} and texts["module:h.1"][0] == "h.1: Block"
+    assert "h.0.attn.c_attn" in frames and "h.1.attn" not in frames
+
+
+def test_verdict_badges_in_svg_and_focus_on_one_module(monkeypatch):
+    model, loss = tiny_gpt_loss()
+    report = sg.verify(loss, names=dict(model.named_parameters()), mode="local", sample=2)
+    assert report.ok
+    svg = sg.graph(loss, report=report, collapse=True)._repr_html_()
+    frames, boxes, texts = _svg_parts(svg[svg.index("<svg"):svg.index("</svg>") + 6])
+    assert texts["module:h"][1].endswith("\u00b7 \u2713")
+    assert boxes["module:h"].get("data-verdict") == "ok"
+
+    view = sg.graph(loss, report=report, focus="h.0.attn")
+    p = view.payload
+    jsonschema.validate(p, load_schema())
+    assert p["focus"] == "h.0.attn" and p["collapsed"] == []
+    assert {n["module"] for n in p["nodes"]} == {"h.0.attn", "h.0.attn.c_attn",
+                                                  "h.0.attn.c_proj"}
+    assert [m["path"] for m in p["modules"]] == ["h.0.attn", "h.0.attn.c_attn",
+                                                  "h.0.attn.c_proj"]
+    assert p["modules"][0]["parent"] is None and p["modules"][0]["depth"] == 1
+    assert {lf["name"] for lf in p["leaves"]} == {"h.0.attn.c_attn.weight",
+                                                   "h.0.attn.c_attn.bias",
+                                                   "h.0.attn.c_proj.weight",
+                                                   "h.0.attn.c_proj.bias"}
+    ids = {n["id"] for n in p["nodes"]}
+    assert all(e["from"] in ids and e["to"] in ids for e in p["edges"])
+    assert p["roots"] and set(p["roots"]) <= ids
+    view._repr_html_()  # draws
+
+    with pytest.raises(ValueError, match="not a module of this graph"):
+        sg.graph(loss, focus="h.7")
+    with pytest.raises(ValueError, match="names no module"):
+        sg.graph(loss, collapse=["nope"])
+    with pytest.raises(TypeError, match="collapse must be"):
+        sg.graph(loss, collapse=1.5)

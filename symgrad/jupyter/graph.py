@@ -1099,6 +1099,70 @@ def top_level_collapse(payload: dict) -> list[str]:
     return [m["path"] for m in payload.get("modules") or [] if m["parent"] is None]
 
 
+def focus_payload(payload: dict, path: str) -> dict:
+    """``payload`` cut to the nodes made inside module ``path`` (and its submodules): the
+    module shown on its own, as the top of its own tree (``focus`` says which)."""
+    mods = {m["path"]: m for m in payload.get("modules") or []}
+    if path not in mods:
+        known = ", ".join(repr(p) for p in mods) or "none (no node was made in a module)"
+        raise ValueError(f"focus={path!r} is not a module of this graph; its modules: "
+                         f"{known}")
+    keep = set(mods[path]["nodes"])
+    nodes = [n for n in payload["nodes"] if n["id"] in keep]
+    edges = [e for e in payload["edges"] if e["from"] in keep and e["to"] in keep]
+    fed = {e["to"] for e in edges}
+    base = mods[path]["depth"] - 1
+    inside = [dict(m, depth=m["depth"] - base,
+                   parent=None if m["path"] == path else m["parent"])
+              for m in payload["modules"]
+              if m["path"] == path or m["path"].startswith(path + ".")]
+    out = dict(payload, nodes=nodes, edges=edges, modules=inside, focus=path,
+               roots=[n["id"] for n in nodes if n["id"] not in fed],
+               leaves=[lf for lf in payload["leaves"] if lf["id"] in keep],
+               folds=[f for f in payload.get("folds") or [] if f["members"][0] in
+                      {m["path"] for m in inside} and f["members"][0] != path])
+    out.pop("root_names", None)
+    out.pop("layout", None)
+    if out.get("agreement"):
+        agreement = dict(out["agreement"])
+        agreement["rows"] = [dict(r, node=r.get("node") if r.get("node") in keep else None)
+                             for r in agreement.get("rows") or []]
+        if agreement.get("first_bad_node") not in keep:
+            agreement["first_bad_node"] = None
+        out["agreement"] = agreement
+    out["collapsed"] = []
+    return out
+
+
+def collapse_payload(payload: dict, collapse: Any) -> dict:
+    """``payload`` with ``collapsed`` set from ``collapse``: True = the top-level modules,
+    False = none, an int d = the modules at depth d (1 = top level), a path or a list of
+    paths = those modules; None keeps the payload's default."""
+    if collapse is None:
+        return payload
+    mods = payload.get("modules") or []
+    if collapse is True:
+        chosen = [m["path"] for m in mods if m["parent"] is None]
+    elif collapse is False:
+        chosen = []
+    elif isinstance(collapse, int):
+        if collapse < 1:
+            raise ValueError(f"collapse={collapse}: a depth counts from 1 (the top-level "
+                             "modules)")
+        chosen = [m["path"] for m in mods if m["depth"] == collapse]
+    elif isinstance(collapse, (str, list, tuple)):
+        chosen = [collapse] if isinstance(collapse, str) else list(collapse)
+        known = {m["path"] for m in mods}
+        unknown = [p for p in chosen if p not in known]
+        if unknown:
+            raise ValueError(f"collapse names no module of this graph: {unknown}; its "
+                             f"modules: {sorted(known)}")
+    else:
+        raise TypeError("collapse must be True, False, a depth (int), a module path or a "
+                        f"list of paths, not {_type_name(collapse)}")
+    return dict(payload, collapsed=chosen)
+
+
 def module_verdicts(payload: dict) -> dict:
     """Each module's ``verdict`` from the node checks inside it (in place): ``bad`` when
     a node inside disagrees (check ``fail``), ``ok`` when some were checked, all agree and
@@ -1350,9 +1414,13 @@ class GraphView:
 
     def __init__(self, root: Any = None, names: Mapping[str, Any] | None = None,
                  report: Any = None, *, payload: dict | None = None,
-                 namespace: Mapping[str, Any] | None = None) -> None:
-        self.payload = payload if payload is not None else \
+                 namespace: Mapping[str, Any] | None = None, collapse: Any = None,
+                 focus: str | None = None) -> None:
+        payload = payload if payload is not None else \
             graph_json(root, names, report, namespace=namespace)
+        if focus is not None:
+            payload = focus_payload(payload, focus)
+        self.payload = collapse_payload(payload, collapse)
 
     def to_json(self) -> dict:
         return self.payload
@@ -1370,10 +1438,21 @@ class GraphView:
 
 
 def graph(root: Any, names: Mapping[str, Any] | None = None, report: Any = None, *,
-          namespace: Mapping[str, Any] | None = None) -> GraphView:
+          namespace: Mapping[str, Any] | None = None, collapse: Any = None,
+          focus: str | None = None) -> GraphView:
     """The graph behind ``root`` as a displayable object (JSON + SVG + text); leaves are
-    named as :func:`graph_json` says (by default from the calling frame's variables)."""
-    return GraphView(root, names, report, namespace=namespace)
+    named as :func:`graph_json` says (by default from the calling frame's variables).
+
+    Nodes made inside ``nn.Module`` calls are drawn in boxes per module, each with its
+    verdict from ``report`` (✓ agrees, ✗ a node inside disagrees, or not checked), so a
+    wrong rule is found from the top box down. ``collapse``: which modules are drawn as
+    one box: None (default) collapses a graph above 60 nodes to its top-level modules,
+    True always, False never, an int d the modules at depth d (1 = top level), or a path
+    / list of paths; repeated blocks that are all collapsed fold into one box
+    ``Block × N``. ``focus="h.0.attn"`` shows that module's nodes on their own.
+    """
+    return GraphView(root, names, report, namespace=namespace, collapse=collapse,
+                     focus=focus)
 
 
 def with_layout(payload: dict, selected: str | None = None) -> dict:
