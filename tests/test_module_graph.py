@@ -4,7 +4,6 @@ the static SVG draws them."""
 
 from __future__ import annotations
 
-import gc
 import threading
 import weakref
 
@@ -143,22 +142,22 @@ def test_module_stack_is_restored_after_an_exception_and_per_thread():
     assert made["y"].grad_fn._module_call is None  # made in another thread, outside
 
 
-def test_a_graph_keeps_no_module_alive_and_makes_no_cycle():
-    gc.collect()
-    gc.disable()
-    try:
-        model = nn.Sequential(Inner(), Inner())
-        x = sg.randn(2, 3)
-        y = model(x).sum()
-        node = weakref.ref(y.grad_fn.next_functions[0][0])
-        m_ref = weakref.ref(model)
-        assert node() is not None and node()._module_call is not None
-        del model  # the graph holds the module weakly (its parameters stay alive)
-        assert m_ref() is None
-        del y  # and the graph frees at once, without the cycle collector
-        assert node() is None
-    finally:
-        gc.enable()
+def test_a_graph_keeps_no_module_alive_and_makes_no_cycle(no_gc):
+    model = nn.Sequential(Inner(), Inner())
+    x = sg.randn(64, 3)
+    before = sg.memory_allocated()
+    y = model(x).sum()
+    assert sg.memory_allocated() > before  # the forward's saved activations
+    node = weakref.ref(y.grad_fn.next_functions[0][0])
+    assert node()._module_call is not None
+    m_ref = weakref.ref(model)
+    params = list(model.parameters())  # counted in ``before``: kept to the end
+    del model  # the graph holds the module weakly (its parameters stay alive)
+    assert m_ref() is None
+    del y  # and the graph frees at once, by reference counting alone
+    assert node() is None
+    assert sg.memory_allocated() == before
+    del params
 
 
 def test_torch_graphs_have_no_modules():
@@ -293,3 +292,11 @@ def test_verdict_badges_in_svg_and_focus_on_one_module(monkeypatch):
         sg.graph(loss, collapse=["nope"])
     with pytest.raises(TypeError, match="collapse must be"):
         sg.graph(loss, collapse=1.5)
+
+
+def test_text_outline_lists_the_top_level_modules():
+    model, loss = tiny_gpt_loss()
+    text = repr(sg.graph(loss))
+    assert text.splitlines()[1] == ("modules: wte: Embedding not checked, wpe: Embedding not "
+                                    "checked, h: ModuleList not checked, ln_f: LayerNorm not "
+                                    "checked, lm_head: Linear not checked")

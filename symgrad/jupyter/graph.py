@@ -1488,6 +1488,11 @@ def text_outline(payload: dict) -> str:
     elif ok is not None:
         head += ", gradients agree" if ok else ", GRADIENTS DISAGREE"
     lines.append(head)
+    tops = [m for m in payload.get("modules") or [] if m["parent"] is None]
+    if tops:  # the module boxes' verdicts, for a plain-text front end
+        marks = {"ok": "\u2713", "bad": "\u2717", "unchecked": "not checked"}
+        lines.append("modules: " + ", ".join(f"{m['path']}: {m['type']} {marks[m['verdict']]}"
+                                             for m in tops))
     seen: set[str] = set()
     stack = [(rid, 0) for rid in reversed(payload["roots"])]
     while stack and len(lines) < 200:
