@@ -36,7 +36,8 @@ class ModulePaths:
         self._by_root: dict[int, dict[int, str]] = {}
         self.modules: dict[str, Any] = {}  # path -> module, in named_modules() order
         self.params: dict[int, str] = {}  # id(parameter) -> path of the module owning it
-        self._keep: list[Any] = []  # roots whose ids key _by_root
+        self._by_entry: dict[int, str] = {}
+        self._keep: list[Any] = []  # roots and entries whose ids key the caches
 
     def _names(self, root: Any) -> dict[int, str]:
         got = self._by_root.get(id(root))
@@ -54,6 +55,14 @@ class ModulePaths:
         return got
 
     def of_entry(self, entry: Any) -> str:
+        """The path of a call entry (nodes made in one call share it: cached)."""
+        got = self._by_entry.get(id(entry))
+        if got is None:
+            got = self._by_entry[id(entry)] = self._path(entry)
+            self._keep.append(entry)
+        return got
+
+    def _path(self, entry: Any) -> str:
         mods = call_modules(entry)
         if not mods or mods[-1] is None:
             return ""
