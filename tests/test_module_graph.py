@@ -160,13 +160,35 @@ def test_a_graph_keeps_no_module_alive_and_makes_no_cycle(no_gc):
     del params
 
 
-def test_torch_graphs_have_no_modules():
+def test_torch_graphs_have_modules_only_when_captured():
     torch = pytest.importorskip("torch")
-    lin = torch.nn.Linear(2, 2)
-    payload = graph_json(lin(torch.ones(1, 2)).sum(), formulas=False)
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Tanh())
+            self.head = torch.nn.Linear(2, 1)
+
+        def forward(self, x):
+            return self.head(self.body(x) * 2.0)
+
+    net = Net()
+    payload = graph_json(net(torch.ones(1, 2)).sum(), formulas=False)
     jsonschema.validate(payload, load_schema())
-    assert payload["modules"] == [] and payload["folds"] == []
+    assert payload["modules"] == [] and payload["folds"] == []  # torch nodes know no module
     assert {n["module"] for n in payload["nodes"]} == {""}
+
+    with sg.capture_torch():
+        loss = net(torch.ones(1, 2)).sum()
+    payload = graph_json(loss, formulas=False)
+    jsonschema.validate(payload, load_schema())
+    ops = _by_module(payload)
+    assert ops["body.1"] == ["TanhBackward0"] and ops[""] == ["SumBackward0", "MulBackward0"]
+    # F.linear's addmm, and the t() inside it that the capture never saw returned
+    assert sorted(ops["body.0"]) == sorted(ops["head"]) == ["AddmmBackward0", "TBackward0"]
+    assert [m["path"] for m in payload["modules"]] == ["body", "body.0", "body.1", "head"]
+    acc = sorted(n["module"] for n in payload["nodes"] if n["kind"] == "accumulate")
+    assert acc == ["body.0", "body.0", "head", "head"]  # weights and biases
 
 
 def _nodes_of(root) -> list:

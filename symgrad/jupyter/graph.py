@@ -790,7 +790,8 @@ def graph_json(root: Any, names: Mapping[str, Any] | None = None, report: Any = 
             if out_t is None:
                 out_t = outputs.get(id(cur))
             shape, dtype = _node_output(cur, out_t)
-            calls[nid] = getattr(cur, "_module_call", None)
+            calls[nid] = getattr(cur, "_module_call", None) if source == "symgrad" \
+                else _torch_module_call(cur)
             entry = {
                 "id": nid, "kind": "op", "label": cur.name(), "name": cur.name(),
                 "shape": shape, "dtype": dtype,
@@ -856,6 +857,8 @@ def graph_json(root: Any, names: Mapping[str, Any] | None = None, report: Any = 
     if budget.omitted:
         payload["formulas_omitted"] = budget.omitted
     _order(payload)
+    if source == "torch":
+        _inherit_torch_calls(payload, calls)
     add_modules(payload, calls, [t for t in keep if _is_tensor(t)], node_ids)
     if node_map is not None:
         node_map.update(node_ids)
@@ -987,6 +990,30 @@ def _order(payload: dict) -> None:
 COLLAPSE_ABOVE = 60
 
 
+def _torch_module_call(fn: Any) -> Any:
+    """A torch node's module call entry, recorded by ``symgrad.capture_torch()`` only
+    (torch's grad_fn nodes do not know the module that made them)."""
+    import sys
+
+    mod = sys.modules.get("symgrad.symbolic.torch_graph")  # loaded when a capture ran
+    return mod.captured_module_call(fn) if mod is not None else None
+
+
+def _inherit_torch_calls(payload: dict, calls: dict[str, Any]) -> None:
+    """A torch node the capture never saw returned (the ``t()`` inside ``F.linear``'s
+    ``addmm``) belongs to the module call of its consumers when they all share one."""
+    consumers: dict[str, list[str]] = {}
+    for e in payload["edges"]:
+        consumers.setdefault(e["to"], []).append(e["from"])
+    for n in sorted(payload["nodes"], key=lambda n: n.get("order", 0)):  # roots first
+        nid = n["id"]
+        if nid not in calls or calls[nid] is not None:
+            continue
+        got = {id(calls.get(c)): calls.get(c) for c in consumers.get(nid, ())}
+        if len(got) == 1:
+            calls[nid] = next(iter(got.values()))
+
+
 def _signature(type_name: str, ops: list[str], children: list[tuple[str, str]]) -> str:
     """A structural hash: the class, the op names made directly inside (as a multiset, so
     two blocks agree whatever order the graph walk met their nodes in), and the children's
@@ -1004,8 +1031,9 @@ def add_modules(payload: dict, calls: Mapping[str, Any], tensors: Iterable[Any] 
 
     ``calls`` maps op node ids to their node's ``_module_call`` entry. An op node belongs
     to the innermost module call that made it; an AccumulateGrad node to the module that
-    owns its parameter; a None input to the node that consumes it. Torch graphs carry no
-    module calls: every node gets ``""`` and the lists are empty.
+    owns its parameter; a None input to the node that consumes it. Torch's nodes know no
+    module: a torch graph has module calls only where ``symgrad.capture_torch()`` recorded
+    its forward, else every node gets ``""`` and the lists are empty.
     """
     from .._module_paths import ModulePaths
 
