@@ -765,6 +765,7 @@ def graph_json(root: Any, names: Mapping[str, Any] | None = None, report: Any = 
     truncated = 0
     budget = _Budget(formula_budget)
     calls: dict[str, Any] = {}  # op node id -> its node's nn.Module call entry
+    unseen: set[str] = set()  # torch nodes no capture saw made
 
     def visit(fn: Any, out_tensor: Any | None) -> str:
         """Add fn and everything below it (iteratively); return fn's id."""
@@ -790,8 +791,12 @@ def graph_json(root: Any, names: Mapping[str, Any] | None = None, report: Any = 
             if out_t is None:
                 out_t = outputs.get(id(cur))
             shape, dtype = _node_output(cur, out_t)
-            calls[nid] = getattr(cur, "_module_call", None) if source == "symgrad" \
-                else _torch_module_call(cur)
+            if source == "symgrad":
+                calls[nid] = getattr(cur, "_module_call", None)
+            else:
+                seen, calls[nid] = _torch_module_call(cur)
+                if not seen:
+                    unseen.add(nid)
             entry = {
                 "id": nid, "kind": "op", "label": cur.name(), "name": cur.name(),
                 "shape": shape, "dtype": dtype,
@@ -857,8 +862,8 @@ def graph_json(root: Any, names: Mapping[str, Any] | None = None, report: Any = 
     if budget.omitted:
         payload["formulas_omitted"] = budget.omitted
     _order(payload)
-    if source == "torch":
-        _inherit_torch_calls(payload, calls)
+    if unseen:
+        _inherit_torch_calls(payload, calls, unseen)
     add_modules(payload, calls, [t for t in keep if _is_tensor(t)], node_ids)
     if node_map is not None:
         node_map.update(node_ids)
@@ -990,16 +995,17 @@ def _order(payload: dict) -> None:
 COLLAPSE_ABOVE = 60
 
 
-def _torch_module_call(fn: Any) -> Any:
-    """A torch node's module call entry, recorded by ``symgrad.capture_torch()`` only
-    (torch's grad_fn nodes do not know the module that made them)."""
+def _torch_module_call(fn: Any) -> tuple[bool, Any]:
+    """``(seen, entry)``: a torch node's module call entry, recorded by
+    ``symgrad.capture_torch()`` only (torch's grad_fn nodes do not know the module that
+    made them)."""
     import sys
 
     mod = sys.modules.get("symgrad.symbolic.torch_graph")  # loaded when a capture ran
-    return mod.captured_module_call(fn) if mod is not None else None
+    return mod.captured_module_call(fn) if mod is not None else (False, None)
 
 
-def _inherit_torch_calls(payload: dict, calls: dict[str, Any]) -> None:
+def _inherit_torch_calls(payload: dict, calls: dict[str, Any], unseen: set[str]) -> None:
     """A torch node the capture never saw returned (the ``t()`` inside ``F.linear``'s
     ``addmm``) belongs to the module call of its consumers when they all share one."""
     consumers: dict[str, list[str]] = {}
@@ -1007,7 +1013,7 @@ def _inherit_torch_calls(payload: dict, calls: dict[str, Any]) -> None:
         consumers.setdefault(e["to"], []).append(e["from"])
     for n in sorted(payload["nodes"], key=lambda n: n.get("order", 0)):  # roots first
         nid = n["id"]
-        if nid not in calls or calls[nid] is not None:
+        if nid not in unseen:
             continue
         got = {id(calls.get(c)): calls.get(c) for c in consumers.get(nid, ())}
         if len(got) == 1:

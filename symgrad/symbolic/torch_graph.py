@@ -75,7 +75,7 @@ class _Capture:
                 fn = o.grad_fn
                 snap = tuple(_snap(a) for a in args)
                 self.calls[id(fn)] = (fn, snap, {k: _snap(v) for k, v in kwargs.items()})
-                if self.module_top is not None and id(fn) not in self.module_calls:
+                if id(fn) not in self.module_calls:  # None: made outside any module
                     self.module_calls[id(fn)] = (fn, self.module_top)
 
     def module_hooks(self) -> tuple:
@@ -212,13 +212,14 @@ def _captured(fn):
 
 
 def captured_module_call(fn):
-    """The torch nn.Module call entry a captured grad_fn was made in, else None (torch's
-    own nodes carry no module: only ``capture_torch()`` records it)."""
+    """``(seen, entry)``: whether ``capture_torch()`` saw ``fn`` made, and the torch
+    nn.Module call entry it was made in (None outside any). Torch's own nodes carry no
+    module: only a capture records it."""
     for cap in reversed(_CAPTURES):
         hit = cap.module_calls.get(id(fn))
         if hit is not None and hit[0] is fn:
-            return hit[1]
-    return None
+            return True, hit[1]
+    return False, None
 
 
 def _forward_params(spec):
