@@ -324,3 +324,32 @@ def test_text_outline_lists_the_top_level_modules():
     assert text.splitlines()[1] == ("modules: wte: Embedding not checked, wpe: Embedding not "
                                     "checked, h: ModuleList not checked, ln_f: LayerNorm not "
                                     "checked, lm_head: Linear not checked")
+
+
+class Gen(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(2, 2)
+
+    def forward(self, z):
+        return self.fc(z).tanh()
+
+
+def test_two_root_models_are_told_apart_and_an_owned_root_is_named_through_its_owner():
+    gen, disc = Gen(), nn.Sequential(nn.Linear(2, 1))
+    z = sg.randn(3, 2)
+    payload = graph_json(disc(gen(z)).sum(), formulas=False)  # a GAN's two models
+    ops = _by_module(payload)
+    assert ops["Gen"] == ["TanhBackward0"] and ops[""] == ["SumBackward0"]
+    assert ops["Gen.fc"] and ops["Sequential.0"]
+    mods = {m["path"]: m for m in payload["modules"]}
+    assert set(mods) == {"Gen", "Gen.fc", "Sequential", "Sequential.0"}
+    assert mods["Gen"]["parent"] is None and mods["Gen.fc"]["parent"] == "Gen"
+    acc = {n["label"]: n["module"] for n in payload["nodes"] if n["kind"] == "accumulate"}
+    assert acc["fc.weight"] == "Gen.fc"  # the leaf's own name stays as the verifier's
+
+    twice = nn.Sequential(Gen(), Gen())
+    y = twice[1](twice(z))  # the owned block called on its own too: one name for both
+    ops = _by_module(graph_json(y.sum(), formulas=False))
+    assert set(ops) == {"", "0", "0.fc", "1", "1.fc"}
+    assert ops["1"] == ["TanhBackward0", "TanhBackward0"]

@@ -1043,7 +1043,7 @@ def add_modules(payload: dict, calls: Mapping[str, Any], tensors: Iterable[Any] 
     """
     from .._module_paths import ModulePaths
 
-    names = ModulePaths()
+    names = ModulePaths(calls.values())
     module_of: dict[str, str] = {}
     for nid, entry in calls.items():
         module_of[nid] = names.of_entry(entry) if entry is not None else ""
