@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 __all__ = ["Layout", "layout", "box_size", "find_chains", "visible_graph", "payload_layout",
+           "module_boxes", "module_clusters",
            "layout_matches", "layout_boxes", "layout_bends", "edge_points",
            "AUTO_COLLAPSE_NODES", "MIN_RUN"]
 
@@ -77,6 +78,8 @@ def static_texts(n: dict) -> tuple[str, str]:
         sub = ("AccumulateGrad " + shape_txt).strip()
     elif n["kind"] == "chain":
         sub = f"{len(n['members'])} ops"
+    elif n["kind"] == "module":
+        sub = _module_sub(n)
     elif n["kind"] == "none":
         sub = n.get("variable") or ""
     elif n["kind"] == "op" and n.get("variable"):
@@ -86,8 +89,15 @@ def static_texts(n: dict) -> tuple[str, str]:
     return label, clip(sub, int((MAX_W - 2 * PAD_X) / CHAR_W))
 
 
+def _module_sub(n: dict) -> str:
+    """A collapsed module's sublabel: node count and verdict (``61 nodes · ✗``)."""
+    return f"{len(n['members'])} nodes \u00b7 {VERDICT_MARK.get(n.get('verdict'), '')}"
+
+
 def _lab_sub(n: dict) -> str:
     """The sublabel the labextension draws (format.ts ``nodeSub``, the chain's ``sub``)."""
+    if n["kind"] == "module":
+        return _module_sub(n)
     if n["kind"] == "chain":
         return f"{len(n['members'])} nodes \u00b7 click to expand"
     if n["kind"] == "none":
@@ -190,10 +200,202 @@ def find_chains(payload: dict, keep: set[str] | frozenset[str] = frozenset()) ->
     return groups
 
 
+VERDICT_STATUS = {"bad": "fail", "ok": "pass", "unchecked": "none"}
+VERDICT_MARK = {"bad": "\u2717", "ok": "\u2713", "unchecked": "not checked"}
+_VERDICT_RANK = {"bad": 2, "unchecked": 1, "ok": 0}
+
+
+def _merge_edges(edges: list[dict], owner: dict[str, str]) -> list[dict]:
+    """Edges between drawn boxes: members' edges renamed to their box, merged, no loops."""
+    out: dict[tuple[str, str], dict] = {}
+    for e in edges:
+        a, b = owner.get(e["from"], e["from"]), owner.get(e["to"], e["to"])
+        if a != b and (a, b) not in out:
+            out[(a, b)] = {"from": a, "to": b, "input": e["input"] if a == e["from"] else ""}
+    return list(out.values())
+
+
+def module_boxes(payload: dict) -> tuple[list[dict], dict[str, str]]:
+    """The boxes that stand for collapsed modules, and ``node id -> box id``.
+
+    A node goes into the box of its outermost collapsed module (``payload['collapsed']``):
+    id ``module:<path>``, label ``path: Type``. Members of a fold that are all collapsed
+    share one box ``Block × N`` (id ``fold:<first member>``). Each box carries the
+    module's ``verdict`` (a fold: the worst of its members') and ``members``.
+    """
+    mods = {m["path"]: m for m in payload.get("modules") or []}
+    collapsed = [p for p in payload.get("collapsed") or [] if p in mods]
+    if not collapsed:
+        return [], {}
+    shut = set(collapsed)
+
+    def outermost(path: str) -> str | None:
+        parts = path.split(".") if path else []
+        for k in range(1, len(parts) + 1):
+            prefix = ".".join(parts[:k])
+            if prefix in shut:
+                return prefix
+        return None
+
+    box_of: dict[str, str] = {}  # collapsed module path -> box id
+    boxes: dict[str, dict] = {}
+    for f in payload.get("folds") or []:
+        members = f["members"]
+        if all(m in shut and outermost(m) == m for m in members):
+            bid = "fold:" + members[0]
+            verdict = max((mods[m]["verdict"] for m in members),
+                          key=lambda v: _VERDICT_RANK.get(v, 0))
+            boxes[bid] = {"id": bid, "kind": "module", "label": f["label"], "name": f["label"],
+                          "paths": list(members), "verdict": verdict, "members": [],
+                          "check": {"status": VERDICT_STATUS.get(verdict, "none")}}
+            for m in members:
+                box_of[m] = bid
+    for p in collapsed:
+        if outermost(p) != p or p in box_of:
+            continue
+        m = mods[p]
+        bid = "module:" + p
+        box_of[p] = bid
+        boxes[bid] = {"id": bid, "kind": "module", "label": f"{p}: {m['type']}",
+                      "name": m["type"], "paths": [p], "verdict": m["verdict"], "members": [],
+                      "check": {"status": VERDICT_STATUS.get(m["verdict"], "none")}}
+    owner: dict[str, str] = {}
+    for n in payload["nodes"]:
+        top = outermost(n.get("module") or "")
+        if top is not None:
+            owner[n["id"]] = box_of[top]
+            boxes[box_of[top]]["members"].append(n["id"])
+    return [b for b in boxes.values() if b["members"]], owner
+
+
+def _expanded(payload: dict) -> list[dict]:
+    """The modules drawn as frames: listed, neither collapsed nor inside a collapsed one."""
+    shut = set(payload.get("collapsed") or [])
+    return [m for m in payload.get("modules") or []
+            if not any(".".join(m["path"].split(".")[:k]) in shut
+                       for k in range(1, m["path"].count(".") + 2))]
+
+
+def frame_pads(payload: dict) -> dict[str, float]:
+    """Padding of each expanded module's frame around its nodes: more for a module with
+    more levels of frames inside, so nested frames never touch."""
+    mods = _expanded(payload)
+    levels: dict[str, int] = {m["path"]: 0 for m in mods}
+    for m in sorted(mods, key=lambda m: -m["depth"]):  # children first
+        if m["parent"] in levels:
+            levels[m["parent"]] = max(levels[m["parent"]], levels[m["path"]] + 1)
+    return {p: 5.0 * (k + 1) for p, k in levels.items()}
+
+
+#: Height of a frame's label above its first layer's boxes (and pad).
+FRAME_LABEL_H = 12.0
+
+
+def frame_reach(pads: dict[str, float]) -> float:
+    """How far above its boxes a frame reaches at most (pad and label): where every frame
+    steps from one layer's width to the next's, so nested frames stay nested and
+    siblings never meet."""
+    return max(pads.values(), default=0.0) + FRAME_LABEL_H
+
+
+def frame_groups(payload: dict, nodes: list[dict]) -> dict[str, tuple[str, ...]]:
+    """Drawn node id -> the expanded modules (frames) it sits in, outermost first: a
+    node's own module and its ancestors; a collapsed module's box sits in its parent's
+    frames; a chain box in the frames all its members share."""
+    framed = {m["path"] for m in _expanded(payload)}
+
+    def frames_of(path: str) -> tuple[str, ...]:
+        parts = path.split(".") if path else []
+        return tuple(p for p in (".".join(parts[:k]) for k in range(1, len(parts) + 1))
+                     if p in framed)
+
+    module_of = {n["id"]: n.get("module") or "" for n in payload["nodes"]}
+    out: dict[str, tuple[str, ...]] = {}
+    for n in nodes:
+        if n["kind"] == "module":  # collapsed, so not a frame: in its ancestors' frames
+            got = frames_of(n["paths"][0])
+        elif n["kind"] == "chain":
+            got = frames_of(module_of.get(n["members"][0], ""))
+            for m in n["members"][1:]:
+                got = _common_prefix(got, frames_of(module_of.get(m, "")))
+        else:
+            got = frames_of(n.get("module") or "")
+        if got:
+            out[n["id"]] = got
+    return out
+
+
+def module_clusters(payload: dict, nodes: list[dict],
+                    boxes: dict[str, list[float]]) -> list[dict]:
+    """Frames for the expanded modules around the drawn boxes of their nodes, outermost
+    first: ``path``, ``type``, ``verdict``, ``depth``, ``rect`` ``[x, y, w, h]`` (the
+    bounding box) and ``outline``: one polygon (``[(x, y), ...]``) per run of consecutive
+    layers holding the module's nodes, each layer as wide as its members padded by
+    :func:`frame_pads` (a frame's members sit side by side in every layer, see
+    :func:`frame_groups`, so sibling frames do not overlap), with room for the label on
+    top of the first."""
+    drawn_of: dict[str, str] = {}
+    for n in nodes:
+        for m in n.get("members") or [n["id"]]:
+            drawn_of[m] = n["id"]
+    pads = frame_pads(payload)
+    reach = frame_reach(pads)
+    centres = sorted({round(b[1] + b[3] / 2, 1) for b in boxes.values()})
+    step = min((b - a for a, b in zip(centres, centres[1:])), default=BOX_H + GAP_Y)
+    out = []
+    for m in _expanded(payload):
+        ids = {drawn_of[i] for i in m["nodes"] if i in drawn_of}
+        rects = [boxes[i] for i in ids if i in boxes]
+        if not rects:
+            continue
+        pad = pads[m["path"]]
+        spans: dict[float, list[float]] = {}  # layer centre -> [left, right]
+        for x, y, w, h in rects:
+            cy = round(y + h / 2, 1)
+            got = spans.setdefault(cy, [x, x + w])
+            got[0], got[1] = min(got[0], x), max(got[1], x + w)
+        runs: list[list[tuple[float, float, float]]] = []
+        for cy in sorted(spans):
+            a, b = spans[cy]
+            if runs and cy - runs[-1][-1][0] > step * 1.5:
+                runs.append([])
+            elif not runs:
+                runs.append([])
+            runs[-1].append((cy, a - pad, b + pad))
+        outline = []
+        for k, run in enumerate(runs):
+            top = run[0][0] - BOX_H / 2 - pad - (FRAME_LABEL_H if k == 0 else 0.0)
+            bottom = run[-1][0] + BOX_H / 2 + pad
+            right = [(run[0][2], top)]
+            left = [(run[0][1], top)]
+            for (_c0, a0, b0), (c1, a1, b1) in zip(run, run[1:]):
+                turn = c1 - BOX_H / 2 - reach  # the same height for every frame
+                right += [(b0, turn), (b1, turn)]
+                left += [(a0, turn), (a1, turn)]
+            right.append((run[-1][2], bottom))
+            left.append((run[-1][1], bottom))
+            outline.append(right + left[::-1])
+        xs = [px for poly in outline for px, _ in poly]
+        ys = [py for poly in outline for _, py in poly]
+        out.append({"path": m["path"], "type": m["type"], "verdict": m["verdict"],
+                    "depth": m["depth"], "outline": outline,
+                    "rect": [min(xs), min(ys), max(xs) - min(xs), max(ys) - min(ys)]})
+    return sorted(out, key=lambda c: c["depth"])
+
+
 def visible_graph(payload: dict, selected: str | None = None) -> tuple[list[dict], list[dict]]:
-    """Nodes and edges to draw: runs collapsed into chain boxes in big graphs, with the
-    edges of their members merged (so a leaf shared by a whole loop gets one edge)."""
+    """Nodes and edges to draw: collapsed modules (``payload['collapsed']``) as one box
+    each (:func:`module_boxes`), then runs collapsed into chain boxes in big graphs, with
+    the edges of their members merged (so a leaf shared by a whole loop gets one edge)."""
     nodes, edges = payload["nodes"], payload["edges"]
+    mboxes, owner = module_boxes(payload)
+    if mboxes:
+        first = {b["members"][0]: b for b in mboxes}
+        nodes = [first[n["id"]] if n["id"] in first else n for n in nodes
+                 if n["id"] in first or n["id"] not in owner]
+        edges = _merge_edges(edges, owner)
+        roots = [owner.get(r, r) for r in payload.get("roots") or []]
+        payload = dict(payload, nodes=nodes, edges=edges, roots=roots)
     if len(nodes) <= AUTO_COLLAPSE_NODES:
         return nodes, edges
     groups = find_chains(payload, {selected} if selected else set())
@@ -229,8 +431,11 @@ def payload_layout(payload: dict, selected: str | None = None) -> dict:
     go in strings because a saved notebook writes a JSON list one item a line."""
     nodes, edges = visible_graph(payload, selected)
     sizes = {n["id"]: box_size(n) for n in nodes}
+    pads = frame_pads(payload)
     lay = layout([n["id"] for n in nodes], [(e["from"], e["to"]) for e in edges],
-                 {k: v[0] for k, v in sizes.items()}, heights={k: v[1] for k, v in sizes.items()})
+                 {k: v[0] for k, v in sizes.items()}, heights={k: v[1] for k, v in sizes.items()},
+                 groups=frame_groups(payload, nodes), group_pad=pads,
+                 gap_y=max(GAP_Y, frame_reach(pads) + max(pads.values(), default=0.0) + 8.0))
     out: dict = {"width": round(lay.width), "height": round(lay.height),
                  "nodes": {k: " ".join(str(round(v)) for v in box)
                            for k, box in lay.boxes.items()}}
@@ -279,18 +484,52 @@ def edge_points(boxes: dict, a: str, b: str,
     return pts
 
 
+def _common_prefix(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, ...]:
+    k = 0
+    while k < len(a) and k < len(b) and a[k] == b[k]:
+        k += 1
+    return a[:k]
+
+
+def _framed_order(items: list[tuple[float, str]], groups: dict[str, tuple[str, ...]],
+                  level: int) -> list[str]:
+    """``items`` (barycentre, node) ordered with each frame's members side by side: the
+    frames at ``level`` and the loose nodes sorted by (mean) barycentre, recursively."""
+    buckets: dict[str, list[tuple[float, str]]] = {}
+    units: list[tuple[float, int, list[str]]] = []
+    for bc, n in items:
+        g = groups.get(n, ())
+        if len(g) > level:
+            buckets.setdefault(g[level], []).append((bc, n))
+        else:
+            units.append((bc, len(units), [n]))
+    for members in buckets.values():
+        mean = sum(bc for bc, _ in members) / len(members)
+        units.append((mean, len(units), _framed_order(members, groups, level + 1)))
+    units.sort(key=lambda u: (u[0], u[1]))
+    return [n for _, _, ns in units for n in ns]
+
+
 def layout(node_ids: list[str], edges: list[tuple[str, str]],
            widths: dict[str, float] | None = None, max_dummies: int | None = None,
-           heights: dict[str, float] | None = None) -> Layout:
+           heights: dict[str, float] | None = None,
+           groups: dict[str, tuple[str, ...]] | None = None,
+           group_pad: dict[str, float] | None = None, gap_y: float = GAP_Y) -> Layout:
     """Lay out the DAG ``edges`` (``(from, to)``, from = consumer, drawn above ``to``).
 
     Boxes are ``widths`` wide (default ``MIN_W``) and ``heights`` high (at most ``BOX_H``,
     the default; a lower box is centred in its layer). ``max_dummies`` bounds the bend
     points of long edges (default ``4 n + 64``); edges
     past it are drawn straight, so time and output stay linear in the graph size.
+    ``groups`` puts nodes in nested frames (node -> its frames' keys, outermost first):
+    the members of a frame sit side by side in every layer, and neighbours in different
+    frames are kept apart by the ``group_pad`` of each frame between them. ``gap_y``: the
+    space between layers (room for the frames' pads and labels).
     """
     widths = widths or {}
     heights = heights or {}
+    groups = dict(groups or {})
+    group_pad = group_pad or {}
     ids = list(dict.fromkeys(node_ids))
     index = {n: i for i, n in enumerate(ids)}
     edge_list = [(a, b) for a, b in edges if a in index and b in index and a != b]
@@ -350,10 +589,13 @@ def layout(node_ids: list[str], edges: list[tuple[str, str]],
             chains.append((a, b, [a, b]))
             continue
         ra = rank[a]
+        common = _common_prefix(groups.get(a, ()), groups.get(b, ())) if groups else ()
         for k in range(1, span):
             d = f"\x00d{dummy_count}"
             dummy_count += 1
             rank_all[d] = ra + k
+            if common:
+                groups[d] = common
             down[d] = []
             up[d] = []
             path.append(d)
@@ -393,15 +635,29 @@ def layout(node_ids: list[str], edges: list[tuple[str, str]],
                 bc = sum(map(pos.__getitem__, nb)) / len(nb) if nb else pos[n]
                 keyed.append((bc, i, n))
             keyed.sort()
-            layers[li] = [n for _, _, n in keyed]
+            layers[li] = [n for _, _, n in keyed] if not groups else \
+                _framed_order([(bc, n) for bc, _, n in keyed], groups, 0)
             for i, n in enumerate(layers[li]):
                 pos[n] = float(i)
 
+    if groups:  # frames side by side from the start
+        for li, layer in enumerate(layers):
+            layers[li] = _framed_order([(pos[n], n) for n in layer], groups, 0)
+            for i, n in enumerate(layers[li]):
+                pos[n] = float(i)
     for k in range(SWEEPS):
         if k % 2 == 0:
             sweep(range(1, n_layers), up)
         else:
             sweep(range(n_layers - 2, -1, -1), down)
+
+    def gap(a: str, b: str) -> float:
+        """Room between neighbours: the frames that end between them need their pads."""
+        if not groups:
+            return GAP_X
+        ga, gb = groups.get(a, ()), groups.get(b, ())
+        k = len(_common_prefix(ga, gb))
+        return GAP_X + sum(group_pad.get(g, 0.0) for g in ga[k:] + gb[k:])
 
     # 4. x coordinates: packed, then pulled toward neighbours, then de-overlapped
     wd = {n: 8.0 if n.startswith("\x00") else widths.get(n, MIN_W) for n in rank_all}
@@ -410,9 +666,9 @@ def layout(node_ids: list[str], edges: list[tuple[str, str]],
     x: dict[str, float] = {}
     for layer in layers:
         cur = 0.0
-        for n in layer:
+        for i, n in enumerate(layer):
             x[n] = cur + w_of(n) / 2
-            cur += w_of(n) + GAP_X
+            cur += w_of(n) + (gap(n, layer[i + 1]) if i + 1 < len(layer) else GAP_X)
 
     def pack(layer: list[str]) -> None:
         # keep order, enforce minimum gaps, keep the layer's mean where it wanted to be
@@ -424,7 +680,7 @@ def layout(node_ids: list[str], edges: list[tuple[str, str]],
             v = want[i]
             if placed:
                 prev = layer[i - 1]
-                v = max(v, placed[-1] + (w_of(prev) + w_of(n)) / 2 + GAP_X)
+                v = max(v, placed[-1] + (w_of(prev) + w_of(n)) / 2 + gap(prev, n))
             placed.append(v)
         shift = (sum(want) - sum(placed)) / len(placed)
         # shifting keeps gaps; the left-to-right push only ever moved boxes right
@@ -442,11 +698,12 @@ def layout(node_ids: list[str], edges: list[tuple[str, str]],
             pack(layers[li])
 
     min_x = min((x[n] - w_of(n) / 2 for n in x), default=0.0)
-    margin = MARGIN
+    margin = MARGIN + max((sum(group_pad.get(g, 0.0) for g in groups.get(n, ()))
+                           for n in ids), default=0.0)  # room for the outer frames
     out = Layout(layers=[[n for n in layer if not n.startswith("\x00")] for layer in layers])
 
     def top(n: str) -> float:  # of the box (a lower box sits centred in its layer)
-        return margin + rank_all[n] * (BOX_H + GAP_Y) + (BOX_H - h_of(n)) / 2
+        return margin + rank_all[n] * (BOX_H + gap_y) + (BOX_H - h_of(n)) / 2
 
     def h_of(n: str) -> float:
         return BOX_H if n.startswith("\x00") else min(heights.get(n, BOX_H), BOX_H)
@@ -471,5 +728,5 @@ def layout(node_ids: list[str], edges: list[tuple[str, str]],
                 pts.append((x[n], top(n) + BOX_H))
         out.edges.append((a, b, pts))
     out.width = max_x + margin
-    out.height = margin * 2 + max(n_layers, 1) * (BOX_H + GAP_Y) - GAP_Y
+    out.height = margin * 2 + max(n_layers, 1) * (BOX_H + gap_y) - gap_y
     return out
