@@ -193,11 +193,16 @@ def _jupyter_labextension_paths() -> list[dict[str, str]]:
     return [{"src": "labextension", "dest": "symgrad"}]
 
 
-def graph(root, names=None, report=None):
-    """The graph behind ``root``, displayable as JSON + static SVG + text (notebooks)."""
+def graph(root, names=None, report=None, *, collapse=None, focus=None):
+    """The graph behind ``root``, displayable as JSON + static SVG + text (notebooks).
+
+    Nodes are grouped by the ``nn.Module`` call that made them, each box with its verdict
+    from ``report``; ``collapse`` (None: a big graph shows its top-level modules; True,
+    False, a depth, or paths) and ``focus`` (a module path shown on its own): see
+    :func:`symgrad.jupyter.graph.graph`."""
     from .jupyter.graph import graph as _graph
 
-    return _graph(root, names, report)
+    return _graph(root, names, report, collapse=collapse, focus=focus)
 
 
 from .autograd.record import record  # noqa: E402  (core autograd; no SymPy)

@@ -125,6 +125,34 @@ def test_cnn():
     assert names.count("MaxPool2DWithIndicesBackward0") == 2
 
 
+def test_model_by_module():
+    nb = execute("09_model_by_module.ipynb")
+    out = all_text(nb)
+    losses = [float(v) for v in re.findall(r"step +\d+ +loss ([\d.]+)", out)]
+    assert len(losses) == 4 and losses[-1] < losses[0]
+    top, depth2, verified, found, depth3, focused = graphs(nb)
+    assert top["collapsed"] == ["wte", "wpe", "h", "ln_f", "lm_head"]
+    assert {"label": "Block \u00d7 2", "parent": "h", "members": ["h.0", "h.1"]} in top["folds"]
+    assert "fold:h.0" in depth2["layout"]["nodes"]  # the blocks drawn as one box
+    assert verified["agreement"]["ok"] is True
+    assert {m["verdict"] for m in verified["modules"]} == {"ok"}
+    assert "first bad node: FastGELUBackward in h.1.mlp.gelu (#" in out
+    bad = {"h", "h.1", "h.1.mlp", "h.1.mlp.gelu"}
+    for g in (found, depth3):
+        assert {m["path"] for m in g["modules"] if m["verdict"] == "bad"} == bad
+        assert not any(f["parent"] == "h" for f in g["folds"])  # block 1 differs now
+    assert "module:h.1.mlp" in depth3["layout"]["nodes"]
+    assert focused["focus"] == "h.1.mlp"
+    first = [n for n in focused["nodes"] if n.get("first_bad")]
+    assert [(n["name"], n["module"]) for n in first] == [("FastGELUBackward", "h.1.mlp.gelu")]
+
+
+def test_every_notebook_is_executed_by_a_test():
+    source = pathlib.Path(__file__).read_text()
+    missing = [p.name for p in sorted(NOTEBOOKS.glob("*.ipynb")) if f'"{p.name}"' not in source]
+    assert not missing, f"notebooks no test executes: {missing}"
+
+
 def test_checking_pytorch_models():
     out = all_text(execute("07_checking_pytorch_models.ipynb"))
     pytest.importorskip("torch", reason="the notebook's torch part needs PyTorch")

@@ -189,6 +189,7 @@ def source(spec, saved_display) -> str:
         # Node.__init__ written out
         "    node = new(node_cls)",
         "    node._sequence_nr = next_sequence()",
+        "    node._module_call = module_calls.top",
         "    node._metadata = node._pre_hooks = node._hooks = node._tensor_hooks = \\",
         "        node._retained = None",
         "    needs = 0",

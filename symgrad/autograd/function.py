@@ -127,6 +127,7 @@ def _entry_namespace(spec) -> dict:
         if spec.grad_fn is not None else None,
         "accumulator_of": accumulator_of, "NO_EDGE": _NO_EDGE, "wref": weakref.ref,
         "next_sequence": _node_module._sequence.__next__,
+        "module_calls": _node_module._module_calls,
         "make_saver": _saver, "saved_display": _saved_display, **_saver_namespace(spec),
         "general": _apply_general}
 

@@ -9,6 +9,7 @@ node back on unpacking). Dropping the last user reference frees the graph at onc
 from __future__ import annotations
 
 import itertools
+import threading
 import weakref
 from typing import Any
 
@@ -25,6 +26,22 @@ __all__ = ["Node", "OpNode", "AccumulateGrad", "SavedTensor", "node_class_for"]
 
 _sequence = itertools.count()
 
+
+class _ModuleCalls(threading.local):
+    """The nn.Module calls running in this thread: ``top`` is the innermost one as
+    ``(weakref to the module, the enclosing call's entry or None)``, or None outside any.
+
+    ``Module.__call__`` pushes and pops it; every node made meanwhile keeps the entry it
+    read (``Node._module_call``: one attribute read per node, no strings). The graph view
+    turns entries into paths (``h.0.attn``) only when asked. The module is held weakly, so
+    a graph never keeps a model alive and no cycle runs through a module.
+    """
+
+    top: tuple | None = None
+
+
+_module_calls = _ModuleCalls()
+
 FREED_MESSAGE = (
     "Trying to backward through the graph a second time (or directly access saved tensors "
     "after they have already been freed). Saved intermediate values of the graph are freed "
@@ -37,11 +54,12 @@ class Node:
     """Base of every grad_fn: edges to the next nodes, hooks, metadata."""
 
     __slots__ = ("next_functions", "_sequence_nr", "_metadata", "_pre_hooks", "_hooks",
-                 "_tensor_hooks", "_retained", "__weakref__")
+                 "_tensor_hooks", "_retained", "_module_call", "__weakref__")
 
     def __init__(self) -> None:
         self.next_functions: tuple[tuple[Node | None, int], ...] = ()
         self._sequence_nr = next(_sequence)
+        self._module_call = _module_calls.top  # the nn.Module call that made it (see above)
         self._metadata = None
         self._pre_hooks = None
         self._hooks = None
@@ -297,6 +315,7 @@ def _accumulator_of(t) -> AccumulateGrad:
         acc.next_functions = ()
         acc._sequence_nr = 1 << 62
         acc._metadata = acc._pre_hooks = acc._hooks = acc._tensor_hooks = acc._retained = None
+        acc._module_call = None
         acc.variable = t
         t._accumulator = _weakref(acc)
     return acc
@@ -560,7 +579,7 @@ class AccumulateGrad(Node):
         self.next_functions = ()
         self._sequence_nr = 1 << 62  # runs as soon as it is ready, as in PyTorch
         self._metadata = self._pre_hooks = self._hooks = None
-        self._tensor_hooks = self._retained = None
+        self._tensor_hooks = self._retained = self._module_call = None
         self.variable = variable
 
     def apply(self, grad_outputs, needed):

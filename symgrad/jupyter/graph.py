@@ -764,6 +764,7 @@ def graph_json(root: Any, names: Mapping[str, Any] | None = None, report: Any = 
 
     truncated = 0
     budget = _Budget(formula_budget)
+    calls: dict[str, Any] = {}  # op node id -> its node's nn.Module call entry
 
     def visit(fn: Any, out_tensor: Any | None) -> str:
         """Add fn and everything below it (iteratively); return fn's id."""
@@ -789,6 +790,7 @@ def graph_json(root: Any, names: Mapping[str, Any] | None = None, report: Any = 
             if out_t is None:
                 out_t = outputs.get(id(cur))
             shape, dtype = _node_output(cur, out_t)
+            calls[nid] = getattr(cur, "_module_call", None)
             entry = {
                 "id": nid, "kind": "op", "label": cur.name(), "name": cur.name(),
                 "shape": shape, "dtype": dtype,
@@ -854,10 +856,13 @@ def graph_json(root: Any, names: Mapping[str, Any] | None = None, report: Any = 
     if budget.omitted:
         payload["formulas_omitted"] = budget.omitted
     _order(payload)
+    add_modules(payload, calls, [t for t in keep if _is_tensor(t)], node_ids)
     if node_map is not None:
         node_map.update(node_ids)
     if report is not None:
         apply_report(payload, report, node_ids)
+    else:
+        module_verdicts(payload)
     return payload
 
 
@@ -974,6 +979,209 @@ def _order(payload: dict) -> None:
                 ready.append(c)
     for n in payload["nodes"]:
         n["order"] = order.get(n["id"], len(order))
+
+
+# -- modules ---------------------------------------------------------------------------------
+
+#: Above this many nodes a graph is first drawn collapsed to its top-level modules.
+COLLAPSE_ABOVE = 60
+
+
+def _signature(type_name: str, ops: list[str], children: list[tuple[str, str]]) -> str:
+    """A structural hash: the class, the op names made directly inside (as a multiset, so
+    two blocks agree whatever order the graph walk met their nodes in), and the children's
+    names and signatures in registration order."""
+    import hashlib
+
+    text = json.dumps([type_name, sorted(ops), children], separators=(",", ":"))
+    return hashlib.sha1(text.encode("utf-8")).hexdigest()[:12]
+
+
+def add_modules(payload: dict, calls: Mapping[str, Any], tensors: Iterable[Any] = (),
+                node_ids: Mapping[int, str] | None = None) -> dict:
+    """Fill every node's ``module`` and the payload's ``modules``, ``folds`` and
+    ``collapsed`` (in place).
+
+    ``calls`` maps op node ids to their node's ``_module_call`` entry. An op node belongs
+    to the innermost module call that made it; an AccumulateGrad node to the module that
+    owns its parameter; a None input to the node that consumes it. Torch graphs carry no
+    module calls: every node gets ``""`` and the lists are empty.
+    """
+    from .._module_paths import ModulePaths
+
+    names = ModulePaths()
+    module_of: dict[str, str] = {}
+    for nid, entry in calls.items():
+        module_of[nid] = names.of_entry(entry) if entry is not None else ""
+    if names.params and node_ids is not None:
+        for t in tensors:
+            owner = names.params.get(id(t))
+            nid = node_ids.get(id(t))
+            if owner is not None and nid is not None:
+                module_of.setdefault(nid, owner)
+    by_id = {n["id"]: n for n in payload["nodes"]}
+    for e in payload["edges"]:
+        if e["to"] not in module_of and e["from"] in module_of \
+                and by_id[e["to"]]["kind"] == "none":
+            module_of[e["to"]] = module_of[e["from"]]
+    for n in payload["nodes"]:
+        n["module"] = module_of.get(n["id"], "")
+
+    # every module holding a node, with its enclosing modules, in named_modules() order
+    used = {p for p in module_of.values() if p}
+    listed: set[str] = set()
+    for p in used:
+        parts = p.split(".")
+        for k in range(1, len(parts) + 1):
+            prefix = ".".join(parts[:k])
+            if prefix in names.modules:
+                listed.add(prefix)
+    rank = {p: i for i, p in enumerate(names.modules)}
+    paths = sorted(listed, key=lambda p: rank.get(p, len(rank)))
+
+    def parent_of(p: str) -> str | None:
+        while "." in p:
+            p = p.rsplit(".", 1)[0]
+            if p in listed:
+                return p
+        return None
+
+    order = {n["id"]: n.get("order", 0) for n in payload["nodes"]}
+    inside: dict[str, list[str]] = {p: [] for p in paths}
+    direct_ops: dict[str, list[str]] = {p: [] for p in paths}
+    for nid in sorted(module_of, key=lambda i: -order.get(i, 0)):  # forward order
+        p = module_of[nid]
+        if p in direct_ops and by_id[nid]["kind"] == "op":
+            direct_ops[p].append(by_id[nid]["label"])
+        while p:
+            if p in inside:
+                inside[p].append(nid)
+            p = p.rsplit(".", 1)[0] if "." in p else ""
+    children: dict[str | None, list[str]] = {}
+    for p in paths:
+        children.setdefault(parent_of(p), []).append(p)
+    sig: dict[str, str] = {}
+    for p in sorted(paths, key=lambda p: -p.count(".")):  # children before parents
+        kids = [(k.rsplit(".", 1)[-1], sig[k]) for k in children.get(p, [])]
+        sig[p] = _signature(type(names.modules[p]).__name__, direct_ops[p], kids)
+
+    modules = []
+    for p in paths:
+        depth, q = 1, parent_of(p)
+        while q is not None:
+            depth, q = depth + 1, parent_of(q)
+        modules.append({"path": p, "type": type(names.modules[p]).__name__,
+                        "parent": parent_of(p), "depth": depth, "nodes": inside[p],
+                        "verdict": "unchecked", "first_bad": None, "signature": sig[p]})
+    folds = []
+    for parent, kids in children.items():
+        run: list[str] = []
+        for k in kids + [None]:
+            if run and (k is None or sig[k] != sig[run[0]]):
+                if len(run) >= 2:
+                    folds.append({"label": f"{type(names.modules[run[0]]).__name__} \u00d7 "
+                                           f"{len(run)}",
+                                  "parent": parent, "members": run})
+                run = []
+            if k is not None:
+                run.append(k)
+    payload["modules"] = modules
+    payload["folds"] = folds
+    payload["collapsed"] = top_level_collapse(payload)
+    return payload
+
+
+def top_level_collapse(payload: dict) -> list[str]:
+    """What a big graph first shows: its top-level modules collapsed (``[]`` for a graph
+    of at most :data:`COLLAPSE_ABOVE` nodes, or one without modules)."""
+    if len(payload["nodes"]) <= COLLAPSE_ABOVE:
+        return []
+    return [m["path"] for m in payload.get("modules") or [] if m["parent"] is None]
+
+
+def focus_payload(payload: dict, path: str) -> dict:
+    """``payload`` cut to the nodes made inside module ``path`` (and its submodules): the
+    module shown on its own, as the top of its own tree (``focus`` says which)."""
+    mods = {m["path"]: m for m in payload.get("modules") or []}
+    if path not in mods:
+        known = ", ".join(repr(p) for p in mods) or "none (no node was made in a module)"
+        raise ValueError(f"focus={path!r} is not a module of this graph; its modules: "
+                         f"{known}")
+    keep = set(mods[path]["nodes"])
+    nodes = [n for n in payload["nodes"] if n["id"] in keep]
+    edges = [e for e in payload["edges"] if e["from"] in keep and e["to"] in keep]
+    fed = {e["to"] for e in edges}
+    base = mods[path]["depth"] - 1
+    inside = [dict(m, depth=m["depth"] - base,
+                   parent=None if m["path"] == path else m["parent"])
+              for m in payload["modules"]
+              if m["path"] == path or m["path"].startswith(path + ".")]
+    out = dict(payload, nodes=nodes, edges=edges, modules=inside, focus=path,
+               roots=[n["id"] for n in nodes if n["id"] not in fed],
+               leaves=[lf for lf in payload["leaves"] if lf["id"] in keep],
+               folds=[f for f in payload.get("folds") or [] if f["members"][0] in
+                      {m["path"] for m in inside} and f["members"][0] != path])
+    out.pop("root_names", None)
+    out.pop("layout", None)
+    if out.get("agreement"):
+        agreement = dict(out["agreement"])
+        agreement["rows"] = [dict(r, node=r.get("node") if r.get("node") in keep else None)
+                             for r in agreement.get("rows") or []]
+        if agreement.get("first_bad_node") not in keep:
+            agreement["first_bad_node"] = None
+        out["agreement"] = agreement
+    out["collapsed"] = []
+    return out
+
+
+def collapse_payload(payload: dict, collapse: Any) -> dict:
+    """``payload`` with ``collapsed`` set from ``collapse``: True = the top-level modules,
+    False = none, an int d = the modules at depth d (1 = top level), a path or a list of
+    paths = those modules; None keeps the payload's default."""
+    if collapse is None:
+        return payload
+    mods = payload.get("modules") or []
+    if collapse is True:
+        chosen = [m["path"] for m in mods if m["parent"] is None]
+    elif collapse is False:
+        chosen = []
+    elif isinstance(collapse, int):
+        if collapse < 1:
+            raise ValueError(f"collapse={collapse}: a depth counts from 1 (the top-level "
+                             "modules)")
+        chosen = [m["path"] for m in mods if m["depth"] == collapse]
+    elif isinstance(collapse, (str, list, tuple)):
+        chosen = [collapse] if isinstance(collapse, str) else list(collapse)
+        known = {m["path"] for m in mods}
+        unknown = [p for p in chosen if p not in known]
+        if unknown:
+            raise ValueError(f"collapse names no module of this graph: {unknown}; its "
+                             f"modules: {sorted(known)}")
+    else:
+        raise TypeError("collapse must be True, False, a depth (int), a module path or a "
+                        f"list of paths, not {_type_name(collapse)}")
+    return dict(payload, collapsed=chosen)
+
+
+def module_verdicts(payload: dict) -> dict:
+    """Each module's ``verdict`` from the node checks inside it (in place): ``bad`` when
+    a node inside disagrees (check ``fail``), ``ok`` when some were checked, all agree and
+    none's check broke down (``error``), else ``unchecked``. ``first_bad``: the node
+    marked first bad when inside, else the earliest failing node in forward order."""
+    by_id = {n["id"]: n for n in payload["nodes"]}
+    for m in payload.get("modules") or []:
+        statuses = [by_id[i]["check"]["status"] for i in m["nodes"] if i in by_id]
+        fails = [i for i in m["nodes"] if i in by_id and by_id[i]["check"]["status"] == "fail"]
+        if fails:
+            m["verdict"] = "bad"
+            marked = [i for i in fails if by_id[i].get("first_bad")]
+            m["first_bad"] = marked[0] if marked else \
+                max(fails, key=lambda i: by_id[i].get("order", 0))
+        else:
+            m["verdict"] = "ok" if "pass" in statuses and "error" not in statuses \
+                else "unchecked"
+            m["first_bad"] = None
+    return payload
 
 
 # -- the verifier's report -------------------------------------------------------------------
@@ -1148,6 +1356,7 @@ def apply_report(payload: dict, report: Any, node_map: Mapping[int, str] | None 
         ok = None
     else:  # agreement or disagreement, but at the values recorded before an in-place write
         verdict = _recorded_verdict(data)
+    module_verdicts(payload)
     payload["agreement"] = {
         "ok": ok if isinstance(ok, bool) else None,
         "verdict": verdict,
@@ -1205,9 +1414,13 @@ class GraphView:
 
     def __init__(self, root: Any = None, names: Mapping[str, Any] | None = None,
                  report: Any = None, *, payload: dict | None = None,
-                 namespace: Mapping[str, Any] | None = None) -> None:
-        self.payload = payload if payload is not None else \
+                 namespace: Mapping[str, Any] | None = None, collapse: Any = None,
+                 focus: str | None = None) -> None:
+        payload = payload if payload is not None else \
             graph_json(root, names, report, namespace=namespace)
+        if focus is not None:
+            payload = focus_payload(payload, focus)
+        self.payload = collapse_payload(payload, collapse)
 
     def to_json(self) -> dict:
         return self.payload
@@ -1225,10 +1438,21 @@ class GraphView:
 
 
 def graph(root: Any, names: Mapping[str, Any] | None = None, report: Any = None, *,
-          namespace: Mapping[str, Any] | None = None) -> GraphView:
+          namespace: Mapping[str, Any] | None = None, collapse: Any = None,
+          focus: str | None = None) -> GraphView:
     """The graph behind ``root`` as a displayable object (JSON + SVG + text); leaves are
-    named as :func:`graph_json` says (by default from the calling frame's variables)."""
-    return GraphView(root, names, report, namespace=namespace)
+    named as :func:`graph_json` says (by default from the calling frame's variables).
+
+    Nodes made inside ``nn.Module`` calls are drawn in boxes per module, each with its
+    verdict from ``report`` (✓ agrees, ✗ a node inside disagrees, or not checked), so a
+    wrong rule is found from the top box down. ``collapse``: which modules are drawn as
+    one box: None (default) collapses a graph above 60 nodes to its top-level modules,
+    True always, False never, an int d the modules at depth d (1 = top level), or a path
+    / list of paths; repeated blocks that are all collapsed fold into one box
+    ``Block × N``. ``focus="h.0.attn"`` shows that module's nodes on their own.
+    """
+    return GraphView(root, names, report, namespace=namespace, collapse=collapse,
+                     focus=focus)
 
 
 def with_layout(payload: dict, selected: str | None = None) -> dict:

@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 __all__ = ["Layout", "layout", "box_size", "find_chains", "visible_graph", "payload_layout",
+           "module_boxes", "module_clusters",
            "layout_matches", "layout_boxes", "layout_bends", "edge_points",
            "AUTO_COLLAPSE_NODES", "MIN_RUN"]
 
@@ -77,6 +78,8 @@ def static_texts(n: dict) -> tuple[str, str]:
         sub = ("AccumulateGrad " + shape_txt).strip()
     elif n["kind"] == "chain":
         sub = f"{len(n['members'])} ops"
+    elif n["kind"] == "module":
+        sub = _module_sub(n)
     elif n["kind"] == "none":
         sub = n.get("variable") or ""
     elif n["kind"] == "op" and n.get("variable"):
@@ -86,8 +89,15 @@ def static_texts(n: dict) -> tuple[str, str]:
     return label, clip(sub, int((MAX_W - 2 * PAD_X) / CHAR_W))
 
 
+def _module_sub(n: dict) -> str:
+    """A collapsed module's sublabel: node count and verdict (``61 nodes · ✗``)."""
+    return f"{len(n['members'])} nodes \u00b7 {VERDICT_MARK.get(n.get('verdict'), '')}"
+
+
 def _lab_sub(n: dict) -> str:
     """The sublabel the labextension draws (format.ts ``nodeSub``, the chain's ``sub``)."""
+    if n["kind"] == "module":
+        return _module_sub(n)
     if n["kind"] == "chain":
         return f"{len(n['members'])} nodes \u00b7 click to expand"
     if n["kind"] == "none":
@@ -190,10 +200,120 @@ def find_chains(payload: dict, keep: set[str] | frozenset[str] = frozenset()) ->
     return groups
 
 
+VERDICT_STATUS = {"bad": "fail", "ok": "pass", "unchecked": "none"}
+VERDICT_MARK = {"bad": "\u2717", "ok": "\u2713", "unchecked": "not checked"}
+_VERDICT_RANK = {"bad": 2, "unchecked": 1, "ok": 0}
+
+
+def _merge_edges(edges: list[dict], owner: dict[str, str]) -> list[dict]:
+    """Edges between drawn boxes: members' edges renamed to their box, merged, no loops."""
+    out: dict[tuple[str, str], dict] = {}
+    for e in edges:
+        a, b = owner.get(e["from"], e["from"]), owner.get(e["to"], e["to"])
+        if a != b and (a, b) not in out:
+            out[(a, b)] = {"from": a, "to": b, "input": e["input"] if a == e["from"] else ""}
+    return list(out.values())
+
+
+def module_boxes(payload: dict) -> tuple[list[dict], dict[str, str]]:
+    """The boxes that stand for collapsed modules, and ``node id -> box id``.
+
+    A node goes into the box of its outermost collapsed module (``payload['collapsed']``):
+    id ``module:<path>``, label ``path: Type``. Members of a fold that are all collapsed
+    share one box ``Block × N`` (id ``fold:<first member>``). Each box carries the
+    module's ``verdict`` (a fold: the worst of its members') and ``members``.
+    """
+    mods = {m["path"]: m for m in payload.get("modules") or []}
+    collapsed = [p for p in payload.get("collapsed") or [] if p in mods]
+    if not collapsed:
+        return [], {}
+    shut = set(collapsed)
+
+    def outermost(path: str) -> str | None:
+        parts = path.split(".") if path else []
+        for k in range(1, len(parts) + 1):
+            prefix = ".".join(parts[:k])
+            if prefix in shut:
+                return prefix
+        return None
+
+    box_of: dict[str, str] = {}  # collapsed module path -> box id
+    boxes: dict[str, dict] = {}
+    for f in payload.get("folds") or []:
+        members = f["members"]
+        if all(m in shut and outermost(m) == m for m in members):
+            bid = "fold:" + members[0]
+            verdict = max((mods[m]["verdict"] for m in members),
+                          key=lambda v: _VERDICT_RANK.get(v, 0))
+            boxes[bid] = {"id": bid, "kind": "module", "label": f["label"], "name": f["label"],
+                          "paths": list(members), "verdict": verdict, "members": [],
+                          "check": {"status": VERDICT_STATUS.get(verdict, "none")}}
+            for m in members:
+                box_of[m] = bid
+    for p in collapsed:
+        if outermost(p) != p or p in box_of:
+            continue
+        m = mods[p]
+        bid = "module:" + p
+        box_of[p] = bid
+        boxes[bid] = {"id": bid, "kind": "module", "label": f"{p}: {m['type']}",
+                      "name": m["type"], "paths": [p], "verdict": m["verdict"], "members": [],
+                      "check": {"status": VERDICT_STATUS.get(m["verdict"], "none")}}
+    owner: dict[str, str] = {}
+    for n in payload["nodes"]:
+        top = outermost(n.get("module") or "")
+        if top is not None:
+            owner[n["id"]] = box_of[top]
+            boxes[box_of[top]]["members"].append(n["id"])
+    return [b for b in boxes.values() if b["members"]], owner
+
+
+def module_clusters(payload: dict, nodes: list[dict],
+                    boxes: dict[str, list[float]]) -> list[dict]:
+    """Frames for the expanded modules around the drawn boxes of their nodes, outermost
+    first: ``path``, ``type``, ``verdict``, ``depth`` and ``rect`` ``[x, y, w, h]`` (the
+    boxes' bounding box, padded more for modules with more levels inside)."""
+    shut = set(payload.get("collapsed") or [])
+    drawn_of: dict[str, str] = {}
+    for n in nodes:
+        for m in n.get("members") or [n["id"]]:
+            drawn_of[m] = n["id"]
+    mods = [m for m in payload.get("modules") or []
+            if not any(".".join(m["path"].split(".")[:k]) in shut
+                       for k in range(1, m["path"].count(".") + 2))]
+    levels: dict[str, int] = {m["path"]: 0 for m in mods}
+    for m in sorted(mods, key=lambda m: -m["depth"]):  # children first
+        if m["parent"] in levels:
+            levels[m["parent"]] = max(levels[m["parent"]], levels[m["path"]] + 1)
+    out = []
+    for m in mods:
+        ids = {drawn_of[i] for i in m["nodes"] if i in drawn_of}
+        rects = [boxes[i] for i in ids if i in boxes]
+        if not rects:
+            continue
+        pad = 5.0 * (levels[m["path"]] + 1)
+        x0 = min(r[0] for r in rects) - pad
+        y0 = min(r[1] for r in rects) - pad - 12.0  # room for the frame's label
+        x1 = max(r[0] + r[2] for r in rects) + pad
+        y1 = max(r[1] + r[3] for r in rects) + pad
+        out.append({"path": m["path"], "type": m["type"], "verdict": m["verdict"],
+                    "depth": m["depth"], "rect": [x0, y0, x1 - x0, y1 - y0]})
+    return sorted(out, key=lambda c: c["depth"])
+
+
 def visible_graph(payload: dict, selected: str | None = None) -> tuple[list[dict], list[dict]]:
-    """Nodes and edges to draw: runs collapsed into chain boxes in big graphs, with the
-    edges of their members merged (so a leaf shared by a whole loop gets one edge)."""
+    """Nodes and edges to draw: collapsed modules (``payload['collapsed']``) as one box
+    each (:func:`module_boxes`), then runs collapsed into chain boxes in big graphs, with
+    the edges of their members merged (so a leaf shared by a whole loop gets one edge)."""
     nodes, edges = payload["nodes"], payload["edges"]
+    mboxes, owner = module_boxes(payload)
+    if mboxes:
+        first = {b["members"][0]: b for b in mboxes}
+        nodes = [first[n["id"]] if n["id"] in first else n for n in nodes
+                 if n["id"] in first or n["id"] not in owner]
+        edges = _merge_edges(edges, owner)
+        roots = [owner.get(r, r) for r in payload.get("roots") or []]
+        payload = dict(payload, nodes=nodes, edges=edges, roots=roots)
     if len(nodes) <= AUTO_COLLAPSE_NODES:
         return nodes, edges
     groups = find_chains(payload, {selected} if selected else set())

@@ -19,11 +19,14 @@ from .layout import (
     AUTO_COLLAPSE_NODES,
     BOX_H,
     MIN_RUN,
+    VERDICT_MARK,
+    VERDICT_STATUS,
     edge_points,
     find_chains,
     layout_bends,
     layout_boxes,
     layout_matches,
+    module_clusters,
     payload_layout,
     static_texts,
     visible_graph,
@@ -37,7 +40,10 @@ _ids = itertools.count()
 STATUS_COLORS = {"pass": "#1a7f37", "fail": "#cf222e", "skipped": "#9a6700",
                  "error": "#8250df", "none": "#57606a"}
 _FILL = {"op": "#eef2f8", "accumulate": "#ddf4ff", "leaf": "#ddf4ff", "none": "#f6f8fa",
-         "chain": "#fff8c5"}
+         "chain": "#fff8c5", "module": "#f3eefc"}
+_VERDICT_WORDS = {"bad": "a node inside disagrees", "ok": "checked: every node agrees",
+                  "unchecked": "not checked"}
+_MODULE_FILL = ("#f6f8fa", "#fbf7ff")  # frames of expanded modules, alternating by depth
 
 
 #: LaTeX commands the formula lines use, as the characters a plain-text view shows
@@ -141,15 +147,37 @@ def render_svg(payload: dict, selected: str | None = None) -> str:
     if not layout_matches(lay, nodes):
         lay = payload_layout(payload, selected)
     boxes, bends = layout_boxes(lay), layout_bends(lay)
+    clusters = module_clusters(payload, nodes, boxes)
     uid = f"sg{next(_ids)}"
     w, h = max(lay["width"], 60), max(lay["height"], BOX_H + 20)
+    vx = min([0.0] + [c["rect"][0] - 2 for c in clusters])
+    vy = min([0.0] + [c["rect"][1] - 2 for c in clusters])
+    w = max([w] + [c["rect"][0] + c["rect"][2] + 2 for c in clusters]) - vx
+    h = max([h] + [c["rect"][1] + c["rect"][3] + 2 for c in clusters]) - vy
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="symgrad-graph" '
            f'data-symgrad="graph" width="{w:.0f}" height="{h:.0f}" '
-           f'viewBox="0 0 {w:.0f} {h:.0f}" font-family="ui-monospace, Menlo, Consolas, '
-           f'monospace" font-size="12" role="img">',
+           f'viewBox="{vx:.0f} {vy:.0f} {w:.0f} {h:.0f}" font-family="ui-monospace, Menlo, '
+           f'Consolas, monospace" font-size="12" role="img">',
            f'<defs><marker id="{uid}-arrow" viewBox="0 0 10 10" refX="10" refY="5" '
            f'markerWidth="7" markerHeight="7" orient="auto-start-reverse">'
            f'<path d="M 0 0 L 10 5 L 0 10 z" fill="#8c959f"/></marker></defs>']
+    if clusters:  # expanded modules: frames behind their nodes, outermost first
+        out.append('<g class="sg-modules" fill-opacity="0.35" font-size="10" '
+                   'text-anchor="start">')
+        for c in clusters:
+            x, y, cw, ch = c["rect"]
+            color = STATUS_COLORS[VERDICT_STATUS.get(c["verdict"], "none")]
+            mark = VERDICT_MARK.get(c["verdict"], "")
+            out.append(f'<g class="sg-module" data-path="{esc(c["path"])}" '
+                       f'data-verdict="{esc(c["verdict"])}">'
+                       f'<title>{esc(c["path"])}: {esc(c["type"])} ({esc(mark)})</title>'
+                       f'<rect x="{_n(x)}" y="{_n(y)}" width="{_n(cw)}" height="{_n(ch)}" '
+                       f'rx="8" fill="{_MODULE_FILL[c["depth"] % 2]}" stroke="{color}" '
+                       f'stroke-dasharray="6 3"/>'
+                       f'<text x="{_n(x + 6)}" y="{_n(y + 11)}" fill="{color}" '
+                       f'fill-opacity="1">{esc(c["path"])}: {esc(c["type"])} {esc(mark)}'
+                       "</text></g>")
+        out.append("</g>")
     by_id = {n["id"]: n for n in nodes}
     # shared presentation attributes sit on the groups (SVG inherits them): a saved
     # notebook carries one SVG per graph output, so every repeated byte counts
@@ -179,9 +207,14 @@ def render_svg(payload: dict, selected: str | None = None) -> str:
         fill = "#ffebe9" if status == "fail" else _FILL.get(n["kind"], "#ffffff")
         dash = ' stroke-dasharray="5 3"' if n["kind"] == "none" else ""
         sel = ' data-selected="true"' if n["id"] == selected else ""
-        if n["kind"] == "chain":
+        if n["kind"] in ("chain", "module"):
             sel += f' data-members="{len(n["members"])}"'
-        tip = [n["name"]]
+        if n["kind"] == "module":
+            sel += (f' data-paths="{esc(" ".join(n["paths"]))}" '
+                    f'data-verdict="{esc(n["verdict"])}"')
+        tip = [n["name"]] if n["kind"] != "module" else \
+            [f"{', '.join(n['paths'])}: {n['name']}, {len(n['members'])} nodes, "
+             + _VERDICT_WORDS.get(n["verdict"], "not checked")]
         if n.get("variable") and n["kind"] != "none":
             tip.append(f"variable: {n['variable']}")
         if n.get("shape") is not None:
@@ -192,7 +225,9 @@ def render_svg(payload: dict, selected: str | None = None) -> str:
             tip.append(tex_to_text(n["formula"]))
         for s in n.get("saved") or ():  # what the node saved, as the Inspector lists it
             tip.append(_saved_line(s))
-        if status != "none":
+        if n.get("module"):
+            tip.append(f"module: {n['module']}")
+        if status != "none" and n["kind"] != "module":
             tip.append(f"local check: {status}")
         out.append(
             f'<g class="sg-node" '

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 from .. import functional as _F
 from .._tensor_layer import LEGACY_NAMES as _LEGACY_NAMES
 from ..autograd.grad_mode import no_grad
+from ..autograd.node import _module_calls
 from ..tensor import Tensor
 from ..utils.hooks import BackwardHook, RemovableHandle
 from . import functional as F
@@ -212,11 +213,21 @@ class Module:
                                   '"forward" function')
 
     def __call__(self, *args, **kwargs):
-        d = self.__dict__
-        if not (d.get("_forward_hooks") or d.get("_forward_pre_hooks")
-                or d.get("_backward_hooks") or d.get("_backward_pre_hooks")):
-            return self.forward(*args, **kwargs)
-        return self._call_with_hooks(args, kwargs)
+        # The nodes made inside know this call (autograd/node.py, _ModuleCalls): a tuple
+        # pushed on this thread's stack, the module held weakly; paths are made only by a
+        # graph view that asks (jupyter/graph.py), so this costs one tuple per call.
+        calls = _module_calls
+        outer = calls.top
+        ref = _LIVE_MODULES.get(id(self))
+        calls.top = (ref if ref is not None else weakref.ref(self), outer)
+        try:
+            d = self.__dict__
+            if not (d.get("_forward_hooks") or d.get("_forward_pre_hooks")
+                    or d.get("_backward_hooks") or d.get("_backward_pre_hooks")):
+                return self.forward(*args, **kwargs)
+            return self._call_with_hooks(args, kwargs)
+        finally:
+            calls.top = outer
 
     def _call_with_hooks(self, args: tuple, kwargs: dict):
         """torch's ``_call_impl``: pre-hooks, backward-hook wrapping, forward, hooks."""

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from .._format import _special
+from .._module_paths import ModulePaths
 
 __all__ = ["Report", "LeafRow", "NodeRow", "MIME_TYPE", "SCHEMA_ID", "node_label",
            "render_text", "render_html"]
@@ -229,7 +230,8 @@ class Report:
             else:
                 return _node_name(node)
         pos = _positions([r.id for r in rows]).get(row.id)
-        return node_label(row.name, pos, len(rows))
+        module = ModulePaths().of_node(row.node) if row.node is not None else ""
+        return node_label(row.name, pos, len(rows), module)
 
     @property
     def first_bad_node_label(self) -> str | None:
@@ -274,6 +276,9 @@ class Report:
                 first = r.id
         pos = _positions([r.id for r in self.nodes])
         total = len(self.nodes)
+        paths = ModulePaths()  # the nn.Module call that made each node: h.1.mlp.c_fc
+        module = {r.id: paths.of_node(r.node) if r.node is not None else ""
+                  for r in self.nodes}
         nodes = []
         for r in self.nodes:
             ref = _reference(r)
@@ -281,14 +286,16 @@ class Report:
                 "id": int(r.id), "name": r.name, "status": r.status, "formula": r.formula,
                 "max_abs_err": _num(r.max_abs_err), "max_rel_err": _num(r.max_rel_err),
                 "sampled": bool(r.sampled), "detail": _detail_words(r.detail, ref),
-                "label": node_label(r.name, pos[r.id], total), "position": pos[r.id],
+                "label": node_label(r.name, pos[r.id], total, module[r.id]),
+                "position": pos[r.id], "module": module[r.id],
                 "reference": ref, "bound": _num(r.bound)})
         first_label = None
         if first is not None:
             first_label = node_label(self.nodes[[r.id for r in self.nodes].index(first)].name,
-                                     pos[first], total)
+                                     pos[first], total, module[first])
         elif self.first_bad_node is not None:
-            first_label = _node_name(self.first_bad_node)
+            first_label = node_label(_node_name(self.first_bad_node), None, total,
+                                     paths.of_node(self.first_bad_node))
         return {
             "schema": SCHEMA_ID,
             "ok": bool(self.ok),
@@ -359,8 +366,12 @@ def _node_name(node) -> str:
     return str(n)
 
 
-def node_label(name: str, position: int | None, total: int) -> str:
-    """``MulBackward0 (#3 of 7 from the root)``: the name every report form uses."""
+def node_label(name: str, position: int | None, total: int, module: str = "") -> str:
+    """``MulBackward0 (#3 of 7 from the root)``, or with the nn.Module call that made it
+    ``AddmmBackward0 in h.1.mlp.c_fc (#12 of 80 from the root)``: the name every report
+    form uses."""
+    if module:
+        name = f"{name} in {module}"
     if position is None:
         return str(name)
     return f"{name} (#{position} of {total} from the root)"
@@ -490,7 +501,8 @@ def _with_labels(data: dict) -> list[dict]:
     for k, n in enumerate(nodes):
         n = dict(n)
         p = n.get("position") or pos.get(n.get("id", k))
-        n.setdefault("label", node_label(n.get("name", "?"), p, len(nodes)))
+        n.setdefault("label", node_label(n.get("name", "?"), p, len(nodes),
+                                         str(n.get("module") or "")))
         n["position"] = p
         n.setdefault("reference", "finite differences" if _FD_FORMULA in (n.get("formula")
                                                                            or "") else "symbolic")

@@ -1,0 +1,295 @@
+"""Module-aware graphs (issue 30, scope 1): every node knows the nn.Module call that made
+it, the payload groups nodes into module boxes with verdicts, folds repeated blocks, and
+the static SVG draws them."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import weakref
+
+import pytest
+from _gpt_tiny import tiny_gpt_loss
+
+import symgrad as sg
+import symgrad.nn as nn
+import symgrad.nn.functional as F
+from symgrad.jupyter.graph import graph_json, load_schema
+
+jsonschema = pytest.importorskip("jsonschema")
+
+
+def _by_module(payload: dict) -> dict[str, list[str]]:
+    """module path -> op labels made directly in it."""
+    out: dict[str, list[str]] = {}
+    for n in payload["nodes"]:
+        if n["kind"] == "op":
+            out.setdefault(n["module"], []).append(n["label"])
+    return out
+
+
+class Inner(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+        self.act = nn.Tanh()
+
+    def forward(self, x):
+        return F.relu(self.act(self.fc(x))) * 2.0  # a functional call and an operator
+
+
+def test_nested_modules_and_functional_calls_name_their_nodes():
+    model = nn.Sequential(Inner(), Inner())
+    x = sg.randn(2, 3)
+    y = model(x).sum()  # the sum is made outside any module call
+    payload = graph_json(y, formulas=False)
+    jsonschema.validate(payload, load_schema())
+    ops = _by_module(payload)
+    assert ops[""] == ["SumBackward0"]
+    for k in ("0", "1"):
+        # ReluBackward0 and MulBackward0 come from Inner.forward itself
+        assert sorted(ops[k]) == ["MulBackward0", "ReluBackward0"]
+        assert ops[f"{k}.act"] == ["TanhBackward0"]
+        assert ops[f"{k}.fc"] and all(lbl != "TanhBackward0" for lbl in ops[f"{k}.fc"])
+    # parameters' AccumulateGrad nodes sit in the module owning them
+    acc = {n["label"]: n["module"] for n in payload["nodes"] if n["kind"] == "accumulate"}
+    assert acc == {"0.fc.weight": "0.fc", "0.fc.bias": "0.fc", "1.fc.weight": "1.fc",
+                   "1.fc.bias": "1.fc"}
+    mods = {m["path"]: m for m in payload["modules"]}
+    assert list(mods) == ["0", "0.fc", "0.act", "1", "1.fc", "1.act"]  # named_modules order
+    assert mods["0.fc"]["parent"] == "0" and mods["0"]["parent"] is None
+    assert (mods["0"]["depth"], mods["0.act"]["depth"]) == (1, 2)
+    assert mods["0"]["type"] == "Inner" and mods["0.fc"]["type"] == "Linear"
+    # transitive membership: a block holds its children's nodes
+    assert set(mods["0.fc"]["nodes"]) | set(mods["0.act"]["nodes"]) < set(mods["0"]["nodes"])
+    assert payload["folds"] == [{"label": "Inner \u00d7 2", "parent": None,
+                                 "members": ["0", "1"]}]
+    assert payload["collapsed"] == []  # a small graph is drawn expanded
+
+
+class Shared(nn.Module):
+    """One activation module called twice, and one Linear registered under two names."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(2, 2)
+        self.b = self.a
+        self.act = nn.Sigmoid()
+
+    def forward(self, x):
+        return self.act(self.b(self.act(self.a(x))))
+
+
+def test_shared_module_gives_its_first_name():
+    model = Shared()
+    x = sg.randn(1, 2)
+    payload = graph_json(model(x).sum(), formulas=False)
+    ops = _by_module(payload)
+    assert ops["act"] == ["SigmoidBackward0", "SigmoidBackward0"]
+    assert "b" not in ops and len(ops["a"]) >= 2  # both calls of the shared Linear
+    assert [m["path"] for m in payload["modules"]] == ["a", "act"]
+
+
+def test_repeated_blocks_fold_and_big_graphs_collapse_to_top_level():
+    model, loss = tiny_gpt_loss()
+    payload = graph_json(loss, formulas=False)
+    jsonschema.validate(payload, load_schema())
+    ops = _by_module(payload)
+    assert "ScaledDotProductAttentionBackward0" in " ".join(ops["h.1.attn"]) or \
+        any("Softmax" in lbl or "Bmm" in lbl or "Attention" in lbl for lbl in ops["h.1.attn"])
+    assert ops["h.0.mlp.gelu"] == ["GeluBackward0"] == ops["h.1.mlp.gelu"]
+    assert "NllLossBackward0" in ops[""]  # F.cross_entropy in the root's forward
+    mods = {m["path"]: m for m in payload["modules"]}
+    assert mods["h"]["type"] == "ModuleList" and mods["h.0"]["parent"] == "h"
+    assert mods["h.0"]["signature"] == mods["h.1"]["signature"]
+    assert mods["h.0"]["signature"] != mods["h.0.mlp"]["signature"]
+    assert {"label": "Block \u00d7 2", "parent": "h", "members": ["h.0", "h.1"]} \
+        in payload["folds"]
+    assert len(payload["nodes"]) > 60
+    assert payload["collapsed"] == ["wte", "wpe", "h", "ln_f", "lm_head"]
+
+
+def test_a_different_block_breaks_the_fold():
+    model, _ = tiny_gpt_loss()
+    model.h[1].mlp.gelu = nn.ReLU()
+    idx, tg = sg.tensor([[0, 1]]), sg.tensor([[1, 2]])
+    payload = graph_json(model(idx, tg), formulas=False)
+    mods = {m["path"]: m for m in payload["modules"]}
+    assert mods["h.0"]["signature"] != mods["h.1"]["signature"]
+    assert not any(f["parent"] == "h" for f in payload["folds"])
+
+
+def test_module_stack_is_restored_after_an_exception_and_per_thread():
+    class Boom(nn.Module):
+        def forward(self, x):
+            raise ValueError("boom")
+
+    with pytest.raises(ValueError):
+        Boom()(sg.randn(1))
+    x = sg.randn(2, requires_grad=True)
+    assert (x * 2).grad_fn._module_call is None
+
+    made = {}
+
+    class Waits(nn.Module):
+        def forward(self, x):
+            t = threading.Thread(target=lambda: made.update(y=x * 3))
+            t.start()
+            t.join()
+            return x * 2
+
+    out = Waits()(x)
+    assert out.grad_fn._module_call is not None
+    assert made["y"].grad_fn._module_call is None  # made in another thread, outside
+
+
+def test_a_graph_keeps_no_module_alive_and_makes_no_cycle():
+    gc.collect()
+    gc.disable()
+    try:
+        model = nn.Sequential(Inner(), Inner())
+        x = sg.randn(2, 3)
+        y = model(x).sum()
+        node = weakref.ref(y.grad_fn.next_functions[0][0])
+        m_ref = weakref.ref(model)
+        assert node() is not None and node()._module_call is not None
+        del model  # the graph holds the module weakly (its parameters stay alive)
+        assert m_ref() is None
+        del y  # and the graph frees at once, without the cycle collector
+        assert node() is None
+    finally:
+        gc.enable()
+
+
+def test_torch_graphs_have_no_modules():
+    torch = pytest.importorskip("torch")
+    lin = torch.nn.Linear(2, 2)
+    payload = graph_json(lin(torch.ones(1, 2)).sum(), formulas=False)
+    jsonschema.validate(payload, load_schema())
+    assert payload["modules"] == [] and payload["folds"] == []
+    assert {n["module"] for n in payload["nodes"]} == {""}
+
+
+def _nodes_of(root) -> list:
+    seen, stack, out = set(), [root.grad_fn], []
+    while stack:
+        n = stack.pop()
+        if n is None or id(n) in seen:
+            continue
+        seen.add(id(n))
+        out.append(n)
+        stack += [f for f, _ in n.next_functions]
+    return out
+
+
+def test_planted_wrong_rule_in_block_1_is_found_from_the_top_box_down(monkeypatch):
+    model, loss = tiny_gpt_loss()
+    target = model.h[1].mlp.c_fc
+    bad = next(n for n in _nodes_of(loss) if n.name() == "AddmmBackward0"
+               and n._module_call[0]() is target)
+    real = type(bad).apply
+
+    def wrong(self, grad_outputs, needed):
+        # the rule is 0.1% off for the nodes made inside h.1.mlp.c_fc only
+        out = list(real(self, grad_outputs, needed))
+        call = self._module_call
+        if call is not None and call[0]() is target and out[1] is not None:
+            out[1] = out[1] * 1.001
+        return out
+
+    monkeypatch.setattr(type(bad), "apply", wrong)
+    report = sg.verify(loss, names=dict(model.named_parameters()), mode="local", sample=2)
+    assert not report.ok and report.first_bad_node is bad
+    assert report.first_bad_node_label.startswith("AddmmBackward0 in h.1.mlp.c_fc (#")
+    assert "first bad node: AddmmBackward0 in h.1.mlp.c_fc (#" in report.summary()
+    rows = report.to_json()["nodes"]
+    assert {r["module"] for r in rows if r["status"] == "mismatch"} == {"h.1.mlp.c_fc"}
+    payload = graph_json(loss, report=report, formulas=False)
+    jsonschema.validate(payload, load_schema())
+    verdicts = {m["path"]: m["verdict"] for m in payload["modules"]}
+    bad_boxes = {"h", "h.1", "h.1.mlp", "h.1.mlp.c_fc"}  # the box and its ancestors
+    assert {p for p, v in verdicts.items() if v == "bad"} == bad_boxes
+    assert all(v == "ok" for p, v in verdicts.items() if p not in bad_boxes)
+    first = payload["agreement"]["first_bad_node"]
+    assert all(m["first_bad"] == first for m in payload["modules"] if m["path"] in bad_boxes)
+    assert next(n for n in payload["nodes"] if n["id"] == first)["module"] == "h.1.mlp.c_fc"
+
+
+def test_boxes_without_checks_are_unchecked():
+    model, loss = tiny_gpt_loss()
+    payload = graph_json(loss, formulas=False)
+    assert {m["verdict"] for m in payload["modules"]} == {"unchecked"}
+    assert all(m["first_bad"] is None for m in payload["modules"])
+
+
+def _svg_parts(svg: str):
+    import xml.etree.ElementTree as ET
+
+    root = ET.fromstring(svg)
+    ns = "{http://www.w3.org/2000/svg}"
+    frames = {g.get("data-path"): g for g in root.iter(ns + "g")
+              if g.get("class") == "sg-module"}
+    boxes = {g.get("data-id"): g for g in root.iter(ns + "g")
+             if g.get("class") == "sg-node" and g.get("data-kind") == "module"}
+    texts = {g.get("data-id"): [t.text for t in g.iter(ns + "text")] for g in boxes.values()}
+    return frames, boxes, texts
+
+
+def test_svg_draws_collapsed_modules_folds_and_expanded_frames():
+    model, loss = tiny_gpt_loss()
+    view = sg.graph(loss, collapse=None)
+    svg = view._repr_html_()
+    svg = svg[svg.index("<svg"):svg.index("</svg>") + 6]
+    frames, boxes, texts = _svg_parts(svg)
+    # a big graph: one box per top-level module; the two embeddings fold
+    assert set(boxes) == {"fold:wte", "module:h", "module:ln_f", "module:lm_head"}
+    assert texts["module:h"] == ["h: ModuleList", f"{120} nodes \u00b7 not checked"]
+    assert texts["fold:wte"][0] == "Embedding \u00d7 2"
+    assert not frames  # nothing expanded
+
+    svg = sg.graph(loss, collapse=2)._repr_html_()
+    frames, boxes, texts = _svg_parts(svg[svg.index("<svg"):svg.index("</svg>") + 6])
+    assert set(boxes) == {"fold:h.0"}  # both blocks collapsed: one "Block × 2" box
+    assert texts["fold:h.0"][0] == "Block \u00d7 2"
+    assert boxes["fold:h.0"].get("data-paths") == "h.0 h.1"
+    assert set(frames) == {"wte", "wpe", "h", "ln_f", "lm_head"}  # frames around the rest
+
+    svg = sg.graph(loss, collapse=["h.1"])._repr_html_()
+    frames, boxes, texts = _svg_parts(svg[svg.index("<svg"):svg.index("</svg>") + 6])
+    assert set(boxes) == {"module:h.1"} and texts["module:h.1"][0] == "h.1: Block"
+    assert "h.0.attn.c_attn" in frames and "h.1.attn" not in frames
+
+
+def test_verdict_badges_in_svg_and_focus_on_one_module(monkeypatch):
+    model, loss = tiny_gpt_loss()
+    report = sg.verify(loss, names=dict(model.named_parameters()), mode="local", sample=2)
+    assert report.ok
+    svg = sg.graph(loss, report=report, collapse=True)._repr_html_()
+    frames, boxes, texts = _svg_parts(svg[svg.index("<svg"):svg.index("</svg>") + 6])
+    assert texts["module:h"][1].endswith("\u00b7 \u2713")
+    assert boxes["module:h"].get("data-verdict") == "ok"
+
+    view = sg.graph(loss, report=report, focus="h.0.attn")
+    p = view.payload
+    jsonschema.validate(p, load_schema())
+    assert p["focus"] == "h.0.attn" and p["collapsed"] == []
+    assert {n["module"] for n in p["nodes"]} == {"h.0.attn", "h.0.attn.c_attn",
+                                                  "h.0.attn.c_proj"}
+    assert [m["path"] for m in p["modules"]] == ["h.0.attn", "h.0.attn.c_attn",
+                                                  "h.0.attn.c_proj"]
+    assert p["modules"][0]["parent"] is None and p["modules"][0]["depth"] == 1
+    assert {lf["name"] for lf in p["leaves"]} == {"h.0.attn.c_attn.weight",
+                                                   "h.0.attn.c_attn.bias",
+                                                   "h.0.attn.c_proj.weight",
+                                                   "h.0.attn.c_proj.bias"}
+    ids = {n["id"] for n in p["nodes"]}
+    assert all(e["from"] in ids and e["to"] in ids for e in p["edges"])
+    assert p["roots"] and set(p["roots"]) <= ids
+    view._repr_html_()  # draws
+
+    with pytest.raises(ValueError, match="not a module of this graph"):
+        sg.graph(loss, focus="h.7")
+    with pytest.raises(ValueError, match="names no module"):
+        sg.graph(loss, collapse=["nope"])
+    with pytest.raises(TypeError, match="collapse must be"):
+        sg.graph(loss, collapse=1.5)
