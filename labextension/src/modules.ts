@@ -16,7 +16,8 @@ import {
   IBounds,
   IVisibleEdge,
   IVisibleNode,
-  nodeSize
+  nodeSize,
+  shippedLayout
 } from './layout';
 import { IGraphNode, IGraphPayload, ModuleVerdict } from './types';
 
@@ -356,6 +357,9 @@ export interface IModuleScene {
   clusters: ICluster[];
   /** Graph node id -> the id drawn for it (absent: hidden by the focus). */
   repOf: Map<string, string>;
+  /** 'payload': the payload's layout placed it (no frame drawn: the first view of a
+   * collapsed model, as the static SVG draws it); 'modules': laid out here. */
+  layout: 'payload' | 'modules';
 }
 
 interface IPlacement {
@@ -498,6 +502,23 @@ export function buildModuleScene(
     }
   }
 
+  // Nothing expanded (a big model's first view): the boxes the static SVG draws, where
+  // the payload's layout puts them, when it covers exactly what is drawn.
+  if (!clusters.size && state.focus === null) {
+    const list = [...edges.values()];
+    const bounds = shippedLayout(visible, list, g.layout);
+    if (bounds) {
+      return {
+        visible,
+        edges: list,
+        bounds,
+        clusters: [],
+        repOf,
+        layout: 'payload'
+      };
+    }
+  }
+
   // Each level (the top, each frame) laid out on its own, deepest frames first.
   const level = new Map<string | null, Map<string, IVisibleEdge>>();
   const direct = new Set<IVisibleEdge>();
@@ -612,7 +633,8 @@ export function buildModuleScene(
     clusters: [...clusters.values()].sort(
       (a, b) => a.ancestors.length - b.ancestors.length
     ),
-    repOf
+    repOf,
+    layout: 'modules'
   };
 }
 

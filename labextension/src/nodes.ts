@@ -324,7 +324,7 @@ function drawModuleBox(v: IVisibleNode, actions: INodeActions): SVGGElement {
   const sub = s('text', { class: 'sg-node-sub', x: 22, y: 33 });
   sub.textContent = v.sub;
   el.appendChild(sub);
-  el.appendChild(verdictBadge(verdict, v.width - 6));
+  el.appendChild(verdictBadge(verdict, v.width - 6, -10));
   if (v.module) {
     const path = v.module.path;
     const fb = svgButton('focus', v.width - 6, 34, () => actions.focus(path));

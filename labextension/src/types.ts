@@ -101,6 +101,8 @@ export interface IGraphPayload {
   folds?: IGraphFold[];
   /** Module paths drawn collapsed at first (a big model: its top-level modules). */
   collapsed?: string[];
+  /** The module path this payload was cut to (only its nodes are present). */
+  focus?: string;
 }
 
 export type ModuleVerdict = 'ok' | 'bad' | 'unchecked';

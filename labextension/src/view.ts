@@ -82,6 +82,8 @@ class GraphView implements IGraphView {
   private touched = new Set<string>();
   /** A big model (the payload collapses some modules): open one level at a time. */
   private big = false;
+  /** The module the payload itself was cut to (the focus bar's way back ends there). */
+  private baseFocus: string | null = null;
   /** Graph node id -> drawn id, in the module view (null: not drawn with modules). */
   private repOf: Map<string, string> | null = null;
 
@@ -143,6 +145,14 @@ class GraphView implements IGraphView {
       // A new model: its default view. The same model verified again keeps the view.
       this.mstate = this.tree.initialState(g);
       this.touched = new Set();
+    }
+    // A payload cut to one module (symgrad.graph(root, focus=...)) shows it alone.
+    this.baseFocus =
+      this.tree && g.focus !== undefined && this.tree.modules.has(g.focus)
+        ? g.focus
+        : null;
+    if (this.tree && this.mstate.focus === null) {
+      this.mstate.focus = this.baseFocus;
     }
     this.big = (g.collapsed?.length ?? 0) > 0;
     const mode = this.opts.collapse ?? 'auto';
@@ -473,7 +483,7 @@ class GraphView implements IGraphView {
         visible: ms.visible,
         edges: ms.edges,
         bounds: ms.bounds,
-        layout: 'modules'
+        layout: ms.layout
       };
       clusters = ms.clusters;
       this.repOf = ms.repOf;
@@ -608,10 +618,22 @@ class GraphView implements IGraphView {
       });
       bar.appendChild(b);
     };
-    link('← whole graph', 'Draw the whole graph again', null);
-    bar.lastElementChild!.setAttribute('data-symgrad', 'unfocus');
+    const base = this.baseFocus;
+    if (focus === base) {
+      bar.appendChild(h('span', 'sg-muted', 'The graph was cut to'));
+    } else {
+      link(
+        base === null ? '← whole graph' : `← ${base}`,
+        'Draw the whole graph again',
+        base
+      );
+      bar.lastElementChild!.setAttribute('data-symgrad', 'unfocus');
+    }
     const chain = this.tree.chain(focus);
     for (const p of chain.slice(0, -1)) {
+      if (base !== null && !this.tree.chain(p).includes(base)) {
+        continue; // not in the payload's cut
+      }
       bar.appendChild(h('span', 'sg-crumb-sep', ' › '));
       link(p, `Focus on ${p}`, p);
     }
