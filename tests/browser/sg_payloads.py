@@ -127,14 +127,16 @@ def wide_graph(n_ops: int) -> dict[str, Any]:
 
 
 def gpt_like(blocks: int = 2, *, bad_block: int | None = None, mlp_depth: int = 1,
-             collapsed: bool = False) -> dict[str, Any]:
+             collapsed: bool = False, shared_mlp_weight: bool = False) -> dict[str, Any]:
     """A GPT-shaped graph with modules, as the module-aware payload describes them:
     wte (Embedding) -> h.0 ... h.{blocks-1} (Block: attn, mlp, residual add) -> head
     (Linear) -> the loss (outside any module). A block computes x + mlp(attn(x)): attn is
     one mm with its weight, mlp is `mlp_depth` (mm, relu) pairs with one weight each.
     Weights carry module '' and are in no module's list (only their layer uses them).
     `bad_block`: that block's attn mm fails its check (the first bad node). `collapsed`:
-    the payload collapses the top-level modules, as it does for a big model."""
+    the payload collapses the top-level modules, as it does for a big model.
+    `shared_mlp_weight`: the mlp's mm's all use one weight (a deep mlp then has a few
+    leaves, as real models do, and its (mm, relu) run folds into a chain box)."""
     nodes: list[dict[str, Any]] = []
     edges: list[dict[str, Any]] = []
     leaves: list[dict[str, Any]] = []
@@ -169,7 +171,9 @@ def gpt_like(blocks: int = 2, *, bad_block: int | None = None, mlp_depth: int = 
         for d in range(mlp_depth):
             mm = op(f"b{i}_mlp_mm{d}", "MmBackward0", f"{blk}.mlp")
             edge(mm, y, 0)
-            edge(mm, leaf(f"w{i}_mlp{d}", f"{blk}.mlp.w{d}"), 1)
+            if d == 0 or not shared_mlp_weight:
+                w = leaf(f"w{i}_mlp{d}", f"{blk}.mlp.w{d}")
+            edge(mm, w, 1)
             relu = op(f"b{i}_mlp_relu{d}", "ReluBackward0", f"{blk}.mlp")
             edge(relu, mm, 0)
             y = relu
@@ -183,14 +187,14 @@ def gpt_like(blocks: int = 2, *, bad_block: int | None = None, mlp_depth: int = 
     loss = op("loss", "NllLossBackward0", "")
     edge(loss, head, 0)
 
-    modules = [{"path": "wte", "type": "Embedding", "parent": None, "depth": 0},
-               {"path": "h", "type": "ModuleList", "parent": None, "depth": 0}]
+    modules = [{"path": "wte", "type": "Embedding", "parent": None, "depth": 1},
+               {"path": "h", "type": "ModuleList", "parent": None, "depth": 1}]
     for i in range(blocks):
-        modules += [{"path": f"h.{i}", "type": "Block", "parent": "h", "depth": 1},
+        modules += [{"path": f"h.{i}", "type": "Block", "parent": "h", "depth": 2},
                     {"path": f"h.{i}.attn", "type": "Attention", "parent": f"h.{i}",
-                     "depth": 2},
-                    {"path": f"h.{i}.mlp", "type": "MLP", "parent": f"h.{i}", "depth": 2}]
-    modules.append({"path": "head", "type": "Linear", "parent": None, "depth": 0})
+                     "depth": 3},
+                    {"path": f"h.{i}.mlp", "type": "MLP", "parent": f"h.{i}", "depth": 3}]
+    modules.append({"path": "head", "type": "Linear", "parent": None, "depth": 1})
     bad_paths = set(module_prefixes(f"h.{bad_block}.attn")) if bad_node else set()
     for m in modules:
         m["nodes"] = members.get(m["path"], [])
