@@ -84,6 +84,8 @@ class GraphView implements IGraphView {
   private big = false;
   /** The module the payload itself was cut to (the focus bar's way back ends there). */
   private baseFocus: string | null = null;
+  /** What the user just opened (a frame or box id): panned into view after drawing. */
+  private showAfterDraw: string | null = null;
   /** Graph node id -> drawn id, in the module view (null: not drawn with modules). */
   private repOf: Map<string, string> | null = null;
 
@@ -188,6 +190,7 @@ class GraphView implements IGraphView {
     if (id && this.tree && this.repOf && this.repOf.get(id) !== id) {
       // Hidden in a collapsed module or fold, or outside the focused module: open the way.
       this.tree.reveal(this.mstate, this.tree.owner.get(id));
+      this.showAfterDraw = id;
       redraw = true;
     }
     if (redraw) {
@@ -539,6 +542,22 @@ class GraphView implements IGraphView {
     this.renderFocusBar();
     this.markSelection();
     this.panZoom!.fit(false);
+    const target = this.showAfterDraw;
+    this.showAfterDraw = null;
+    if (target !== null) {
+      const c = clusters.find(x => x.id === target);
+      const v = scene.visible.get(target);
+      if (c) {
+        this.panZoom!.show(c);
+      } else if (v) {
+        this.panZoom!.show({
+          x: v.x - v.width / 2,
+          y: v.y - v.height / 2,
+          width: v.width,
+          height: v.height
+        });
+      }
+    }
   }
 
   // ------------------------------------------------------------------------- modules
@@ -563,12 +582,14 @@ class GraphView implements IGraphView {
     } else {
       this.mstate.collapsed.add(path);
     }
+    this.showAfterDraw = 'module:' + path; // its frame, or its box
     this.draw();
   }
 
   private toggleFold(id: string): void {
     const fold = this.tree!.foldById.get(id)!;
     this.touched.add(id);
+    this.showAfterDraw = id;
     if (this.mstate.unfolded.has(id)) {
       this.mstate.unfolded.delete(id);
     } else {
