@@ -434,3 +434,55 @@ def test_real_gpt_boxes_match_its_modules_and_the_wrong_rule_is_found_top_down(
             assert f["verdict"] == ("bad" if on_way else "ok"), path
     page.mouse.move(0, 0)
     page.locator(".sg-canvas").screenshot(path=str(artifacts / "modules-gpt-bad-block1.png"))
+
+
+def test_jupyterlab_draws_the_saved_model_graph_by_module(browser, lab_server,
+                                                          gpt_with_wrong_rule, artifacts):
+    """The labextension (the build in this checkout) draws a saved notebook's graph
+    output by module, with no kernel: the top-level boxes with their verdicts, the fold of
+    the two blocks, block 1 opened down to its bad layer, and block 1 focused."""
+    import nbformat
+
+    model, report, g = gpt_with_wrong_rule
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("sg.graph(loss, report=report)")
+    cell.outputs = [nbformat.v4.new_output(
+        "display_data", data={"application/vnd.symgrad.graph+json": g,
+                              "text/plain": "<symgrad graph>"})]
+    nb.cells = [cell]
+    nbformat.write(nb, lab_server.root / "by_module.ipynb")
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        page.goto(f"{lab_server.url}/lab/workspaces/modules/tree/by_module.ipynb")
+        page.locator(".jp-Dialog .jp-Dialog-button", has_text="No Kernel").click(
+            timeout=60_000)
+        view = page.locator(".jp-OutputArea-output .sg-view[data-symgrad=graph]")
+        view.locator(".sg-node").first.wait_for(state="attached", timeout=30_000)
+        assert view.get_attribute("data-state") == "ready"
+        st = state(page)
+        top = {b: x["verdict"] for b, x in st["boxes"].items()}
+        assert top == {"fold:wte": "ok", "module:h": "bad", "module:ln_f": "ok",
+                       "module:lm_head": "ok"}
+        assert st["boxes"]["module:h"]["label"] == "▸ h: ModuleList"
+        assert st["boxes"]["fold:wte"]["label"] == "▸ Embedding × 2"
+        view.locator('.sg-node[data-module="h"]').click()
+        view.locator('.sg-node[data-fold="fold:h.0"]').click()
+        view.locator('.sg-node[data-module="h.1"]').click()
+        view.locator('.sg-node[data-module="h.1.mlp"]').click()
+        st = state(page)
+        assert {b for b, x in st["boxes"].items() if x["verdict"] == "bad"} == \
+            {"module:h.1.mlp.c_fc"}
+        assert st["frames"]["module:h.1"]["label"] == "▾ h.1: Block"
+        # (its header is panned out of sight by now: the click goes to the element)
+        click(page, '.sg-cluster-head[data-cluster="module:h.1"] [data-symgrad=focus]')
+        st = state(page)
+        assert st["focus"] == "h.1"
+        assert st["nodes"] and set(st["nodes"]) <= within(g, "h.1")
+        assert all(b.split(":", 1)[1].startswith("h.1.") for b in st["boxes"])
+        assert st["bar"] == "← whole graph › h › h.1: Block"
+        view.screenshot(path=str(artifacts / "lab-modules-focus-h1.png"))
+        assert errors == []
+    finally:
+        page.close()
