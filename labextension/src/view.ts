@@ -640,26 +640,29 @@ class GraphView implements IGraphView {
       bar.appendChild(b);
     };
     const base = this.baseFocus;
+    const m = this.tree.modules.get(focus)!;
     if (focus === base) {
-      bar.appendChild(h('span', 'sg-muted', 'The graph was cut to'));
+      // The payload itself holds only this module: there is nothing to go back to.
+      bar.appendChild(h('span', 'sg-muted', 'The graph was cut to '));
     } else {
       link(
         base === null ? '← whole graph' : `← ${base}`,
-        'Draw the whole graph again',
+        base === null ? 'Draw the whole graph again' : `Draw ${base} again`,
         base
       );
       bar.lastElementChild!.setAttribute('data-symgrad', 'unfocus');
-    }
-    const chain = this.tree.chain(focus);
-    for (const p of chain.slice(0, -1)) {
-      if (base !== null && !this.tree.chain(p).includes(base)) {
-        continue; // not in the payload's cut
+      for (const p of this.tree.chain(focus).slice(0, -1)) {
+        if (
+          p === base ||
+          (base !== null && !this.tree.chain(p).includes(base))
+        ) {
+          continue; // the way back, or outside the payload's cut
+        }
+        bar.appendChild(h('span', 'sg-crumb-sep', ' › '));
+        link(p, `Focus on ${p}`, p);
       }
       bar.appendChild(h('span', 'sg-crumb-sep', ' › '));
-      link(p, `Focus on ${p}`, p);
     }
-    bar.appendChild(h('span', 'sg-crumb-sep', ' › '));
-    const m = this.tree.modules.get(focus)!;
     const cur = h('span', 'sg-crumb-current', moduleTitle(m));
     cur.dataset.symgrad = 'focused-module';
     bar.appendChild(cur);

@@ -436,6 +436,30 @@ def test_real_gpt_boxes_match_its_modules_and_the_wrong_rule_is_found_top_down(
     page.locator(".sg-canvas").screenshot(path=str(artifacts / "modules-gpt-bad-block1.png"))
 
 
+
+def test_a_graph_cut_to_one_module_by_the_kernel_opens_focused(page, gpt_with_wrong_rule):
+    """sg.graph(root, focus='h.1'): the payload holds block 1 only; the view draws it as
+    the focused module, and a deeper focus goes back to it, not to a whole graph."""
+    from symgrad.jupyter.graph import focus_payload
+
+    model, report, g = gpt_with_wrong_rule
+    cut = valid(focus_payload(g, "h.1"))
+    mount(page, cut)
+    st = state(page)
+    assert st["focus"] == "h.1" and st["bar"] == "The graph was cut to h.1: Block"
+    assert page.locator("[data-symgrad=unfocus]").count() == 0
+    assert st["frames"]["module:h.1"]["label"] == "h.1: Block"
+    assert st["frames"]["module:h.1"]["verdict"] == "bad"
+    boxed = [p for bid, b in st["boxes"].items()
+             for p in (b["members"].split() if b["members"] else [bid.split(":", 1)[1]])]
+    drawn = set(st["nodes"]).union(*(within(cut, p) for p in boxed))
+    assert drawn == {n["id"] for n in cut["nodes"]}
+    click(page, '.sg-cluster-head[data-cluster="module:h.1.mlp"] [data-symgrad=focus]')
+    st = state(page)
+    assert st["focus"] == "h.1.mlp" and st["bar"] == "← h.1 › h.1.mlp: MLP"
+    page.click("[data-symgrad=unfocus]")
+    assert state(page)["focus"] == "h.1"
+
 def test_jupyterlab_draws_the_saved_model_graph_by_module(browser, lab_server,
                                                           gpt_with_wrong_rule, artifacts):
     """The labextension (the build in this checkout) draws a saved notebook's graph
