@@ -1,5 +1,6 @@
-// The interactive graph view: header and toolbar, the drawing (scene.ts lays it out,
-// nodes.ts draws it, panzoom.ts moves it), selection, chain collapsing, the node panel
+// The interactive graph view: header and toolbar, the drawing (scene.ts lays it out, or
+// modules.ts when the payload names the nn.Module calls; nodes.ts draws it, panzoom.ts
+// moves it), selection, chain and module collapsing, focus on one module, the node panel
 // and the agreement table (panel.ts). Plain DOM only: no framework, and every string from
 // the payload is inserted with textContent or as an attribute value, never parsed as HTML.
 import { AUTO_COLLAPSE_NODES, findChains, IGroup } from './chains';

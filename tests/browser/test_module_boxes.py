@@ -270,6 +270,23 @@ def test_inspector_keeps_the_open_modules_when_the_graph_comes_again(page):
     assert st["frames"]["module:h.1"]["badge"] == "✓"
 
 
+
+def test_module_names_are_text(page):
+    g = payloads.gpt_like(2)
+    for m in g["modules"]:
+        if m["path"] == "h.0":
+            m["type"] = payloads.XSS
+    g["folds"][0]["label"] = payloads.XSS + " × 2"
+    mount(page, valid(g))
+    st = state(page)
+    assert st["boxes"]["fold:h.0"]["label"] == f"▸ {payloads.XSS} × 2"
+    click(page, '.sg-node[data-fold="fold:h.0"]')
+    st = state(page)
+    assert st["frames"]["module:h.0"]["label"] == f"▾ h.0: {payloads.XSS}"
+    click(page, '.sg-cluster-head[data-cluster="module:h.0"] [data-symgrad=focus]')
+    assert state(page)["bar"].endswith(f"h.0: {payloads.XSS}")
+    assert page.locator("img").count() == 0 and page.dialogs == []
+
 def test_10000_nodes_start_collapsed_and_open_one_level_at_a_time(page, artifacts):
     """Scope 4: a 10,000-node model collapsed by module stays interactive because only
     what is visible is drawn and laid out. Timings are printed, not asserted."""
