@@ -4,7 +4,6 @@ the static SVG draws them."""
 
 from __future__ import annotations
 
-import gc
 import threading
 import weakref
 
@@ -143,31 +142,55 @@ def test_module_stack_is_restored_after_an_exception_and_per_thread():
     assert made["y"].grad_fn._module_call is None  # made in another thread, outside
 
 
-def test_a_graph_keeps_no_module_alive_and_makes_no_cycle():
-    gc.collect()
-    gc.disable()
-    try:
-        model = nn.Sequential(Inner(), Inner())
-        x = sg.randn(2, 3)
-        y = model(x).sum()
-        node = weakref.ref(y.grad_fn.next_functions[0][0])
-        m_ref = weakref.ref(model)
-        assert node() is not None and node()._module_call is not None
-        del model  # the graph holds the module weakly (its parameters stay alive)
-        assert m_ref() is None
-        del y  # and the graph frees at once, without the cycle collector
-        assert node() is None
-    finally:
-        gc.enable()
+def test_a_graph_keeps_no_module_alive_and_makes_no_cycle(no_gc):
+    model = nn.Sequential(Inner(), Inner())
+    x = sg.randn(64, 3)
+    before = sg.memory_allocated()
+    y = model(x).sum()
+    assert sg.memory_allocated() > before  # the forward's saved activations
+    node = weakref.ref(y.grad_fn.next_functions[0][0])
+    assert node()._module_call is not None
+    m_ref = weakref.ref(model)
+    params = list(model.parameters())  # counted in ``before``: kept to the end
+    del model  # the graph holds the module weakly (its parameters stay alive)
+    assert m_ref() is None
+    del y  # and the graph frees at once, by reference counting alone
+    assert node() is None
+    assert sg.memory_allocated() == before
+    del params
 
 
-def test_torch_graphs_have_no_modules():
+def test_torch_graphs_have_modules_only_when_captured():
     torch = pytest.importorskip("torch")
-    lin = torch.nn.Linear(2, 2)
-    payload = graph_json(lin(torch.ones(1, 2)).sum(), formulas=False)
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Tanh())
+            self.head = torch.nn.Linear(2, 1)
+
+        def forward(self, x):
+            return self.head(self.body(x) * 2.0)
+
+    net = Net()
+    payload = graph_json(net(torch.ones(1, 2)).sum(), formulas=False)
     jsonschema.validate(payload, load_schema())
-    assert payload["modules"] == [] and payload["folds"] == []
+    assert payload["modules"] == [] and payload["folds"] == []  # torch nodes know no module
     assert {n["module"] for n in payload["nodes"]} == {""}
+
+    x = torch.ones(1, 2, requires_grad=True)
+    with sg.capture_torch():
+        loss = net(x * 3.0).sum()  # x * 3.0 made outside any module, consumed inside
+    payload = graph_json(loss, formulas=False)
+    jsonschema.validate(payload, load_schema())
+    ops = _by_module(payload)
+    assert ops["body.1"] == ["TanhBackward0"]
+    assert sorted(ops[""]) == ["MulBackward0", "MulBackward0", "SumBackward0"]
+    # F.linear's addmm, and the t() inside it that the capture never saw returned
+    assert sorted(ops["body.0"]) == sorted(ops["head"]) == ["AddmmBackward0", "TBackward0"]
+    assert [m["path"] for m in payload["modules"]] == ["body", "body.0", "body.1", "head"]
+    acc = sorted(n["module"] for n in payload["nodes"] if n["kind"] == "accumulate")
+    assert acc == ["", "body.0", "body.0", "head", "head"]  # x, weights and biases
 
 
 def _nodes_of(root) -> list:
@@ -293,3 +316,40 @@ def test_verdict_badges_in_svg_and_focus_on_one_module(monkeypatch):
         sg.graph(loss, collapse=["nope"])
     with pytest.raises(TypeError, match="collapse must be"):
         sg.graph(loss, collapse=1.5)
+
+
+def test_text_outline_lists_the_top_level_modules():
+    model, loss = tiny_gpt_loss()
+    text = repr(sg.graph(loss))
+    assert text.splitlines()[1] == ("modules: wte: Embedding not checked, wpe: Embedding not "
+                                    "checked, h: ModuleList not checked, ln_f: LayerNorm not "
+                                    "checked, lm_head: Linear not checked")
+
+
+class Gen(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(2, 2)
+
+    def forward(self, z):
+        return self.fc(z).tanh()
+
+
+def test_two_root_models_are_told_apart_and_an_owned_root_is_named_through_its_owner():
+    gen, disc = Gen(), nn.Sequential(nn.Linear(2, 1))
+    z = sg.randn(3, 2)
+    payload = graph_json(disc(gen(z)).sum(), formulas=False)  # a GAN's two models
+    ops = _by_module(payload)
+    assert ops["Gen"] == ["TanhBackward0"] and ops[""] == ["SumBackward0"]
+    assert ops["Gen.fc"] and ops["Sequential.0"]
+    mods = {m["path"]: m for m in payload["modules"]}
+    assert set(mods) == {"Gen", "Gen.fc", "Sequential", "Sequential.0"}
+    assert mods["Gen"]["parent"] is None and mods["Gen.fc"]["parent"] == "Gen"
+    acc = {n["label"]: n["module"] for n in payload["nodes"] if n["kind"] == "accumulate"}
+    assert acc["fc.weight"] == "Gen.fc"  # the leaf's own name stays as the verifier's
+
+    twice = nn.Sequential(Gen(), Gen())
+    y = twice[1](twice(z))  # the owned block called on its own too: one name for both
+    ops = _by_module(graph_json(y.sum(), formulas=False))
+    assert set(ops) == {"", "0", "0.fc", "1", "1.fc"}
+    assert ops["1"] == ["TanhBackward0", "TanhBackward0"]

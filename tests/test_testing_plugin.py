@@ -107,7 +107,7 @@ def test_failure_names_module_parameters_and_arguments(pytester):
                                            "--symgrad-report=checks.json")
     result.assert_outcomes(failed=1)
     out = result.stdout.str()
-    assert "first bad node: TanhBackward0 (#" in out
+    assert "first bad node: TanhBackward0 in 1 (#" in out  # made by model[1], the Tanh
     for name, shape in (("0.weight", "2x3"), ("0.bias", "2"), ("features", "4x3")):
         assert re.search(rf"^E?\s+{re.escape(name)}\s+{shape} float64\s+mismatch", out,
                          re.MULTILINE), name
@@ -115,7 +115,7 @@ def test_failure_names_module_parameters_and_arguments(pytester):
     data = json.loads((pytester.path / "checks.json").read_text())
     report = data["checks"][0]["report"]
     assert [lf["name"] for lf in report["leaves"]] == ["0.weight", "0.bias", "features"]
-    assert report["first_bad_node_label"].startswith("TanhBackward0 (#")
+    assert report["first_bad_node_label"].startswith("TanhBackward0 in 1 (#")
 
 
 def test_leaf_names_prefer_parameter_paths_then_arguments_then_variables():

@@ -765,6 +765,7 @@ def graph_json(root: Any, names: Mapping[str, Any] | None = None, report: Any = 
     truncated = 0
     budget = _Budget(formula_budget)
     calls: dict[str, Any] = {}  # op node id -> its node's nn.Module call entry
+    unseen: set[str] = set()  # torch nodes no capture saw made
 
     def visit(fn: Any, out_tensor: Any | None) -> str:
         """Add fn and everything below it (iteratively); return fn's id."""
@@ -790,7 +791,12 @@ def graph_json(root: Any, names: Mapping[str, Any] | None = None, report: Any = 
             if out_t is None:
                 out_t = outputs.get(id(cur))
             shape, dtype = _node_output(cur, out_t)
-            calls[nid] = getattr(cur, "_module_call", None)
+            if source == "symgrad":
+                calls[nid] = getattr(cur, "_module_call", None)
+            else:
+                seen, calls[nid] = _torch_module_call(cur)
+                if not seen:
+                    unseen.add(nid)
             entry = {
                 "id": nid, "kind": "op", "label": cur.name(), "name": cur.name(),
                 "shape": shape, "dtype": dtype,
@@ -856,6 +862,8 @@ def graph_json(root: Any, names: Mapping[str, Any] | None = None, report: Any = 
     if budget.omitted:
         payload["formulas_omitted"] = budget.omitted
     _order(payload)
+    if unseen:
+        _inherit_torch_calls(payload, calls, unseen)
     add_modules(payload, calls, [t for t in keep if _is_tensor(t)], node_ids)
     if node_map is not None:
         node_map.update(node_ids)
@@ -987,6 +995,31 @@ def _order(payload: dict) -> None:
 COLLAPSE_ABOVE = 60
 
 
+def _torch_module_call(fn: Any) -> tuple[bool, Any]:
+    """``(seen, entry)``: a torch node's module call entry, recorded by
+    ``symgrad.capture_torch()`` only (torch's grad_fn nodes do not know the module that
+    made them)."""
+    import sys
+
+    mod = sys.modules.get("symgrad.symbolic.torch_graph")  # loaded when a capture ran
+    return mod.captured_module_call(fn) if mod is not None else (False, None)
+
+
+def _inherit_torch_calls(payload: dict, calls: dict[str, Any], unseen: set[str]) -> None:
+    """A torch node the capture never saw returned (the ``t()`` inside ``F.linear``'s
+    ``addmm``) belongs to the module call of its consumers when they all share one."""
+    consumers: dict[str, list[str]] = {}
+    for e in payload["edges"]:
+        consumers.setdefault(e["to"], []).append(e["from"])
+    for n in sorted(payload["nodes"], key=lambda n: n.get("order", 0)):  # roots first
+        nid = n["id"]
+        if nid not in unseen:
+            continue
+        got = {id(calls.get(c)): calls.get(c) for c in consumers.get(nid, ())}
+        if len(got) == 1:
+            calls[nid] = next(iter(got.values()))
+
+
 def _signature(type_name: str, ops: list[str], children: list[tuple[str, str]]) -> str:
     """A structural hash: the class, the op names made directly inside (as a multiset, so
     two blocks agree whatever order the graph walk met their nodes in), and the children's
@@ -1004,12 +1037,13 @@ def add_modules(payload: dict, calls: Mapping[str, Any], tensors: Iterable[Any] 
 
     ``calls`` maps op node ids to their node's ``_module_call`` entry. An op node belongs
     to the innermost module call that made it; an AccumulateGrad node to the module that
-    owns its parameter; a None input to the node that consumes it. Torch graphs carry no
-    module calls: every node gets ``""`` and the lists are empty.
+    owns its parameter; a None input to the node that consumes it. Torch's nodes know no
+    module: a torch graph has module calls only where ``symgrad.capture_torch()`` recorded
+    its forward, else every node gets ``""`` and the lists are empty.
     """
     from .._module_paths import ModulePaths
 
-    names = ModulePaths()
+    names = ModulePaths(calls.values())
     module_of: dict[str, str] = {}
     for nid, entry in calls.items():
         module_of[nid] = names.of_entry(entry) if entry is not None else ""
@@ -1488,6 +1522,11 @@ def text_outline(payload: dict) -> str:
     elif ok is not None:
         head += ", gradients agree" if ok else ", GRADIENTS DISAGREE"
     lines.append(head)
+    tops = [m for m in payload.get("modules") or [] if m["parent"] is None]
+    if tops:  # the module boxes' verdicts, for a plain-text front end
+        marks = {"ok": "\u2713", "bad": "\u2717", "unchecked": "not checked"}
+        lines.append("modules: " + ", ".join(f"{m['path']}: {m['type']} {marks[m['verdict']]}"
+                                             for m in tops))
     seen: set[str] = set()
     stack = [(rid, 0) for rid in reversed(payload["roots"])]
     while stack and len(lines) < 200:

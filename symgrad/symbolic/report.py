@@ -230,7 +230,8 @@ class Report:
             else:
                 return _node_name(node)
         pos = _positions([r.id for r in rows]).get(row.id)
-        module = ModulePaths().of_node(row.node) if row.node is not None else ""
+        module = ModulePaths(getattr(r.node, "_module_call", None) for r in rows
+                             ).of_node(row.node) if row.node is not None else ""
         return node_label(row.name, pos, len(rows), module)
 
     @property
@@ -276,7 +277,8 @@ class Report:
                 first = r.id
         pos = _positions([r.id for r in self.nodes])
         total = len(self.nodes)
-        paths = ModulePaths()  # the nn.Module call that made each node: h.1.mlp.c_fc
+        # the nn.Module call that made each node: h.1.mlp.c_fc
+        paths = ModulePaths(getattr(r.node, "_module_call", None) for r in self.nodes)
         module = {r.id: paths.of_node(r.node) if r.node is not None else ""
                   for r in self.nodes}
         nodes = []

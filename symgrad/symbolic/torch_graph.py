@@ -61,6 +61,10 @@ class _Capture:
     def __init__(self) -> None:
         self.calls: dict = {}  # id(grad_fn) -> (grad_fn, args, kwargs) with values
         self.mode = None
+        #: the innermost torch nn.Module call running, as symgrad's own nodes record it
+        #: (autograd/node.py ``_ModuleCalls``): (weakref to the module, enclosing entry)
+        self.module_top = None
+        self.module_calls: dict = {}  # id(grad_fn) -> (grad_fn, the entry it was made in)
 
     def record(self, out, args, kwargs) -> None:
         import torch
@@ -71,6 +75,27 @@ class _Capture:
                 fn = o.grad_fn
                 snap = tuple(_snap(a) for a in args)
                 self.calls[id(fn)] = (fn, snap, {k: _snap(v) for k, v in kwargs.items()})
+                if id(fn) not in self.module_calls:  # None: made outside any module
+                    self.module_calls[id(fn)] = (fn, self.module_top)
+
+    def module_hooks(self) -> tuple:
+        """Global torch module hooks that keep ``module_top`` (removed on exit)."""
+        import weakref
+
+        from torch.nn.modules.module import (
+            register_module_forward_hook,
+            register_module_forward_pre_hook,
+        )
+
+        def pre(module, args):
+            self.module_top = (weakref.ref(module), self.module_top)
+
+        def post(module, args, out):
+            if self.module_top is not None:
+                self.module_top = self.module_top[1]
+
+        return (register_module_forward_pre_hook(pre),
+                register_module_forward_hook(post, always_call=True))
 
     def lookup(self, fn):
         hit = self.calls.get(id(fn))
@@ -108,10 +133,14 @@ def capture_torch():
             cap.mode.__enter__()
             _CAPTURES.append(cap)
             _wrap_function_apply(cap)
+            self_.hooks = cap.module_hooks()
             self_.capture = cap
             return self_
 
         def __exit__(self_, *exc):
+            for handle in self_.hooks:
+                handle.remove()
+            cap.module_top = None
             _unwrap_function_apply(cap)
             cap.mode.__exit__(*exc)
 
@@ -180,6 +209,17 @@ def _captured(fn):
         if hit is not None:
             return hit
     return None
+
+
+def captured_module_call(fn):
+    """``(seen, entry)``: whether ``capture_torch()`` saw ``fn`` made, and the torch
+    nn.Module call entry it was made in (None outside any). Torch's own nodes carry no
+    module: only a capture records it."""
+    for cap in reversed(_CAPTURES):
+        hit = cap.module_calls.get(id(fn))
+        if hit is not None and hit[0] is fn:
+            return True, hit[1]
+    return False, None
 
 
 def _forward_params(spec):
