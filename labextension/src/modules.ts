@@ -422,6 +422,8 @@ export function buildModuleScene(
     return out;
   };
 
+  const byId = new Map(g.nodes.map(n => [n.id, n] as const));
+  const labelOf = (id: string): string => byId.get(id)?.label ?? id;
   const visible = new Map<string, IVisibleNode>();
   const ancestorsOf = new Map<string, string[]>();
   const clusters = new Map<string, ICluster>();
@@ -482,7 +484,7 @@ export function buildModuleScene(
       : null;
     (parent === null ? root : clusters.get(parent)!).items.push(vid);
     ancestorsOf.set(vid, pl.containers);
-    visible.set(vid, makeItem(vid, n, tree, groupOf));
+    visible.set(vid, makeItem(vid, n, tree, groupOf, labelOf));
   }
 
   // Edges between drawn items (merged, none inside one box).
@@ -642,12 +644,18 @@ function makeItem(
   vid: string,
   n: IGraphNode,
   tree: ModuleTree,
-  groupOf: Map<string, IGroup>
+  groupOf: Map<string, IGroup>,
+  labelOf: (id: string) => string
 ): IVisibleNode {
   if (vid.startsWith('module:')) {
     const m = tree.modules.get(vid.slice('module:'.length))!;
     const label = clip(moduleTitle(m), 44);
-    const sub = `${m.count} node${m.count === 1 ? '' : 's'}`;
+    // A bad box names the node to look for inside.
+    const sub =
+      `${m.count} node${m.count === 1 ? '' : 's'}` +
+      (m.verdict === 'bad' && m.firstBad
+        ? ` · first bad: ${clip(labelOf(m.firstBad), 24)}`
+        : '');
     const [w, hgt] = boxSize(label, sub);
     return {
       id: vid,

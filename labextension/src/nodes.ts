@@ -1,6 +1,6 @@
 // Drawing the laid-out graph as SVG: one group per box (label, shape, check badge,
 // hover title) and one path per edge. Every payload string goes in as text.
-import { formatShape, s, STATUS_GLYPH, STATUS_TEXT } from './format';
+import { clip, formatShape, s, STATUS_GLYPH, STATUS_TEXT } from './format';
 import { IVisibleEdge, IVisibleNode } from './layout';
 import { HEADER_H, ICluster, moduleTitle, VERDICT_TEXT } from './modules';
 import { CheckStatus, ModuleVerdict } from './types';
@@ -322,7 +322,9 @@ function drawModuleBox(v: IVisibleNode, actions: INodeActions): SVGGElement {
   label.textContent = '▸ ' + v.label;
   el.appendChild(label);
   const sub = s('text', { class: 'sg-node-sub', x: 22, y: 33 });
-  sub.textContent = v.sub;
+  // (a box placed by the payload's layout is sized for a shorter line: the rest is in
+  // its title)
+  sub.textContent = clip(v.sub, Math.max(Math.floor((v.width - 76) / 6.1), 8));
   el.appendChild(sub);
   el.appendChild(verdictBadge(verdict, v.width - 6, -10));
   if (v.module) {

@@ -41,6 +41,7 @@ STATE_JS = """() => {
       .map(e => [e.dataset.nodeId, {kind: e.dataset.kind, verdict: e.dataset.verdict,
                                    count: +e.dataset.count, members: e.dataset.members || null,
                                    label: text(e, '.sg-node-label'),
+                                   sub: text(e, '.sg-node-sub'),
                                    badge: text(e, '.sg-verdict > text'),
                                    focus: !!e.querySelector('[data-symgrad=focus]')}])),
     frames: Object.fromEntries(q('.sg-view .sg-cluster').map(e => {
@@ -438,6 +439,11 @@ def test_real_gpt_boxes_match_its_modules_and_the_wrong_rule_is_found_top_down(
             if b["kind"] == "module":
                 path = bid.split(":", 1)[1]
                 assert b["label"] == f"▸ {path}: {types[path]}"
+    # the bad box names the node to look for
+    box = st["boxes"]["module:h.1.mlp.c_fc"]
+    assert box["sub"] == f"{box['count']} nodes · first bad: AddmmBackward0"
+    assert all(" · first bad" not in b["sub"] for b in st["boxes"].values()
+               if b["verdict"] != "bad")
     click(page, '.sg-node[data-module="h.1.mlp.c_fc"]')
     st = state(page)
     failing = {i for i, x in st["nodes"].items() if x["status"] == "fail"}
