@@ -353,3 +353,61 @@ def test_two_root_models_are_told_apart_and_an_owned_root_is_named_through_its_o
     ops = _by_module(graph_json(y.sum(), formulas=False))
     assert set(ops) == {"", "0", "0.fc", "1", "1.fc"}
     assert ops["1"] == ["TanhBackward0", "TanhBackward0"]
+
+
+def _inside(poly, pts):
+    """Even-odd rule: which of ``pts`` (n x 2) lie inside the polygon."""
+    import numpy as np
+
+    p = np.asarray(poly, float)
+    x, y = pts[:, 0], pts[:, 1]
+    inside = np.zeros(len(pts), bool)
+    for (x1, y1), (x2, y2) in zip(p, np.roll(p, -1, axis=0)):
+        crosses = (y1 > y) != (y2 > y)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            xi = (x2 - x1) * (y - y1) / (y2 - y1) + x1
+        inside ^= crosses & (x < xi)
+    return inside
+
+
+def test_frames_nest_never_overlap_their_siblings_and_hold_only_their_nodes():
+    import numpy as np
+
+    from symgrad.jupyter.layout import (
+        layout_boxes,
+        module_clusters,
+        payload_layout,
+        visible_graph,
+    )
+
+    _, loss = tiny_gpt_loss()
+    payload = graph_json(loss, formulas=False)
+    for collapse in ([], ["h.0.attn", "h.1.mlp"]):
+        p = dict(payload, collapsed=collapse)
+        nodes, _ = visible_graph(p)
+        boxes = layout_boxes(payload_layout(p))
+        frames = module_clusters(p, nodes, boxes)
+        mods = {m["path"]: m for m in p["modules"]}
+        assert {f["path"] for f in frames} == {m for m in mods if not any(
+            m == c or m.startswith(c + ".") for c in collapse)}
+        w = max(b[0] + b[2] for b in boxes.values()) + 60
+        h = max(b[1] + b[3] for b in boxes.values()) + 60
+        xs, ys = np.meshgrid(np.arange(-40.0, w, 6.0), np.arange(-40.0, h, 6.0))
+        grid = np.c_[xs.ravel(), ys.ravel()]
+        area = {f["path"]: np.any([_inside(poly, grid) for poly in f["outline"]], axis=0)
+                for f in frames}
+        for a in area:
+            parent = mods[a]["parent"]
+            if parent in area:
+                assert not (area[a] & ~area[parent]).any(), (a, "outside", parent)
+            for b in area:
+                if a < b and mods[b]["parent"] == parent:
+                    assert not (area[a] & area[b]).any(), (a, b)
+        centres = np.array([[boxes[n["id"]][0] + boxes[n["id"]][2] / 2,
+                             boxes[n["id"]][1] + boxes[n["id"]][3] / 2] for n in nodes])
+        for f in frames:  # no node of another module sits in a frame
+            members = set(mods[f["path"]]["nodes"])
+            foreign = np.array([n["id"] not in members and not set(n.get("members", ()))
+                                & members for n in nodes])
+            inside = np.any([_inside(poly, centres) for poly in f["outline"]], axis=0)
+            assert not (inside & foreign).any(), f["path"]

@@ -268,36 +268,118 @@ def module_boxes(payload: dict) -> tuple[list[dict], dict[str, str]]:
     return [b for b in boxes.values() if b["members"]], owner
 
 
-def module_clusters(payload: dict, nodes: list[dict],
-                    boxes: dict[str, list[float]]) -> list[dict]:
-    """Frames for the expanded modules around the drawn boxes of their nodes, outermost
-    first: ``path``, ``type``, ``verdict``, ``depth`` and ``rect`` ``[x, y, w, h]`` (the
-    boxes' bounding box, padded more for modules with more levels inside)."""
+def _expanded(payload: dict) -> list[dict]:
+    """The modules drawn as frames: listed, neither collapsed nor inside a collapsed one."""
     shut = set(payload.get("collapsed") or [])
-    drawn_of: dict[str, str] = {}
-    for n in nodes:
-        for m in n.get("members") or [n["id"]]:
-            drawn_of[m] = n["id"]
-    mods = [m for m in payload.get("modules") or []
+    return [m for m in payload.get("modules") or []
             if not any(".".join(m["path"].split(".")[:k]) in shut
                        for k in range(1, m["path"].count(".") + 2))]
+
+
+def frame_pads(payload: dict) -> dict[str, float]:
+    """Padding of each expanded module's frame around its nodes: more for a module with
+    more levels of frames inside, so nested frames never touch."""
+    mods = _expanded(payload)
     levels: dict[str, int] = {m["path"]: 0 for m in mods}
     for m in sorted(mods, key=lambda m: -m["depth"]):  # children first
         if m["parent"] in levels:
             levels[m["parent"]] = max(levels[m["parent"]], levels[m["path"]] + 1)
+    return {p: 5.0 * (k + 1) for p, k in levels.items()}
+
+
+#: Height of a frame's label above its first layer's boxes (and pad).
+FRAME_LABEL_H = 12.0
+
+
+def frame_reach(pads: dict[str, float]) -> float:
+    """How far above its boxes a frame reaches at most (pad and label): where every frame
+    steps from one layer's width to the next's, so nested frames stay nested and
+    siblings never meet."""
+    return max(pads.values(), default=0.0) + FRAME_LABEL_H
+
+
+def frame_groups(payload: dict, nodes: list[dict]) -> dict[str, tuple[str, ...]]:
+    """Drawn node id -> the expanded modules (frames) it sits in, outermost first: a
+    node's own module and its ancestors; a collapsed module's box sits in its parent's
+    frames; a chain box in the frames all its members share."""
+    framed = {m["path"] for m in _expanded(payload)}
+
+    def frames_of(path: str) -> tuple[str, ...]:
+        parts = path.split(".") if path else []
+        return tuple(p for p in (".".join(parts[:k]) for k in range(1, len(parts) + 1))
+                     if p in framed)
+
+    module_of = {n["id"]: n.get("module") or "" for n in payload["nodes"]}
+    out: dict[str, tuple[str, ...]] = {}
+    for n in nodes:
+        if n["kind"] == "module":  # collapsed, so not a frame: in its ancestors' frames
+            got = frames_of(n["paths"][0])
+        elif n["kind"] == "chain":
+            got = frames_of(module_of.get(n["members"][0], ""))
+            for m in n["members"][1:]:
+                got = _common_prefix(got, frames_of(module_of.get(m, "")))
+        else:
+            got = frames_of(n.get("module") or "")
+        if got:
+            out[n["id"]] = got
+    return out
+
+
+def module_clusters(payload: dict, nodes: list[dict],
+                    boxes: dict[str, list[float]]) -> list[dict]:
+    """Frames for the expanded modules around the drawn boxes of their nodes, outermost
+    first: ``path``, ``type``, ``verdict``, ``depth``, ``rect`` ``[x, y, w, h]`` (the
+    bounding box) and ``outline``: one polygon (``[(x, y), ...]``) per run of consecutive
+    layers holding the module's nodes, each layer as wide as its members padded by
+    :func:`frame_pads` (a frame's members sit side by side in every layer, see
+    :func:`frame_groups`, so sibling frames do not overlap), with room for the label on
+    top of the first."""
+    drawn_of: dict[str, str] = {}
+    for n in nodes:
+        for m in n.get("members") or [n["id"]]:
+            drawn_of[m] = n["id"]
+    pads = frame_pads(payload)
+    reach = frame_reach(pads)
+    centres = sorted({round(b[1] + b[3] / 2, 1) for b in boxes.values()})
+    step = min((b - a for a, b in zip(centres, centres[1:])), default=BOX_H + GAP_Y)
     out = []
-    for m in mods:
+    for m in _expanded(payload):
         ids = {drawn_of[i] for i in m["nodes"] if i in drawn_of}
         rects = [boxes[i] for i in ids if i in boxes]
         if not rects:
             continue
-        pad = 5.0 * (levels[m["path"]] + 1)
-        x0 = min(r[0] for r in rects) - pad
-        y0 = min(r[1] for r in rects) - pad - 12.0  # room for the frame's label
-        x1 = max(r[0] + r[2] for r in rects) + pad
-        y1 = max(r[1] + r[3] for r in rects) + pad
+        pad = pads[m["path"]]
+        spans: dict[float, list[float]] = {}  # layer centre -> [left, right]
+        for x, y, w, h in rects:
+            cy = round(y + h / 2, 1)
+            got = spans.setdefault(cy, [x, x + w])
+            got[0], got[1] = min(got[0], x), max(got[1], x + w)
+        runs: list[list[tuple[float, float, float]]] = []
+        for cy in sorted(spans):
+            a, b = spans[cy]
+            if runs and cy - runs[-1][-1][0] > step * 1.5:
+                runs.append([])
+            elif not runs:
+                runs.append([])
+            runs[-1].append((cy, a - pad, b + pad))
+        outline = []
+        for k, run in enumerate(runs):
+            top = run[0][0] - BOX_H / 2 - pad - (FRAME_LABEL_H if k == 0 else 0.0)
+            bottom = run[-1][0] + BOX_H / 2 + pad
+            right = [(run[0][2], top)]
+            left = [(run[0][1], top)]
+            for (_c0, a0, b0), (c1, a1, b1) in zip(run, run[1:]):
+                turn = c1 - BOX_H / 2 - reach  # the same height for every frame
+                right += [(b0, turn), (b1, turn)]
+                left += [(a0, turn), (a1, turn)]
+            right.append((run[-1][2], bottom))
+            left.append((run[-1][1], bottom))
+            outline.append(right + left[::-1])
+        xs = [px for poly in outline for px, _ in poly]
+        ys = [py for poly in outline for _, py in poly]
         out.append({"path": m["path"], "type": m["type"], "verdict": m["verdict"],
-                    "depth": m["depth"], "rect": [x0, y0, x1 - x0, y1 - y0]})
+                    "depth": m["depth"], "outline": outline,
+                    "rect": [min(xs), min(ys), max(xs) - min(xs), max(ys) - min(ys)]})
     return sorted(out, key=lambda c: c["depth"])
 
 
@@ -349,8 +431,11 @@ def payload_layout(payload: dict, selected: str | None = None) -> dict:
     go in strings because a saved notebook writes a JSON list one item a line."""
     nodes, edges = visible_graph(payload, selected)
     sizes = {n["id"]: box_size(n) for n in nodes}
+    pads = frame_pads(payload)
     lay = layout([n["id"] for n in nodes], [(e["from"], e["to"]) for e in edges],
-                 {k: v[0] for k, v in sizes.items()}, heights={k: v[1] for k, v in sizes.items()})
+                 {k: v[0] for k, v in sizes.items()}, heights={k: v[1] for k, v in sizes.items()},
+                 groups=frame_groups(payload, nodes), group_pad=pads,
+                 gap_y=max(GAP_Y, frame_reach(pads) + max(pads.values(), default=0.0) + 8.0))
     out: dict = {"width": round(lay.width), "height": round(lay.height),
                  "nodes": {k: " ".join(str(round(v)) for v in box)
                            for k, box in lay.boxes.items()}}
@@ -399,18 +484,52 @@ def edge_points(boxes: dict, a: str, b: str,
     return pts
 
 
+def _common_prefix(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, ...]:
+    k = 0
+    while k < len(a) and k < len(b) and a[k] == b[k]:
+        k += 1
+    return a[:k]
+
+
+def _framed_order(items: list[tuple[float, str]], groups: dict[str, tuple[str, ...]],
+                  level: int) -> list[str]:
+    """``items`` (barycentre, node) ordered with each frame's members side by side: the
+    frames at ``level`` and the loose nodes sorted by (mean) barycentre, recursively."""
+    buckets: dict[str, list[tuple[float, str]]] = {}
+    units: list[tuple[float, int, list[str]]] = []
+    for bc, n in items:
+        g = groups.get(n, ())
+        if len(g) > level:
+            buckets.setdefault(g[level], []).append((bc, n))
+        else:
+            units.append((bc, len(units), [n]))
+    for members in buckets.values():
+        mean = sum(bc for bc, _ in members) / len(members)
+        units.append((mean, len(units), _framed_order(members, groups, level + 1)))
+    units.sort(key=lambda u: (u[0], u[1]))
+    return [n for _, _, ns in units for n in ns]
+
+
 def layout(node_ids: list[str], edges: list[tuple[str, str]],
            widths: dict[str, float] | None = None, max_dummies: int | None = None,
-           heights: dict[str, float] | None = None) -> Layout:
+           heights: dict[str, float] | None = None,
+           groups: dict[str, tuple[str, ...]] | None = None,
+           group_pad: dict[str, float] | None = None, gap_y: float = GAP_Y) -> Layout:
     """Lay out the DAG ``edges`` (``(from, to)``, from = consumer, drawn above ``to``).
 
     Boxes are ``widths`` wide (default ``MIN_W``) and ``heights`` high (at most ``BOX_H``,
     the default; a lower box is centred in its layer). ``max_dummies`` bounds the bend
     points of long edges (default ``4 n + 64``); edges
     past it are drawn straight, so time and output stay linear in the graph size.
+    ``groups`` puts nodes in nested frames (node -> its frames' keys, outermost first):
+    the members of a frame sit side by side in every layer, and neighbours in different
+    frames are kept apart by the ``group_pad`` of each frame between them. ``gap_y``: the
+    space between layers (room for the frames' pads and labels).
     """
     widths = widths or {}
     heights = heights or {}
+    groups = dict(groups or {})
+    group_pad = group_pad or {}
     ids = list(dict.fromkeys(node_ids))
     index = {n: i for i, n in enumerate(ids)}
     edge_list = [(a, b) for a, b in edges if a in index and b in index and a != b]
@@ -470,10 +589,13 @@ def layout(node_ids: list[str], edges: list[tuple[str, str]],
             chains.append((a, b, [a, b]))
             continue
         ra = rank[a]
+        common = _common_prefix(groups.get(a, ()), groups.get(b, ())) if groups else ()
         for k in range(1, span):
             d = f"\x00d{dummy_count}"
             dummy_count += 1
             rank_all[d] = ra + k
+            if common:
+                groups[d] = common
             down[d] = []
             up[d] = []
             path.append(d)
@@ -513,15 +635,29 @@ def layout(node_ids: list[str], edges: list[tuple[str, str]],
                 bc = sum(map(pos.__getitem__, nb)) / len(nb) if nb else pos[n]
                 keyed.append((bc, i, n))
             keyed.sort()
-            layers[li] = [n for _, _, n in keyed]
+            layers[li] = [n for _, _, n in keyed] if not groups else \
+                _framed_order([(bc, n) for bc, _, n in keyed], groups, 0)
             for i, n in enumerate(layers[li]):
                 pos[n] = float(i)
 
+    if groups:  # frames side by side from the start
+        for li, layer in enumerate(layers):
+            layers[li] = _framed_order([(pos[n], n) for n in layer], groups, 0)
+            for i, n in enumerate(layers[li]):
+                pos[n] = float(i)
     for k in range(SWEEPS):
         if k % 2 == 0:
             sweep(range(1, n_layers), up)
         else:
             sweep(range(n_layers - 2, -1, -1), down)
+
+    def gap(a: str, b: str) -> float:
+        """Room between neighbours: the frames that end between them need their pads."""
+        if not groups:
+            return GAP_X
+        ga, gb = groups.get(a, ()), groups.get(b, ())
+        k = len(_common_prefix(ga, gb))
+        return GAP_X + sum(group_pad.get(g, 0.0) for g in ga[k:] + gb[k:])
 
     # 4. x coordinates: packed, then pulled toward neighbours, then de-overlapped
     wd = {n: 8.0 if n.startswith("\x00") else widths.get(n, MIN_W) for n in rank_all}
@@ -530,9 +666,9 @@ def layout(node_ids: list[str], edges: list[tuple[str, str]],
     x: dict[str, float] = {}
     for layer in layers:
         cur = 0.0
-        for n in layer:
+        for i, n in enumerate(layer):
             x[n] = cur + w_of(n) / 2
-            cur += w_of(n) + GAP_X
+            cur += w_of(n) + (gap(n, layer[i + 1]) if i + 1 < len(layer) else GAP_X)
 
     def pack(layer: list[str]) -> None:
         # keep order, enforce minimum gaps, keep the layer's mean where it wanted to be
@@ -544,7 +680,7 @@ def layout(node_ids: list[str], edges: list[tuple[str, str]],
             v = want[i]
             if placed:
                 prev = layer[i - 1]
-                v = max(v, placed[-1] + (w_of(prev) + w_of(n)) / 2 + GAP_X)
+                v = max(v, placed[-1] + (w_of(prev) + w_of(n)) / 2 + gap(prev, n))
             placed.append(v)
         shift = (sum(want) - sum(placed)) / len(placed)
         # shifting keeps gaps; the left-to-right push only ever moved boxes right
@@ -562,11 +698,12 @@ def layout(node_ids: list[str], edges: list[tuple[str, str]],
             pack(layers[li])
 
     min_x = min((x[n] - w_of(n) / 2 for n in x), default=0.0)
-    margin = MARGIN
+    margin = MARGIN + max((sum(group_pad.get(g, 0.0) for g in groups.get(n, ()))
+                           for n in ids), default=0.0)  # room for the outer frames
     out = Layout(layers=[[n for n in layer if not n.startswith("\x00")] for layer in layers])
 
     def top(n: str) -> float:  # of the box (a lower box sits centred in its layer)
-        return margin + rank_all[n] * (BOX_H + GAP_Y) + (BOX_H - h_of(n)) / 2
+        return margin + rank_all[n] * (BOX_H + gap_y) + (BOX_H - h_of(n)) / 2
 
     def h_of(n: str) -> float:
         return BOX_H if n.startswith("\x00") else min(heights.get(n, BOX_H), BOX_H)
@@ -591,5 +728,5 @@ def layout(node_ids: list[str], edges: list[tuple[str, str]],
                 pts.append((x[n], top(n) + BOX_H))
         out.edges.append((a, b, pts))
     out.width = max_x + margin
-    out.height = margin * 2 + max(n_layers, 1) * (BOX_H + GAP_Y) - GAP_Y
+    out.height = margin * 2 + max(n_layers, 1) * (BOX_H + gap_y) - gap_y
     return out

@@ -165,16 +165,17 @@ def render_svg(payload: dict, selected: str | None = None) -> str:
         out.append('<g class="sg-modules" fill-opacity="0.35" font-size="10" '
                    'text-anchor="start">')
         for c in clusters:
-            x, y, cw, ch = c["rect"]
             color = STATUS_COLORS[VERDICT_STATUS.get(c["verdict"], "none")]
             mark = VERDICT_MARK.get(c["verdict"], "")
+            d = " ".join("M " + " L ".join(f"{_n(px)} {_n(py)}" for px, py in poly) + " Z"
+                         for poly in c["outline"])
+            lx, ly = c["outline"][0][-1][0], c["outline"][0][0][1]  # the first piece's top left
             out.append(f'<g class="sg-module" data-path="{esc(c["path"])}" '
                        f'data-verdict="{esc(c["verdict"])}">'
                        f'<title>{esc(c["path"])}: {esc(c["type"])} ({esc(mark)})</title>'
-                       f'<rect x="{_n(x)}" y="{_n(y)}" width="{_n(cw)}" height="{_n(ch)}" '
-                       f'rx="8" fill="{_MODULE_FILL[c["depth"] % 2]}" stroke="{color}" '
-                       f'stroke-dasharray="6 3"/>'
-                       f'<text x="{_n(x + 6)}" y="{_n(y + 11)}" fill="{color}" '
+                       f'<path d="{d}" fill="{_MODULE_FILL[c["depth"] % 2]}" '
+                       f'stroke="{color}" stroke-dasharray="6 3" stroke-linejoin="round"/>'
+                       f'<text x="{_n(lx + 6)}" y="{_n(ly + 11)}" fill="{color}" '
                        f'fill-opacity="1">{esc(c["path"])}: {esc(c["type"])} {esc(mark)}'
                        "</text></g>")
         out.append("</g>")
