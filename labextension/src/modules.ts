@@ -590,7 +590,7 @@ export function buildModuleScene(
   levelNodes.set(null, top.nodes);
 
   // Relative to absolute, outermost first: a frame's contents are centred under its header.
-  const place2 = (id: string | null, ox: number, oy: number): void => {
+  const toDrawing = (id: string | null, ox: number, oy: number): void => {
     for (const v of levelNodes.get(id)!.values()) {
       v.x += ox;
       v.y += oy;
@@ -598,11 +598,11 @@ export function buildModuleScene(
       if (c) {
         c.x = v.x - c.width / 2;
         c.y = v.y - c.height / 2;
-        place2(c.id, c.x + (c.width - c.inner.width) / 2, c.y + HEADER_H);
+        toDrawing(c.id, c.x + (c.width - c.inner.width) / 2, c.y + HEADER_H);
       }
     }
   };
-  place2(null, 0, 0);
+  toDrawing(null, 0, 0);
   for (const [id, lev] of level) {
     const c = id === null ? null : clusters.get(id)!;
     const ox = c ? c.x + (c.width - c.inner.width) / 2 : 0;
