@@ -5,10 +5,11 @@
 //   chains.ts   collapsing long runs of ops (the rule of symgrad/jupyter/layout.py)
 //   layout.ts   the payload's shipped layout; dagre and a fast layout as fallbacks
 //   scene.ts    what is drawn (visible nodes and edges) and which layout places it
+//   modules.ts  the same with nn.Module boxes: frames, collapsed boxes, folds, focus
 //   nodes.ts    SVG of boxes and edges
 //   panzoom.ts  pan, zoom and fit
 //   panel.ts    the node panel and the agreement table
-//   view.ts     the view: toolbar, selection, collapsing, wiring of the above
+//   view.ts     the view: toolbar, selection, collapsing (chains, modules), wiring
 //   report.ts   the report view (symgrad.report/1)
 export type { IGraphPayload } from './types';
 export { validateGraph, validateReport } from './validate';

@@ -4,6 +4,7 @@
 // payload without a layout and for views it does not cover (an expanded chain).
 import { graphlib, layout } from '@dagrejs/dagre';
 import { IGroup } from './chains';
+import type { IFoldInfo, IModuleInfo } from './modules';
 import { IGraphLayout, IGraphNode } from './types';
 
 /** Above this many visible nodes the fast layout replaces dagre. */
@@ -16,6 +17,10 @@ export interface IVisibleNode {
   id: string;
   node?: IGraphNode;
   group?: IGroup;
+  /** A collapsed module, drawn as one box. */
+  module?: IModuleInfo;
+  /** A fold of modules ('Block × N'), drawn as one box. */
+  fold?: IFoldInfo;
   label: string;
   sub: string;
   width: number;

@@ -27,6 +27,10 @@ export interface IPanelContext {
   listen: Listen;
   /** Select as the user does (tells onSelect). */
   select(id: string | null): void;
+  /** The module that produced a node (module-aware payloads). */
+  moduleOf?(id: string): { path: string; type: string } | null;
+  /** Draw one module alone. */
+  focus?(path: string): void;
 }
 
 export function renderNodePanel(
@@ -79,6 +83,28 @@ export function renderNodePanel(
   if (n.kind !== 'none') {
     fact('shape', formatShape(n.shape));
     fact('dtype', n.dtype ?? '?');
+  }
+  const mod = ctx.moduleOf?.(n.id);
+  if (mod) {
+    const dd = h('span', 'sg-module-fact');
+    dd.dataset.symgrad = 'node-module';
+    dd.dataset.module = mod.path;
+    dd.appendChild(
+      h('code', undefined, mod.path ? `${mod.path}: ${mod.type}` : mod.type)
+    );
+    if (ctx.focus) {
+      const focus = ctx.focus;
+      const b = h('button', 'sg-link', 'focus');
+      b.type = 'button';
+      b.title = `Draw ${mod.path || mod.type} alone`;
+      ctx.listen(b, 'click', ev => {
+        ev.stopPropagation();
+        focus(mod.path);
+      });
+      dd.appendChild(document.createTextNode(' '));
+      dd.appendChild(b);
+    }
+    fact('module', dd);
   }
   if (n.variable && n.kind !== 'op') {
     fact('variable', n.variable);

@@ -84,6 +84,24 @@ export class PanZoom {
     this.applyTransform();
   }
 
+  /** Pan (scale kept) so that a rect of the drawing is in view, its top left first:
+   * what the user just opened. */
+  show(r: { x: number; y: number; width: number; height: number }): void {
+    const { k } = this.t;
+    const cw = this.canvasWidth();
+    const ch = this.host.canvas.clientHeight || this.host.maxHeight;
+    const left = r.x * k + this.t.x;
+    const top = r.y * k + this.t.y;
+    if (left < 0 || left + r.width * k > cw) {
+      this.t.x =
+        r.width * k <= cw ? (cw - r.width * k) / 2 - r.x * k : 8 - r.x * k;
+    }
+    if (top < 0 || top + r.height * k > ch) {
+      this.t.y = 8 - r.y * k;
+    }
+    this.applyTransform();
+  }
+
   zoomBy(f: number, cx?: number, cy?: number): void {
     const k = Math.min(Math.max(this.t.k * f, 0.05), 4);
     const px = cx ?? this.canvasWidth() / 2;

@@ -24,8 +24,9 @@ export interface IScene {
   visible: Map<string, IVisibleNode>;
   edges: IVisibleEdge[];
   bounds: IBounds;
-  /** Which layout placed it: 'payload' (shipped), 'dagre' or 'fast'. */
-  layout: 'payload' | 'dagre' | 'fast';
+  /** Which layout placed it: 'payload' (shipped), 'dagre' or 'fast'; 'modules': one
+   * level of module frames at a time (modules.ts). */
+  layout: 'payload' | 'dagre' | 'fast' | 'modules';
 }
 
 /**

@@ -39,6 +39,8 @@ export interface IGraphNode {
   check: ICheck;
   first_bad?: boolean;
   order?: number;
+  /** Path of the innermost nn.Module call that produced the node ('' for none). */
+  module?: string;
 }
 
 export interface IGraphEdge {
@@ -93,6 +95,38 @@ export interface IGraphPayload {
   truncated?: number;
   formulas_omitted?: number;
   layout?: IGraphLayout;
+  /** The nn.Module calls that produced the nodes (module-aware drawing). */
+  modules?: IGraphModule[];
+  /** Runs of consecutive sibling modules of equal structure, drawn as one box. */
+  folds?: IGraphFold[];
+  /** Module paths drawn collapsed at first (a big model: its top-level modules). */
+  collapsed?: string[];
+  /** The module path this payload was cut to (only its nodes are present). */
+  focus?: string;
+}
+
+export type ModuleVerdict = 'ok' | 'bad' | 'unchecked';
+
+/** One nn.Module of the model whose calls produced nodes of the graph. */
+export interface IGraphModule {
+  path: string;
+  /** Class name. */
+  type: string;
+  parent: string | null;
+  depth: number;
+  /** Ids of the nodes produced inside it, its submodules' included. */
+  nodes: string[];
+  verdict: ModuleVerdict;
+  first_bad?: string | null;
+  /** Equal for modules of the same structure. */
+  signature?: string;
+}
+
+/** Consecutive sibling modules of one signature: 'Block × N'. */
+export interface IGraphFold {
+  label: string;
+  parent: string | null;
+  members: string[];
 }
 
 /** Where the first drawing's boxes go (symgrad/jupyter/layout.py payload_layout). */

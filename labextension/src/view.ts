@@ -1,14 +1,28 @@
-// The interactive graph view: header and toolbar, the drawing (scene.ts lays it out,
-// nodes.ts draws it, panzoom.ts moves it), selection, chain collapsing, the node panel
+// The interactive graph view: header and toolbar, the drawing (scene.ts lays it out, or
+// modules.ts when the payload names the nn.Module calls; nodes.ts draws it, panzoom.ts
+// moves it), selection, chain and module collapsing, focus on one module, the node panel
 // and the agreement table (panel.ts). Plain DOM only: no framework, and every string from
 // the payload is inserted with textContent or as an attribute value, never parsed as HTML.
 import { AUTO_COLLAPSE_NODES, findChains, IGroup } from './chains';
 import { badge, errorBox, h, s } from './format';
 import { IBounds, IVisibleNode } from './layout';
-import { drawEdges, drawNode, INodeActions, tooltipLines } from './nodes';
+import {
+  buildModuleScene,
+  ICluster,
+  IModuleState,
+  ModuleTree,
+  moduleTitle
+} from './modules';
+import {
+  drawCluster,
+  drawEdges,
+  drawNode,
+  INodeActions,
+  tooltipLines
+} from './nodes';
 import { agreementTable, IPanelContext, renderNodePanel } from './panel';
 import { Listen, MIN_LABEL_PX, PanZoom } from './panzoom';
-import { buildScene } from './scene';
+import { buildScene, IScene } from './scene';
 import {
   CheckStatus,
   IAgreementRow,
@@ -58,6 +72,23 @@ class GraphView implements IGraphView {
   private panZoom: PanZoom | null = null;
   private cleanup: (() => void)[] = [];
   private markerId = `sg-arrow-${++uid}`;
+  // Modules (null: the payload has none, drawn as before).
+  private tree: ModuleTree | null = null;
+  private mstate: IModuleState = {
+    collapsed: new Set(),
+    unfolded: new Set(),
+    focus: null
+  };
+  /** Modules and folds the user opened or closed (kept when a parent opens). */
+  private touched = new Set<string>();
+  /** A big model (the payload collapses some modules): open one level at a time. */
+  private big = false;
+  /** The module the payload itself was cut to (the focus bar's way back ends there). */
+  private baseFocus: string | null = null;
+  /** What the user just opened (a frame or box id): panned into view after drawing. */
+  private showAfterDraw: string | null = null;
+  /** Graph node id -> drawn id, in the module view (null: not drawn with modules). */
+  private repOf: Map<string, string> | null = null;
 
   // DOM parts
   private header!: HTMLElement;
@@ -69,6 +100,7 @@ class GraphView implements IGraphView {
   private panel!: HTMLElement;
   private agreementBox!: HTMLElement;
   private collapseButton!: HTMLButtonElement;
+  private focusBar!: HTMLElement;
 
   constructor(host: HTMLElement, data: unknown, opts: IViewOptions) {
     this.opts = opts;
@@ -108,6 +140,24 @@ class GraphView implements IGraphView {
     if (this.selected && !this.byId.has(this.selected)) {
       this.selected = null;
     }
+    const prevTree = this.tree;
+    const tree = new ModuleTree(g);
+    this.tree = tree.active ? tree : null;
+    this.repOf = null;
+    if (this.tree && !(prevTree && prevTree.sameShape(this.tree))) {
+      // A new model: its default view. The same model verified again keeps the view.
+      this.mstate = this.tree.initialState(g);
+      this.touched = new Set();
+    }
+    // A payload cut to one module (symgrad.graph(root, focus=...)) shows it alone.
+    this.baseFocus =
+      this.tree && g.focus !== undefined && this.tree.modules.has(g.focus)
+        ? g.focus
+        : null;
+    if (this.tree && this.mstate.focus === null) {
+      this.mstate.focus = this.baseFocus;
+    }
+    this.big = (g.collapsed?.length ?? 0) > 0;
     const mode = this.opts.collapse ?? 'auto';
     this.collapsed =
       mode === 'on' ||
@@ -129,12 +179,22 @@ class GraphView implements IGraphView {
       id = null;
     }
     this.selected = id;
+    let redraw = false;
     if (
       id &&
       this.groupOf.has(id) &&
       !this.expanded.has(this.groupOf.get(id)!.id)
     ) {
       this.expanded.add(this.groupOf.get(id)!.id);
+      redraw = true;
+    }
+    if (id && this.tree && this.repOf && this.repOf.get(id) !== id) {
+      // Hidden in a collapsed module or fold, or outside the focused module: open the way.
+      this.tree.reveal(this.mstate, this.tree.owner.get(id));
+      this.showAfterDraw = id;
+      redraw = true;
+    }
+    if (redraw) {
       this.draw();
     }
     this.markSelection();
@@ -184,6 +244,10 @@ class GraphView implements IGraphView {
     counts.textContent = `${ops} op${ops === 1 ? '' : 's'} · ${leaves} lea${
       leaves === 1 ? 'f' : 'ves'
     }`;
+    if (this.tree) {
+      const nm = this.tree.modules.size;
+      counts.textContent += ` · ${nm} module${nm === 1 ? '' : 's'}`;
+    }
     this.header.appendChild(counts);
     const ag = g.agreement;
     if (ag) {
@@ -231,13 +295,36 @@ class GraphView implements IGraphView {
       this.draw();
     });
     this.collapseButton.dataset.symgrad = 'collapse';
+    if (this.tree) {
+      const tree = this.tree;
+      button(
+        'Collapse modules',
+        'Draw the top-level modules as one box each',
+        () => {
+          this.mstate.collapsed = new Set(tree.modules.keys());
+          this.mstate.unfolded.clear();
+          this.touched.clear();
+          this.draw();
+        }
+      ).dataset.symgrad = 'modules-collapse';
+      button('Expand modules', 'Open every module and fold', () => {
+        this.mstate.collapsed.clear();
+        this.mstate.unfolded = new Set(tree.folds.map(f => f.id));
+        this.draw();
+      }).dataset.symgrad = 'modules-expand';
+    }
     const hint = h(
       'span',
       'sg-hint',
-      'drag to pan · Ctrl+wheel to zoom · click a node'
+      'drag to pan · Ctrl+wheel to zoom · click a node' +
+        (this.tree ? ' · click a module to open or close it' : '')
     );
     this.toolbar.appendChild(hint);
     this.element.appendChild(this.toolbar);
+    this.focusBar = h('div', 'sg-focus-bar');
+    this.focusBar.dataset.symgrad = 'focus-bar';
+    this.focusBar.hidden = true;
+    this.element.appendChild(this.focusBar);
 
     if (g.truncated) {
       this.element.appendChild(
@@ -332,6 +419,14 @@ class GraphView implements IGraphView {
     const g = this.graph!;
     const keep = new Set<string>(this.selected ? [this.selected] : []);
     this.groups = findChains(g, keep);
+    const tree = this.tree;
+    if (tree) {
+      // A chain never crosses a module's edge: it is drawn inside one frame.
+      this.groups = this.groups.filter(grp => {
+        const p = tree.owner.get(grp.members[0].id);
+        return grp.members.every(m => tree.owner.get(m.id) === p);
+      });
+    }
     this.groupOf = new Map();
     for (const grp of this.groups) {
       for (const m of grp.members) {
@@ -342,7 +437,16 @@ class GraphView implements IGraphView {
 
   // ------------------------------------------------------------------- layout + drawing
 
+  /** The id drawn for a node (a module or fold box, its chain's, or its own). */
   private visibleId(id: string): string {
+    if (this.repOf) {
+      return this.repOf.get(id) ?? id;
+    }
+    return this.chainId(id);
+  }
+
+  /** The id drawn for a node, modules aside: its collapsed chain's, or its own. */
+  private chainId(id: string): string {
     if (!this.collapsed) {
       return id;
     }
@@ -369,7 +473,27 @@ class GraphView implements IGraphView {
 
     // Visible nodes and edges, placed by the payload's layout when it covers them.
     const tl = performance.now();
-    const scene = buildScene(g, id => this.visibleId(id), this.groupOf);
+    let scene: IScene;
+    let clusters: ICluster[] = [];
+    if (this.tree) {
+      const ms = buildModuleScene(
+        g,
+        this.tree,
+        this.mstate,
+        id => this.chainId(id),
+        this.groupOf
+      );
+      scene = {
+        visible: ms.visible,
+        edges: ms.edges,
+        bounds: ms.bounds,
+        layout: ms.layout
+      };
+      clusters = ms.clusters;
+      this.repOf = ms.repOf;
+    } else {
+      scene = buildScene(g, id => this.visibleId(id), this.groupOf);
+    }
     this.bounds = scene.bounds;
     this.visible = scene.visible;
     this.element.dataset.layout = scene.layout;
@@ -393,18 +517,156 @@ class GraphView implements IGraphView {
           this.tooltip.hidden = true;
         }
       },
-      move: e => this.moveTooltip(e)
+      move: e => this.moveTooltip(e),
+      toggleModule: path => this.toggleModule(path),
+      toggleFold: id => this.toggleFold(id),
+      focus: path => this.focusOn(path)
     };
+    const frameLayer = s('g', { class: 'sg-clusters' });
+    const headLayer = s('g', { class: 'sg-cluster-heads' });
+    for (const c of clusters) {
+      const { frame, header } = drawCluster(c, actions);
+      frameLayer.appendChild(frame);
+      headLayer.appendChild(header);
+    }
     for (const v of scene.visible.values()) {
       const el = drawNode(v, actions);
       this.nodeEls.set(v.id, el);
       nodeLayer.appendChild(el);
     }
+    this.viewport.appendChild(frameLayer);
     this.viewport.appendChild(edgeLayer);
+    this.viewport.appendChild(headLayer);
     this.viewport.appendChild(nodeLayer);
     this.element.dataset.visibleNodes = String(scene.visible.size);
+    this.element.dataset.focus = this.mstate.focus ?? '';
+    this.renderFocusBar();
     this.markSelection();
     this.panZoom!.fit(false);
+    const target = this.showAfterDraw;
+    this.showAfterDraw = null;
+    if (target !== null) {
+      const c = clusters.find(x => x.id === target);
+      const v = scene.visible.get(target);
+      if (c) {
+        this.panZoom!.show(c);
+      } else if (v) {
+        this.panZoom!.show({
+          x: v.x - v.width / 2,
+          y: v.y - v.height / 2,
+          width: v.width,
+          height: v.height
+        });
+      }
+    }
+  }
+
+  // ------------------------------------------------------------------------- modules
+
+  /** Open a module; in a big model its submodules stay closed until opened in turn. */
+  private openModule(path: string): void {
+    const m = this.tree!.modules.get(path)!;
+    this.mstate.collapsed.delete(path);
+    if (this.big) {
+      for (const c of m.children) {
+        if (!this.touched.has(c)) {
+          this.mstate.collapsed.add(c);
+        }
+      }
+    }
+  }
+
+  private toggleModule(path: string): void {
+    this.touched.add(path);
+    if (this.mstate.collapsed.has(path)) {
+      this.openModule(path);
+    } else {
+      this.mstate.collapsed.add(path);
+    }
+    this.showAfterDraw = 'module:' + path; // its frame, or its box
+    this.draw();
+  }
+
+  private toggleFold(id: string): void {
+    const fold = this.tree!.foldById.get(id)!;
+    this.touched.add(id);
+    this.showAfterDraw = id;
+    if (this.mstate.unfolded.has(id)) {
+      this.mstate.unfolded.delete(id);
+    } else {
+      this.mstate.unfolded.add(id);
+      if (this.big) {
+        for (const p of fold.members) {
+          if (!this.touched.has(p)) {
+            this.mstate.collapsed.add(p);
+          }
+        }
+      }
+    }
+    this.draw();
+  }
+
+  /** Draw one module alone (null: the whole graph again). */
+  private focusOn(path: string | null): void {
+    if (path !== null && this.mstate.collapsed.has(path)) {
+      this.touched.add(path);
+      this.openModule(path);
+    }
+    this.mstate.focus = path;
+    if (this.panZoom) {
+      this.panZoom.userMoved = false;
+    }
+    this.draw();
+  }
+
+  /** 'Focused on' with the way back: the whole graph, or any enclosing module. */
+  private renderFocusBar(): void {
+    const bar = this.focusBar;
+    bar.textContent = '';
+    const focus = this.mstate.focus;
+    if (!this.tree || focus === null) {
+      bar.hidden = true;
+      return;
+    }
+    bar.hidden = false;
+    const link = (text: string, title: string, to: string | null): void => {
+      const b = h('button', 'sg-link', text);
+      b.type = 'button';
+      b.title = title;
+      b.dataset.focusTo = to ?? '';
+      this.listen(b, 'click', e => {
+        e.stopPropagation();
+        this.focusOn(to);
+      });
+      bar.appendChild(b);
+    };
+    const base = this.baseFocus;
+    const m = this.tree.modules.get(focus)!;
+    if (focus === base) {
+      // The payload itself holds only this module: there is nothing to go back to.
+      bar.appendChild(h('span', 'sg-muted', 'The graph was cut to '));
+    } else {
+      link(
+        base === null ? '← whole graph' : `← ${base}`,
+        base === null ? 'Draw the whole graph again' : `Draw ${base} again`,
+        base
+      );
+      bar.lastElementChild!.setAttribute('data-symgrad', 'unfocus');
+      for (const p of this.tree.chain(focus).slice(0, -1)) {
+        if (
+          p === base ||
+          (base !== null && !this.tree.chain(p).includes(base))
+        ) {
+          continue; // the way back, or outside the payload's cut
+        }
+        bar.appendChild(h('span', 'sg-crumb-sep', ' › '));
+        link(p, `Focus on ${p}`, p);
+      }
+      bar.appendChild(h('span', 'sg-crumb-sep', ' › '));
+    }
+    const cur = h('span', 'sg-crumb-current', moduleTitle(m));
+    cur.dataset.symgrad = 'focused-module';
+    bar.appendChild(cur);
   }
 
   private showTooltip(v: IVisibleNode): void {
@@ -447,7 +709,12 @@ class GraphView implements IGraphView {
       leafById: this.leafById,
       rowByNode: this.rowByNode,
       listen: this.listen,
-      select: id => this.userSelect(id)
+      select: id => this.userSelect(id),
+      moduleOf: id => {
+        const p = this.tree?.owner.get(id);
+        return p === undefined ? null : this.tree!.modules.get(p)!;
+      },
+      focus: path => this.focusOn(path)
     };
   }
 

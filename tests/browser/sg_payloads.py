@@ -123,3 +123,99 @@ def wide_graph(n_ops: int) -> dict[str, Any]:
         prev = add
     return {"schema": "symgrad.graph/1", "nodes": nodes, "edges": edges,
             "roots": [prev], "root_names": ["total"], "leaves": leaves, "truncated": 0}
+
+
+
+def gpt_like(blocks: int = 2, *, bad_block: int | None = None, mlp_depth: int = 1,
+             collapsed: bool = False, shared_mlp_weight: bool = False) -> dict[str, Any]:
+    """A GPT-shaped graph with modules, as the module-aware payload describes them:
+    wte (Embedding) -> h.0 ... h.{blocks-1} (Block: attn, mlp, residual add) -> head
+    (Linear) -> the loss (outside any module). A block computes x + mlp(attn(x)): attn is
+    one mm with its weight, mlp is `mlp_depth` (mm, relu) pairs with one weight each.
+    Weights carry module '' and are in no module's list (only their layer uses them).
+    `bad_block`: that block's attn mm fails its check (the first bad node). `collapsed`:
+    the payload collapses the top-level modules, as it does for a big model.
+    `shared_mlp_weight`: the mlp's mm's all use one weight (a deep mlp then has a few
+    leaves, as real models do, and its (mm, relu) run folds into a chain box)."""
+    nodes: list[dict[str, Any]] = []
+    edges: list[dict[str, Any]] = []
+    leaves: list[dict[str, Any]] = []
+    members: dict[str, list[str]] = {}
+    bad_node = f"b{bad_block}_attn" if bad_block is not None else None
+
+    def op(nid: str, label: str, module: str) -> str:
+        status = "fail" if nid == bad_node else "pass"
+        nodes.append(_node(nid, "op", label, shape=[4, 8], dtype="float64", status=status,
+                           first_bad=nid == bad_node, module=module))
+        for p in module_prefixes(module):
+            members.setdefault(p, []).append(nid)
+        return nid
+
+    def leaf(nid: str, name: str) -> str:
+        nodes.append(_node(nid, "accumulate", name, name="AccumulateGrad", shape=[8, 8],
+                           dtype="float64", variable=name, module=""))
+        leaves.append({"id": nid, "name": name, "shape": [8, 8], "dtype": "float64"})
+        return nid
+
+    def edge(a: str, b: str, i: int) -> None:
+        edges.append({"from": a, "to": b, "input": i})
+
+    x = op("emb", "EmbeddingBackward0", "wte")
+    edge(x, leaf("w_wte", "wte.weight"), 0)
+    for i in range(blocks):
+        blk = f"h.{i}"
+        attn = op(f"b{i}_attn", "MmBackward0", f"{blk}.attn")
+        edge(attn, x, 0)
+        edge(attn, leaf(f"w{i}_attn", f"{blk}.attn.weight"), 1)
+        y = attn
+        for d in range(mlp_depth):
+            mm = op(f"b{i}_mlp_mm{d}", "MmBackward0", f"{blk}.mlp")
+            edge(mm, y, 0)
+            if d == 0 or not shared_mlp_weight:
+                w = leaf(f"w{i}_mlp{d}", f"{blk}.mlp.w{d}")
+            edge(mm, w, 1)
+            relu = op(f"b{i}_mlp_relu{d}", "ReluBackward0", f"{blk}.mlp")
+            edge(relu, mm, 0)
+            y = relu
+        add = op(f"b{i}_add", "AddBackward0", blk)
+        edge(add, x, 0)
+        edge(add, y, 1)
+        x = add
+    head = op("head_mm", "MmBackward0", "head")
+    edge(head, x, 0)
+    edge(head, leaf("w_head", "head.weight"), 1)
+    loss = op("loss", "NllLossBackward0", "")
+    edge(loss, head, 0)
+
+    modules = [{"path": "wte", "type": "Embedding", "parent": None, "depth": 1},
+               {"path": "h", "type": "ModuleList", "parent": None, "depth": 1}]
+    for i in range(blocks):
+        modules += [{"path": f"h.{i}", "type": "Block", "parent": "h", "depth": 2},
+                    {"path": f"h.{i}.attn", "type": "Attention", "parent": f"h.{i}",
+                     "depth": 3},
+                    {"path": f"h.{i}.mlp", "type": "MLP", "parent": f"h.{i}", "depth": 3}]
+    modules.append({"path": "head", "type": "Linear", "parent": None, "depth": 1})
+    bad_paths = set(module_prefixes(f"h.{bad_block}.attn")) if bad_node else set()
+    for m in modules:
+        m["nodes"] = members.get(m["path"], [])
+        m["verdict"] = "bad" if m["path"] in bad_paths else "ok"
+        m["first_bad"] = bad_node if m["path"] in bad_paths else None
+        m["signature"] = m["type"] + (f"/{mlp_depth}" if m["type"] == "Block" else "")
+    rows = [{"leaf": lf["name"], "node": lf["id"], "status": "pass"} for lf in leaves]
+    return {
+        "schema": "symgrad.graph/1", "source": "symgrad", "nodes": nodes, "edges": edges,
+        "roots": [loss], "root_names": ["loss"], "leaves": leaves,
+        "agreement": {"ok": bad_node is None, "mode": "local", "rows": rows,
+                      "first_bad_node": bad_node},
+        "truncated": 0, "modules": modules,
+        "folds": [{"label": f"Block × {blocks}", "parent": "h",
+                   "members": [f"h.{i}" for i in range(blocks)]}] if blocks > 1 else [],
+        "collapsed": ["wte", "h", "head"] if collapsed else [],
+    }
+
+
+def module_prefixes(path: str) -> list[str]:
+    """The module paths enclosing a node of `path`, outermost first: 'h.0.attn' ->
+    ['h', 'h.0', 'h.0.attn'] (every prefix is a module in these payloads); '' -> []."""
+    parts = path.split(".") if path else []
+    return [".".join(parts[:i + 1]) for i in range(len(parts))]
