@@ -397,8 +397,12 @@ def trace_forward(cls, args, be, tensor_positions) -> tuple:
     from ..autograd.grad_mode import no_grad
     from ..tensor import Tensor
 
+    from .trace_fold import FoldingBackend
+
     pos = set(tensor_positions)
     torch_cls = is_torch_function(cls)
+    if not isinstance(be, FoldingBackend):
+        be = FoldingBackend(be)
     with symbolic_device(be) as dev, \
             (_torch_symbolic(dev) if torch_cls else contextlib.nullcontext()):
         targs = [Tensor._wrap(_arg_array(a), dev) if j in pos else a
@@ -640,6 +644,9 @@ class TorchSym:
 
     def __len__(self) -> int:
         return len(self._sgt)
+
+    def __setitem__(self, index, value) -> None:
+        self._sgt[_to_sg(index)] = _to_sg(value)
 
     def __iter__(self):
         return (_to_torch(u) for u in self._sgt)

@@ -1,0 +1,108 @@
+"""Constant folding while a forward is traced on symbols.
+
+Data-dependent structure in a forward (a mask ``x > 0``, a count ``(z > c).sum()``, the
+indices of a sort, an index ``k - 1`` computed from them) holds no symbol: the comparisons
+that made it were decided at the recorded values, as every branch in the verifier is. Such
+values must stay *numbers* with their integer or boolean dtype, or they cannot index,
+gather or count (a SymPy sum of booleans is no integer). :class:`FoldingBackend` wraps the
+SymPy backend of a trace: a kernel none of whose operands holds a symbol runs on the NumPy
+backend (PyTorch's semantics for integers and booleans), and only the arithmetic on
+symbols stays symbolic. Float results are handed back as object arrays of numbers, the form
+every float tensor has on the symbolic device, so later in-place writes of expressions into
+them still work.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..backends.sympy_backend import is_number, obj
+
+__all__ = ["FoldingBackend", "has_symbols"]
+
+#: Kernels that keep running on the SymPy backend: creation (object arrays, so expressions
+#: can be written into them), views (a folded copy would break view semantics), in-place
+#: writes into the caller's array, and host transfers.
+_KEEP = frozenset({
+    "full", "empty", "arange", "constant", "from_host", "to_host", "fill_", "copy_", "add_",
+    "add_scaled_", "sub_", "mul_", "div_", "setitem", "index_put", "shares_memory", "reshape",
+    "transpose", "broadcast_to", "getitem", "diagonal", "copy", "cast", "as_constant",
+})
+
+
+def has_symbols(a) -> bool:
+    """Whether ``a`` (an array, a number, an expression, a sequence of them) holds a symbol."""
+    if isinstance(a, np.ndarray):
+        if a.dtype != object:
+            return False
+        return any(not is_number(v) for v in a.flat)
+    if isinstance(a, (list, tuple)):
+        return any(has_symbols(u) for u in a)
+    if isinstance(a, (bool, int, float, complex, np.generic)) or a is None:
+        return False
+    return hasattr(a, "free_symbols") and not is_number(a)
+
+
+def _numeric(a):
+    """An operand free of symbols in NumPy's terms (object arrays of numbers as float64)."""
+    if isinstance(a, np.ndarray):
+        if a.dtype != object:
+            return a
+        flat = list(a.flat)
+        if flat and all(isinstance(v, (bool, np.bool_)) for v in flat):
+            return a.astype(bool)
+        return np.asarray([float(v) for v in flat], dtype=np.float64).reshape(a.shape)
+    if isinstance(a, (list, tuple)) and not hasattr(a, "_fields"):
+        return type(a)(_numeric(u) for u in a)
+    if isinstance(a, (bool, int, float, complex, np.generic)) or a is None:
+        return a
+    if is_number(a):
+        f = float(a)
+        return int(f) if getattr(a, "is_Integer", False) else f
+    return a
+
+
+def _back(r):
+    """A folded result in the symbolic device's form: float arrays as object arrays."""
+    if isinstance(r, np.ndarray):
+        return obj(r) if r.dtype.kind in "fc" else r
+    if isinstance(r, tuple):
+        return tuple(_back(u) for u in r)
+    if isinstance(r, list):
+        return [_back(u) for u in r]
+    return r
+
+
+class FoldingBackend:
+    """``be`` (a SymPy backend) whose kernels run numerically when no operand is symbolic."""
+
+    def __init__(self, be) -> None:
+        from ..backends.numpy_backend import NumpyBackend
+
+        object.__setattr__(self, "_be", be)
+        object.__setattr__(self, "_np", NumpyBackend())
+
+    def __getattr__(self, name):
+        attr = getattr(self._be, name)
+        if name.startswith("_") or name in _KEEP or not callable(attr):
+            return attr
+        numeric = getattr(self._np, name, None)
+        if numeric is None:
+            return attr
+
+        def kernel(*args, **kwargs):
+            if has_symbols(args) or has_symbols(tuple(kwargs.values())):
+                return attr(*args, **kwargs)
+            try:
+                nargs = [_numeric(a) for a in args]
+                nkw = {k: _numeric(v) for k, v in kwargs.items()}
+            except (TypeError, ValueError):  # a number SymPy cannot make a float of
+                return attr(*args, **kwargs)
+            with np.errstate(all="ignore"):
+                return _back(numeric(*nargs, **nkw))
+
+        kernel.__name__ = name
+        return kernel
+
+    def __setattr__(self, name, value) -> None:
+        setattr(self._be, name, value)
