@@ -29,7 +29,7 @@ import traceback
 
 import numpy as np
 
-from ..backends.sympy_backend import obj
+from ..backends.sympy_backend import is_number, obj
 
 __all__ = ["TraceError", "TraceCtx", "SymArray", "TorchSym", "symbolic_device", "trace_forward",
            "surrogate_of", "forward_arg_names", "is_torch_function"]
@@ -328,7 +328,12 @@ def symbolic_device(be):
             if self._data.size != 1:
                 raise RuntimeError(f"a Tensor with {self._data.size} elements cannot be "
                                    "converted to Scalar")
-            return self._data.reshape(-1)[0]
+            v = self._data.reshape(-1)[0]
+            if is_number(v) and not isinstance(v, (bool, np.bool_)):
+                v = float(v)  # a constant: a Python number, as item() gives
+                if not self.dtype.is_floating_point:
+                    v = int(v)
+            return v.item() if isinstance(v, np.generic) else v
         return orig_item(self)
 
     def tolist(self):
@@ -389,11 +394,13 @@ def _arg_array(a):
     return a.copy()
 
 
-def trace_forward(cls, args, be, tensor_positions) -> tuple:
+def trace_forward(cls, args, be, tensor_positions, decided: list | None = None) -> tuple:
     """Run ``cls.forward`` once on symbolic tensors; the outputs' object arrays (None for a
     non-tensor output). ``args``: per forward argument, an array (tensor arguments, at
     ``tensor_positions``) or the value itself. A ``torch.autograd.Function`` gets
-    :class:`TorchSym` stand-ins for its tensor arguments. Raises :class:`TraceError`."""
+    :class:`TorchSym` stand-ins for its tensor arguments. Raises :class:`TraceError`.
+    ``decided`` (a list) receives what was decided at the recorded values (comparisons,
+    sort order, torch calls run at numbers): data-dependent structure, like branches."""
     from ..autograd.grad_mode import no_grad
     from ..tensor import Tensor
 
@@ -401,10 +408,10 @@ def trace_forward(cls, args, be, tensor_positions) -> tuple:
 
     pos = set(tensor_positions)
     torch_cls = is_torch_function(cls)
-    if not isinstance(be, FoldingBackend):
-        be = FoldingBackend(be)
+    decided = decided if decided is not None else []
+    be = FoldingBackend(be._be if isinstance(be, FoldingBackend) else be, decided)
     with symbolic_device(be) as dev, \
-            (_torch_symbolic(dev) if torch_cls else contextlib.nullcontext()):
+            (_torch_symbolic(dev, decided) if torch_cls else contextlib.nullcontext()):
         targs = [Tensor._wrap(_arg_array(a), dev) if j in pos else a
                  for j, a in enumerate(args)]
         if torch_cls:
@@ -449,6 +456,7 @@ def _torch_no_grad():
 # of one gives a stand-in back, so NumPy inside a torch forward is followed too.
 
 _TORCH_DEV: list = []  # the symbolic device of the innermost torch trace
+_DECIDED: list = []  # per trace: the torch calls decided at the recorded values
 
 #: torch names -> the symgrad name with the same meaning
 _TORCH_ALIAS = {"clip": "clamp", "absolute": "abs", "multiply": "mul", "subtract": "sub",
@@ -557,18 +565,24 @@ def _to_torch(r):
         return getattr(torch, str(r).rsplit(".", 1)[-1], r)
     if hasattr(r, "_fields"):
         return type(r)(*(_to_torch(u) for u in r))
+    if type(r).__name__ == "Size" and type(r).__module__.startswith("symgrad"):
+        import torch
+
+        return torch.Size(r)  # x.new(x.shape): a shape, not data
     if isinstance(r, (list, tuple)):
         return type(r)(_to_torch(u) for u in r)
     return r
 
 
-def _torch_call(name, args, kwargs, method):
-    """A torch function or method ``name`` on stand-ins, run as symgrad's."""
+def _torch_call(name, args, kwargs, method, func=None):
+    """A torch function or method ``name`` on stand-ins, run as symgrad's; one symgrad
+    lacks is run by torch at numbers where that has an exact meaning (trace_values.py)."""
     import symgrad as sg
     from symgrad.nn import functional as F
 
     from ..tensor import Tensor
 
+    orig_name, orig_args, orig_kwargs = name, args, kwargs
     name = _TORCH_ALIAS.get(name, name)
     args = _to_sg(tuple(args))
     if kwargs.get("out") is not None:
@@ -585,7 +599,10 @@ def _torch_call(name, args, kwargs, method):
             return _to_torch(f(*args, **kwargs))
     if isinstance(first, Tensor) and hasattr(Tensor, name):
         return _to_torch(getattr(first, name)(*args[1:], **kwargs))
-    raise TypeError(f"torch {name!r} has no SymPy meaning here (symbolic values)")
+    from .trace_values import torch_by_values
+
+    return torch_by_values(orig_name, func, orig_args, orig_kwargs, method,
+                           _DECIDED[-1] if _DECIDED else None)
 
 
 class TorchSym:
@@ -607,24 +624,27 @@ class TorchSym:
             getattr(func, "__qualname__", "")).startswith(("TensorBase.", "Tensor."))
         if name == "__get__":  # a property read through torch (x.shape on a real tensor)
             raise TypeError(f"torch {func} has no SymPy meaning here (symbolic values)")
-        return _torch_call(name, args, kwargs or {}, method)
+        return _torch_call(name, args, kwargs or {}, method, func)
 
     def __getattr__(self, name):
         if name.startswith("__"):
             raise AttributeError(name)
         from ..tensor import Tensor
 
+        import torch
+
         if name in _TORCH_EXTRA or name in _TORCH_ALIAS or callable(
-                getattr(Tensor, name, None)):
+                getattr(Tensor, name, None)) or (not hasattr(Tensor, name) and callable(
+                getattr(torch.Tensor, name, None))):
             def method(*args, **kwargs):
                 return _torch_call(name, (self,) + args, kwargs, True)
 
             method.__name__ = name
             return method
         if name == "device":
-            import torch
-
             return torch.device("cpu")
+        if not hasattr(Tensor, name) and hasattr(torch.Tensor, name):  # x.H, x.mH ...
+            return _torch_call(name, (self,), {}, True)
         return _to_torch(getattr(self._sgt, name))
 
     def __repr__(self) -> str:
@@ -682,7 +702,7 @@ def is_torch_function(cls) -> bool:
 
 
 @contextlib.contextmanager
-def _torch_symbolic(dev):
+def _torch_symbolic(dev, decided: list):
     """torch creation from symbolic data (``torch.from_numpy(np.exp(x.numpy()))``) gives a
     stand-in inside this block."""
     import torch
@@ -707,9 +727,11 @@ def _torch_symbolic(dev):
             patched.append((name, getattr(torch, name)))
             setattr(torch, name, make(getattr(torch, name)))
     _TORCH_DEV.append(dev)
+    _DECIDED.append(decided)
     try:
         yield
     finally:
+        _DECIDED.pop()
         _TORCH_DEV.pop()
         for name, old in reversed(patched):
             setattr(torch, name, old)

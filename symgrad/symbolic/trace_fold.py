@@ -73,14 +73,29 @@ def _back(r):
     return r
 
 
+_WHAT = {"gt": "comparisons", "ge": "comparisons", "lt": "comparisons", "le": "comparisons",
+         "eq": "comparisons", "ne": "comparisons", "sort": "sort order", "argmax": "argmax",
+         "argmin": "argmin"}
+
+
+def _structural(r) -> bool:
+    """Whether a kernel's result carries decided structure (integers, booleans)."""
+    if isinstance(r, tuple):
+        return any(_structural(u) for u in r)
+    return isinstance(r, np.ndarray) and r.dtype.kind in "biu"
+
+
 class FoldingBackend:
     """``be`` (a SymPy backend) whose kernels run numerically when no operand is symbolic."""
 
-    def __init__(self, be) -> None:
+    def __init__(self, be, decided: list | None = None) -> None:
         from ..backends.numpy_backend import NumpyBackend
 
         object.__setattr__(self, "_be", be)
         object.__setattr__(self, "_np", NumpyBackend())
+        #: what was decided at the recorded values: kernels on symbols with integer or
+        #: boolean results (comparisons, sort order, argmax)
+        object.__setattr__(self, "decided", decided if decided is not None else [])
 
     def __getattr__(self, name):
         attr = getattr(self._be, name)
@@ -92,7 +107,12 @@ class FoldingBackend:
 
         def kernel(*args, **kwargs):
             if has_symbols(args) or has_symbols(tuple(kwargs.values())):
-                return attr(*args, **kwargs)
+                r = attr(*args, **kwargs)
+                if _structural(r):
+                    what = _WHAT.get(name, name)
+                    if what not in self.decided:
+                        self.decided.append(what)
+                return r
             try:
                 nargs = [_numeric(a) for a in args]
                 nkw = {k: _numeric(v) for k, v in kwargs.items()}
