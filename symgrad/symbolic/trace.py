@@ -403,7 +403,6 @@ def trace_forward(cls, args, be, tensor_positions, decided: list | None = None) 
     sort order, torch calls run at numbers): data-dependent structure, like branches."""
     from ..autograd.grad_mode import no_grad
     from ..tensor import Tensor
-
     from .trace_fold import FoldingBackend
 
     pos = set(tensor_positions)
@@ -457,6 +456,7 @@ def _torch_no_grad():
 
 _TORCH_DEV: list = []  # the symbolic device of the innermost torch trace
 _DECIDED: list = []  # per trace: the torch calls decided at the recorded values
+_REAL: list = []  # non-empty while torch itself runs a call at numbers (no stand-ins made)
 
 #: torch names -> the symgrad name with the same meaning
 _TORCH_ALIAS = {"clip": "clamp", "absolute": "abs", "multiply": "mul", "subtract": "sub",
@@ -524,6 +524,88 @@ _TORCH_EXTRA = {
     "view_as": lambda x, other: x.reshape(tuple(other.shape)),
     "reshape_as": lambda x, other: x.reshape(tuple(other.shape)),
 }
+def _sg():
+    import symgrad
+
+    return symgrad
+
+
+def _normalize(x, p=2.0, dim=1, eps=1e-12, out=None):
+    return x / x.norm(p=p, dim=dim, keepdim=True).clamp_min(eps)
+
+
+def _glu(x, dim=-1):
+    a, b = x.chunk(2, dim=dim)
+    return a * b.sigmoid()
+
+
+def _selu(x, inplace=False):
+    alpha, scale = 1.6732632423543772848170429916717, 1.0507009873554804934193349852946
+    return scale * _sg().where(x > 0, x, alpha * (x.exp() - 1))
+
+
+def _shrink(x, lambd=0.5, soft=False):
+    sg = _sg()
+    if not soft:
+        return sg.where(x.abs() > lambd, x, x * 0)
+    return sg.where(x > lambd, x - lambd, sg.where(x < -lambd, x + lambd, x * 0))
+
+
+def _by_index(name):
+    """A value-dependent selection (cummax, median(dim), kthvalue, mode): its indices
+    decided at the recorded values by torch, its values the elements they pick."""
+    def f(x, *args, **kwargs):
+        from .trace_values import torch_by_values
+
+        r = torch_by_values(name, None, (_to_torch(x),) + tuple(_to_torch(a) for a in args),
+                            {k: _to_torch(v) for k, v in kwargs.items()}, True,
+                            _DECIDED[-1] if _DECIDED else None, structure_only=True)
+        if not isinstance(r, tuple):  # median() of all elements: the lower middle one
+            if name != "median":
+                raise TypeError(f"torch {name!r} on symbols: only its form with dim is "
+                                "traced")
+            flat = x.reshape(-1)
+            return flat.sort().values[(flat.numel() - 1) // 2]
+        idx = r.indices._sgt
+        dim = kwargs.get("dim", args[-1] if name in ("cummax", "cummin", "mode") and args
+                         else (args[1] if len(args) > 1 else (args[0] if args else -1)))
+        if name in ("median", "nanmedian", "mode"):
+            dim = kwargs.get("dim", args[0] if args else -1)
+        keep = kwargs.get("keepdim", False) or name in ("cummax", "cummin")
+        i = idx if keep else idx.unsqueeze(dim)
+        vals = x.take_along_dim(i, dim)
+        return type(r)((vals if keep else vals.squeeze(dim), idx))
+
+    return f
+
+
+_TORCH_EXTRA.update({
+    "addcdiv": lambda x, t1, t2, *, value=1: x + value * t1 / t2,
+    "logaddexp": lambda a, b: (a.exp() + b.exp()).log(),
+    "logaddexp2": lambda a, b: (2 ** a + 2 ** b).log() / np.log(2.0),
+    "float_power": lambda x, e: x.double() ** e,
+    "xlogy": lambda x, y: _sg().where(x == 0, x * 0, x * y.log()),
+    "hardshrink": lambda x, lambd=0.5: _shrink(x, lambd),
+    "softshrink": lambda x, lambd=0.5: _shrink(x, lambd, soft=True),
+    "tanhshrink": lambda x: x - x.tanh(),
+    "mish": lambda x, inplace=False: x * _softplus(x).tanh(),
+    "selu": _selu,
+    "celu": lambda x, alpha=1.0, inplace=False: _sg().where(x > 0, x, alpha * (
+        (x / alpha).exp() - 1)),
+    "relu6": lambda x, inplace=False: x.clamp(0, 6),
+    "hardswish": lambda x, inplace=False: x * (x + 3).clamp(0, 6) / 6,
+    "hardsigmoid": lambda x, inplace=False: (x / 6 + 0.5).clamp(0, 1),
+    "softsign": lambda x: x / (1 + x.abs()),
+    "normalize": _normalize,
+    "glu": _glu,
+    "log_sigmoid": lambda x: _sg().nn.functional.logsigmoid(x),
+    "_threshold": lambda x, threshold, value, inplace=False: _sg().where(
+        x > threshold, x, x * 0 + value),
+    "threshold": lambda x, threshold, value, inplace=False: _sg().where(
+        x > threshold, x, x * 0 + value),
+    **{n: _by_index(n) for n in ("cummax", "cummin", "median", "nanmedian", "kthvalue",
+                                 "mode")},
+})
 for _n, _u in _TORCH_ELEMENTWISE.items():
     _TORCH_EXTRA.setdefault(_n, (lambda u: lambda x: _engine_map(
         x, lambda sp, e: _ELEMENTWISE[u](sp, e)))(_u))
@@ -588,8 +670,25 @@ def _torch_call(name, args, kwargs, method, func=None):
     if kwargs.get("out") is not None:
         raise TypeError(f"torch {name}(..., out=) is not supported on symbolic values")
     kwargs = {k: _to_sg(v) for k, v in kwargs.items() if k not in ("device", "out")}
+    if name in ("div", "divide", "true_divide") and kwargs.get("rounding_mode") is not None:
+        from .trace_values import torch_by_values  # floor/trunc division: piecewise constant
+
+        return torch_by_values(orig_name, func, orig_args, orig_kwargs, method,
+                               _DECIDED[-1] if _DECIDED else None, piecewise=True)
     if name in _TORCH_EXTRA:
         return _to_torch(_TORCH_EXTRA[name](*args, **kwargs))
+    first = args[0] if args else None
+    if method and (name.endswith("_") or name == "__setitem__") and orig_args and \
+            not isinstance(orig_args[0], TorchSym):
+        raise TypeError(f"torch {orig_name}: writes symbolic values into a torch tensor made "
+                        "outside the traced forward (it cannot hold them)")
+    if method and name.endswith("_") and not name.endswith("__") and \
+            isinstance(first, Tensor) and not hasattr(Tensor, name) and (
+            hasattr(Tensor, name[:-1]) or name[:-1] in _TORCH_EXTRA):
+        # an in-place method symgrad has only out of place: computed, written into self
+        r = _to_sg(_torch_call(name[:-1], orig_args, orig_kwargs, True, None))
+        first.copy_(r.to(first.dtype) if r.dtype != first.dtype else r)
+        return orig_args[0]
     first = args[0] if args else None
     if method and isinstance(first, Tensor) and hasattr(Tensor, name):
         return _to_torch(getattr(first, name)(*args[1:], **kwargs))
@@ -629,9 +728,9 @@ class TorchSym:
     def __getattr__(self, name):
         if name.startswith("__"):
             raise AttributeError(name)
-        from ..tensor import Tensor
-
         import torch
+
+        from ..tensor import Tensor
 
         if name in _TORCH_EXTRA or name in _TORCH_ALIAS or callable(
                 getattr(Tensor, name, None)) or (not hasattr(Tensor, name) and callable(
@@ -713,11 +812,22 @@ def _torch_symbolic(dev, decided: list):
 
     def make(orig):
         def create(data, *a, **k):
+            if _REAL:
+                return orig(data, *a, **k)
             if isinstance(data, TorchSym):
                 return data
             if _is_symbolic_data(data):
                 return TorchSym(Tensor._wrap(_as_object(data), dev))
-            return orig(data, *a, **k)
+            return _to_torch(_to_sg(orig(data, *a, **k)))
+
+        create.__wrapped__ = orig
+        return create
+
+    def make_const(orig):
+        def create(*a, **k):
+            if _REAL or any(isinstance(u, TorchSym) for u in list(a) + list(k.values())):
+                return orig(*a, **k)  # through __torch_function__
+            return _to_torch(_to_sg(orig(*a, **k)))
 
         create.__wrapped__ = orig
         return create
@@ -726,6 +836,13 @@ def _torch_symbolic(dev, decided: list):
         if hasattr(torch, name):
             patched.append((name, getattr(torch, name)))
             setattr(torch, name, make(getattr(torch, name)))
+    # every tensor made inside the forward is a stand-in: writing expressions into it works
+    for name in ("zeros", "ones", "full", "empty", "eye", "arange", "linspace", "logspace",
+                 "zeros_like", "ones_like", "full_like", "empty_like", "rand", "randn",
+                 "randint", "rand_like", "randn_like", "tril_indices", "triu_indices"):
+        if hasattr(torch, name):
+            patched.append((name, getattr(torch, name)))
+            setattr(torch, name, make_const(getattr(torch, name)))
     _TORCH_DEV.append(dev)
     _DECIDED.append(decided)
     try:

@@ -80,6 +80,13 @@ def _torch():
     return torch
 
 
+def _from_numpy(a):
+    """torch.from_numpy itself (the trace patches torch's creation functions)."""
+    torch = _torch()
+    f = torch.from_numpy
+    return getattr(f, "__wrapped__", f)(np.ascontiguousarray(a))
+
+
 def _stand_in():
     from .trace import TorchSym
 
@@ -110,11 +117,10 @@ def _torch_dtype(sg_dtype):
 
 def _as_torch_const(a):
     """A symbol-free stand-in as a torch tensor of its numbers and dtype."""
-    torch = _torch()
     d = a._sgt._data
     if d.dtype == object:
         d = np.asarray([float(v) for v in d.flat], dtype=np.float64).reshape(d.shape)
-    return torch.from_numpy(np.array(d)).to(_torch_dtype(a._sgt.dtype))
+    return _from_numpy(np.array(d)).to(_torch_dtype(a._sgt.dtype))
 
 
 def _map_args(x, f):
@@ -189,9 +195,13 @@ def _note(decided, what: str) -> None:
         decided.append(what)
 
 
-def torch_by_values(name, func, args, kwargs, method, decided=None):
+def torch_by_values(name, func, args, kwargs, method, decided=None, *,
+                    piecewise: bool = False, structure_only: bool = False):
     """``name(*args, **kwargs)`` (stand-ins among them) run by torch at numbers, with the
-    meaning described in the module docstring; raises TypeError where it has none."""
+    meaning described in the module docstring; raises TypeError where it has none.
+    ``piecewise``: the call is piecewise constant (``div(..., rounding_mode=)``);
+    ``structure_only``: only the integer outputs are wanted (the float ones are left as
+    torch's numbers for the caller to replace)."""
     torch = _torch()
     fn = _callable(name, func, method)
     if fn is None:
@@ -203,10 +213,16 @@ def torch_by_values(name, func, args, kwargs, method, decided=None):
         isinstance(self_, _stand_in())
 
     def call(sub):
+        from .trace import _REAL
+
         a = _map_args(args, sub)
         k = _map_args(kwargs, sub)
-        with torch.no_grad():
-            return fn(*a, **k)
+        _REAL.append(True)
+        try:
+            with torch.no_grad():
+                return fn(*a, **k)
+        finally:
+            _REAL.pop()
 
     if not symbolic:
         r = call(_as_torch_const)
@@ -221,7 +237,7 @@ def torch_by_values(name, func, args, kwargs, method, decided=None):
 
     def sub_values(s, vals=at):
         if id(s) in vals:
-            return torch.from_numpy(np.array(vals[id(s)])).to(_torch_dtype(s._sgt.dtype))
+            return _from_numpy(np.array(vals[id(s)])).to(_torch_dtype(s._sgt.dtype))
         return _as_torch_const(s)
 
     real = call(sub_values)
@@ -229,7 +245,7 @@ def torch_by_values(name, func, args, kwargs, method, decided=None):
     base = name.rstrip("_") if not name.endswith("__") else name
     only_self = all(s is self_ for s in symbolic)
     if all(not t.dtype.is_floating_point for t in outs) or base in PIECEWISE_CONSTANT or \
-            (base in SHAPE_ONLY and only_self):
+            (base in SHAPE_ONLY and only_self) or piecewise or structure_only:
         if base not in SHAPE_ONLY:
             _note(decided, name)
         return _finish(real, [_const_stand_in(t) for t in outs], inplace, self_)
@@ -262,7 +278,7 @@ def _affine(name, symbolic, call, at, real_outs):
 
         def sub(s):
             if id(s) in parts:
-                return torch.from_numpy(np.array(parts[id(s)], dtype=np.float64)).to(
+                return _from_numpy(np.array(parts[id(s)], dtype=np.float64)).to(
                     real_outs[0].dtype if real_outs else torch.float64)
             return _as_torch_const(s)
 
