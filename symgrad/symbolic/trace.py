@@ -350,6 +350,9 @@ def symbolic_device(be):
         create.__wrapped__ = orig
         return create
 
+    device_mod = importlib.import_module("symgrad.device")
+    saved_default_device = device_mod._DEFAULT
+    device_mod._DEFAULT = dev  # tensors made inside the forward (arange, zeros) join it
     cuda._require_cuda = _require
     patch(Tensor, "numpy", numpy)
     patch(Tensor, "item", item)
@@ -365,6 +368,7 @@ def symbolic_device(be):
         _ACTIVE.pop()
         for owner, name, old in reversed(patched):
             setattr(owner, name, old)
+        device_mod._DEFAULT = saved_default_device
         cuda._require_cuda = require
         if saved_dt is None:
             tensor_mod._DT_OF.pop(key, None)
