@@ -175,6 +175,8 @@ _ELEMENTWISE = {
     "exp2": lambda sp, x: 2 ** x, "square": lambda sp, x: x * x,
     "cbrt": lambda sp, x: x ** sp.Rational(1, 3), "positive": lambda sp, x: x,
     "conjugate": lambda sp, x: x,
+    "arccosh": lambda sp, x: sp.acosh(x), "log1p": lambda sp, x: sp.log(1 + x),
+    "expm1": lambda sp, x: sp.exp(x) - 1, "erfc": lambda sp, x: 1 - sp.erf(x),
 }
 _REDUCE = {"add": "sum", "maximum": "amax", "minimum": "amin", "fmax": "amax", "fmin": "amin"}
 
@@ -357,6 +359,11 @@ def symbolic_device(be):
     patch(Tensor, "numpy", numpy)
     patch(Tensor, "item", item)
     patch(Tensor, "tolist", tolist)
+    from .trace_fold import _INT_METHODS, decided_cast
+
+    for name in (*_INT_METHODS, "to", "type"):
+        if hasattr(Tensor, name):
+            patch(Tensor, name, decided_cast(getattr(Tensor, name), name))
     for name in ("tensor", "from_numpy", "as_tensor", "asarray"):
         for mod in (sg, creation):
             if hasattr(mod, name):
@@ -467,12 +474,14 @@ _TORCH_ALIAS = {"clip": "clamp", "absolute": "abs", "multiply": "mul", "subtract
                 "divide": "div", "true_divide": "div", "greater": "gt", "greater_equal": "ge",
                 "less": "lt", "less_equal": "le", "not_equal": "ne", "negative": "neg",
                 "arctan": "atan", "arcsin": "asin", "arccos": "acos", "arctanh": "atanh",
-                "arcsinh": "asinh", "hardtanh": "clamp", "concat": "cat", "concatenate": "cat"}
+                "arcsinh": "asinh", "hardtanh": "clamp", "concat": "cat", "concatenate": "cat",
+                "arccosh": "acosh"}
 #: torch elementwise functions symgrad has no op for -> the NumPy-name meaning above
 _TORCH_ELEMENTWISE = {"tan": "tan", "atan": "arctan", "asin": "arcsin", "acos": "arccos",
                       "sinh": "sinh", "cosh": "cosh", "atanh": "arctanh", "asinh": "arcsinh",
                       "log1p": "log1p", "expm1": "expm1", "log2": "log2", "log10": "log10",
-                      "exp2": "exp2", "square": "square"}
+                      "exp2": "exp2", "square": "square", "acosh": "arccosh",
+                      "arccosh": "arccosh", "erfc": "erfc"}
 
 
 def _engine_map(x, f):
@@ -565,11 +574,10 @@ def _by_index(name):
                             {k: _to_torch(v) for k, v in kwargs.items()}, True,
                             _DECIDED[-1] if _DECIDED else None, structure_only=True)
         if not isinstance(r, tuple):  # median() of all elements: the lower middle one
-            if name != "median":
+            if name not in ("median", "nanmedian"):
                 raise TypeError(f"torch {name!r} on symbols: only its form with dim is "
                                 "traced")
-            flat = x.reshape(-1)
-            return flat.sort().values[(flat.numel() - 1) // 2]
+            return _median_all(x)
         idx = r.indices._sgt
         dim = kwargs.get("dim", args[-1] if name in ("cummax", "cummin", "mode") and args
                          else (args[1] if len(args) > 1 else (args[0] if args else -1)))
@@ -583,7 +591,26 @@ def _by_index(name):
     return f
 
 
+def _decided(name, x, *args, **kwargs):
+    """torch's ``name`` of ``x`` at the recorded values: a constant (piecewise constant)."""
+    from .trace_values import torch_by_values
+
+    return _to_sg(torch_by_values(name, None, (_to_torch(x),) + args, kwargs, True,
+                                  _DECIDED[-1] if _DECIDED else None, piecewise=True))
+
+
+def _median_all(x, name="median"):
+    flat = x.reshape(-1)
+    return flat.sort().values[(flat.numel() - 1) // 2]
+
+
 _TORCH_EXTRA.update({
+    "frac": lambda x: x - _decided("trunc", x),
+    "msort": lambda x: x.sort(dim=0).values,
+    "aminmax": lambda x, *, dim=None, keepdim=False: __import__(
+        "torch").return_types.aminmax((_amax(x, dim, keepdim, name="min"),
+                                       _amax(x, dim, keepdim))),
+    "requires_grad_": lambda x, requires_grad=True: x,  # no graph inside a traced forward
     "addcdiv": lambda x, t1, t2, *, value=1: x + value * t1 / t2,
     "logaddexp": lambda a, b: (a.exp() + b.exp()).log(),
     "logaddexp2": lambda a, b: (2 ** a + 2 ** b).log() / np.log(2.0),
@@ -688,7 +715,8 @@ def _torch_call(name, args, kwargs, method, func=None):
                         "outside the traced forward (it cannot hold them)")
     if method and name.endswith("_") and not name.endswith("__") and \
             isinstance(first, Tensor) and not hasattr(Tensor, name) and (
-            hasattr(Tensor, name[:-1]) or name[:-1] in _TORCH_EXTRA):
+            hasattr(Tensor, _TORCH_ALIAS.get(name[:-1], name[:-1]))
+            or _TORCH_ALIAS.get(name[:-1], name[:-1]) in _TORCH_EXTRA):
         # an in-place method symgrad has only out of place: computed, written into self
         r = _to_sg(_torch_call(name[:-1], orig_args, orig_kwargs, True, None))
         first.copy_(r.to(first.dtype) if r.dtype != first.dtype else r)

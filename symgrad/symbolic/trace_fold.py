@@ -126,3 +126,53 @@ class FoldingBackend:
 
     def __setattr__(self, name, value) -> None:
         setattr(self._be, name, value)
+
+
+_INT_METHODS = {"long": "int64", "int": "int32", "short": "int16", "char": "int8",
+                "byte": "uint8", "bool": "bool_"}
+
+
+def _cast_target(name, args, kwargs):
+    """The integer or boolean dtype a cast method asks for, else None."""
+    from .. import dtypes
+
+    if name in _INT_METHODS:
+        return getattr(dtypes, _INT_METHODS[name])
+    cands = [kwargs.get("dtype")] + list(args)
+    for a in cands:
+        d = a if isinstance(a, dtypes.dtype) else getattr(a, "dtype", None) if hasattr(
+            a, "_data") else None
+        if isinstance(d, dtypes.dtype):
+            return d if not (d.is_floating_point or getattr(d, "is_complex", False)) else None
+    return None
+
+
+def decided_cast(orig, name):
+    """``Tensor.<name>`` (long, int, bool, to, type ...) whose integer or boolean cast of a
+    symbolic tensor is decided at the recorded values (truncation toward zero, as
+    PyTorch's; nonzero for bool): piecewise constant, so its meaning there."""
+    def method(self, *args, **kwargs):
+        from ..tensor import Tensor
+        from .trace import _ACTIVE
+
+        target = None
+        if self._device.type == "sympy" and isinstance(self._data, np.ndarray) and \
+                self._data.dtype == object:
+            target = _cast_target(name, args, kwargs)
+        if target is None or not has_symbols(self._data) or not _ACTIVE or \
+                getattr(_ACTIVE[-1], "valuation", None) is None:
+            return orig(self, *args, **kwargs)
+        be = _ACTIVE[-1]
+        vals = np.asarray(be.as_constant(self._data), dtype=object)
+        num = np.asarray([float(v) for v in vals.flat], dtype=np.float64).reshape(
+            self._data.shape)
+        kind = np.dtype(target.np).kind
+        what = "boolean cast" if kind == "b" else "integer cast"
+        if what not in getattr(be, "decided", [what]):
+            be.decided.append(what)
+        data = (num != 0) if kind == "b" else np.trunc(num).astype(target.np)
+        return Tensor._wrap(data, self._device)
+
+    method.__name__ = name
+    method.__wrapped__ = orig
+    return method

@@ -244,8 +244,9 @@ def torch_by_values(name, func, args, kwargs, method, decided=None, *,
     outs = _tensors(real, [])
     base = name.rstrip("_") if not name.endswith("__") else name
     only_self = all(s is self_ for s in symbolic)
-    if all(not t.dtype.is_floating_point for t in outs) or base in PIECEWISE_CONSTANT or \
-            (base in SHAPE_ONLY and only_self) or piecewise or structure_only:
+    structure = all(not (t.dtype.is_floating_point or t.dtype.is_complex) for t in outs)
+    if structure or base in PIECEWISE_CONSTANT or (base in SHAPE_ONLY and only_self) or \
+            piecewise or structure_only:
         if base not in SHAPE_ONLY:
             _note(decided, name)
         return _finish(real, [_const_stand_in(t) for t in outs], inplace, self_)
@@ -266,6 +267,8 @@ def _affine(name, symbolic, call, at, real_outs):
     no = TypeError(f"torch {name!r} has no SymPy meaning here (symbolic values: torch "
                    "computes it, and it is not piecewise constant or affine in them)")
     if n > AFFINE_LIMIT:
+        raise no
+    if any(t.dtype.is_complex for t in real_outs):
         raise no
     floats = [k for k, t in enumerate(real_outs) if t.dtype.is_floating_point]
 
@@ -303,8 +306,10 @@ def _affine(name, symbolic, call, at, real_outs):
         raise no
     eps = float(np.finfo(np.float64).eps)
     x0 = np.concatenate([at[id(s)].reshape(-1) for s in symbolic])
-    r = np.random.default_rng(0).uniform(-2.0, 2.0, size=n)
-    for point in (x0, r):
+    rng = np.random.default_rng(0)
+    r = rng.uniform(-2.0, 2.0, size=n)
+    d = rng.uniform(-1.0, 1.0, size=n) * 1e-3 * (1.0 + np.abs(x0))  # near the recorded point
+    for point in (x0, r, x0 + d, x0 - d):
         want = run(point)
         got = c0 + cols @ point
         bound = 4 * (n + 1) * eps * (np.abs(c0) + np.abs(cols) @ np.abs(point) + 1e-300)
