@@ -359,11 +359,17 @@ def symbolic_device(be):
     patch(Tensor, "numpy", numpy)
     patch(Tensor, "item", item)
     patch(Tensor, "tolist", tolist)
-    from .trace_fold import _INT_METHODS, decided_cast
+    from .trace_fold import _INT_METHODS, decided_cast, decided_method
 
     for name in (*_INT_METHODS, "to", "type"):
         if hasattr(Tensor, name):
             patch(Tensor, name, decided_cast(getattr(Tensor, name), name))
+    for name in _DECIDE:  # comparisons symgrad computes on the data itself
+        if hasattr(Tensor, name):
+            patch(Tensor, name, decided_method(getattr(Tensor, name), name))
+        for mod in (sg, importlib.import_module("symgrad.functional")):
+            if hasattr(mod, name):
+                patch(mod, name, decided_method(getattr(mod, name), name))
     for name in ("tensor", "from_numpy", "as_tensor", "asarray"):
         for mod in (sg, creation):
             if hasattr(mod, name):
@@ -475,7 +481,7 @@ _TORCH_ALIAS = {"clip": "clamp", "absolute": "abs", "multiply": "mul", "subtract
                 "less": "lt", "less_equal": "le", "not_equal": "ne", "negative": "neg",
                 "arctan": "atan", "arcsin": "asin", "arccos": "acos", "arctanh": "atanh",
                 "arcsinh": "asinh", "hardtanh": "clamp", "concat": "cat", "concatenate": "cat",
-                "arccosh": "acosh"}
+                "arccosh": "acosh", "fmax": "maximum", "fmin": "minimum"}
 #: torch elementwise functions symgrad has no op for -> the NumPy-name meaning above
 _TORCH_ELEMENTWISE = {"tan": "tan", "atan": "arctan", "asin": "arcsin", "acos": "arccos",
                       "sinh": "sinh", "cosh": "cosh", "atanh": "arctanh", "asinh": "arcsinh",
@@ -599,6 +605,16 @@ def _decided(name, x, *args, **kwargs):
                                   _DECIDED[-1] if _DECIDED else None, piecewise=True))
 
 
+def _matrix_power(x, n):
+    if n < 0:
+        raise TypeError("matrix_power with a negative exponent (an inverse) has no SymPy "
+                        "meaning here")
+    out = _sg().eye(x.shape[-1], dtype=x.dtype).expand(*x.shape)
+    for _ in range(n):
+        out = out @ x
+    return out
+
+
 def _median_all(x, name="median"):
     flat = x.reshape(-1)
     return flat.sort().values[(flat.numel() - 1) // 2]
@@ -606,11 +622,25 @@ def _median_all(x, name="median"):
 
 _TORCH_EXTRA.update({
     "frac": lambda x: x - _decided("trunc", x),
+    "fmod": lambda x, y: x - _decided("trunc", x / y) * y,
+    "remainder": lambda x, y: x - _decided("floor", x / y) * y,
+    "copysign": lambda x, y: x.abs() * _sg().where(
+        _decided("signbit", y if hasattr(y, "_data") else _sg().tensor(float(y))), -1.0, 1.0),
+    "ldexp": lambda x, e: x * 2.0 ** e,
+    "sinc": lambda x: _sg().where(x == 0, x * 0 + 1, (x * np.pi).sin() / (x * np.pi)),
+    "logit": lambda x, eps=None: (lambda z: (z / (1 - z)).log())(
+        x if eps is None else x.clamp(eps, 1 - eps)),
+    "prelu": lambda x, w: _sg().where(x > 0, x, w * x),
+    "dist": lambda x, y, p=2: (x - y).norm(p=p),
+    "logcumsumexp": lambda x, dim: x.exp().cumsum(dim).log(),
+    "nanmean": lambda x, dim=None, keepdim=False, **k: x.mean() if dim is None else
+    x.mean(dim, keepdim=keepdim),
     "msort": lambda x: x.sort(dim=0).values,
     "aminmax": lambda x, *, dim=None, keepdim=False: __import__(
         "torch").return_types.aminmax((_amax(x, dim, keepdim, name="min"),
                                        _amax(x, dim, keepdim))),
     "requires_grad_": lambda x, requires_grad=True: x,  # no graph inside a traced forward
+    "matrix_power": lambda x, n: _matrix_power(x, n),
     "addcdiv": lambda x, t1, t2, *, value=1: x + value * t1 / t2,
     "logaddexp": lambda a, b: (a.exp() + b.exp()).log(),
     "logaddexp2": lambda a, b: (2 ** a + 2 ** b).log() / np.log(2.0),
@@ -687,6 +717,18 @@ def _to_torch(r):
     return r
 
 
+#: comparisons symgrad computes in NumPy on the data (not through a backend kernel): on
+#: symbols they are decided at the recorded values by torch
+_DECIDE = frozenset({"isclose", "allclose", "equal", "isnan", "isinf", "isfinite",
+                     "isposinf", "isneginf", "isreal", "signbit"})
+
+
+def _holds_symbols(t) -> bool:
+    from .trace_fold import has_symbols
+
+    return has_symbols(t._data)
+
+
 def _torch_call(name, args, kwargs, method, func=None):
     """A torch function or method ``name`` on stand-ins, run as symgrad's; one symgrad
     lacks is run by torch at numbers where that has an exact meaning (trace_values.py)."""
@@ -709,6 +751,11 @@ def _torch_call(name, args, kwargs, method, func=None):
     if name in _TORCH_EXTRA:
         return _to_torch(_TORCH_EXTRA[name](*args, **kwargs))
     first = args[0] if args else None
+    if name in _DECIDE and any(isinstance(a, Tensor) and _holds_symbols(a) for a in args):
+        from .trace_values import torch_by_values  # a comparison: decided at the values
+
+        return torch_by_values(orig_name, func, orig_args, orig_kwargs, method,
+                               _DECIDED[-1] if _DECIDED else None, piecewise=True)
     if method and (name.endswith("_") or name == "__setitem__") and orig_args and \
             not isinstance(orig_args[0], TorchSym):
         raise TypeError(f"torch {orig_name}: writes symbolic values into a torch tensor made "
@@ -719,7 +766,10 @@ def _torch_call(name, args, kwargs, method, func=None):
             or _TORCH_ALIAS.get(name[:-1], name[:-1]) in _TORCH_EXTRA):
         # an in-place method symgrad has only out of place: computed, written into self
         r = _to_sg(_torch_call(name[:-1], orig_args, orig_kwargs, True, None))
-        first.copy_(r.to(first.dtype) if r.dtype != first.dtype else r)
+        if tuple(r.shape) != tuple(first.shape):  # unsqueeze_, t_ ...: self's new shape
+            first._data = np.array(r._data, copy=True)
+        else:
+            first.copy_(r.to(first.dtype) if r.dtype != first.dtype else r)
         return orig_args[0]
     first = args[0] if args else None
     if method and isinstance(first, Tensor) and hasattr(Tensor, name):

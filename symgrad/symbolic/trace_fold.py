@@ -176,3 +176,37 @@ def decided_cast(orig, name):
     method.__name__ = name
     method.__wrapped__ = orig
     return method
+
+
+def decided_method(orig, name):
+    """``Tensor.<name>`` (isclose, equal ...), computed by symgrad on the data rather than
+    through a kernel: with symbols among its tensors, run at the recorded values (a
+    comparison, decided there as branches are)."""
+    def method(*args, **kwargs):
+        from ..tensor import Tensor
+        from .trace import _ACTIVE
+
+        tensors = [a for a in list(args) + list(kwargs.values()) if isinstance(a, Tensor)]
+        if not _ACTIVE or getattr(_ACTIVE[-1], "valuation", None) is None or not any(
+                t._device.type == "sympy" and has_symbols(t._data) for t in tensors):
+            return orig(*args, **kwargs)
+        be = _ACTIVE[-1]
+        dev = next(t._device for t in tensors if t._device.type == "sympy")
+
+        def num(a):
+            if not isinstance(a, Tensor) or a._device.type != "sympy":
+                return a
+            d = a._data
+            if d.dtype == object:
+                d = np.asarray([float(v) for v in np.asarray(be.as_constant(d)).flat],
+                               dtype=np.float64).reshape(d.shape)
+            return Tensor._wrap(np.array(d))
+
+        r = orig(*[num(a) for a in args], **{k: num(v) for k, v in kwargs.items()})
+        if "comparisons" not in be.decided:
+            be.decided.append("comparisons")
+        return Tensor._wrap(r._data, dev) if isinstance(r, Tensor) else r
+
+    method.__name__ = name
+    method.__wrapped__ = orig
+    return method

@@ -32,7 +32,11 @@ __all__ = ["torch_by_values", "PIECEWISE_CONSTANT", "SHAPE_ONLY", "AFFINE_LIMIT"
 #: exists, so their value at the recorded point is their meaning near it.
 PIECEWISE_CONSTANT = frozenset({
     "round", "floor", "ceil", "trunc", "fix", "sign", "sgn", "heaviside", "floor_divide",
-    "signbit", "histc", "bincount", "count_nonzero", "frexp"})
+    "signbit", "histc", "bincount", "count_nonzero", "frexp", "angle", "isclose", "isnan",
+    "isinf", "isfinite", "isposinf", "isneginf", "isreal", "logical_and", "logical_or",
+    "logical_xor", "logical_not", "eq", "ne", "lt", "le", "gt", "ge", "greater",
+    "greater_equal", "less", "less_equal", "not_equal", "bitwise_and", "bitwise_or",
+    "bitwise_xor", "bitwise_not", "bitwise_left_shift", "bitwise_right_shift", "gcd", "lcm"})
 #: torch functions that read only the operand's shape, dtype and device (``self``).
 SHAPE_ONLY = frozenset({
     "new", "new_empty", "new_zeros", "new_ones", "new_full", "new_empty_strided",
@@ -48,29 +52,28 @@ UNTRACEABLE = {
     "nonlinear special functions symgrad has no op for (finite differences instead)": (
         "lgamma", "lgamma_", "digamma", "digamma_", "polygamma", "polygamma_", "mvlgamma",
         "mvlgamma_", "i0", "i0_", "igamma", "igamma_", "igammac", "igammac_", "erfinv",
-        "erfinv_", "sinc", "sinc_", "logit", "logit_", "xlogy", "xlogy_", "nextafter",
-        "nextafter_", "fmod", "fmod_", "remainder", "remainder_", "ldexp", "ldexp_",
-        "copysign", "copysign_", "gcd", "gcd_", "lcm", "lcm_", "lerp_", "float_power_",
-        "logcumsumexp", "renorm", "renorm_", "dist", "cov", "corrcoef", "quantile",
-        "nanquantile", "prelu", "hardshrink", "angle", "nanmean"),
-    "linear algebra whose meaning is an algorithm (decompositions, solves)": (
+        "erfinv_", "renorm", "renorm_", "cov", "corrcoef", "quantile", "nanquantile"),
+    "linear algebra whose meaning is an algorithm (decompositions, inverses)": (
         "det", "logdet", "slogdet", "inverse", "pinverse", "cholesky", "cholesky_inverse",
-        "cholesky_solve", "lu", "lu_solve", "qr", "svd", "eig", "symeig", "geqrf", "orgqr",
-        "ormqr", "lstsq", "solve", "triangular_solve", "matrix_exp", "matrix_power"),
-    "random numbers (no fixed meaning)": ("bernoulli", "apply_", "map_", "map2_"),
+        "lu", "qr", "svd", "eig", "symeig", "geqrf", "orgqr", "ormqr", "lstsq", "matrix_exp"),
+    "results whose shape depends on equalities or bins of the values": (
+        "unique", "unique_consecutive", "histogram"),
+    "reductions into indices by max, min or product (index_reduce; scatter_reduce traces "
+    "with sum and mean)": ("index_reduce", "index_reduce_"),
+    "random numbers: no fixed meaning to prove (they run, on symgrad's generator)": (
+        "bernoulli", "bernoulli_", "cauchy_", "exponential_", "geometric_", "log_normal_",
+        "normal_", "random_", "uniform_", "multinomial", "apply_", "map_", "map2_"),
     "spectral transforms (complex results)": ("stft", "istft"),
     "sparse, quantized, complex and storage layouts (no dense real meaning)": (
         "to_sparse", "to_sparse_coo", "to_sparse_csr", "to_sparse_csc", "to_sparse_bsr",
-        "to_sparse_bsc", "to_dense", "to_mkldnn", "to_padded_tensor", "sparse_mask",
+        "to_sparse_bsc", "to_mkldnn", "to_padded_tensor", "sparse_mask",
         "sparse_resize_", "sparse_resize_and_clear_", "coalesce", "indices", "values",
         "crow_indices", "col_indices", "ccol_indices", "row_indices", "smm", "sspaddmm",
         "dequantize", "int_repr", "q_per_channel_axis", "q_per_channel_scales",
         "q_per_channel_zero_points", "q_scale", "q_zero_point", "qscheme", "cdouble", "cfloat",
-        "chalf", "real", "imag", "conj", "conj_physical", "conj_physical_", "resolve_conj",
-        "resolve_neg", "storage", "untyped_storage", "storage_type", "data_ptr",
-        "const_data_ptr", "set_", "share_memory_", "pin_memory", "record_stream",
-        "resize_", "resize_as_", "resize_as_sparse_", "resize", "resize_as", "as_strided_",
-        "module_load", "hash_tensor"),
+        "chalf", "imag", "storage", "untyped_storage", "storage_type", "data_ptr",
+        "const_data_ptr", "pin_memory", "record_stream",
+        "resize_as_sparse_"),
 }
 
 
@@ -346,7 +349,9 @@ def _finish(real, pieces, inplace, self_):
     if inplace and pieces:
         new = pieces[0]._sgt._data
         sgt = self_._sgt
-        if sgt._data.dtype == object or new.dtype == sgt._data.dtype:
+        if new.shape != sgt._data.shape:  # unsqueeze_, t_ ...: self takes the new shape
+            sgt._data = new.copy()
+        elif sgt._data.dtype == object or new.dtype == sgt._data.dtype:
             sgt._data[...] = new
         else:
             sgt._data = new.copy()
