@@ -441,6 +441,45 @@ class RoundedResidual(F):
         return g, None
 
 
+class ScatterByRank(F):
+    """Each row's weighted entries written to the positions of their rank (``argsort``
+    indices computed from the values, ``scatter_`` into ``x.new(shape).zero_()``)."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        idx = x.argsort(dim=-1)
+        out = x.new(x.shape).zero_()
+        out.scatter_(-1, idx, x * w)
+        ctx.save_for_backward(idx, x, w)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        idx, x, w = ctx.saved_tensors
+        gg = g.gather(-1, idx)
+        return gg * w, gg * x
+
+
+class KeepRowMax(F):
+    """Zero except each row's maximum (``index_put_`` at the argmax of each row)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        rows = torch.arange(x.shape[0])
+        cols = x.argmax(dim=1)
+        out = torch.zeros_like(x)
+        out.index_put_((rows, cols), x[rows, cols] ** 2)
+        ctx.save_for_backward(x, rows, cols)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        x, rows, cols = ctx.saved_tensors
+        gx = torch.zeros_like(x)
+        gx[rows, cols] = 2 * x[rows, cols] * g[rows, cols]
+        return gx
+
+
 # -- symgrad Functions ------------------------------------------------------------------------
 SF = sg.autograd.Function
 
@@ -585,6 +624,8 @@ CORRECT = [
     (L2Normalize, lambda: (_t((2, 3), 21),), None, _torch_case),
     (MaxPool1d2, lambda: (_t((2, 6), 22),), None, _torch_case),
     (RoundedResidual, lambda: (_t((5,), 23), 0.5), None, _torch_case),
+    (ScatterByRank, lambda: (_t((2, 4), 29), _t((2, 4), 30)), None, _torch_case),
+    (KeepRowMax, lambda: (_t((3, 4), 31),), None, _torch_case),
     (SgSwish, lambda: (_t((2, 3), 24),), None, _sg_case),
     (SgSparsemax, lambda: (_t((2, 5), 25, -1.0, 1.0),), None, _sg_case),
     (SgMaskedRelu6, lambda: (_t((6,), 26, -0.5, 1.5),), None, _sg_case),
