@@ -13,11 +13,18 @@ matmul/dot, ...) onto the SymPy backend's kernels, and ``symgrad.tensor`` /
 ``from_numpy`` / ``as_tensor`` turn such arrays back into symbolic tensors.
 
 Comparisons (``x > 0``, ``maximum``, ``clamp``, ``where`` conditions) are decided at the
-values of the point being checked, as every branch in the verifier is. A value taken out
-of a tensor (``.item()``, ``float(x)``, an element of ``.numpy()``) and used in Python
-control flow cannot be decided on symbols: such a forward raises :class:`TraceError`,
-which names the line of the user's code that stopped the trace, and the verifier falls
-back to finite differences with that note.
+values of the point being checked, as every branch in the verifier is; so is the
+data-dependent structure built from them (masks, counts, sort order, computed indices,
+integer casts): kernels none of whose operands holds a symbol run numerically
+(``trace_fold.py``), so such values stay integers and booleans that index, gather and
+scatter, and only the arithmetic on symbols is symbolic. ``decided`` (see
+:func:`trace_forward`) collects what was decided, for the report's note. A tensor input
+that needs no gradient holds its recorded numbers, and ``.item()`` of it is a Python
+number. Torch calls symgrad has no op for run in torch at numbers where that is exact
+(``trace_values.py``). A value taken out of a symbolic tensor (``.item()``, ``float(x)``,
+an element of ``.numpy()``) and used in Python control flow cannot be decided on symbols:
+such a forward raises :class:`TraceError`, which names the line of the user's code that
+stopped the trace, and the verifier falls back to finite differences with that note.
 """
 
 from __future__ import annotations
@@ -641,6 +648,9 @@ _TORCH_EXTRA.update({
                                        _amax(x, dim, keepdim))),
     "requires_grad_": lambda x, requires_grad=True: x,  # no graph inside a traced forward
     "matrix_power": lambda x, n: _matrix_power(x, n),
+    "cdist": lambda a, b, p=2.0, **k: (((a.unsqueeze(-2) - b.unsqueeze(-3)).abs() ** p).sum(
+        -1)) ** (1.0 / p),
+    "cpu": lambda x, *a, **k: x,
     "addcdiv": lambda x, t1, t2, *, value=1: x + value * t1 / t2,
     "logaddexp": lambda a, b: (a.exp() + b.exp()).log(),
     "logaddexp2": lambda a, b: (2 ** a + 2 ** b).log() / np.log(2.0),
@@ -686,7 +696,8 @@ def _to_sg(a):
     if isinstance(a, torch.dtype):
         from .. import dtypes
 
-        return getattr(dtypes, str(a).rsplit(".", 1)[-1])
+        n = str(a).rsplit(".", 1)[-1]
+        return getattr(dtypes, n, None) or getattr(dtypes, n + "_")
     if isinstance(a, torch.Size):
         return tuple(int(s) for s in a)
     if isinstance(a, SymArray):
@@ -748,6 +759,9 @@ def _torch_call(name, args, kwargs, method, func=None):
 
         return torch_by_values(orig_name, func, orig_args, orig_kwargs, method,
                                _DECIDED[-1] if _DECIDED else None, piecewise=True)
+    if name == "to":  # a device among to()'s arguments: the trace's device stays
+        args = tuple(a for a in args if not isinstance(a, str) and
+                     type(a).__name__ != "device")
     if name in _TORCH_EXTRA:
         return _to_torch(_TORCH_EXTRA[name](*args, **kwargs))
     first = args[0] if args else None

@@ -124,6 +124,18 @@ class FoldingBackend:
         kernel.__name__ = name
         return kernel
 
+    def full(self, shape, value, np_dtype):
+        """Integer and boolean tensors are made as numbers (their dtype kept); float ones as
+        object arrays, so expressions can be written into them."""
+        if np.dtype(np_dtype).kind in "biu" and not has_symbols(value):
+            return np.full(shape, _numeric(value), dtype=np_dtype)
+        return self._be.full(shape, value, np_dtype)
+
+    def empty(self, shape, np_dtype):
+        if np.dtype(np_dtype).kind in "biu":
+            return np.zeros(shape, dtype=np_dtype)
+        return self._be.empty(shape, np_dtype)
+
     def __setattr__(self, name, value) -> None:
         setattr(self._be, name, value)
 
