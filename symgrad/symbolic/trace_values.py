@@ -260,7 +260,6 @@ def torch_by_values(name, func, args, kwargs, method, decided=None, *,
 def _affine(name, symbolic, call, at, real_outs):
     """Stand-ins for ``real_outs``: float outputs as affine maps of the symbols, confirmed
     at the recorded values and a random point; TypeError where the call is not affine."""
-    torch = _torch()
     from ..tensor import Tensor
     from .trace import TorchSym
 
@@ -285,7 +284,7 @@ def _affine(name, symbolic, call, at, real_outs):
         def sub(s):
             if id(s) in parts:
                 return _from_numpy(np.array(parts[id(s)], dtype=np.float64)).to(
-                    real_outs[0].dtype if real_outs else torch.float64)
+                    _torch_dtype(s._sgt.dtype))
             return _as_torch_const(s)
 
         try:
