@@ -409,8 +409,8 @@ def traced_latex(node, name_of, out_name: str, latex_name) -> tuple:
             args.append(v)
             continue
         shape = v[1] if isinstance(v, tuple) else np.shape(v)
-        if not isinstance(v, tuple) and np.asarray(v).dtype.kind != "f":
-            args.append(np.asarray(v))
+        if not isinstance(v, tuple) and (np.asarray(v).dtype.kind != "f" or not needs[j]):
+            args.append(np.asarray(v))  # integers, booleans, constants: their numbers
             continue
         base = latex_name(names[j])
         arr = np.empty(shape, dtype=object)
