@@ -719,3 +719,27 @@ def test_a_constant_input_stays_a_number():
     rep = sg.verify(root, names=names)
     assert rep.ok and rep.mode == "exact", str(rep)
     assert float in seen[1:] and all(t is float for t in seen), seen
+
+
+_OUTSIDE = torch.zeros(4, dtype=torch.float64)  # a torch tensor made outside the forward
+
+
+class WritesIntoOutside(F):
+    @staticmethod
+    def forward(ctx, x):
+        buf = _OUTSIDE.clone()  # a real torch tensor: it cannot hold expressions
+        buf[x > 0] = x[x > 0]
+        return buf
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+def test_writing_symbols_into_an_outside_tensor_is_refused_not_silently_wrong():
+    root, names = _torch_case(WritesIntoOutside, _t((4,), 32))
+    rep = sg.verify(root, names=names)
+    assert rep.mode == "local", str(rep)  # checked by finite differences, with the note
+    note = next(n for n in rep.notes if "could not be traced" in n)
+    assert "buf[x > 0] = x[x > 0]" in note and "made outside the traced forward" in note
+    assert not rep.ok and rep.first_bad_node.name() == "WritesIntoOutsideBackward"
