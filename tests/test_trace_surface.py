@@ -29,6 +29,9 @@ from symgrad.symbolic import _engine as E  # noqa: E402
 from symgrad.symbolic.trace import TorchSym, TraceError, trace_forward  # noqa: E402
 from symgrad.symbolic.trace_values import UNTRACEABLE  # noqa: E402
 
+#: the deliberate calls of deprecated torch methods warn; that is torch's, not the trace's
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
 LISTED = {n: why for why, names in UNTRACEABLE.items() for n in names}
 RANDOM = next(names for why, names in UNTRACEABLE.items() if why.startswith("random"))
 
