@@ -33,10 +33,12 @@ import contextlib
 import linecache
 import os
 import traceback
+import types
 
 import numpy as np
 
 from ..backends.sympy_backend import is_number, obj
+from .trace_fold import _ACTIVE, _REAL  # the trace's state: its backend; torch at numbers
 
 __all__ = ["TraceError", "TraceCtx", "SymArray", "TorchSym", "symbolic_device", "trace_forward",
            "surrogate_of", "forward_arg_names", "is_torch_function"]
@@ -187,7 +189,6 @@ _ELEMENTWISE = {
 }
 _REDUCE = {"add": "sum", "maximum": "amax", "minimum": "amin", "fmax": "amax", "fmin": "amin"}
 
-_ACTIVE: list = []  # the backend of the innermost trace
 
 
 def _plain(a):
@@ -480,7 +481,6 @@ def _torch_no_grad():
 
 _TORCH_DEV: list = []  # the symbolic device of the innermost torch trace
 _DECIDED: list = []  # per trace: the torch calls decided at the recorded values
-_REAL: list = []  # non-empty while torch itself runs a call at numbers (no stand-ins made)
 
 #: torch names -> the symgrad name with the same meaning
 _TORCH_ALIAS = {"clip": "clamp", "absolute": "abs", "multiply": "mul", "subtract": "sub",
@@ -585,7 +585,8 @@ def _by_index(name):
 
         r = torch_by_values(name, None, (_to_torch(x),) + tuple(_to_torch(a) for a in args),
                             {k: _to_torch(v) for k, v in kwargs.items()}, True,
-                            _DECIDED[-1] if _DECIDED else None, structure_only=True)
+                            _DECIDED[-1] if _DECIDED else None, structure_only=True,
+                            host=_HOST)
         if not isinstance(r, tuple):  # median() of all elements: the lower middle one
             if name not in ("median", "nanmedian"):
                 raise TypeError(f"torch {name!r} on symbols: only its form with dim is "
@@ -609,7 +610,8 @@ def _decided(name, x, *args, **kwargs):
     from .trace_values import torch_by_values
 
     return _to_sg(torch_by_values(name, None, (_to_torch(x),) + args, kwargs, True,
-                                  _DECIDED[-1] if _DECIDED else None, piecewise=True))
+                                  _DECIDED[-1] if _DECIDED else None, piecewise=True,
+                               host=_HOST))
 
 
 def _matrix_power(x, n):
@@ -758,7 +760,8 @@ def _torch_call(name, args, kwargs, method, func=None):
         from .trace_values import torch_by_values  # floor/trunc division: piecewise constant
 
         return torch_by_values(orig_name, func, orig_args, orig_kwargs, method,
-                               _DECIDED[-1] if _DECIDED else None, piecewise=True)
+                               _DECIDED[-1] if _DECIDED else None, piecewise=True,
+                               host=_HOST)
     if name == "to":  # a device among to()'s arguments: the trace's device stays
         args = tuple(a for a in args if not isinstance(a, str) and
                      type(a).__name__ != "device")
@@ -769,7 +772,8 @@ def _torch_call(name, args, kwargs, method, func=None):
         from .trace_values import torch_by_values  # a comparison: decided at the values
 
         return torch_by_values(orig_name, func, orig_args, orig_kwargs, method,
-                               _DECIDED[-1] if _DECIDED else None, piecewise=True)
+                               _DECIDED[-1] if _DECIDED else None, piecewise=True,
+                               host=_HOST)
     if method and (name.endswith("_") or name == "__setitem__") and orig_args and \
             not isinstance(orig_args[0], TorchSym):
         raise TypeError(f"torch {orig_name}: writes symbolic values into a torch tensor made "
@@ -797,7 +801,7 @@ def _torch_call(name, args, kwargs, method, func=None):
     from .trace_values import torch_by_values
 
     return torch_by_values(orig_name, func, orig_args, orig_kwargs, method,
-                           _DECIDED[-1] if _DECIDED else None)
+                           _DECIDED[-1] if _DECIDED else None, host=_HOST)
 
 
 class TorchSym:
@@ -871,6 +875,11 @@ class TorchSym:
         return a if dtype is None else a.astype(dtype)
 
     __hash__ = object.__hash__
+
+
+#: what trace_values.py needs of the stand-ins (it does not import this module)
+_HOST = types.SimpleNamespace(cls=TorchSym,
+                              const=lambda t: _to_torch(_to_sg(t.detach())))
 
 
 def _operator(name):

@@ -20,6 +20,9 @@ from ..backends.sympy_backend import is_number, obj
 
 __all__ = ["FoldingBackend", "has_symbols"]
 
+_ACTIVE: list = []  # the backend of the innermost trace (trace.py pushes it)
+_REAL: list = []  # non-empty while torch itself runs a call at numbers (no stand-ins made)
+
 #: Kernels that keep running on the SymPy backend: creation (object arrays, so expressions
 #: can be written into them), views (a folded copy would break view semantics), in-place
 #: writes into the caller's array, and host transfers.
@@ -165,7 +168,6 @@ def decided_cast(orig, name):
     PyTorch's; nonzero for bool): piecewise constant, so its meaning there."""
     def method(self, *args, **kwargs):
         from ..tensor import Tensor
-        from .trace import _ACTIVE
 
         target = None
         if self._device.type == "sympy" and isinstance(self._data, np.ndarray) and \
@@ -196,7 +198,6 @@ def decided_method(orig, name):
     comparison, decided there as branches are)."""
     def method(*args, **kwargs):
         from ..tensor import Tensor
-        from .trace import _ACTIVE
 
         tensors = [a for a in list(args) + list(kwargs.values()) if isinstance(a, Tensor)]
         if not _ACTIVE or getattr(_ACTIVE[-1], "valuation", None) is None or not any(

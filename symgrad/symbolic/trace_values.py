@@ -90,14 +90,15 @@ def _from_numpy(a):
     return getattr(f, "__wrapped__", f)(np.ascontiguousarray(a))
 
 
-def _stand_in():
-    from .trace import TorchSym
+_HOST: list = []  # per call: the stand-ins' class and constructor (trace.py's ``_HOST``)
 
-    return TorchSym
+
+def _stand_in():
+    return _HOST[-1].cls
 
 
 def _be():
-    from .trace import _ACTIVE
+    from .trace_fold import _ACTIVE
 
     return _ACTIVE[-1]
 
@@ -188,9 +189,7 @@ def _rebuild(r, it):
 
 
 def _const_stand_in(t):
-    from .trace import _to_sg, _to_torch
-
-    return _to_torch(_to_sg(t.detach()))
+    return _HOST[-1].const(t)
 
 
 def _note(decided, what: str) -> None:
@@ -198,8 +197,20 @@ def _note(decided, what: str) -> None:
         decided.append(what)
 
 
-def torch_by_values(name, func, args, kwargs, method, decided=None, *,
+def torch_by_values(name, func, args, kwargs, method, decided=None, *, host,
                     piecewise: bool = False, structure_only: bool = False):
+    """``name(*args, **kwargs)`` run by torch at numbers (see :func:`_by_values`); ``host``:
+    the stand-ins' class (``cls``) and ``const(torch_tensor)`` making a constant one."""
+    _HOST.append(host)
+    try:
+        return _by_values(name, func, args, kwargs, method, decided, piecewise=piecewise,
+                          structure_only=structure_only)
+    finally:
+        _HOST.pop()
+
+
+def _by_values(name, func, args, kwargs, method, decided=None, *,
+               piecewise: bool = False, structure_only: bool = False):
     """``name(*args, **kwargs)`` (stand-ins among them) run by torch at numbers, with the
     meaning described in the module docstring; raises TypeError where it has none.
     ``piecewise``: the call is piecewise constant (``div(..., rounding_mode=)``);
@@ -216,7 +227,7 @@ def torch_by_values(name, func, args, kwargs, method, decided=None, *,
         isinstance(self_, _stand_in())
 
     def call(sub):
-        from .trace import _REAL
+        from .trace_fold import _REAL
 
         a = _map_args(args, sub)
         k = _map_args(kwargs, sub)
@@ -261,8 +272,8 @@ def _affine(name, symbolic, call, at, real_outs):
     """Stand-ins for ``real_outs``: float outputs as affine maps of the symbols, confirmed
     at the recorded values and a random point; TypeError where the call is not affine."""
     from ..tensor import Tensor
-    from .trace import TorchSym
 
+    TorchSym = _stand_in()
     syms = np.concatenate([_sym_data(s).reshape(-1) for s in symbolic])
     shapes = [_sym_data(s).shape for s in symbolic]
     n = syms.size
