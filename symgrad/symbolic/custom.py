@@ -83,7 +83,7 @@ def trace_state(g, graph) -> dict:
             values, args, syms = {}, [], {}
             for j, v in enumerate(in_vals):
                 a = np.asarray(v) if j in pos else None
-                if a is not None and a.dtype.kind == "f":
+                if a is not None and a.dtype.kind == "f" and g.needs[j]:
                     arr = np.empty(a.shape, dtype=object)
                     for i, idx in enumerate(np.ndindex(*a.shape)):
                         s = E.make_symbol(name, f"_x{j}_{i}")
@@ -94,8 +94,10 @@ def trace_state(g, graph) -> dict:
                 else:
                     args.append(a if a is not None else v)
             ev = E.Evaluator(values)
+            decided: list = []
             try:
-                outs = trace_forward(cls, args, SympyBackend(engine, valuation=ev), pos)
+                outs = trace_forward(cls, args, SympyBackend(engine, valuation=ev), pos,
+                                     decided)
             except TraceError as exc:
                 st["note"] = exc.note() + "; checked by central finite differences"
             else:
@@ -106,8 +108,13 @@ def trace_state(g, graph) -> dict:
                                   f"{[tuple(o.shape) for o in touts]}, recorded {want}; "
                                   "checked by central finite differences")
                 else:
-                    st = {"status": "ok", "note": "", "syms": syms, "ev": ev,
-                          "outs": touts, "engine_name": name}
+                    note = ""
+                    if decided:
+                        note = (f"{cls.__name__}.forward traced on symbols; decided at the "
+                                f"recorded values, as branches are: {', '.join(decided)}; "
+                                "the arithmetic is symbolic")
+                    st = {"status": "ok", "note": note, "syms": syms, "ev": ev,
+                          "outs": touts, "engine_name": name, "decided": tuple(decided)}
     g.trace = st
     if st["note"]:
         g.note = st["note"]
@@ -131,6 +138,12 @@ def custom_meaning(g, engine, arrays, be=None):
 
         if surrogate_of(cls):
             raise NotImplementedError(f"{g.name}: declares a surrogate gradient")
+        if be is not None and getattr(be, "valuation", None) is not None:
+            # an input no gradient flows through is a constant: its recorded numbers
+            # (``.item()`` of it is a number, as in the forward that ran)
+            arrays = [be.as_constant(a) if j in _positions(g) and not g.needs[j]
+                      and isinstance(a, np.ndarray) and a.dtype == object else a
+                      for j, a in enumerate(arrays)]
         try:
             outs = trace_forward(cls, arrays, be if be is not None else SympyBackend(engine),
                                  _positions(g))
@@ -396,8 +409,8 @@ def traced_latex(node, name_of, out_name: str, latex_name) -> tuple:
             args.append(v)
             continue
         shape = v[1] if isinstance(v, tuple) else np.shape(v)
-        if not isinstance(v, tuple) and np.asarray(v).dtype.kind != "f":
-            args.append(np.asarray(v))
+        if not isinstance(v, tuple) and (np.asarray(v).dtype.kind != "f" or not needs[j]):
+            args.append(np.asarray(v))  # integers, booleans, constants: their numbers
             continue
         base = latex_name(names[j])
         arr = np.empty(shape, dtype=object)

@@ -13,11 +13,18 @@ matmul/dot, ...) onto the SymPy backend's kernels, and ``symgrad.tensor`` /
 ``from_numpy`` / ``as_tensor`` turn such arrays back into symbolic tensors.
 
 Comparisons (``x > 0``, ``maximum``, ``clamp``, ``where`` conditions) are decided at the
-values of the point being checked, as every branch in the verifier is. A value taken out
-of a tensor (``.item()``, ``float(x)``, an element of ``.numpy()``) and used in Python
-control flow cannot be decided on symbols: such a forward raises :class:`TraceError`,
-which names the line of the user's code that stopped the trace, and the verifier falls
-back to finite differences with that note.
+values of the point being checked, as every branch in the verifier is; so is the
+data-dependent structure built from them (masks, counts, sort order, computed indices,
+integer casts): kernels none of whose operands holds a symbol run numerically
+(``trace_fold.py``), so such values stay integers and booleans that index, gather and
+scatter, and only the arithmetic on symbols is symbolic. ``decided`` (see
+:func:`trace_forward`) collects what was decided, for the report's note. A tensor input
+that needs no gradient holds its recorded numbers, and ``.item()`` of it is a Python
+number. Torch calls symgrad has no op for run in torch at numbers where that is exact
+(``trace_values.py``). A value taken out of a symbolic tensor (``.item()``, ``float(x)``,
+an element of ``.numpy()``) and used in Python control flow cannot be decided on symbols:
+such a forward raises :class:`TraceError`, which names the line of the user's code that
+stopped the trace, and the verifier falls back to finite differences with that note.
 """
 
 from __future__ import annotations
@@ -26,10 +33,12 @@ import contextlib
 import linecache
 import os
 import traceback
+import types
 
 import numpy as np
 
-from ..backends.sympy_backend import obj
+from ..backends.sympy_backend import is_number, obj
+from .trace_fold import _ACTIVE, _REAL  # the trace's state: its backend; torch at numbers
 
 __all__ = ["TraceError", "TraceCtx", "SymArray", "TorchSym", "symbolic_device", "trace_forward",
            "surrogate_of", "forward_arg_names", "is_torch_function"]
@@ -175,10 +184,11 @@ _ELEMENTWISE = {
     "exp2": lambda sp, x: 2 ** x, "square": lambda sp, x: x * x,
     "cbrt": lambda sp, x: x ** sp.Rational(1, 3), "positive": lambda sp, x: x,
     "conjugate": lambda sp, x: x,
+    "arccosh": lambda sp, x: sp.acosh(x), "log1p": lambda sp, x: sp.log(1 + x),
+    "expm1": lambda sp, x: sp.exp(x) - 1, "erfc": lambda sp, x: 1 - sp.erf(x),
 }
 _REDUCE = {"add": "sum", "maximum": "amax", "minimum": "amin", "fmax": "amax", "fmin": "amin"}
 
-_ACTIVE: list = []  # the backend of the innermost trace
 
 
 def _plain(a):
@@ -328,7 +338,12 @@ def symbolic_device(be):
             if self._data.size != 1:
                 raise RuntimeError(f"a Tensor with {self._data.size} elements cannot be "
                                    "converted to Scalar")
-            return self._data.reshape(-1)[0]
+            v = self._data.reshape(-1)[0]
+            if is_number(v) and not isinstance(v, (bool, np.bool_)):
+                v = float(v)  # a constant: a Python number, as item() gives
+                if not self.dtype.is_floating_point:
+                    v = int(v)
+            return v.item() if isinstance(v, np.generic) else v
         return orig_item(self)
 
     def tolist(self):
@@ -345,10 +360,24 @@ def symbolic_device(be):
         create.__wrapped__ = orig
         return create
 
+    device_mod = importlib.import_module("symgrad.device")
+    saved_default_device = device_mod._DEFAULT
+    device_mod._DEFAULT = dev  # tensors made inside the forward (arange, zeros) join it
     cuda._require_cuda = _require
     patch(Tensor, "numpy", numpy)
     patch(Tensor, "item", item)
     patch(Tensor, "tolist", tolist)
+    from .trace_fold import _INT_METHODS, decided_cast, decided_method
+
+    for name in (*_INT_METHODS, "to", "type"):
+        if hasattr(Tensor, name):
+            patch(Tensor, name, decided_cast(getattr(Tensor, name), name))
+    for name in _DECIDE:  # comparisons symgrad computes on the data itself
+        if hasattr(Tensor, name):
+            patch(Tensor, name, decided_method(getattr(Tensor, name), name))
+        for mod in (sg, importlib.import_module("symgrad.functional")):
+            if hasattr(mod, name):
+                patch(mod, name, decided_method(getattr(mod, name), name))
     for name in ("tensor", "from_numpy", "as_tensor", "asarray"):
         for mod in (sg, creation):
             if hasattr(mod, name):
@@ -360,6 +389,7 @@ def symbolic_device(be):
         _ACTIVE.pop()
         for owner, name, old in reversed(patched):
             setattr(owner, name, old)
+        device_mod._DEFAULT = saved_default_device
         cuda._require_cuda = require
         if saved_dt is None:
             tensor_mod._DT_OF.pop(key, None)
@@ -389,18 +419,23 @@ def _arg_array(a):
     return a.copy()
 
 
-def trace_forward(cls, args, be, tensor_positions) -> tuple:
+def trace_forward(cls, args, be, tensor_positions, decided: list | None = None) -> tuple:
     """Run ``cls.forward`` once on symbolic tensors; the outputs' object arrays (None for a
     non-tensor output). ``args``: per forward argument, an array (tensor arguments, at
     ``tensor_positions``) or the value itself. A ``torch.autograd.Function`` gets
-    :class:`TorchSym` stand-ins for its tensor arguments. Raises :class:`TraceError`."""
+    :class:`TorchSym` stand-ins for its tensor arguments. Raises :class:`TraceError`.
+    ``decided`` (a list) receives what was decided at the recorded values (comparisons,
+    sort order, torch calls run at numbers): data-dependent structure, like branches."""
     from ..autograd.grad_mode import no_grad
     from ..tensor import Tensor
+    from .trace_fold import FoldingBackend
 
     pos = set(tensor_positions)
     torch_cls = is_torch_function(cls)
+    decided = decided if decided is not None else []
+    be = FoldingBackend(be._be if isinstance(be, FoldingBackend) else be, decided)
     with symbolic_device(be) as dev, \
-            (_torch_symbolic(dev) if torch_cls else contextlib.nullcontext()):
+            (_torch_symbolic(dev, decided) if torch_cls else contextlib.nullcontext()):
         targs = [Tensor._wrap(_arg_array(a), dev) if j in pos else a
                  for j, a in enumerate(args)]
         if torch_cls:
@@ -445,18 +480,21 @@ def _torch_no_grad():
 # of one gives a stand-in back, so NumPy inside a torch forward is followed too.
 
 _TORCH_DEV: list = []  # the symbolic device of the innermost torch trace
+_DECIDED: list = []  # per trace: the torch calls decided at the recorded values
 
 #: torch names -> the symgrad name with the same meaning
 _TORCH_ALIAS = {"clip": "clamp", "absolute": "abs", "multiply": "mul", "subtract": "sub",
                 "divide": "div", "true_divide": "div", "greater": "gt", "greater_equal": "ge",
                 "less": "lt", "less_equal": "le", "not_equal": "ne", "negative": "neg",
                 "arctan": "atan", "arcsin": "asin", "arccos": "acos", "arctanh": "atanh",
-                "arcsinh": "asinh", "hardtanh": "clamp", "concat": "cat", "concatenate": "cat"}
+                "arcsinh": "asinh", "hardtanh": "clamp", "concat": "cat", "concatenate": "cat",
+                "arccosh": "acosh", "fmax": "maximum", "fmin": "minimum"}
 #: torch elementwise functions symgrad has no op for -> the NumPy-name meaning above
 _TORCH_ELEMENTWISE = {"tan": "tan", "atan": "arctan", "asin": "arcsin", "acos": "arccos",
                       "sinh": "sinh", "cosh": "cosh", "atanh": "arctanh", "asinh": "arcsinh",
                       "log1p": "log1p", "expm1": "expm1", "log2": "log2", "log10": "log10",
-                      "exp2": "exp2", "square": "square"}
+                      "exp2": "exp2", "square": "square", "acosh": "arccosh",
+                      "arccosh": "arccosh", "erfc": "erfc"}
 
 
 def _engine_map(x, f):
@@ -512,6 +550,135 @@ _TORCH_EXTRA = {
     "view_as": lambda x, other: x.reshape(tuple(other.shape)),
     "reshape_as": lambda x, other: x.reshape(tuple(other.shape)),
 }
+def _sg():
+    import symgrad
+
+    return symgrad
+
+
+def _normalize(x, p=2.0, dim=1, eps=1e-12, out=None):
+    return x / x.norm(p=p, dim=dim, keepdim=True).clamp_min(eps)
+
+
+def _glu(x, dim=-1):
+    a, b = x.chunk(2, dim=dim)
+    return a * b.sigmoid()
+
+
+def _selu(x, inplace=False):
+    alpha, scale = 1.6732632423543772848170429916717, 1.0507009873554804934193349852946
+    return scale * _sg().where(x > 0, x, alpha * (x.exp() - 1))
+
+
+def _shrink(x, lambd=0.5, soft=False):
+    sg = _sg()
+    if not soft:
+        return sg.where(x.abs() > lambd, x, x * 0)
+    return sg.where(x > lambd, x - lambd, sg.where(x < -lambd, x + lambd, x * 0))
+
+
+def _by_index(name):
+    """A value-dependent selection (cummax, median(dim), kthvalue, mode): its indices
+    decided at the recorded values by torch, its values the elements they pick."""
+    def f(x, *args, **kwargs):
+        from .trace_values import torch_by_values
+
+        r = torch_by_values(name, None, (_to_torch(x),) + tuple(_to_torch(a) for a in args),
+                            {k: _to_torch(v) for k, v in kwargs.items()}, True,
+                            _DECIDED[-1] if _DECIDED else None, structure_only=True,
+                            host=_HOST)
+        if not isinstance(r, tuple):  # median() of all elements: the lower middle one
+            if name not in ("median", "nanmedian"):
+                raise TypeError(f"torch {name!r} on symbols: only its form with dim is "
+                                "traced")
+            return _median_all(x)
+        idx = r.indices._sgt
+        dim = kwargs.get("dim", args[-1] if name in ("cummax", "cummin", "mode") and args
+                         else (args[1] if len(args) > 1 else (args[0] if args else -1)))
+        if name in ("median", "nanmedian", "mode"):
+            dim = kwargs.get("dim", args[0] if args else -1)
+        keep = kwargs.get("keepdim", False) or name in ("cummax", "cummin")
+        i = idx if keep else idx.unsqueeze(dim)
+        vals = x.take_along_dim(i, dim)
+        return type(r)((vals if keep else vals.squeeze(dim), idx))
+
+    return f
+
+
+def _decided(name, x, *args, **kwargs):
+    """torch's ``name`` of ``x`` at the recorded values: a constant (piecewise constant)."""
+    from .trace_values import torch_by_values
+
+    return _to_sg(torch_by_values(name, None, (_to_torch(x),) + args, kwargs, True,
+                                  _DECIDED[-1] if _DECIDED else None, piecewise=True,
+                               host=_HOST))
+
+
+def _matrix_power(x, n):
+    if n < 0:
+        raise TypeError("matrix_power with a negative exponent (an inverse) has no SymPy "
+                        "meaning here")
+    out = _sg().eye(x.shape[-1], dtype=x.dtype).expand(*x.shape)
+    for _ in range(n):
+        out = out @ x
+    return out
+
+
+def _median_all(x, name="median"):
+    flat = x.reshape(-1)
+    return flat.sort().values[(flat.numel() - 1) // 2]
+
+
+_TORCH_EXTRA.update({
+    "frac": lambda x: x - _decided("trunc", x),
+    "fmod": lambda x, y: x - _decided("trunc", x / y) * y,
+    "remainder": lambda x, y: x - _decided("floor", x / y) * y,
+    "copysign": lambda x, y: x.abs() * _sg().where(
+        _decided("signbit", y if hasattr(y, "_data") else _sg().tensor(float(y))), -1.0, 1.0),
+    "ldexp": lambda x, e: x * 2.0 ** e,
+    "sinc": lambda x: _sg().where(x == 0, x * 0 + 1, (x * np.pi).sin() / (x * np.pi)),
+    "logit": lambda x, eps=None: (lambda z: (z / (1 - z)).log())(
+        x if eps is None else x.clamp(eps, 1 - eps)),
+    "prelu": lambda x, w: _sg().where(x > 0, x, w * x),
+    "dist": lambda x, y, p=2: (x - y).norm(p=p),
+    "logcumsumexp": lambda x, dim: x.exp().cumsum(dim).log(),
+    "nanmean": lambda x, dim=None, keepdim=False, **k: x.mean() if dim is None else
+    x.mean(dim, keepdim=keepdim),
+    "msort": lambda x: x.sort(dim=0).values,
+    "aminmax": lambda x, *, dim=None, keepdim=False: __import__(
+        "torch").return_types.aminmax((_amax(x, dim, keepdim, name="min"),
+                                       _amax(x, dim, keepdim))),
+    "requires_grad_": lambda x, requires_grad=True: x,  # no graph inside a traced forward
+    "matrix_power": lambda x, n: _matrix_power(x, n),
+    "cdist": lambda a, b, p=2.0, **k: (((a.unsqueeze(-2) - b.unsqueeze(-3)).abs() ** p).sum(
+        -1)) ** (1.0 / p),
+    "cpu": lambda x, *a, **k: x,
+    "addcdiv": lambda x, t1, t2, *, value=1: x + value * t1 / t2,
+    "logaddexp": lambda a, b: (a.exp() + b.exp()).log(),
+    "logaddexp2": lambda a, b: (2 ** a + 2 ** b).log() / np.log(2.0),
+    "float_power": lambda x, e: x.double() ** e,
+    "xlogy": lambda x, y: _sg().where(x == 0, x * 0, x * y.log()),
+    "hardshrink": lambda x, lambd=0.5: _shrink(x, lambd),
+    "softshrink": lambda x, lambd=0.5: _shrink(x, lambd, soft=True),
+    "tanhshrink": lambda x: x - x.tanh(),
+    "mish": lambda x, inplace=False: x * _softplus(x).tanh(),
+    "selu": _selu,
+    "celu": lambda x, alpha=1.0, inplace=False: _sg().where(x > 0, x, alpha * (
+        (x / alpha).exp() - 1)),
+    "relu6": lambda x, inplace=False: x.clamp(0, 6),
+    "hardswish": lambda x, inplace=False: x * (x + 3).clamp(0, 6) / 6,
+    "hardsigmoid": lambda x, inplace=False: (x / 6 + 0.5).clamp(0, 1),
+    "softsign": lambda x: x / (1 + x.abs()),
+    "normalize": _normalize,
+    "glu": _glu,
+    "log_sigmoid": lambda x: _sg().nn.functional.logsigmoid(x),
+    "_threshold": lambda x, threshold, value, inplace=False: _sg().where(
+        x > threshold, x, x * 0 + value),
+    "threshold": lambda x, threshold, value, inplace=False: _sg().where(
+        x > threshold, x, x * 0 + value),
+    **{n: _by_index(n) for n in ("cummax", "cummin", "median", "nanmedian", "kthvalue",
+                                 "mode")},
+})
 for _n, _u in _TORCH_ELEMENTWISE.items():
     _TORCH_EXTRA.setdefault(_n, (lambda u: lambda x: _engine_map(
         x, lambda sp, e: _ELEMENTWISE[u](sp, e)))(_u))
@@ -531,7 +698,8 @@ def _to_sg(a):
     if isinstance(a, torch.dtype):
         from .. import dtypes
 
-        return getattr(dtypes, str(a).rsplit(".", 1)[-1])
+        n = str(a).rsplit(".", 1)[-1]
+        return getattr(dtypes, n, None) or getattr(dtypes, n + "_")
     if isinstance(a, torch.Size):
         return tuple(int(s) for s in a)
     if isinstance(a, SymArray):
@@ -553,25 +721,74 @@ def _to_torch(r):
         return getattr(torch, str(r).rsplit(".", 1)[-1], r)
     if hasattr(r, "_fields"):
         return type(r)(*(_to_torch(u) for u in r))
+    if type(r).__name__ == "Size" and type(r).__module__.startswith("symgrad"):
+        import torch
+
+        return torch.Size(r)  # x.new(x.shape): a shape, not data
     if isinstance(r, (list, tuple)):
         return type(r)(_to_torch(u) for u in r)
     return r
 
 
-def _torch_call(name, args, kwargs, method):
-    """A torch function or method ``name`` on stand-ins, run as symgrad's."""
+#: comparisons symgrad computes in NumPy on the data (not through a backend kernel): on
+#: symbols they are decided at the recorded values by torch
+_DECIDE = frozenset({"isclose", "allclose", "equal", "isnan", "isinf", "isfinite",
+                     "isposinf", "isneginf", "isreal", "signbit"})
+
+
+def _holds_symbols(t) -> bool:
+    from .trace_fold import has_symbols
+
+    return has_symbols(t._data)
+
+
+def _torch_call(name, args, kwargs, method, func=None):
+    """A torch function or method ``name`` on stand-ins, run as symgrad's; one symgrad
+    lacks is run by torch at numbers where that has an exact meaning (trace_values.py)."""
     import symgrad as sg
     from symgrad.nn import functional as F
 
     from ..tensor import Tensor
 
+    orig_name, orig_args, orig_kwargs = name, args, kwargs
     name = _TORCH_ALIAS.get(name, name)
     args = _to_sg(tuple(args))
     if kwargs.get("out") is not None:
         raise TypeError(f"torch {name}(..., out=) is not supported on symbolic values")
     kwargs = {k: _to_sg(v) for k, v in kwargs.items() if k not in ("device", "out")}
+    if name in ("div", "divide", "true_divide") and kwargs.get("rounding_mode") is not None:
+        from .trace_values import torch_by_values  # floor/trunc division: piecewise constant
+
+        return torch_by_values(orig_name, func, orig_args, orig_kwargs, method,
+                               _DECIDED[-1] if _DECIDED else None, piecewise=True,
+                               host=_HOST)
+    if name == "to":  # a device among to()'s arguments: the trace's device stays
+        args = tuple(a for a in args if not isinstance(a, str) and
+                     type(a).__name__ != "device")
     if name in _TORCH_EXTRA:
         return _to_torch(_TORCH_EXTRA[name](*args, **kwargs))
+    first = args[0] if args else None
+    if name in _DECIDE and any(isinstance(a, Tensor) and _holds_symbols(a) for a in args):
+        from .trace_values import torch_by_values  # a comparison: decided at the values
+
+        return torch_by_values(orig_name, func, orig_args, orig_kwargs, method,
+                               _DECIDED[-1] if _DECIDED else None, piecewise=True,
+                               host=_HOST)
+    if method and (name.endswith("_") or name == "__setitem__") and orig_args and \
+            not isinstance(orig_args[0], TorchSym):
+        raise TypeError(f"torch {orig_name}: writes symbolic values into a torch tensor made "
+                        "outside the traced forward (it cannot hold them)")
+    if method and name.endswith("_") and not name.endswith("__") and \
+            isinstance(first, Tensor) and not hasattr(Tensor, name) and (
+            hasattr(Tensor, _TORCH_ALIAS.get(name[:-1], name[:-1]))
+            or _TORCH_ALIAS.get(name[:-1], name[:-1]) in _TORCH_EXTRA):
+        # an in-place method symgrad has only out of place: computed, written into self
+        r = _to_sg(_torch_call(name[:-1], orig_args, orig_kwargs, True, None))
+        if tuple(r.shape) != tuple(first.shape):  # unsqueeze_, t_ ...: self's new shape
+            first._data = np.array(r._data, copy=True)
+        else:
+            first.copy_(r.to(first.dtype) if r.dtype != first.dtype else r)
+        return orig_args[0]
     first = args[0] if args else None
     if method and isinstance(first, Tensor) and hasattr(Tensor, name):
         return _to_torch(getattr(first, name)(*args[1:], **kwargs))
@@ -581,7 +798,10 @@ def _torch_call(name, args, kwargs, method):
             return _to_torch(f(*args, **kwargs))
     if isinstance(first, Tensor) and hasattr(Tensor, name):
         return _to_torch(getattr(first, name)(*args[1:], **kwargs))
-    raise TypeError(f"torch {name!r} has no SymPy meaning here (symbolic values)")
+    from .trace_values import torch_by_values
+
+    return torch_by_values(orig_name, func, orig_args, orig_kwargs, method,
+                           _DECIDED[-1] if _DECIDED else None, host=_HOST)
 
 
 class TorchSym:
@@ -603,24 +823,27 @@ class TorchSym:
             getattr(func, "__qualname__", "")).startswith(("TensorBase.", "Tensor."))
         if name == "__get__":  # a property read through torch (x.shape on a real tensor)
             raise TypeError(f"torch {func} has no SymPy meaning here (symbolic values)")
-        return _torch_call(name, args, kwargs or {}, method)
+        return _torch_call(name, args, kwargs or {}, method, func)
 
     def __getattr__(self, name):
         if name.startswith("__"):
             raise AttributeError(name)
+        import torch
+
         from ..tensor import Tensor
 
         if name in _TORCH_EXTRA or name in _TORCH_ALIAS or callable(
-                getattr(Tensor, name, None)):
+                getattr(Tensor, name, None)) or (not hasattr(Tensor, name) and callable(
+                getattr(torch.Tensor, name, None))):
             def method(*args, **kwargs):
                 return _torch_call(name, (self,) + args, kwargs, True)
 
             method.__name__ = name
             return method
         if name == "device":
-            import torch
-
             return torch.device("cpu")
+        if not hasattr(Tensor, name) and hasattr(torch.Tensor, name):  # x.H, x.mH ...
+            return _torch_call(name, (self,), {}, True)
         return _to_torch(getattr(self._sgt, name))
 
     def __repr__(self) -> str:
@@ -641,6 +864,9 @@ class TorchSym:
     def __len__(self) -> int:
         return len(self._sgt)
 
+    def __setitem__(self, index, value) -> None:
+        self._sgt[_to_sg(index)] = _to_sg(value)
+
     def __iter__(self):
         return (_to_torch(u) for u in self._sgt)
 
@@ -649,6 +875,11 @@ class TorchSym:
         return a if dtype is None else a.astype(dtype)
 
     __hash__ = object.__hash__
+
+
+#: what trace_values.py needs of the stand-ins (it does not import this module)
+_HOST = types.SimpleNamespace(cls=TorchSym,
+                              const=lambda t: _to_torch(_to_sg(t.detach())))
 
 
 def _operator(name):
@@ -675,7 +906,7 @@ def is_torch_function(cls) -> bool:
 
 
 @contextlib.contextmanager
-def _torch_symbolic(dev):
+def _torch_symbolic(dev, decided: list):
     """torch creation from symbolic data (``torch.from_numpy(np.exp(x.numpy()))``) gives a
     stand-in inside this block."""
     import torch
@@ -686,11 +917,22 @@ def _torch_symbolic(dev):
 
     def make(orig):
         def create(data, *a, **k):
+            if _REAL:
+                return orig(data, *a, **k)
             if isinstance(data, TorchSym):
                 return data
             if _is_symbolic_data(data):
                 return TorchSym(Tensor._wrap(_as_object(data), dev))
-            return orig(data, *a, **k)
+            return _to_torch(_to_sg(orig(data, *a, **k)))
+
+        create.__wrapped__ = orig
+        return create
+
+    def make_const(orig):
+        def create(*a, **k):
+            if _REAL or any(isinstance(u, TorchSym) for u in list(a) + list(k.values())):
+                return orig(*a, **k)  # through __torch_function__
+            return _to_torch(_to_sg(orig(*a, **k)))
 
         create.__wrapped__ = orig
         return create
@@ -699,10 +941,19 @@ def _torch_symbolic(dev):
         if hasattr(torch, name):
             patched.append((name, getattr(torch, name)))
             setattr(torch, name, make(getattr(torch, name)))
+    # every tensor made inside the forward is a stand-in: writing expressions into it works
+    for name in ("zeros", "ones", "full", "empty", "eye", "arange", "linspace", "logspace",
+                 "zeros_like", "ones_like", "full_like", "empty_like", "rand", "randn",
+                 "randint", "rand_like", "randn_like", "tril_indices", "triu_indices"):
+        if hasattr(torch, name):
+            patched.append((name, getattr(torch, name)))
+            setattr(torch, name, make_const(getattr(torch, name)))
     _TORCH_DEV.append(dev)
+    _DECIDED.append(decided)
     try:
         yield
     finally:
+        _DECIDED.pop()
         _TORCH_DEV.pop()
         for name, old in reversed(patched):
             setattr(torch, name, old)
