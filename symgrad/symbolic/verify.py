@@ -232,6 +232,8 @@ def _verify(root, gradient, names, mode, order, rtol, atol, sample, seed, timeou
 
         namespace = caller_namespace()
     graph = _to_graph(root, names, namespace)
+    #: the outputs the engine made (the forward check's values), before any replay
+    graph._recorded = frozenset(graph._values)
     root_shape = graph.root_value.shape
     if gradient is None:
         if graph.root_value.size != 1:
