@@ -317,8 +317,10 @@ class ComplexStepBackend:
         return val + 1j * tan
 
     # -- decisions on the real parts -----------------------------------------------------------
-    @staticmethod
-    def _extreme(x, axis, keepdims, larger):
+    #: a tie in amax/amin takes the first element (ops returning indices), else splits
+    ties_first = False
+
+    def _extreme(self, x, axis, keepdims, larger):
         xr = np.asarray(_re(x))
         m = np.max(xr, axis=axis, keepdims=True) if larger else \
             np.min(xr, axis=axis, keepdims=True)
@@ -329,11 +331,18 @@ class ComplexStepBackend:
             if np.isnan(xr).any():
                 raise Fallback("max/min over nan")
             tied = xr == m
+            if self.ties_first:  # max(dim): the element argmax returns (the first)
+                first = np.argmax(tied, axis=axis) if axis is not None else \
+                    np.argmax(tied.reshape(-1))
+                tied = np.zeros_like(tied)
+                if axis is None:
+                    tied.reshape(-1)[first] = True
+                else:
+                    np.put_along_axis(tied, np.expand_dims(first, axis), True, axis=axis)
             count = np.sum(tied, axis=axis, keepdims=True)
-            t = np.where(tied, xi, 0.0)
-            if np.any((count > 1) & np.any(t != 0, axis=axis, keepdims=True)):
-                raise Fallback("a tie at a max/min")
-            out = m + 1j * np.sum(t, axis=axis, keepdims=True)
+            # PyTorch's amax splits a tie evenly: the mean of the tied tangents
+            t = np.sum(np.where(tied, xi, 0.0), axis=axis, keepdims=True) / count
+            out = m + 1j * t
         if not keepdims:
             out = np.squeeze(out, axis=axis) if axis is not None else out.reshape(())
         return np.asarray(out)
@@ -404,6 +413,7 @@ def adjoint_check(g, in_vals, us, engine_res, rng, tol_for=None):
     if not _float64_node(g, in_vals):
         raise Fallback("not a float64 node")
     be = ComplexStepBackend()
+    be.ties_first = "indices" in g.spec.outputs
     base = list(in_vals)  # real: only the input whose tangent is taken is complex
     n_out = len(us)
     sizes = [int(np.size(x)) for x in in_vals if isinstance(x, np.ndarray)]

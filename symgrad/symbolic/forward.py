@@ -124,6 +124,35 @@ def _recorded_outputs(g, graph, in_vals):
             for nr, o in enumerate(outs)]
 
 
+def _structural_magnitudes(g, args, refs) -> dict:
+    """The magnitude of the terms of each output of a node evaluated by its forward: the
+    forward on the inputs' absolute values (for sums, products, convolutions and moves:
+    the sum of |terms| exactly), plus |output|, plus the inputs' mean magnitude (a value
+    made by subtracting large ones, as log_softmax's ``x - max - log(sum)``)."""
+    from ..backends.numpy_backend import NumpyBackend
+
+    absargs = [np.abs(a) if isinstance(a, np.ndarray) and a.dtype.kind == "f" else a
+               for a in args]
+    scale = [float(np.mean(np.abs(a[np.isfinite(a)]))) for a in absargs
+             if isinstance(a, np.ndarray) and a.dtype.kind == "f" and np.isfinite(a).any()]
+    base = max(scale) if scale else 0.0
+    try:
+        with np.errstate(all="ignore"):
+            absval = meaning_outputs(g, NumpyBackend(), absargs)
+    except Exception:  # noqa: BLE001  (no such pass: |output| and the inputs' scale)
+        absval = ()
+    out = {}
+    for nr, r in refs.items():
+        m = np.abs(r.real) if r.dtype.kind == "c" else np.abs(r.astype(np.float64))
+        m = np.where(np.isfinite(m), m, 0.0)
+        if nr < len(absval) and isinstance(absval[nr], np.ndarray) and \
+                absval[nr].dtype.kind in "fc" and np.shape(absval[nr]) == m.shape:
+            a = np.abs(absval[nr])
+            m = m + np.where(np.isfinite(a), a, 0.0)
+        out[nr] = m + base
+    return out
+
+
 def forward_check(g, graph, in_vals, value=None) -> ForwardCheck | None:
     """Compare node ``g``'s outputs with its meaning at ``in_vals``; None when nothing
     can be compared (a custom Function, no recorded value, no float output).
@@ -161,6 +190,7 @@ def forward_check(g, graph, in_vals, value=None) -> ForwardCheck | None:
                     value = meaning_outputs(g, NumpyBackend(), args)
                 refs = {nr: np.asarray(v) for nr, v in enumerate(value)
                         if not isinstance(v, (tuple, list))}
+                mags = _structural_magnitudes(g, args, refs)
                 sizes = [int(np.size(x)) for x in args if isinstance(x, np.ndarray)]
                 steps = 8 if elementwise else 4 + max(sizes + [1])
     except Exception:  # noqa: BLE001  (a meaning NumPy cannot evaluate here: not compared)

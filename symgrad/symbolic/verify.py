@@ -301,6 +301,7 @@ def _verify(root, gradient, names, mode, order, rtol, atol, sample, seed, timeou
             elif not rep.nodes:
                 rep.nodes = [_not_run(g) for g in graph.nodes]
                 rep.skipped.append("local checks: every leaf agreed, so they were not needed")
+                _run_forward(rep, graph, deadline)
             if order == 2:
                 _run_hvp(rep, graph, gradient, tol_for, rng, deadline)
         else:
@@ -963,6 +964,7 @@ def _fd_indices(n, worst, rng, sample):
 
 def _run_local(rep, graph, engine, engine_name, rng, sample, tol_for, deadline, progress=None):
     rep.ran.append("local")
+    rep.ran.append("forward values")
     rows = []
     origins = []
     first = None
@@ -997,6 +999,37 @@ def _run_local(rep, graph, engine, engine_name, rng, sample, tol_for, deadline, 
         break
     if any(r.sampled for r in rows):
         rep.notes.append("local mode sampled elements of large tensors (seeded; see details)")
+
+
+def _run_forward(rep, graph, deadline=None) -> None:
+    """Exact mode: each node's recorded output against its meaning at its recorded inputs
+    (forward.py), so a wrong forward kernel whose gradients agree is named like a wrong
+    backward (local mode does this inside each node's check)."""
+    from .forward import forward_check
+
+    rows = {r.id: r for r in rep.nodes}
+    first = None
+    for g in graph.nodes:
+        if deadline is not None and time.perf_counter() > deadline:
+            raise TimeoutExpired
+        try:
+            fc = forward_check(g, graph, graph.node_inputs(g))
+        except Exception:  # noqa: BLE001  (no value to compare: nothing to say)
+            continue
+        if fc is None or fc.ok:
+            continue
+        row = rows.get(g.index)
+        if row is None:
+            continue
+        row.status = "mismatch"
+        row.detail = fc.detail + (f"; {row.detail}" if row.detail else "")
+        row.max_abs_err, row.bound = fc.err, fc.bound
+        rep.ok = False
+        if first is None:
+            first = g.node
+    rep.ran.append("forward values")
+    if first is not None and rep.first_bad_node is None:
+        rep.first_bad_node = first
 
 
 def _run_glue(rep, graph, seed, deadline=None) -> None:
