@@ -35,6 +35,8 @@ DEFAULT_TOLERANCES = {"float32": (1e-4, 1e-6), "float64": (1e-8, 1e-12),
 FD_SAMPLES = 16
 #: in local mode (big graphs) finite differences are a spot check at this many elements.
 FD_SAMPLES_LOCAL = 3
+#: ... within about this many replays of the whole graph (big graphs: one element a leaf)
+FD_LOCAL_REPLAYS = 8
 
 
 #: The cost estimate auto mode compares with the budget (``exact_cost``): the scalar
@@ -773,6 +775,16 @@ def _fill_fd(rep, graph, gradient, pending, rng, sample, deadline, local=False) 
     left = FD_BUDGET
     skipped = 0
     order = sorted(range(len(pending)), key=lambda n: pending[n][0].status == "ok")
+    per_local = FD_SAMPLES_LOCAL
+    if local:
+        # a spot check, so it costs no more than the local checks themselves: about
+        # FD_LOCAL_REPLAYS replays of the graph, one element per leaf when that is all
+        # it allows (the rows say how many elements each got)
+        replay = max(sum(1 + len(g.inputs) for g in graph.nodes), 1)
+        left = min(FD_BUDGET, max(FD_LOCAL_REPLAYS * replay, 2_000))
+        want = sum(fd_cost(graph, lf) for _, lf, _, _ in pending) * FD_SAMPLES_LOCAL
+        if want > left:
+            per_local = 1
     for n in order:
         row, lf, w, ref = pending[n]
         per = fd_cost(graph, lf)
@@ -781,7 +793,7 @@ def _fill_fd(rep, graph, gradient, pending, rng, sample, deadline, local=False) 
             skipped += 1
             continue
         if local:
-            idx = _fd_indices(lf.value.size, w, rng, FD_SAMPLES_LOCAL)
+            idx = _fd_indices(lf.value.size, w, rng, per_local)
         else:
             idx = _fd_indices(lf.value.size, w, rng, sample)
         idx = idx[:k_max]
@@ -800,8 +812,10 @@ def _fill_fd(rep, graph, gradient, pending, rng, sample, deadline, local=False) 
         row.fd_max_abs_err = float(np.max(errs))
     rep.ran.append("finite differences")
     if skipped:
+        budget = (f"about {FD_LOCAL_REPLAYS} replays of the graph in local mode" if local
+                  else f"{FD_BUDGET} replayed node evaluations")
         rep.skipped.append(f"finite differences: not taken for {skipped} of {len(pending)} "
-                           f"leaves (budget of {FD_BUDGET} replayed node evaluations)")
+                           f"leaves (budget of {budget})")
 
 
 def _nonfinite_row(rep, lf, e, s=None, row=None) -> int | None:
