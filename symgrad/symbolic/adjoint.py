@@ -456,16 +456,20 @@ def adjoint_check(g, in_vals, us, engine_res, rng, tol_for=None):
             u = np.broadcast_to(np.asarray(u, dtype=np.float64), jv.shape)
             s_m += float(np.sum(u * jv))
             aj = np.abs(jv)
-            mag_m += float(np.sum(np.abs(u) * (aj + (aj.mean() if aj.size else 0.0))))
+            au = np.abs(u)
+            mag_m += float(np.sum(au * aj)) + (float(aj.mean()) * float(au.sum()) if aj.size
+                                               else 0.0)
         e = engine_res[k] if k < len(engine_res) else None
         e = np.zeros(x.shape) if e is None else np.asarray(e, dtype=np.float64)
         if e.shape != x.shape:
             raise Fallback("gradient shape differs")  # the element check names the shape
         if not np.isfinite(e).all():
             raise Fallback("non-finite engine gradient")
-        s_e = float(np.sum(e * v))
+        s_e = float(np.vdot(e, v))
         ae = np.abs(e)
-        mag_e = float(np.sum((ae + (ae.mean() if ae.size else 0.0)) * np.abs(v)))
+        av = np.abs(v)
+        mag_e = float(np.vdot(ae, av)) + (float(ae.mean()) * float(av.sum()) if ae.size
+                                          else 0.0)
         allowed = BOUND_FACTOR * eps * n_terms * (mag_e + mag_m)
         if getattr(tol_for, "user", False):  # rtol/atol given: they replace the bound
             rtol, atol = tol_for(x.dtype)

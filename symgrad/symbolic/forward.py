@@ -124,6 +124,15 @@ def _recorded_outputs(g, graph, in_vals):
             for nr, o in enumerate(outs)]
 
 
+def _mean_finite(a) -> float:
+    """The mean of the finite elements of ``a`` (0 if none)."""
+    m = float(a.mean())
+    if np.isfinite(m):
+        return m
+    fin = np.isfinite(a)
+    return float(a[fin].mean()) if fin.any() else 0.0
+
+
 def _structural_magnitudes(g, args, refs) -> dict:
     """The magnitude of the terms of each output of a node evaluated by its forward: the
     forward on the inputs' absolute values (for sums, products, convolutions and moves:
@@ -133,8 +142,8 @@ def _structural_magnitudes(g, args, refs) -> dict:
 
     absargs = [np.abs(a) if isinstance(a, np.ndarray) and a.dtype.kind == "f" else a
                for a in args]
-    scale = [float(np.mean(np.abs(a[np.isfinite(a)]))) for a in absargs
-             if isinstance(a, np.ndarray) and a.dtype.kind == "f" and np.isfinite(a).any()]
+    scale = [_mean_finite(a) for a in absargs
+             if isinstance(a, np.ndarray) and a.dtype.kind == "f" and a.size]
     base = max(scale) if scale else 0.0
     try:
         with np.errstate(all="ignore"):

@@ -781,7 +781,7 @@ def _fill_fd(rep, graph, gradient, pending, rng, sample, deadline, local=False) 
         # FD_LOCAL_REPLAYS replays of the graph, one element per leaf when that is all
         # it allows (the rows say how many elements each got)
         replay = max(sum(1 + len(g.inputs) for g in graph.nodes), 1)
-        left = min(FD_BUDGET, max(FD_LOCAL_REPLAYS * replay, 2_000))
+        left = min(FD_BUDGET, FD_LOCAL_REPLAYS * replay)
         want = sum(fd_cost(graph, lf) for _, lf, _, _ in pending) * FD_SAMPLES_LOCAL
         if want > left:
             per_local = 1
