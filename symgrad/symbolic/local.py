@@ -615,7 +615,9 @@ def _finish_adjoint(chk, g, graph, in_vals, fast):
             chk.bound = allowed
         if not err <= allowed and not bad:
             bad = True
-            chk.detail = (f"d/d{g.input_names[k]}: engine <J^T u, v> = {s_e:.15g}, meaning "
+            name = ", ".join(g.input_names[j] for j in k) if isinstance(k, tuple) \
+                else g.input_names[k]
+            chk.detail = (f"d/d{name}: engine <J^T u, v> = {s_e:.15g}, meaning "
                           f"<u, J v> = {s_m:.15g} (adjoint identity over all {n} elements, "
                           f"random u, v; bound {allowed:.3g})")
     chk.status = "mismatch" if bad else "ok"
