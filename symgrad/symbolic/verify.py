@@ -36,7 +36,7 @@ FD_SAMPLES = 16
 #: in local mode (big graphs) finite differences are a spot check at this many elements.
 FD_SAMPLES_LOCAL = 3
 #: ... within about this many replays of the whole graph (big graphs: one element a leaf)
-FD_LOCAL_REPLAYS = 8
+FD_LOCAL_REPLAYS = 4
 
 
 #: The cost estimate auto mode compares with the budget (``exact_cost``): the scalar
