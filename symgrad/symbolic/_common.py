@@ -36,13 +36,19 @@ def rounding_bound(dtype, mag, n, dterm=None, finite=None):
     eps = float(np.finfo(np.dtype(dtype) if np.dtype(dtype).kind == "f"
                          else np.float64).eps)
     mag = np.asarray(mag, dtype=np.float64)
-    fin = np.isfinite(mag) if finite is None else (finite & np.isfinite(mag))
-    mean = float(np.mean(mag[fin])) if fin.any() else 0.0
-    b = np.asarray(n, dtype=np.float64) * (np.where(np.isfinite(mag), mag, 0.0) + mean)
+    magfin = np.isfinite(mag)
+    all_finite = bool(magfin.all())
+    fin = magfin if finite is None else (finite & magfin)
+    if all_finite and (finite is None or bool(np.all(finite))):
+        mean = float(mag.mean()) if mag.size else 0.0  # (the common case: no mask copy)
+    else:
+        mean = float(np.mean(mag[fin])) if fin.any() else 0.0
+    b = mag + mean if all_finite else np.where(magfin, mag, 0.0) + mean
+    b = b * np.asarray(n, dtype=np.float64)
     if dterm is not None:
         b = b + np.where(np.isfinite(dterm), dterm, 0.0)
-    b = BOUND_FACTOR * eps * b
-    return np.maximum(b, np.finfo(np.float64).tiny)
+    b *= BOUND_FACTOR * eps
+    return np.maximum(b, np.finfo(np.float64).tiny, out=b)
 
 
 def _sum_to(a: np.ndarray, shape) -> np.ndarray:

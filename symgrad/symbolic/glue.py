@@ -52,6 +52,9 @@ class GlueFault:
 
 def _compare(got, want, mag, n, dtype):
     """(ok, worst flat index, error, bound) of ``got`` against the exact ``want``."""
+    got, want = np.asarray(got), np.asarray(want)
+    if got.shape == want.shape and np.array_equal(got, want):
+        return True, 0, 0.0, 0.0  # equal: within any bound (the common case, at no cost)
     got = np.asarray(got, dtype=np.float64).reshape(-1)
     want = np.asarray(want, dtype=np.float64).reshape(-1)
     if got.shape != want.shape:
@@ -107,6 +110,8 @@ def check_fit(g, raw, fitted, shapes, dtypes):
         if fv.dtype != want_dt:
             return GlueFault(what, f"the engine made dtype {fv.dtype}, expected {want_dt}",
                              g.node)
+        if not broadcast and fv.dtype == rv.dtype and (fv is rv or np.array_equal(fv, rv)):
+            continue  # nothing to reduce or cast, and the engine passed it on unchanged
         r64 = rv.astype(np.float64)
         try:
             want = _sum_to(r64, shape)

@@ -29,6 +29,7 @@ from ._common import (  # noqa: F401  (BOUND_FACTOR re-exported: defined here be
     lambdify_numpy,
     rounding_bound,
 )
+from .forward import in_node_dtype as _in_node_dtype
 
 __all__ = ["check_node", "NodeCheck"]
 
@@ -38,7 +39,7 @@ DENSE_LIMIT = 512
 
 class NodeCheck:
     __slots__ = ("status", "max_abs_err", "max_rel_err", "sampled", "checked", "formula",
-                 "detail", "worst", "unknown", "engine_nonfinite", "bound", "glue")
+                 "detail", "worst", "unknown", "engine_nonfinite", "bound", "glue", "forward")
 
     def __init__(self, status="ok", formula="") -> None:
         self.status = status
@@ -54,6 +55,7 @@ class NodeCheck:
         self.engine_nonfinite = ""
         self.bound = None  # the error allowed at the worst element
         self.glue = None  # a GlueFault: the engine's reduction after this node is wrong
+        self.forward = None  # a forward.ForwardCheck: the recorded output against the meaning
 
 
 _TEMPLATES: dict = {}
@@ -232,24 +234,6 @@ def _formula(spec, f, xs, positions):
         d = sympy.diff(f, xs[k]).xreplace(sub)
         parts.append(f"d/d{names[k] if k < len(names) else k} = {sympy.sstr(d)}")
     return "; ".join(parts)
-
-
-def _in_node_dtype(g, in_vals):
-    """``(params, in_vals)`` with Python-float parameters and scalar inputs rounded to a
-    float32 node's dtype, as the engine's float32 kernel uses them: ``x.clamp(0.7, 0.9)``
-    on float32 compares ``x`` with ``float32(0.7)``, so an element equal to float32(0.7)
-    is on the bound, not below it."""
-    dts = [np.asarray(x).dtype for x in in_vals if isinstance(x, np.ndarray)
-           and x.dtype.kind == "f"]
-    if not dts or max(dt.itemsize for dt in dts) != 4:
-        return g.params, in_vals
-
-    def rnd(v):
-        return float(np.float32(v)) if isinstance(v, float) else v
-
-    params = {k: rnd(v) for k, v in g.params.items()}
-    in_vals = [rnd(x) if r[0] == "scalar" else x for x, r in zip(in_vals, g.inputs)]
-    return params, in_vals
 
 
 def _elementwise_jtv(g, in_vals, v, graph=None):
@@ -458,6 +442,9 @@ def check_node(g, graph, engine, engine_name, rng, sample, tol_for, deadline=Non
             notes.append(note)
     elif callable(g.spec.sympy):
         sym, chk.formula = _elementwise_jtv(g, in_vals, v64[0], graph)
+    elif g.spec.sympy == STRUCTURAL and (fast := _adjoint(g, in_vals, v64, engine_res, rng,
+                                                           tol_for)) is not None:
+        return _finish_adjoint(chk, g, graph, in_vals, fast)
     elif g.spec.sympy == STRUCTURAL:
         # at the exact replay's precision: exp(x_i)/sum exp(x_j) at |x| ~ 4e15 loses all
         # its digits in 53-bit arithmetic (relative error |x| eps)
@@ -560,6 +547,12 @@ def check_node(g, graph, engine, engine_name, rng, sample, tol_for, deadline=Non
                                                           else ""))
     if not bad and chk.engine_nonfinite:
         chk.detail = chk.engine_nonfinite + (f"; {chk.detail}" if chk.detail else "")
+    _forward_into(chk, g, graph, in_vals)
+    _glue_into(chk, g, in_vals, bad)
+    return chk
+
+
+def _glue_into(chk, g, in_vals, bad) -> None:
     fault = _glue_fit(g, in_vals)
     if fault is not None:  # the engine's step after this node's rule (glue.py)
         chk.glue = fault
@@ -569,6 +562,69 @@ def check_node(g, graph, engine, engine_name, rng, sample, tol_for, deadline=Non
             chk.max_abs_err = max(chk.max_abs_err, fault.err or 0.0)
         chk.detail = f"{fault.what}: {fault.detail}" + (f"; {chk.detail}" if chk.detail
                                                          else "")
+
+
+def _forward_into(chk, g, graph, in_vals, value=None) -> None:
+    """The forward check (forward.py) folded into the node's verdict: a recorded output
+    outside its bound makes the node a mismatch whose detail starts with ``forward:``."""
+    from .forward import forward_check
+
+    try:
+        fc = forward_check(g, graph, in_vals, value)
+    except Exception:  # noqa: BLE001  (no verdict on the forward: the backward's stands)
+        return
+    if fc is None:
+        return
+    chk.forward = fc
+    if not fc.ok:
+        was_bad = chk.status == "mismatch"
+        chk.status = "mismatch"
+        if not was_bad:
+            chk.bound = fc.bound
+            chk.max_abs_err = max(chk.max_abs_err, fc.err)
+        chk.detail = fc.detail + (f"; {chk.detail}" if chk.detail else "")
+
+
+def _adjoint(g, in_vals, v64, engine_res, rng, tol_for):
+    """The adjoint-identity check of a float64 structural node (adjoint.py); None where
+    it cannot run (the element-by-element SymPy check runs instead)."""
+    from .adjoint import Fallback, adjoint_check
+
+    try:
+        return adjoint_check(g, in_vals, v64, engine_res, rng, tol_for)
+    except Fallback:
+        return None
+
+
+def _finish_adjoint(chk, g, graph, in_vals, fast):
+    res, value = fast
+    chk.formula = (f"{g.spec.name}: structural; adjoint identity <u, J v> = <J^T u, v> at the "
+                   "recorded inputs (random u, v; J v by a complex-step forward of the "
+                   "meaning in float64)")
+    bad = False
+    worst_ratio = -1.0
+    for k, (s_e, s_m, allowed, n) in res.items():
+        err = abs(s_e - s_m)
+        chk.checked += int(n)
+        chk.max_abs_err = max(chk.max_abs_err, err)
+        chk.max_rel_err = max(chk.max_rel_err, err / abs(s_m) if s_m else (0.0 if not err
+                                                                            else np.inf))
+        ratio = err / allowed
+        if ratio > worst_ratio:
+            worst_ratio = ratio
+            chk.bound = allowed
+        if not err <= allowed and not bad:
+            bad = True
+            name = ", ".join(g.input_names[j] for j in k) if isinstance(k, tuple) \
+                else g.input_names[k]
+            chk.detail = (f"d/d{name}: engine <J^T u, v> = {s_e:.15g}, meaning "
+                          f"<u, J v> = {s_m:.15g} (adjoint identity over all {n} elements, "
+                          f"random u, v; bound {allowed:.3g})")
+    chk.status = "mismatch" if bad else "ok"
+    if not bad and chk.engine_nonfinite:
+        chk.detail = chk.engine_nonfinite
+    _forward_into(chk, g, graph, in_vals, value)
+    _glue_into(chk, g, in_vals, bad)
     return chk
 
 

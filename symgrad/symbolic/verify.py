@@ -37,6 +37,8 @@ DEFAULT_TOLERANCES = {"float32": (1e-4, 1e-6), "float64": (1e-8, 1e-12),
 FD_SAMPLES = 16
 #: in local mode (big graphs) finite differences are a spot check at this many elements.
 FD_SAMPLES_LOCAL = 3
+#: ... within about this many replays of the whole graph (big graphs: one element a leaf)
+FD_LOCAL_REPLAYS = 4
 
 
 #: The cost estimate auto mode compares with the budget (``exact_cost``): the scalar
@@ -240,6 +242,8 @@ def _verify(root, gradient, names, mode, order, rtol, atol, sample, seed, timeou
 
         namespace = caller_namespace()
     graph = _to_graph(root, names, namespace)
+    #: the outputs the engine made (the forward check's values), before any replay
+    graph._recorded = frozenset(graph._values)
     root_shape = graph.root_value.shape
     if gradient is None:
         if graph.root_value.size != 1:
@@ -307,6 +311,7 @@ def _verify(root, gradient, names, mode, order, rtol, atol, sample, seed, timeou
             elif not rep.nodes:
                 rep.nodes = [_not_run(g) for g in graph.nodes]
                 rep.skipped.append("local checks: every leaf agreed, so they were not needed")
+                _run_forward(rep, graph, deadline)
             if order == 2:
                 _run_hvp(rep, graph, gradient, tol_for, rng, deadline)
         else:
@@ -778,6 +783,16 @@ def _fill_fd(rep, graph, gradient, pending, rng, sample, deadline, local=False) 
     left = FD_BUDGET
     skipped = 0
     order = sorted(range(len(pending)), key=lambda n: pending[n][0].status == "ok")
+    per_local = FD_SAMPLES_LOCAL
+    if local:
+        # a spot check, so it costs no more than the local checks themselves: about
+        # FD_LOCAL_REPLAYS replays of the graph, one element per leaf when that is all
+        # it allows (the rows say how many elements each got)
+        replay = max(sum(1 + len(g.inputs) for g in graph.nodes), 1)
+        left = min(FD_BUDGET, FD_LOCAL_REPLAYS * replay)
+        want = sum(fd_cost(graph, lf) for _, lf, _, _ in pending) * FD_SAMPLES_LOCAL
+        if want > left:
+            per_local = 1
     for n in order:
         row, lf, w, ref = pending[n]
         per = fd_cost(graph, lf)
@@ -786,7 +801,7 @@ def _fill_fd(rep, graph, gradient, pending, rng, sample, deadline, local=False) 
             skipped += 1
             continue
         if local:
-            idx = _fd_indices(lf.value.size, w, rng, FD_SAMPLES_LOCAL)
+            idx = _fd_indices(lf.value.size, w, rng, per_local)
         else:
             idx = _fd_indices(lf.value.size, w, rng, sample)
         idx = idx[:k_max]
@@ -805,8 +820,10 @@ def _fill_fd(rep, graph, gradient, pending, rng, sample, deadline, local=False) 
         row.fd_max_abs_err = float(np.max(errs))
     rep.ran.append("finite differences")
     if skipped:
+        budget = (f"about {FD_LOCAL_REPLAYS} replays of the graph in local mode" if local
+                  else f"{FD_BUDGET} replayed node evaluations")
         rep.skipped.append(f"finite differences: not taken for {skipped} of {len(pending)} "
-                           f"leaves (budget of {FD_BUDGET} replayed node evaluations)")
+                           f"leaves (budget of {budget})")
 
 
 def _nonfinite_row(rep, lf, e, s=None, row=None) -> int | None:
@@ -970,6 +987,7 @@ def _fd_indices(n, worst, rng, sample):
 def _run_local(rep, graph, engine, engine_name, rng, sample, tol_for, deadline, progress=None,
                fan=None):
     rep.ran.append("local")
+    rep.ran.append("forward values")
     rows = []
     origins = []
     first = None
@@ -1004,6 +1022,37 @@ def _run_local(rep, graph, engine, engine_name, rng, sample, tol_for, deadline, 
         break
     if any(r.sampled for r in rows):
         rep.notes.append("local mode sampled elements of large tensors (seeded; see details)")
+
+
+def _run_forward(rep, graph, deadline=None) -> None:
+    """Exact mode: each node's recorded output against its meaning at its recorded inputs
+    (forward.py), so a wrong forward kernel whose gradients agree is named like a wrong
+    backward (local mode does this inside each node's check)."""
+    from .forward import forward_check
+
+    rows = {r.id: r for r in rep.nodes}
+    first = None
+    for g in graph.nodes:
+        if deadline is not None and time.perf_counter() > deadline:
+            raise TimeoutExpired
+        try:
+            fc = forward_check(g, graph, graph.node_inputs(g))
+        except Exception:  # noqa: BLE001  (no value to compare: nothing to say)
+            continue
+        if fc is None or fc.ok:
+            continue
+        row = rows.get(g.index)
+        if row is None:
+            continue
+        row.status = "mismatch"
+        row.detail = fc.detail + (f"; {row.detail}" if row.detail else "")
+        row.max_abs_err, row.bound = fc.err, fc.bound
+        rep.ok = False
+        if first is None:
+            first = g.node
+    rep.ran.append("forward values")
+    if first is not None and rep.first_bad_node is None:
+        rep.first_bad_node = first
 
 
 def _run_glue(rep, graph, seed, deadline=None) -> None:

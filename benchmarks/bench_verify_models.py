@@ -1,0 +1,254 @@
+"""Model-scale verification against torch's gradcheck (issue 30, scope 2).
+
+Three models of the shapes people train, float64 on one thread, each built twice from
+the same code (symgrad and torch, same weights, same batch): LeNet-5 on 8 MNIST-shaped
+images, a nanoGPT-shaped 2-layer GPT (n_embd 32, 4 heads, 16 tokens, batch 4) and an MLP
+784-256-256-10 (batch 64). For each, in the same run: ``torch.autograd.gradcheck(...,
+fast_mode=True)`` of the loss over all parameters, ``sg.verify(loss, names=...)`` in
+mode auto and in mode local; then the goals of the issue.
+
+Run: ``.venv/bin/python benchmarks/bench_verify_models.py [--repeat 3] [--only mlp]``
+(prints a table; not a timed test). Add ``--profile NAME`` for a cProfile of one model's
+local-mode verify.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import time
+
+os.environ.setdefault("NUMBA_NUM_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
+
+import symgrad as sg  # noqa: E402
+
+#: the issue's goals, seconds for sg.verify (auto and local) per model
+GOALS = {"lenet5": 0.5, "gpt2layer": 1.0, "mlp784": 0.5}
+
+
+# -- models, written once for either library ------------------------------------------------
+def lenet5(L):
+    nn = L.nn
+    return nn.Sequential(
+        nn.Conv2d(1, 6, 5), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(256, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(),
+        nn.Linear(84, 10))
+
+
+def mlp784(L):
+    nn = L.nn
+    return nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
+                         nn.Linear(256, 10))
+
+
+def _gpt_classes(L):
+    """nanoGPT's model (Karpathy's model.py) for library ``L``: dropout 0, biases on."""
+    nn = L.nn
+    F = nn.functional
+
+    class CausalSelfAttention(nn.Module):
+        def __init__(self, n_embd, n_head, block_size):
+            super().__init__()
+            self.c_attn = nn.Linear(n_embd, 3 * n_embd)
+            self.c_proj = nn.Linear(n_embd, n_embd)
+            self.n_head, self.n_embd = n_head, n_embd
+            self.register_buffer("bias", L.tril(L.ones(block_size, block_size))
+                                 .view(1, 1, block_size, block_size))
+
+        def forward(self, x):
+            B, T, C = x.size()
+            q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+            k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+            q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+            v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+            att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
+            att = F.softmax(att, dim=-1)
+            y = att @ v
+            y = y.transpose(1, 2).contiguous().view(B, T, C)
+            return self.c_proj(y)
+
+    class MLP(nn.Module):
+        def __init__(self, n_embd):
+            super().__init__()
+            self.c_fc = nn.Linear(n_embd, 4 * n_embd)
+            self.gelu = nn.GELU()
+            self.c_proj = nn.Linear(4 * n_embd, n_embd)
+
+        def forward(self, x):
+            return self.c_proj(self.gelu(self.c_fc(x)))
+
+    class Block(nn.Module):
+        def __init__(self, n_embd, n_head, block_size):
+            super().__init__()
+            self.ln_1 = nn.LayerNorm(n_embd)
+            self.attn = CausalSelfAttention(n_embd, n_head, block_size)
+            self.ln_2 = nn.LayerNorm(n_embd)
+            self.mlp = MLP(n_embd)
+
+        def forward(self, x):
+            x = x + self.attn(self.ln_1(x))
+            return x + self.mlp(self.ln_2(x))
+
+    class GPT(nn.Module):
+        def __init__(self, vocab=65, block_size=16, n_layer=2, n_head=4, n_embd=32):
+            super().__init__()
+            self.wte = nn.Embedding(vocab, n_embd)
+            self.wpe = nn.Embedding(block_size, n_embd)
+            self.h = nn.ModuleList([Block(n_embd, n_head, block_size) for _ in range(n_layer)])
+            self.ln_f = nn.LayerNorm(n_embd)
+            self.lm_head = nn.Linear(n_embd, vocab, bias=False)
+
+        def forward(self, idx, targets):
+            b, t = idx.size()
+            pos = L.arange(0, t, dtype=L.int64)
+            x = self.wte(idx) + self.wpe(pos)
+            for block in self.h:
+                x = block(x)
+            logits = self.lm_head(self.ln_f(x))
+            return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+    return GPT
+
+
+def gpt2layer(L):
+    return _gpt_classes(L)()
+
+
+def _batch(name):
+    rng = np.random.default_rng(0)
+    if name == "lenet5":
+        return rng.standard_normal((8, 1, 28, 28)), rng.integers(0, 10, 8)
+    if name == "mlp784":
+        return rng.standard_normal((64, 784)), rng.integers(0, 10, 64)
+    return rng.integers(0, 65, (4, 16)), rng.integers(0, 65, (4, 16))
+
+
+def _loss(L, name, model, x, y):
+    if name == "gpt2layer":
+        return model(x, y)
+    return L.nn.functional.cross_entropy(model(x), y)
+
+
+def build(name):
+    """(torch model, symgrad model, torch x, torch y, sg x, sg y) with equal weights."""
+    import torch
+
+    torch.manual_seed(0)
+    make = {"lenet5": lenet5, "mlp784": mlp784, "gpt2layer": gpt2layer}[name]
+    tm = make(torch).double()
+    sm = make(sg).double()
+    state = {k: sg.tensor(v.detach().numpy().copy()) for k, v in tm.state_dict().items()}
+    sm.load_state_dict(state)
+    x, y = _batch(name)
+    return tm, sm, torch.tensor(x), torch.tensor(y), sg.tensor(x), sg.tensor(y)
+
+
+def sg_loss(name, sm, sx, sy):
+    with sg.record():  # values the backward never saved (attention's mask) stay readable
+        loss = _loss(sg, name, sm, sx, sy)
+    return loss
+
+
+def time_gradcheck(name, tm, tx, ty, repeat):
+    import torch
+    from torch.func import functional_call
+
+    names = [n for n, _ in tm.named_parameters()]
+    params = tuple(p.detach().clone().requires_grad_(True) for _, p in tm.named_parameters())
+
+    def f(*ps):
+        return _loss(torch, name, lambda *a: functional_call(tm, dict(zip(names, ps)), a),
+                     tx, ty) if name != "gpt2layer" else \
+            functional_call(tm, dict(zip(names, ps)), (tx, ty))
+
+    best, cpu, ok = float("inf"), float("inf"), None
+    for _ in range(repeat):
+        t0, c0 = time.perf_counter(), time.process_time()
+        ok = torch.autograd.gradcheck(f, params, fast_mode=True)
+        best = min(best, time.perf_counter() - t0)
+        cpu = min(cpu, time.process_time() - c0)
+    return (best, cpu), ok
+
+
+def time_verify(name, sm, sx, sy, mode, repeat):
+    best, cpu, rep = float("inf"), float("inf"), None
+    for _ in range(repeat):
+        loss = sg_loss(name, sm, sx, sy)  # a fresh graph: nothing cached between runs
+        t0, c0 = time.perf_counter(), time.process_time()
+        rep = sg.verify(loss, names=dict(sm.named_parameters()), mode=mode,
+                        progress=lambda done, total: None)
+        best = min(best, time.perf_counter() - t0)
+        cpu = min(cpu, time.process_time() - c0)
+    return (best, cpu), rep
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--only", default="", help="comma-separated: lenet5,gpt2layer,mlp784")
+    ap.add_argument("--profile", default="", help="cProfile one model's local verify")
+    ap.add_argument("--no-torch", action="store_true", help="skip gradcheck")
+    args = ap.parse_args()
+    import torch
+
+    torch.set_num_threads(1)
+    names = [n for n in GOALS if not args.only or n in args.only.split(",")]
+    if args.profile:
+        import cProfile
+        import pstats
+
+        tm, sm, tx, ty, sx, sy = build(args.profile)
+        time_verify(args.profile, sm, sx, sy, "local", 1)  # warm caches
+        loss = sg_loss(args.profile, sm, sx, sy)
+        pr = cProfile.Profile()
+        pr.enable()
+        rep = sg.verify(loss, names=dict(sm.named_parameters()), mode="local")
+        pr.disable()
+        print(rep.summary() if hasattr(rep, "summary") else rep)
+        pstats.Stats(pr).sort_stats("cumulative").print_stats(40)
+        return
+    rows = []
+    for name in names:
+        tm, sm, tx, ty, sx, sy = build(name)
+        time_verify(name, sm, sx, sy, "local", 1)  # warm-up: numba/lambdify caches
+        gc_t, gc_ok = ((float("nan"),) * 2, None) if args.no_torch else \
+            time_gradcheck(name, tm, tx, ty, args.repeat)
+        auto_t, auto_rep = time_verify(name, sm, sx, sy, "auto", args.repeat)
+        loc_t, loc_rep = time_verify(name, sm, sx, sy, "local", args.repeat)
+        rows.append((name, len(loc_rep.nodes), gc_t, gc_ok, auto_t, auto_rep, loc_t, loc_rep))
+    print(f"model-scale verification, float64, one thread; best of {args.repeat}; seconds, "
+          "wall / CPU time of this process (on a loaded machine CPU time is the fair one)")
+    print(f"| {'model':10} | {'nodes':>5} | {'gradcheck fast':>17} | {'verify auto':>25} | "
+          f"{'verify local':>20} | {'goal':>5} | met (wall / cpu) |")
+    print("|" + "---|" * 7)
+    for name, n, gc_t, gc_ok, auto_t, auto_rep, loc_t, loc_rep in rows:
+        goal = GOALS[name]
+        met = []
+        for i in (0, 1):
+            met.append(auto_t[i] <= goal and loc_t[i] <= goal and (
+                math.isnan(gc_t[i]) or (auto_t[i] <= gc_t[i] and loc_t[i] <= gc_t[i])))
+        print(f"| {name:10} | {n:5d} | {gc_t[0]:6.3f} / {gc_t[1]:5.3f} "
+              f"{'ok' if gc_ok else '--':>2} | {auto_t[0]:6.3f} / {auto_t[1]:5.3f} "
+              f"({auto_rep.mode:5} {auto_rep.status:>2}) | {loc_t[0]:6.3f} / {loc_t[1]:5.3f} "
+              f"{loc_rep.status:>4} | {goal:5.1f} | "
+              f"{'yes' if met[0] else 'no'} / {'yes' if met[1] else 'no'} |")
+    print("goals (issue 30): LeNet-5 <= 0.5 s, GPT 2-layer <= 1 s, MLP <= 0.5 s, each no "
+          "slower than gradcheck(fast_mode=True) on the same model")
+    for name, *_, loc_rep in rows:
+        sampled = [f"{r.name}: {r.detail}" for r in loc_rep.nodes if r.sampled]
+        fd = [r.checked for r in loc_rep.leaves if r.fd_value is not None]
+        print(f"{name}: {len(sampled)} node(s) sampled{': ' + sampled[0] if sampled else ''}; "
+              f"finite differences at {sum(fd)} element(s) of {len(fd)} of "
+              f"{len(loc_rep.leaves)} leaves")
+
+
+if __name__ == "__main__":
+    main()

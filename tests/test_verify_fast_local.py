@@ -1,0 +1,200 @@
+"""Model-scale local checks (issue 30, scope 2) and forward values (issue 32, scope 6).
+
+* A float64 structural node (matmul, conv, pooling, softmax, indexing, views ...) is
+  checked by the adjoint identity <u, J v> = <J^T u, v> over all its elements, ``J v``
+  from a complex-step forward of the op's meaning: planted wrong backwards (a factor off
+  by 0.1%, a wrong axis, a lost term) are still named, the layers of real models pass
+  without falling back to the element-by-element SymPy replay, and nothing is sampled.
+* Each node's recorded output is compared with its meaning at its recorded inputs, so a
+  wrong forward kernel whose gradients are right is named too, in exact and local mode.
+
+Small shapes: the model-sized timings are benchmarks/bench_verify_models.py's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import test_verify_mutation as mut
+
+import symgrad as sg
+from symgrad.backends.cpu.backend import CpuBackend
+from symgrad.ops import OPS
+
+ADJOINT = "adjoint identity"
+
+
+def _f64(shape, seed, requires_grad=True, dtype=None, scale=1.0):
+    rng = np.random.default_rng(seed)
+    x = sg.tensor(rng.standard_normal(shape) * scale, dtype=sg.float64)
+    if requires_grad:
+        x.requires_grad_(True)
+    return x
+
+
+# -- the mutation cases of test_verify_mutation, in float64 (the adjoint path) ------------
+@pytest.mark.parametrize("case", sorted(mut.CASES))
+def test_float64_mutation_is_named_by_the_fast_check(case, monkeypatch):
+    op, input_name, wrong, build = mut.CASES[case]
+    monkeypatch.setattr(mut, "_t", _f64)
+    root, target_name = build()
+    good = sg.verify(root, mode="local")
+    assert good.ok, str(good)
+    structural = not callable(OPS[op].sympy)
+    if structural:  # the node of the op ran the fast check, over every element
+        row = next(r for r in good.nodes if r.name == target_name)
+        assert ADJOINT in row.formula, str(good)
+        assert not row.sampled
+    monkeypatch.setitem(OPS[op].grads, input_name, wrong)
+    root, target_name = build()
+    target = mut._find(root, target_name)
+    for mode in ("local", "auto"):
+        rep = sg.verify(root, mode=mode)
+        assert not rep.ok, str(rep)
+        assert rep.first_bad_node is target, str(rep)
+        bad = [r for r in rep.nodes if r.status in ("mismatch", "error")]
+        assert [r.node for r in bad] == [target], str(rep)
+
+
+def test_a_single_element_off_by_a_thousandth_is_named():
+    """A backward wrong in one element of a 40x30 gradient by 0.1% (what sampling 32
+    elements would miss most of the time) is outside the adjoint identity's bound."""
+    a, b = _f64((40, 20), 1), _f64((20, 30), 2)
+    spec = OPS["mm"]
+    right = spec.grads["mat2"]
+
+    def one_off(grad, self, mat2_sym_sizes, mat2_sym_strides):
+        g = right(grad, self, mat2_sym_sizes, mat2_sym_strides)
+        bump = np.zeros(tuple(g.shape))
+        bump[7, 11] = 1e-3 * float(g.detach().numpy()[7, 11])
+        return g + sg.tensor(bump)
+
+    root = (a @ b).tanh().sum()
+    assert sg.verify(root, mode="local").ok
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(spec.grads, "mat2", one_off)
+        root = (a @ b).tanh().sum()
+        rep = sg.verify(root, mode="local")
+    assert not rep.ok
+    assert rep.first_bad_node.name() == "MmBackward0", str(rep)
+    row = next(r for r in rep.nodes if r.name == "MmBackward0")
+    assert "d/dmat2" in row.detail and ADJOINT in row.detail, row.detail
+
+
+# -- the layers of real models pass, each structural node by the fast check -----------------
+def _small_cnn_and_attention():
+    rng = np.random.default_rng(0)
+    conv = sg.nn.Conv2d(2, 3, 3).double()
+    lin = sg.nn.Linear(12, 5).double()
+    x = sg.tensor(rng.standard_normal((2, 2, 6, 6)))
+    h = sg.nn.functional.max_pool2d(conv(x).relu(), 2)
+    logits = lin(h.flatten(1))
+    loss1 = sg.nn.functional.cross_entropy(logits, sg.tensor([1, 3]))
+    emb = sg.nn.Embedding(7, 8).double()
+    ln = sg.nn.LayerNorm(8).double()
+    qkv = sg.nn.Linear(8, 24).double()
+    tok = sg.tensor(rng.integers(0, 7, (2, 4)))
+    with sg.record():
+        e = ln(emb(tok))
+        q, k, v = qkv(e).split(8, dim=2)
+        att = (q @ k.transpose(-2, -1)) * 8 ** -0.5
+        mask = sg.tril(sg.ones(4, 4)) == 0
+        att = sg.softmax(att.masked_fill(mask, float("-inf")), dim=-1)
+        y = sg.nn.functional.gelu(att @ v)
+        loss2 = (y * y).mean()
+    return loss1 + loss2
+
+
+def test_model_layers_pass_and_use_the_fast_check():
+    root = _small_cnn_and_attention()
+    rep = sg.verify(root, mode="local")
+    assert rep.ok, str(rep)
+    structural = [r for r in rep.nodes if "structural" in (r.formula or "")]
+    assert structural
+    slow = [r.name for r in structural if ADJOINT not in r.formula]
+    assert not slow, slow  # every structural layer of these models took the fast path
+    assert not any(r.sampled for r in rep.nodes)
+    names = {r.name for r in structural}
+    for want in ("ConvolutionBackward0", "MaxPool2DWithIndicesBackward0", "AddmmBackward0",
+                 "NativeLayerNormBackward0", "SoftmaxBackward0", "MaskedFillBackward0",
+                 "EmbeddingBackward0"):
+        assert want in names, (want, sorted(names))
+
+
+def test_float32_nodes_keep_the_element_check():
+    """The adjoint identity's one scalar cannot bound float32 rounding per element, so
+    float32 structural nodes keep the SymPy element check (sampled above 512 elements)."""
+    a = sg.tensor(np.ones((3, 4), dtype=np.float32), requires_grad=True)
+    b = sg.tensor(np.full((4, 2), 0.5, dtype=np.float32), requires_grad=True)
+    rep = sg.verify((a @ b).sum(), mode="local")
+    assert rep.ok
+    row = next(r for r in rep.nodes if r.name == "MmBackward0")
+    assert ADJOINT not in row.formula and "SymPy backend" in row.formula
+
+
+# -- forward values: a wrong forward kernel is named ----------------------------------------
+def _log1p_graph():
+    rng = np.random.default_rng(3)
+    x = sg.tensor(rng.uniform(0.1, 2.0, 16), requires_grad=True)
+    w = sg.tensor(rng.standard_normal(16))
+    y = x.log1p()
+    return (y * w).sum(), y
+
+
+@pytest.mark.parametrize("mode", ["exact", "local"])
+def test_wrong_log1p_kernel_is_named(mode, monkeypatch):
+    root, _ = _log1p_graph()
+    assert sg.verify(root, mode=mode).ok
+    monkeypatch.setattr(CpuBackend, "log1p", staticmethod(lambda x: np.log(x)), raising=False)
+    root, y = _log1p_graph()
+    x = y.grad_fn._saved_self
+    assert np.allclose(y.detach().numpy(), np.log(x.detach().numpy()))  # the plant took
+    rep = sg.verify(root, mode=mode)
+    assert not rep.ok, str(rep)
+    assert rep.first_bad_node is y.grad_fn, str(rep)
+    row = next(r for r in rep.nodes if r.node is y.grad_fn)
+    assert row.status == "mismatch" and row.detail.startswith("forward:"), row.detail
+    assert "forward" in str(rep)
+
+
+def _elu_graph():
+    rng = np.random.default_rng(4)
+    x = sg.tensor(rng.standard_normal(20), requires_grad=True)
+    w = sg.tensor(rng.standard_normal(20))
+    y = sg.nn.functional.elu(x)
+    return (y * w).sum(), y
+
+
+@pytest.mark.parametrize("mode", ["exact", "local"])
+def test_expm1_replaced_by_exp_inside_elu_is_named(mode, monkeypatch):
+    """elu's backward reads x, not its output: its gradients stay right, so only the
+    forward check can see the wrong kernel."""
+    root, _ = _elu_graph()
+    assert sg.verify(root, mode=mode).ok
+    right = CpuBackend.elu
+
+    def wrong(x, alpha=1.0, scale=1.0, input_scale=1.0):
+        out = right(x, alpha, scale, input_scale)
+        return out + np.where(x > 0, 0.0, alpha * scale)  # exp(x) where expm1(x) belongs
+
+    monkeypatch.setattr(CpuBackend, "elu", staticmethod(wrong))
+    root, y = _elu_graph()
+    x = y.grad_fn._saved_self.detach().numpy()
+    assert np.allclose(y.detach().numpy(), np.where(x > 0, x, np.exp(x)))  # the plant took
+    rep = sg.verify(root, mode=mode)
+    assert not rep.ok, str(rep)
+    assert rep.first_bad_node is y.grad_fn, str(rep)
+    row = next(r for r in rep.nodes if r.node is y.grad_fn)
+    assert row.detail.startswith("forward:"), row.detail
+    assert [r.node for r in rep.nodes if r.status == "mismatch"] == [y.grad_fn]
+
+
+def test_forward_check_runs_where_the_output_was_not_kept(monkeypatch):
+    """Nobody holds log1p's output (the sum consumes it, the backward saves only x): the
+    engine's kernel is run again on the recorded input and judged."""
+    monkeypatch.setattr(CpuBackend, "log1p", staticmethod(lambda x: np.log(x)), raising=False)
+    x = sg.tensor(np.linspace(0.5, 3.0, 12), requires_grad=True)
+    root = x.log1p().sum()
+    rep = sg.verify(root, mode="local")
+    assert not rep.ok
+    assert rep.first_bad_node.name() == "Log1PBackward0", str(rep)
