@@ -642,3 +642,44 @@ def test_kernel_outer_product_matmul_equals_numpy(dtype, mode, rng):
     np.testing.assert_array_equal(out, np.matmul(g.T, x))
     np.testing.assert_array_equal(wide, np.matmul(x.T, g))
     assert out.shape == (20, 10) and out.flags.c_contiguous
+
+
+@pytest.mark.parametrize("mode", ["serial", "parallel"])
+def test_kernel_gelu_float32_loops_equal_the_stanza_and_torch(mode, monkeypatch, torch):
+    """Exact GELU on float32 from FUSED_MIN elements runs Numba loops with erf from
+    polynomials (no libm call): forward and backward equal the stanza's NumPy expressions
+    (erf rounded from the C library's) to 1 ulp, the special values included, and torch."""
+    if mode == "parallel":
+        monkeypatch.setattr(cpu_mod, "PARALLEL_MIN", 8)
+    rng = np.random.default_rng(7)
+    x = np.concatenate([np.linspace(-6, 6, 3001), rng.standard_normal(1500) * 3,
+                        [0.0, -0.0, 1e-30, -1e-38, 3.92, 3.93, 4.0, -4.0, 1.0, -1.0, 30.0,
+                         -30.0, np.inf, -np.inf, np.nan]]).astype(np.float32)
+    g = rng.standard_normal(x.shape).astype(np.float32)
+    assert x.size >= cpu_mod.FUSED_MIN
+    calls = []
+    real_run = cpu_mod._run
+    monkeypatch.setattr(cpu_mod, "_run", lambda name, *a: (calls.append(name),
+                                                           real_run(name, *a))[1])
+    t = sg.tensor(x, requires_grad=True)
+    y = sg.nn.functional.gelu(t)
+    y.backward(sg.tensor(g))
+    assert {"gelu_f32", "gelu_b_prep_f32", "gelu_b_f32"} <= set(calls)
+    with np.errstate(all="ignore"):
+        ref_y = NumpyBackend.gelu(x)
+        (ref_g,) = cpu_mod._gelu_backward_stanza(g, (True,), "none", x)
+    for got, ref in ((y.detach().numpy(), ref_y), (t.grad.numpy(), ref_g)):
+        assert got.dtype == np.float32
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
+        ok = ~np.isnan(ref)
+        ulps = np.abs(got[ok].view(np.int32).astype(np.int64)
+                      - ref[ok].view(np.int32).astype(np.int64))
+        assert ulps.max() <= 1
+    tx = torch.tensor(x, requires_grad=True)
+    ty = torch.nn.functional.gelu(tx)
+    ty.backward(torch.tensor(g))
+    ok = np.isfinite(x)
+    assert_close(y.detach().numpy()[ok], ty.detach().numpy()[ok], terms=8,
+                 scale=np.abs(x[ok]) + 1)
+    assert_close(t.grad.numpy()[ok], tx.grad.numpy()[ok], terms=8,
+                 scale=np.abs(g[ok]) * (np.abs(x[ok]) + 1))

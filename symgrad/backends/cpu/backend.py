@@ -727,3 +727,42 @@ for _op in fused_from_stanza():  # the fused backward rules OpSpec.fused_backwar
         _op + "_backward", lambda _op=_op: _stanza_backward(_op)))
 
 _Self = CpuBackend
+
+
+# -- exact GELU in float32: erf without libm calls (kernels.erf_f64), SIMD exp from NumPy ------
+_F32 = np.dtype(np.float32)
+_gelu_reference = CpuBackend.gelu
+_gelu_backward_stanza = _stanza_backward("gelu").__func__
+
+
+def _gelu_loop_ok(*arrays) -> bool:
+    """float32, one shape, C-contiguous, from FUSED_MIN elements: the loops take them."""
+    return arrays[0].dtype == _F32 and arrays[0].size >= FUSED_MIN and _same(*arrays) \
+        if type(arrays[0]) is np.ndarray else False
+
+
+def _gelu(x, **params):
+    """gelu's forward: the float32 loop (same float32 roundings as the stanza's NumPy
+    expression, erf rounded once from float64), else the reference."""
+    if not params and _gelu_loop_ok(x):
+        out = _empty(x)
+        _run("gelu_f32", x.size, _flat(x), _flat(out))
+        return out
+    return _gelu_reference(x, **params)
+
+
+def _gelu_backward(grad, needed, approximate, x):
+    """GeluBackward0 on float32 arrays in two loops and NumPy's exp, else the stanza's
+    fused backward (approximate is "none": gelu_tanh is its own op)."""
+    if needed[0] and _gelu_loop_ok(x, grad):
+        e, a, out = _empty(x), _empty(x), _empty(x)
+        fx, fa = _flat(x), _flat(a)
+        _run("gelu_b_prep_f32", x.size, fx, _flat(e), fa)
+        np.exp(fa, out=fa)
+        _run("gelu_b_f32", x.size, _flat(grad), fx, _flat(e), fa, _flat(out))
+        return (out,)
+    return _gelu_backward_stanza(grad, needed, approximate, x)
+
+
+CpuBackend.gelu = staticmethod(_gelu)
+CpuBackend.gelu_backward = staticmethod(_gelu_backward)
