@@ -556,6 +556,13 @@ NN_CASES = {
                     [(2, 4, 6, 5), (6, 2, 3, 3), (6,)]),
     "convolution-1d": (lambda m, x, w: m.nn.functional.conv1d(x, w, padding=2, dilation=2),
                        [(3, 2, 7), (4, 2, 3)]),
+    # layer norm: one Numba pass per row forward and backward (from FUSED_MIN elements)
+    "native_layer_norm": (lambda m, x, w, b: m.nn.functional.layer_norm(x, (16,), w, b),
+                          [(4, 8, 16), (16,), (16,)]),
+    "native_layer_norm-two-dims": (lambda m, x, w, b: m.nn.functional.layer_norm(
+        x, (8, 16), w, b), [(4, 8, 16), (8, 16), (8, 16)]),
+    "native_layer_norm-no-affine": (lambda m, x: m.nn.functional.layer_norm(x, (64,)),
+                                    [(2, 3, 64)]),
     # scaled_dot_product_attention's _safe_softmax: softmax's fused backward kernel
     "safe_softmax": (lambda m, a: m.safe_softmax(a, -1), [(3, 4)]),
     "safe_softmax-first-dim": (lambda m, a: m.safe_softmax(a, 0), [(3, 4)]),
@@ -683,3 +690,18 @@ def test_kernel_gelu_float32_loops_equal_the_stanza_and_torch(mode, monkeypatch,
                  scale=np.abs(x[ok]) + 1)
     assert_close(t.grad.numpy()[ok], tx.grad.numpy()[ok], terms=8,
                  scale=np.abs(g[ok]) * (np.abs(x[ok]) + 1))
+
+
+def test_layer_norm_runs_one_loop_each_way_from_fused_min(monkeypatch, rng):
+    """A layer norm from FUSED_MIN elements is one Numba pass forward and one backward (the
+    values are compared with the formulas and torch in test_nn_fused_backward_...)."""
+    calls = []
+    real_run = cpu_mod._run
+    monkeypatch.setattr(cpu_mod, "_run", lambda name, *a: (calls.append(name),
+                                                           real_run(name, *a))[1])
+    x = sg.tensor(rng.standard_normal((4, 8, 16)).astype(np.float32), requires_grad=True)
+    ln = sg.nn.LayerNorm(16)
+    ln(x).sum().backward()
+    assert calls.count("layer_norm_rows") == 1 and calls.count("layer_norm_rows_b") == 1
+    assert x.grad.shape == x.shape and ln.weight.grad.shape == ln.bias.grad.shape == (16,)
+    np.testing.assert_array_equal(ln.bias.grad.numpy(), np.full(16, 32, np.float32))

@@ -458,6 +458,36 @@ def _same_float_arrays(grad, y) -> bool:
             and grad.shape == y.shape and grad.dtype == y.dtype)
 
 
+
+def _layer_norm_rows(x, params, normalized_shape):
+    """(rows, row length, x as a C-contiguous (rows, m) array) when the layer-norm loops
+    take ``x`` and ``params`` (arrays of x's float dtype or None), else None."""
+    if type(x) is not np.ndarray or x.dtype not in _FLOATS or x.size < FUSED_MIN:
+        return None
+    for p in params:
+        if p is not None and (type(p) is not np.ndarray or p.dtype != x.dtype):
+            return None
+    k = len(normalized_shape)
+    if k == 0 or x.ndim < k or tuple(x.shape[x.ndim - k:]) != tuple(normalized_shape):
+        return None
+    m = 1
+    for s in normalized_shape:
+        m *= s
+    if m == 0:
+        return None
+    n = x.size // m
+    return n, m, np.ascontiguousarray(x).reshape(n, m)
+
+
+def _row_param(p, m: int, dt) -> np.ndarray:
+    """A weight or bias as the loops read it: flat, C-contiguous (a dummy when absent)."""
+    if p is None:
+        return np.zeros(1, dt)
+    if p.size != m:
+        raise ValueError(f"layer norm parameter of {p.size} elements for rows of {m}")
+    return np.ascontiguousarray(p).reshape(m)
+
+
 class CpuBackend(NumpyBackend):
     """Numba-compiled CPU kernels; the NumPy reference for everything not overridden."""
 
@@ -569,6 +599,52 @@ class CpuBackend(NumpyBackend):
             return (_arr(grad - np.exp(y) * grad),)
         d = _dim(dim, y.ndim)
         return (_arr(grad - np.exp(y) * grad.sum(d, keepdims=True)),)
+
+    # -- layer norm: one pass per row forward and backward (kernels.layer_norm_rows*) ----------
+    @staticmethod
+    def layer_norm(input, weight, bias, normalized_shape, eps):  # noqa: A002
+        """native_layer_norm's forward in one Numba pass: (y, mean, rstd) with the statistics
+        shaped as the op's (size-1 normalized dims), or None to decline (the generic ops)."""
+        rows = _layer_norm_rows(input, (weight, bias), normalized_shape)
+        if rows is None:
+            return None
+        n, m, x = rows
+        dt = input.dtype
+        y = _alloc(input.shape, dt)
+        k = len(normalized_shape)
+        stats = input.shape[:input.ndim - k] + (1,) * k
+        mean, rstd = np.empty(stats, dt), np.empty(stats, dt)
+        w, b = _row_param(weight, m, dt), _row_param(bias, m, dt)
+        _run("layer_norm_rows", input.size, x, w, b, weight is not None, bias is not None,
+             dt.type(m), dt.type(eps), dt.type(1), y.reshape(n, m), mean.reshape(n),
+             rstd.reshape(n))
+        return y, mean, rstd
+
+    @staticmethod
+    def native_layer_norm_backward(grad, needed, bias, input, normalized_shape,  # noqa: A002
+                                   result1, result2, weight):
+        """NativeLayerNormBackward0's three formulas in one serial pass over the rows, with
+        the saved statistics (result1 = mean, result2 = rstd), or None to decline."""
+        rows = _layer_norm_rows(input, (grad, weight), normalized_shape)
+        if rows is None or grad.shape != input.shape:
+            return None
+        n, m, x = rows
+        dt = input.dtype
+        for s in (result1, result2):
+            if type(s) is not np.ndarray or s.dtype != dt or s.size != n:
+                return None
+        need_wb = bool(needed[1] or needed[2])
+        dx = _alloc(input.shape, dt) if needed[0] else np.empty((1, 1), dt)
+        gw, gb = np.zeros(m), np.zeros(m)
+        _run("layer_norm_rows_b", 0, np.ascontiguousarray(grad).reshape(n, m), x,
+             np.ascontiguousarray(result1).reshape(n), np.ascontiguousarray(result2).reshape(n),
+             _row_param(weight, m, dt), weight is not None, dt.type(m), bool(needed[0]),
+             dx.reshape(n, m) if needed[0] else dx, need_wb, gw, gb,
+             np.empty((3, max(m, 2)), dt))
+        shape = tuple(normalized_shape)
+        return (dx if needed[0] else None,
+                gw.astype(dt).reshape(shape) if needed[1] else None,
+                gb.astype(dt).reshape(shape) if needed[2] else None)
 
     # -- convolution (backends/conv_numpy.py) with Numba im2col / col2im and pooled buffers --
     @staticmethod

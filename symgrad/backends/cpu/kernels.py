@@ -410,6 +410,67 @@ def conv_col2im(cols, dx, sh, sw, ph, pw, dh, dw):
                                 dx[pl, ih, iw] += cols[pl, kh, kw, oh, ow]
 
 
+# -- layer norm over the last dim of a C-contiguous (n, m) array --------------------------------
+# The op's elementwise steps in the array's dtype (x - mean, (x - mean) * rstd, * w, + b,
+# 1 / sqrt(var + eps)), its means summed in float64 and rounded once (NumPy sums float32 in
+# float32): a store into the float32 output casts, and the stored value is read back.
+def layer_norm_rows(x, w, b, has_w, has_b, nf, eps, one, y, mean, rstd):
+    """y = (x - mean) * rstd [* w] [+ b] per row; mean, rstd = 1 / sqrt(var + eps) out."""
+    n, m = x.shape
+    for i in prange(n):
+        acc = 0.0
+        for j in range(m):
+            acc += x[i, j]
+        mean[i] = acc
+        mu = mean[i] / nf
+        mean[i] = mu
+        acc = 0.0
+        for j in range(m):
+            d = x[i, j] - mu
+            y[i, j] = d
+            acc += d * d
+        rstd[i] = acc
+        v = rstd[i] / nf + eps
+        rstd[i] = one / np.sqrt(v)
+        r = rstd[i]
+        for j in range(m):
+            v = y[i, j] * r
+            if has_w:
+                v = v * w[j]
+            if has_b:
+                v = v + b[j]
+            y[i, j] = v
+
+
+def layer_norm_rows_b(g, x, mean, rstd, w, has_w, nf, need_dx, dx, need_wb, gw, gb, tmp):
+    """NativeLayerNormBackward0 per row: dx = rstd * ((g*w - mean(g*w)) - xhat *
+    mean(g*w * xhat)), xhat = (x - mean) * rstd; gw += g * xhat and gb += g over the rows
+    (float64 sums; serial: rows add into one gw)."""
+    n, m = x.shape
+    for i in range(n):
+        mu = mean[i]
+        r = rstd[i]
+        a1 = 0.0
+        a2 = 0.0
+        for j in range(m):
+            xh = (x[i, j] - mu) * r
+            gj = g[i, j] * w[j] if has_w else g[i, j]
+            tmp[0, j] = xh
+            tmp[1, j] = gj
+            a1 += gj
+            a2 += gj * xh
+            if need_wb:
+                gw[j] += g[i, j] * xh
+                gb[j] += g[i, j]
+        if need_dx:
+            tmp[2, 0] = a1
+            tmp[2, 1] = a2
+            mg = tmp[2, 0] / nf
+            mgx = tmp[2, 1] / nf
+            for j in range(m):
+                dx[i, j] = r * ((tmp[1, j] - mg) - tmp[0, j] * mgx)
+
+
 # -- exact GELU on float32 (erf without libm) ---------------------------------------------------
 # The stanza's float32 arithmetic (x / 2 * (1 + erf(x * sqrt(2)/2)), erf rounded to float32)
 # with erf from straight-line polynomials in float64: the loops vectorise (glibc's erf through
@@ -600,7 +661,8 @@ def _generated():
 
 _BODIES = [outer_f, add_scaled_f, sum_f, sum_rows_f, sum_last_f, softmax_rows,
            log_softmax_rows, logsumexp_rows, softmax_rows_b, log_softmax_rows_b, take_rows,
-           scatter_add_rows, copy_f, conv_im2col, conv_col2im, gelu_b_f32] + _generated()
+           scatter_add_rows, copy_f, conv_im2col, conv_col2im, gelu_b_f32, layer_norm_rows,
+           layer_norm_rows_b] + _generated()
 
 #: name -> (serial dispatcher, parallel dispatcher); nothing compiles until first called
 K: dict[str, tuple] = {f.__name__: twin(f) for f in _BODIES}

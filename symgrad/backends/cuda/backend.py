@@ -661,6 +661,12 @@ class CudaBackend:
         return (g_self, g_mat1, g_mat2)
 
     @staticmethod
+    def native_layer_norm_backward(grad, needed, bias, input, normalized_shape,  # noqa: A002
+                                   result1, result2, weight):
+        """Declines (None): layer norm's tensor-op formulas run on the device."""
+        return None
+
+    @staticmethod
     def mse_loss_backward(grad, needed, reduction, self, target):
         """``(self - target) * (grad * scale)`` and its negation (target's) in one launch."""
         if not _is_array(grad) or grad.dtype not in _FUSED_FLOATS:
