@@ -705,3 +705,40 @@ def test_layer_norm_runs_one_loop_each_way_from_fused_min(monkeypatch, rng):
     assert calls.count("layer_norm_rows") == 1 and calls.count("layer_norm_rows_b") == 1
     assert x.grad.shape == x.shape and ln.weight.grad.shape == ln.bias.grad.shape == (16,)
     np.testing.assert_array_equal(ln.bias.grad.numpy(), np.full(16, 32, np.float32))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_softmax_forward_loops_match_reference_and_torch(dtype, monkeypatch, torch):
+    """softmax and _safe_softmax along the last dim from FUSED_MIN elements run two Numba
+    passes around NumPy's exp: the reference's values to rounding of the row sums, NaN rows
+    where it has them, zero rows for a safe softmax of all -inf rows; other dims decline."""
+    from symgrad.ops._ints import u64
+
+    calls = []
+    real_run = cpu_mod._run
+    monkeypatch.setattr(cpu_mod, "_run", lambda name, *a: (calls.append(name),
+                                                           real_run(name, *a))[1])
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((2, 4, 16, 16)) * 3).astype(dtype)
+    x[..., np.triu(np.ones((16, 16), bool), 1)] = -np.inf  # a causal mask
+    x[0, 0, 5, :] = -np.inf  # a dead row
+    x[1, 1, 3, 4] = np.nan
+    t = sg.tensor(x)
+
+    def safe(z, dim):
+        return sg.autograd.function.apply(OPS["safe_softmax"], (z,), {"dim": u64(dim)})
+
+    got = {"safe": safe(t, -1), "plain": sg.softmax(t, -1), "dim2": sg.softmax(t, 2)}
+    assert calls.count("softmax_norm_rows") == 2  # the last-dim ones
+    with np.errstate(all="ignore"):
+        ref = {"safe": OPS["safe_softmax"].forward(NumpyBackend(), x, u64(-1)),
+               "plain": OPS["softmax"].forward(NumpyBackend(), x, -1),
+               "dim2": OPS["softmax"].forward(NumpyBackend(), x, 2)}
+    tx = torch.tensor(x)
+    expected = {"safe": torch._safe_softmax(tx, -1), "plain": torch.softmax(tx, -1),
+                "dim2": torch.softmax(tx, 2)}
+    assert not np.isnan(got["safe"].numpy()[0, 0, 5]).any()
+    np.testing.assert_array_equal(got["safe"].numpy()[0, 0, 5], 0)
+    for k in got:
+        for other in (ref[k], expected[k].numpy()):
+            assert_close(got[k].numpy(), other, terms=16, scale=1.0, msg=k)  # a row's sum

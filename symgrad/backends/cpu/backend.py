@@ -600,6 +600,25 @@ class CpuBackend(NumpyBackend):
         d = _dim(dim, y.ndim)
         return (_arr(grad - np.exp(y) * grad.sum(d, keepdims=True)),)
 
+    # -- softmax forward along the last dim: two Numba passes around NumPy's SIMD exp ----------
+    @staticmethod
+    def softmax_last(x, dim, safe):
+        """softmax (``safe``: all -inf rows give zeros) of a float array along its last dim,
+        or None to decline (other dims, small or odd arrays: the generic ops)."""
+        if type(x) is not np.ndarray or x.dtype not in _FLOATS or x.size < FUSED_MIN \
+                or x.ndim == 0 or _dim(dim, x.ndim) != x.ndim - 1 or x.shape[-1] == 0:
+            return None
+        m = x.shape[-1]
+        n = x.size // m
+        out = _alloc(x.shape, x.dtype)
+        o2 = out.reshape(n, m)
+        dead = np.empty(n, np.bool_)
+        _run("softmax_shift_rows", x.size, np.ascontiguousarray(x).reshape(n, m), o2, dead)
+        with np.errstate(all="ignore"):
+            np.exp(o2, out=o2)
+        _run("softmax_norm_rows", x.size, o2, dead, bool(safe), np.empty(n, x.dtype))
+        return out
+
     # -- layer norm: one pass per row forward and backward (kernels.layer_norm_rows*) ----------
     @staticmethod
     def layer_norm(input, weight, bias, normalized_shape, eps):  # noqa: A002

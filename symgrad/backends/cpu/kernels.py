@@ -265,6 +265,38 @@ def softmax_rows(x, out):
             out[i, j] = out[i, j] / s
 
 
+def softmax_shift_rows(x, out, dead):
+    """Softmax, part 1, per row of a C-contiguous (n, m) array: out = x - max(x) (NumPy's
+    SIMD exp then runs in place); dead[i] marks a row that is all -inf (safe softmax)."""
+    n, m = x.shape
+    for i in prange(n):
+        mx = x[i, 0]
+        for j in range(1, m):
+            if x[i, j] > mx or x[i, j] != x[i, j]:
+                mx = x[i, j]
+        dead[i] = mx == -np.inf
+        for j in range(m):
+            out[i, j] = x[i, j] - mx
+
+
+def softmax_norm_rows(e, dead, safe, s):
+    """Softmax, part 2: e /= sum(e) per row (the sum rounded to e's dtype, as the op
+    divides by it); a dead row of a safe softmax becomes zeros."""
+    n, m = e.shape
+    for i in prange(n):
+        if safe and dead[i]:
+            for j in range(m):
+                e[i, j] = 0
+            continue
+        acc = 0.0
+        for j in range(m):
+            acc += e[i, j]
+        s[i] = acc
+        t = s[i]
+        for j in range(m):
+            e[i, j] = e[i, j] / t
+
+
 def log_softmax_rows(x, out):
     n, m = x.shape
     for i in prange(n):
@@ -662,7 +694,7 @@ def _generated():
 _BODIES = [outer_f, add_scaled_f, sum_f, sum_rows_f, sum_last_f, softmax_rows,
            log_softmax_rows, logsumexp_rows, softmax_rows_b, log_softmax_rows_b, take_rows,
            scatter_add_rows, copy_f, conv_im2col, conv_col2im, gelu_b_f32, layer_norm_rows,
-           layer_norm_rows_b] + _generated()
+           layer_norm_rows_b, softmax_shift_rows, softmax_norm_rows] + _generated()
 
 #: name -> (serial dispatcher, parallel dispatcher); nothing compiles until first called
 K: dict[str, tuple] = {f.__name__: twin(f) for f in _BODIES}
