@@ -742,3 +742,29 @@ def test_softmax_forward_loops_match_reference_and_torch(dtype, monkeypatch, tor
     for k in got:
         for other in (ref[k], expected[k].numpy()):
             assert_close(got[k].numpy(), other, terms=16, scale=1.0, msg=k)  # a row's sum
+
+
+@pytest.mark.parametrize("padding_idx", [None, 3])
+def test_embedding_fused_backward_equals_formula_and_torch(padding_idx, on_cpu, torch):
+    """EmbeddingBackward0's one-pass kernel (repeated indices add up, in the formula's
+    order) gives the formula's gradient bit for bit and torch's; with a padding row the
+    kernel declines and the formula zeroes that row."""
+    rng = np.random.default_rng(5)
+    w = sg.tensor(rng.standard_normal((20, 16)).astype(np.float32), requires_grad=True)
+    idx = rng.integers(0, 20, (6, 9))
+    idx[0, :4] = 3  # repeats, and the padding row when padding_idx is 3
+    g = sg.tensor(rng.standard_normal((6, 9, 16)).astype(np.float32))
+    y = sg.nn.functional.embedding(sg.tensor(idx), w, padding_idx=padding_idx)
+    calls = []
+    real = cpu_mod.CpuBackend.embedding_backward
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cpu_mod.CpuBackend, "embedding_backward",
+                   staticmethod(lambda *a: calls.append(real(*a)) or calls[-1]))
+        (fused,) = sg.autograd.grad(y, [w], g, retain_graph=True)
+        (formula,) = sg.autograd.grad(y, [w], g, create_graph=True)
+    assert len(calls) == 1 and (calls[0] is None) == (padding_idx is not None)
+    np.testing.assert_array_equal(fused.numpy(), formula.detach().numpy())
+    tw = torch.tensor(w.detach().numpy(), requires_grad=True)
+    ty = torch.nn.functional.embedding(torch.tensor(idx), tw, padding_idx=padding_idx)
+    (expected,) = torch.autograd.grad(ty, [tw], torch.tensor(g.numpy()))
+    assert_close(fused.numpy(), expected.numpy(), terms=idx.size, scale=magnitude(g))

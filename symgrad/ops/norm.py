@@ -213,6 +213,6 @@ register(OpSpec(
     {"weight": lambda grad, indices, padding_idx, scale_grad_by_freq, sparse,
         weight_sym_argsize_0: embedding_backward(grad, indices, padding_idx,
                                                  scale_grad_by_freq, weight_sym_argsize_0)},
-    STRUCTURAL, dtype_rule="same",
+    STRUCTURAL, dtype_rule="same", fused_backward="embedding_backward",
     doc="F.embedding: rows of weight; padding_idx's row gets no gradient (-1 as u64: none)."))
 

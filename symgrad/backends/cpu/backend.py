@@ -35,6 +35,7 @@ import threading
 import numpy as np
 
 from ...ops import OPS
+from ...ops._ints import s64 as s64_of
 from ...ops.elementwise import grad_mask_args, grad_mask_name, grad_masks
 from ...ops.scalar import define
 from .. import conv_numpy as _conv
@@ -618,6 +619,27 @@ class CpuBackend(NumpyBackend):
             np.exp(o2, out=o2)
         _run("softmax_norm_rows", x.size, o2, dead, bool(safe), np.empty(n, x.dtype))
         return out
+
+    @staticmethod
+    def embedding_backward(grad, needed, indices, padding_idx, scale_grad_by_freq, sparse,
+                           weight_sym_argsize_0):
+        """EmbeddingBackward0 without padding or frequency scaling: the rows of ``grad``
+        added into zeros at ``indices`` in one serial pass (the formula's index_add, same
+        order), or None to decline. ``indices`` is the op's parameter (a tensor)."""
+        indices = getattr(indices, "_data", indices)
+        if not needed[0] or scale_grad_by_freq or s64_of(padding_idx) >= 0 \
+                or type(grad) is not np.ndarray or grad.dtype not in _FLOATS \
+                or type(indices) is not np.ndarray or grad.ndim == 0 \
+                or grad.shape[:-1] != indices.shape:
+            return None
+        out = np.zeros((int(weight_sym_argsize_0), grad.shape[-1]), grad.dtype)
+        rows = _row_index(out, indices.reshape(-1))
+        if rows is None:
+            return None
+        idx, out2 = rows
+        _run("scatter_add_rows", 0, np.ascontiguousarray(grad).reshape(idx.size, -1), idx,
+             out2)
+        return (out,)
 
     # -- layer norm: one pass per row forward and backward (kernels.layer_norm_rows*) ----------
     @staticmethod
