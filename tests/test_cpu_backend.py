@@ -768,3 +768,40 @@ def test_embedding_fused_backward_equals_formula_and_torch(padding_idx, on_cpu, 
     ty = torch.nn.functional.embedding(torch.tensor(idx), tw, padding_idx=padding_idx)
     (expected,) = torch.autograd.grad(ty, [tw], torch.tensor(g.numpy()))
     assert_close(fused.numpy(), expected.numpy(), terms=idx.size, scale=magnitude(g))
+
+
+@pytest.mark.parametrize("args", [dict(kernel_size=2), dict(kernel_size=3, stride=2, padding=1),
+                                  dict(kernel_size=2, dilation=2, ceil_mode=True)])
+def test_max_pool_forward_loop_equals_reference_and_torch(args, monkeypatch, torch):
+    """max_pool2d's windows in one Numba pass from FUSED_MIN elements: the reference's values
+    and indices exactly (ties: the first maximum; a NaN: the first NaN), and torch's on
+    finite inputs."""
+    calls = []
+    real_run = cpu_mod._run
+    monkeypatch.setattr(cpu_mod, "_run", lambda name, *a: (calls.append(name),
+                                                           real_run(name, *a))[1])
+    rng = np.random.default_rng(11)
+    x = np.round(rng.standard_normal((2, 3, 9, 10)), 1).astype(np.float32)  # many ties
+    xn = x.copy()
+    xn[0, 0, 1, 1] = xn[1, 2, 4, 5] = np.nan
+    for data in (x, xn):
+        got = sg.nn.functional.max_pool2d(sg.tensor(data), return_indices=True, **args)
+        with np.errstate(all="ignore"):
+            ref = OPS["max_pool2d_with_indices"].forward(
+                NumpyBackend(), data, *[_max_param(args, k) for k in (
+                    "kernel_size", "stride", "padding", "dilation", "ceil_mode")])
+        np.testing.assert_array_equal(got[0].numpy(), ref[0])
+        np.testing.assert_array_equal(got[1].numpy(), ref[1])
+    assert calls.count("max_pool_taps") == 2
+    expected = torch.nn.functional.max_pool2d(torch.tensor(x), return_indices=True, **args)
+    plain = sg.nn.functional.max_pool2d(sg.tensor(x), return_indices=True, **args)
+    np.testing.assert_array_equal(plain[0].numpy(), expected[0].numpy())
+    np.testing.assert_array_equal(plain[1].numpy(), expected[1].numpy())
+
+
+def _max_param(args: dict, key: str):
+    """max_pool2d_with_indices's forward arguments as F.max_pool2d records them."""
+    k = args["kernel_size"]
+    return {"kernel_size": (k, k), "stride": (args.get("stride", k),) * 2,
+            "padding": (args.get("padding", 0),) * 2, "dilation": (args.get("dilation", 1),) * 2,
+            "ceil_mode": args.get("ceil_mode", False)}[key]

@@ -601,6 +601,26 @@ class CpuBackend(NumpyBackend):
         d = _dim(dim, y.ndim)
         return (_arr(grad - np.exp(y) * grad.sum(d, keepdims=True)),)
 
+    # -- max pooling forward: one Numba pass over the windows ---------------------------------
+    @staticmethod
+    def max_pool_windows(x, plane, n_out):
+        """(values, in-plane indices) of each window's first maximum, shaped (planes,
+        n_out), from the plan's per-tap offsets ``plane`` (planes * n_out, taps); or None
+        to decline (the generic gather and argmax)."""
+        if type(x) is not np.ndarray or x.dtype not in _FLOATS or x.ndim < 2 \
+                or x.size < FUSED_MIN or type(plane) is not np.ndarray or plane.ndim != 2:
+            return None
+        hw = x.shape[-1] * x.shape[-2]
+        planes = x.size // hw if hw else 0
+        if planes * n_out != plane.shape[0] or plane.shape[1] == 0 or plane.dtype != np.int64 \
+                or int(plane.min()) < 0 or int(plane.max()) >= hw:
+            return None
+        values = _alloc((planes, n_out), x.dtype)
+        idx = np.empty((planes, n_out), np.int64)
+        _run("max_pool_taps", plane.size, np.ascontiguousarray(x).reshape(planes, hw),
+             np.ascontiguousarray(plane), values, idx)
+        return values, idx
+
     # -- softmax forward along the last dim: two Numba passes around NumPy's SIMD exp ----------
     @staticmethod
     def softmax_last(x, dim, safe):

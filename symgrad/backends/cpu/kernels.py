@@ -442,6 +442,31 @@ def conv_col2im(cols, dx, sh, sw, ph, pw, dh, dw):
                                 dx[pl, ih, iw] += cols[pl, kh, kw, oh, ow]
 
 
+# -- max pooling: each window's first maximum (NaN first, as argmax) ----------------------------
+def max_pool_taps(x, plane, out, idx):
+    """x (planes, hw); plane (planes * n_out, taps): in-plane offsets, checked in [0, hw);
+    out/idx (planes, n_out): each window's value and in-plane index of its first maximum
+    (a NaN wins at once: NumPy's argmax)."""
+    planes = x.shape[0]
+    n_out = out.shape[1]
+    k = plane.shape[1]
+    for p in prange(planes):
+        for o in range(n_out):
+            row = p * n_out + o
+            best = plane[row, 0]
+            v = x[p, best]
+            for t in range(1, k):
+                if v != v:
+                    break
+                off = plane[row, t]
+                u = x[p, off]
+                if u > v or u != u:
+                    v = u
+                    best = off
+            out[p, o] = v
+            idx[p, o] = best
+
+
 # -- layer norm over the last dim of a C-contiguous (n, m) array --------------------------------
 # The op's elementwise steps in the array's dtype (x - mean, (x - mean) * rstd, * w, + b,
 # 1 / sqrt(var + eps)), its means summed in float64 and rounded once (NumPy sums float32 in
@@ -694,7 +719,8 @@ def _generated():
 _BODIES = [outer_f, add_scaled_f, sum_f, sum_rows_f, sum_last_f, softmax_rows,
            log_softmax_rows, logsumexp_rows, softmax_rows_b, log_softmax_rows_b, take_rows,
            scatter_add_rows, copy_f, conv_im2col, conv_col2im, gelu_b_f32, layer_norm_rows,
-           layer_norm_rows_b, softmax_shift_rows, softmax_norm_rows] + _generated()
+           layer_norm_rows_b, softmax_shift_rows, softmax_norm_rows,
+           max_pool_taps] + _generated()
 
 #: name -> (serial dispatcher, parallel dispatcher); nothing compiles until first called
 K: dict[str, tuple] = {f.__name__: twin(f) for f in _BODIES}
