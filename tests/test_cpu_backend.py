@@ -805,3 +805,27 @@ def _max_param(args: dict, key: str):
     return {"kernel_size": (k, k), "stride": (args.get("stride", k),) * 2,
             "padding": (args.get("padding", 0),) * 2, "dilation": (args.get("dilation", 1),) * 2,
             "ceil_mode": args.get("ceil_mode", False)}[key]
+
+
+@pytest.mark.parametrize("args", [dict(kernel_size=2), dict(kernel_size=3, stride=1, padding=1)])
+def test_max_pool_fused_backward_equals_formula_and_torch(args, on_cpu, torch):
+    """MaxPool2DWithIndicesBackward0's one-pass kernel: the formula's gradient bit for bit
+    (overlapping windows add in its order) and torch's."""
+    rng = np.random.default_rng(13)
+    x = sg.tensor(np.round(rng.standard_normal((2, 3, 16, 18)), 1).astype(np.float32),
+                  requires_grad=True)
+    y = sg.nn.functional.max_pool2d(x, **args)
+    g = sg.tensor(rng.standard_normal(y.shape).astype(np.float32))
+    calls = []
+    real = cpu_mod.CpuBackend.max_pool2d_with_indices_backward
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cpu_mod.CpuBackend, "max_pool2d_with_indices_backward",
+                   staticmethod(lambda *a: calls.append(real(*a)) or calls[-1]))
+        (fused,) = sg.autograd.grad(y, [x], g, retain_graph=True)
+        (formula,) = sg.autograd.grad(y, [x], g, create_graph=True)
+    assert len(calls) == 1 and calls[0] is not None
+    np.testing.assert_array_equal(fused.numpy(), formula.detach().numpy())
+    tx = torch.tensor(x.detach().numpy(), requires_grad=True)
+    (expected,) = torch.autograd.grad(torch.nn.functional.max_pool2d(tx, **args), [tx],
+                                      torch.tensor(g.numpy()))
+    assert_close(fused.numpy(), expected.numpy(), terms=9, scale=magnitude(g))

@@ -343,7 +343,7 @@ def _adaptive_tex(names, out, params, shapes):
 register(OpSpec(
     "max_pool2d_with_indices", "MaxPool2DWithIndicesBackward0", ("self",), _max_pool_forward,
     {"self": _max_pool_grad}, STRUCTURAL, dtype_rule="same", outputs=("result", "result1"),
-    formula_tex=_max_pool_tex,
+    formula_tex=_max_pool_tex, fused_backward="max_pool2d_with_indices_backward",
     doc="values and (non-differentiable) in-plane indices of each window's first maximum."))
 register(OpSpec(
     "avg_pool2d", "AvgPool2DBackward0", ("self",), _avg_pool_forward,

@@ -621,6 +621,26 @@ class CpuBackend(NumpyBackend):
              np.ascontiguousarray(plane), values, idx)
         return values, idx
 
+    @staticmethod
+    def max_pool2d_with_indices_backward(grad, needed, ceil_mode, dilation, kernel_size,
+                                         padding, result1, self, stride):
+        """MaxPool2DWithIndicesBackward0: each output's gradient added at the index the
+        forward picked, in the formula's order (one pass a plane), or None to decline."""
+        x, idx = self, result1
+        if not needed[0] or type(grad) is not np.ndarray or grad.dtype not in _FLOATS \
+                or type(x) is not np.ndarray or x.dtype != grad.dtype or x.ndim < 2 \
+                or type(idx) is not np.ndarray or idx.dtype != np.int64 \
+                or idx.shape != grad.shape or grad.size < FUSED_MIN:
+            return None
+        hw = x.shape[-1] * x.shape[-2]
+        planes = x.size // hw if hw else 0
+        if planes == 0 or grad.size % planes or int(idx.min()) < 0 or int(idx.max()) >= hw:
+            return None
+        dx = _alloc(x.shape, x.dtype)
+        _run("max_pool_scatter", grad.size, np.ascontiguousarray(grad).reshape(planes, -1),
+             np.ascontiguousarray(idx).reshape(planes, -1), dx.reshape(planes, hw))
+        return (dx,)
+
     # -- softmax forward along the last dim: two Numba passes around NumPy's SIMD exp ----------
     @staticmethod
     def softmax_last(x, dim, safe):

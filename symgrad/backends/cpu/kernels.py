@@ -467,6 +467,18 @@ def max_pool_taps(x, plane, out, idx):
             idx[p, o] = best
 
 
+def max_pool_scatter(g, idx, dx):
+    """max pooling's backward: dx = 0, then dx[p, idx[p, o]] += g[p, o] in output order (a
+    plane per thread; indices checked in [0, hw))."""
+    planes, n_out = g.shape
+    hw = dx.shape[1]
+    for p in prange(planes):
+        for i in range(hw):
+            dx[p, i] = 0
+        for o in range(n_out):
+            dx[p, idx[p, o]] += g[p, o]
+
+
 # -- layer norm over the last dim of a C-contiguous (n, m) array --------------------------------
 # The op's elementwise steps in the array's dtype (x - mean, (x - mean) * rstd, * w, + b,
 # 1 / sqrt(var + eps)), its means summed in float64 and rounded once (NumPy sums float32 in
@@ -720,7 +732,7 @@ _BODIES = [outer_f, add_scaled_f, sum_f, sum_rows_f, sum_last_f, softmax_rows,
            log_softmax_rows, logsumexp_rows, softmax_rows_b, log_softmax_rows_b, take_rows,
            scatter_add_rows, copy_f, conv_im2col, conv_col2im, gelu_b_f32, layer_norm_rows,
            layer_norm_rows_b, softmax_shift_rows, softmax_norm_rows,
-           max_pool_taps] + _generated()
+           max_pool_taps, max_pool_scatter] + _generated()
 
 #: name -> (serial dispatcher, parallel dispatcher); nothing compiles until first called
 K: dict[str, tuple] = {f.__name__: twin(f) for f in _BODIES}

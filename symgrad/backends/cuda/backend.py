@@ -667,6 +667,12 @@ class CudaBackend:
         return None
 
     @staticmethod
+    def max_pool2d_with_indices_backward(grad, needed, ceil_mode, dilation, kernel_size,
+                                         padding, result1, self, stride):
+        """Declines (None): max pooling's tensor-op formula runs on the device."""
+        return None
+
+    @staticmethod
     def native_layer_norm_backward(grad, needed, bias, input, normalized_shape,  # noqa: A002
                                    result1, result2, weight):
         """Declines (None): layer norm's tensor-op formulas run on the device."""
