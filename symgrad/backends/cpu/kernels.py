@@ -483,32 +483,69 @@ def max_pool_scatter(g, idx, dx):
 # The op's elementwise steps in the array's dtype (x - mean, (x - mean) * rstd, * w, + b,
 # 1 / sqrt(var + eps)), its means summed in float64 and rounded once (NumPy sums float32 in
 # float32): a store into the float32 output casts, and the stored value is read back.
+# The row sums are float64 reductions compiled with ``reassoc`` alone (so they vectorise: a
+# strict sum is one add after another); the float32 steps around them keep their order.
+_REASSOC = dict(_OPTS, fastmath={"reassoc"})
+
+
+@njit(**_REASSOC)
+def _row_sum(xr):
+    acc = 0.0
+    for j in range(xr.size):
+        acc += xr[j]
+    return acc
+
+
+@njit(**_REASSOC)
+def _row_dev(xr, mu, yr):
+    """yr = xr - mu; returns the float64 sum of the squares (each rounded to the dtype)."""
+    acc = 0.0
+    for j in range(xr.size):
+        d = xr[j] - mu
+        yr[j] = d
+        acc += d * d
+    return acc
+
+
+@njit(**_REASSOC)
+def _row_b(xr, gr, w, has_w, mu, r, xh, gw_):
+    """xh = (x - mean) * rstd, gw_ = g * w (or g); returns sum(gw_), sum(gw_ * xh)."""
+    a1 = 0.0
+    a2 = 0.0
+    for j in range(xr.size):
+        h = (xr[j] - mu) * r
+        gj = gr[j] * w[j] if has_w else gr[j]
+        xh[j] = h
+        gw_[j] = gj
+        a1 += gj
+        a2 += gj * h
+    return a1, a2
+
+
 def layer_norm_rows(x, w, b, has_w, has_b, nf, eps, one, y, mean, rstd):
     """y = (x - mean) * rstd [* w] [+ b] per row; mean, rstd = 1 / sqrt(var + eps) out."""
     n, m = x.shape
     for i in prange(n):
-        acc = 0.0
-        for j in range(m):
-            acc += x[i, j]
-        mean[i] = acc
+        xr = x[i]
+        yr = y[i]
+        mean[i] = _row_sum(xr)
         mu = mean[i] / nf
         mean[i] = mu
-        acc = 0.0
-        for j in range(m):
-            d = x[i, j] - mu
-            y[i, j] = d
-            acc += d * d
-        rstd[i] = acc
+        rstd[i] = _row_dev(xr, mu, yr)
         v = rstd[i] / nf + eps
         rstd[i] = one / np.sqrt(v)
         r = rstd[i]
-        for j in range(m):
-            v = y[i, j] * r
-            if has_w:
-                v = v * w[j]
-            if has_b:
-                v = v + b[j]
-            y[i, j] = v
+        if has_w and has_b:
+            for j in range(m):
+                yr[j] = yr[j] * r * w[j] + b[j]
+        else:
+            for j in range(m):
+                t = yr[j] * r
+                if has_w:
+                    t = t * w[j]
+                if has_b:
+                    t = t + b[j]
+                yr[j] = t
 
 
 def layer_norm_rows_b(g, x, mean, rstd, w, has_w, nf, need_dx, dx, need_wb, gw, gb, tmp):
@@ -516,28 +553,24 @@ def layer_norm_rows_b(g, x, mean, rstd, w, has_w, nf, need_dx, dx, need_wb, gw, 
     mean(g*w * xhat)), xhat = (x - mean) * rstd; gw += g * xhat and gb += g over the rows
     (float64 sums; serial: rows add into one gw)."""
     n, m = x.shape
+    xh = tmp[0]
+    gw_ = tmp[1]
     for i in range(n):
-        mu = mean[i]
+        gr = g[i]
         r = rstd[i]
-        a1 = 0.0
-        a2 = 0.0
-        for j in range(m):
-            xh = (x[i, j] - mu) * r
-            gj = g[i, j] * w[j] if has_w else g[i, j]
-            tmp[0, j] = xh
-            tmp[1, j] = gj
-            a1 += gj
-            a2 += gj * xh
-            if need_wb:
-                gw[j] += g[i, j] * xh
-                gb[j] += g[i, j]
+        a1, a2 = _row_b(x[i], gr, w, has_w, mean[i], r, xh, gw_)
+        if need_wb:
+            for j in range(m):
+                gw[j] += gr[j] * xh[j]
+                gb[j] += gr[j]
         if need_dx:
             tmp[2, 0] = a1
             tmp[2, 1] = a2
             mg = tmp[2, 0] / nf
             mgx = tmp[2, 1] / nf
+            dxr = dx[i]
             for j in range(m):
-                dx[i, j] = r * ((tmp[1, j] - mg) - tmp[0, j] * mgx)
+                dxr[j] = r * ((gw_[j] - mg) - xh[j] * mgx)
 
 
 # -- exact GELU on float32 (erf without libm) ---------------------------------------------------
