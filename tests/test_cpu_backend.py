@@ -692,7 +692,7 @@ def test_kernel_gelu_float32_loops_equal_the_stanza_and_torch(mode, monkeypatch,
                  scale=np.abs(g[ok]) * (np.abs(x[ok]) + 1))
 
 
-def test_layer_norm_runs_one_loop_each_way_from_fused_min(monkeypatch, rng):
+def test_kernel_layer_norm_runs_one_loop_each_way_from_fused_min(monkeypatch, rng):
     """A layer norm from FUSED_MIN elements is one Numba pass forward and one backward (the
     values are compared with the formulas and torch in test_nn_fused_backward_...)."""
     calls = []
@@ -708,7 +708,7 @@ def test_layer_norm_runs_one_loop_each_way_from_fused_min(monkeypatch, rng):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_softmax_forward_loops_match_reference_and_torch(dtype, monkeypatch, torch):
+def test_kernel_softmax_forward_loops_match_reference_and_torch(dtype, monkeypatch, torch):
     """softmax and _safe_softmax along the last dim from FUSED_MIN elements run two Numba
     passes around NumPy's exp: the reference's values to rounding of the row sums, NaN rows
     where it has them, zero rows for a safe softmax of all -inf rows; other dims decline."""
@@ -745,7 +745,7 @@ def test_softmax_forward_loops_match_reference_and_torch(dtype, monkeypatch, tor
 
 
 @pytest.mark.parametrize("padding_idx", [None, 3])
-def test_embedding_fused_backward_equals_formula_and_torch(padding_idx, on_cpu, torch):
+def test_kernel_embedding_fused_backward_equals_formula_and_torch(padding_idx, on_cpu, torch):
     """EmbeddingBackward0's one-pass kernel (repeated indices add up, in the formula's
     order) gives the formula's gradient bit for bit and torch's; with a padding row the
     kernel declines and the formula zeroes that row."""
@@ -772,7 +772,7 @@ def test_embedding_fused_backward_equals_formula_and_torch(padding_idx, on_cpu, 
 
 @pytest.mark.parametrize("args", [dict(kernel_size=2), dict(kernel_size=3, stride=2, padding=1),
                                   dict(kernel_size=2, dilation=2, ceil_mode=True)])
-def test_max_pool_forward_loop_equals_reference_and_torch(args, monkeypatch, torch):
+def test_kernel_max_pool_forward_loop_equals_reference_and_torch(args, monkeypatch, torch):
     """max_pool2d's windows in one Numba pass from FUSED_MIN elements: the reference's values
     and indices exactly (ties: the first maximum; a NaN: the first NaN), and torch's on
     finite inputs."""
@@ -808,7 +808,7 @@ def _max_param(args: dict, key: str):
 
 
 @pytest.mark.parametrize("args", [dict(kernel_size=2), dict(kernel_size=3, stride=1, padding=1)])
-def test_max_pool_fused_backward_equals_formula_and_torch(args, on_cpu, torch):
+def test_kernel_max_pool_fused_backward_equals_formula_and_torch(args, on_cpu, torch):
     """MaxPool2DWithIndicesBackward0's one-pass kernel: the formula's gradient bit for bit
     (overlapping windows add in its order) and torch's."""
     rng = np.random.default_rng(13)
