@@ -506,3 +506,34 @@ def test_lenet_and_gpt_steps_compile_without_fallback_and_equal_eager(which):
             assert_close(p.grad, q.grad, terms=(i + 1) * terms)
             assert_close(p, q, terms=(i + 1) * terms, scale=magnitude(q.detach().numpy()))
     assert step.stats["fallbacks"] == [] and step.stats["traces"] == 1
+
+
+# -- background compilation ----------------------------------------------------------------
+def test_background_compile_runs_eagerly_until_ready_then_equals_eager():
+    """``compile(background=True)``: the first call returns the traced (eager) result while
+    the code is generated and compiled in a thread; calls meanwhile run eagerly; once ready
+    (``wait``) the compiled steps carry on from the eager state exactly as eager steps do,
+    with no fallback, and the step verifies. The self-check compares with the state the
+    traced call left, although the eager calls meanwhile changed the parameters."""
+    from symgrad.compile.step import Entry, _Pending
+
+    model, model_e = _mlp(1), _mlp(1)
+    opt = sg.optim.Adam(model.parameters(), lr=1e-2)
+    opt_e = sg.optim.Adam(model_e.parameters(), lr=1e-2)
+    step = sg.compile(_saliency_step(model, opt), background=True)
+    eager = _saliency_step(model_e, opt_e)
+    sg.manual_seed(3)
+    x, y = sg.randn(5, 6), sg.randint(0, 4, (5,))
+    states = []
+    for i in range(8):
+        if i == 4:
+            step.wait()
+        states.append(type(next(iter(step._cache.values()))) if step._cache else None)
+        loss = _no_fallback(step, x, y)
+        loss_e = eager(x, y)
+        assert_close(loss, loss_e, terms=64, scale=magnitude(loss_e))
+    assert states[0] is None and states[-1] is Entry  # traced, then compiled
+    assert all(s in (_Pending, Entry) for s in states[1:])
+    assert step.stats["fallbacks"] == [] and step.stats["traces"] == 1
+    _assert_same(model, model_e, opt, opt_e, terms=64)
+    step.verify()

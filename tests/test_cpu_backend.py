@@ -556,6 +556,13 @@ NN_CASES = {
                     [(2, 4, 6, 5), (6, 2, 3, 3), (6,)]),
     "convolution-1d": (lambda m, x, w: m.nn.functional.conv1d(x, w, padding=2, dilation=2),
                        [(3, 2, 7), (4, 2, 3)]),
+    # layer norm: one Numba pass per row forward and backward (from FUSED_MIN elements)
+    "native_layer_norm": (lambda m, x, w, b: m.nn.functional.layer_norm(x, (16,), w, b),
+                          [(4, 8, 16), (16,), (16,)]),
+    "native_layer_norm-two-dims": (lambda m, x, w, b: m.nn.functional.layer_norm(
+        x, (8, 16), w, b), [(4, 8, 16), (8, 16), (8, 16)]),
+    "native_layer_norm-no-affine": (lambda m, x: m.nn.functional.layer_norm(x, (64,)),
+                                    [(2, 3, 64)]),
     # scaled_dot_product_attention's _safe_softmax: softmax's fused backward kernel
     "safe_softmax": (lambda m, a: m.safe_softmax(a, -1), [(3, 4)]),
     "safe_softmax-first-dim": (lambda m, a: m.safe_softmax(a, 0), [(3, 4)]),
@@ -642,3 +649,183 @@ def test_kernel_outer_product_matmul_equals_numpy(dtype, mode, rng):
     np.testing.assert_array_equal(out, np.matmul(g.T, x))
     np.testing.assert_array_equal(wide, np.matmul(x.T, g))
     assert out.shape == (20, 10) and out.flags.c_contiguous
+
+
+@pytest.mark.parametrize("mode", ["serial", "parallel"])
+def test_kernel_gelu_float32_loops_equal_the_stanza_and_torch(mode, monkeypatch, torch):
+    """Exact GELU on float32 from FUSED_MIN elements runs Numba loops with erf from
+    polynomials (no libm call): forward and backward equal the stanza's NumPy expressions
+    (erf rounded from the C library's) to 1 ulp, the special values included, and torch."""
+    if mode == "parallel":
+        monkeypatch.setattr(cpu_mod, "PARALLEL_MIN", 8)
+    rng = np.random.default_rng(7)
+    x = np.concatenate([np.linspace(-6, 6, 3001), rng.standard_normal(1500) * 3,
+                        [0.0, -0.0, 1e-30, -1e-38, 3.92, 3.93, 4.0, -4.0, 1.0, -1.0, 30.0,
+                         -30.0, np.inf, -np.inf, np.nan]]).astype(np.float32)
+    g = rng.standard_normal(x.shape).astype(np.float32)
+    assert x.size >= cpu_mod.FUSED_MIN
+    calls = []
+    real_run = cpu_mod._run
+    monkeypatch.setattr(cpu_mod, "_run", lambda name, *a: (calls.append(name),
+                                                           real_run(name, *a))[1])
+    t = sg.tensor(x, requires_grad=True)
+    y = sg.nn.functional.gelu(t)
+    y.backward(sg.tensor(g))
+    assert {"gelu_f32", "gelu_b_prep_f32", "gelu_b_f32"} <= set(calls)
+    with np.errstate(all="ignore"):
+        ref_y = NumpyBackend.gelu(x)
+        (ref_g,) = cpu_mod._gelu_backward_stanza(g, (True,), "none", x)
+    for got, ref in ((y.detach().numpy(), ref_y), (t.grad.numpy(), ref_g)):
+        assert got.dtype == np.float32
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
+        ok = ~np.isnan(ref)
+        ulps = np.abs(got[ok].view(np.int32).astype(np.int64)
+                      - ref[ok].view(np.int32).astype(np.int64))
+        assert ulps.max() <= 1
+    tx = torch.tensor(x, requires_grad=True)
+    ty = torch.nn.functional.gelu(tx)
+    ty.backward(torch.tensor(g))
+    ok = np.isfinite(x)
+    assert_close(y.detach().numpy()[ok], ty.detach().numpy()[ok], terms=8,
+                 scale=np.abs(x[ok]) + 1)
+    assert_close(t.grad.numpy()[ok], tx.grad.numpy()[ok], terms=8,
+                 scale=np.abs(g[ok]) * (np.abs(x[ok]) + 1))
+
+
+def test_kernel_layer_norm_runs_one_loop_each_way_from_fused_min(monkeypatch, rng):
+    """A layer norm from FUSED_MIN elements is one Numba pass forward and one backward (the
+    values are compared with the formulas and torch in test_nn_fused_backward_...)."""
+    calls = []
+    real_run = cpu_mod._run
+    monkeypatch.setattr(cpu_mod, "_run", lambda name, *a: (calls.append(name),
+                                                           real_run(name, *a))[1])
+    x = sg.tensor(rng.standard_normal((4, 8, 16)).astype(np.float32), requires_grad=True)
+    ln = sg.nn.LayerNorm(16)
+    ln(x).sum().backward()
+    assert calls.count("layer_norm_rows") == 1 and calls.count("layer_norm_rows_b") == 1
+    assert x.grad.shape == x.shape and ln.weight.grad.shape == ln.bias.grad.shape == (16,)
+    np.testing.assert_array_equal(ln.bias.grad.numpy(), np.full(16, 32, np.float32))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_kernel_softmax_forward_loops_match_reference_and_torch(dtype, monkeypatch, torch):
+    """softmax and _safe_softmax along the last dim from FUSED_MIN elements run two Numba
+    passes around NumPy's exp: the reference's values to rounding of the row sums, NaN rows
+    where it has them, zero rows for a safe softmax of all -inf rows; other dims decline."""
+    from symgrad.ops._ints import u64
+
+    calls = []
+    real_run = cpu_mod._run
+    monkeypatch.setattr(cpu_mod, "_run", lambda name, *a: (calls.append(name),
+                                                           real_run(name, *a))[1])
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((2, 4, 16, 16)) * 3).astype(dtype)
+    x[..., np.triu(np.ones((16, 16), bool), 1)] = -np.inf  # a causal mask
+    x[0, 0, 5, :] = -np.inf  # a dead row
+    x[1, 1, 3, 4] = np.nan
+    t = sg.tensor(x)
+
+    def safe(z, dim):
+        return sg.autograd.function.apply(OPS["safe_softmax"], (z,), {"dim": u64(dim)})
+
+    got = {"safe": safe(t, -1), "plain": sg.softmax(t, -1), "dim2": sg.softmax(t, 2)}
+    assert calls.count("softmax_norm_rows") == 2  # the last-dim ones
+    with np.errstate(all="ignore"):
+        ref = {"safe": OPS["safe_softmax"].forward(NumpyBackend(), x, u64(-1)),
+               "plain": OPS["softmax"].forward(NumpyBackend(), x, -1),
+               "dim2": OPS["softmax"].forward(NumpyBackend(), x, 2)}
+    tx = torch.tensor(x)
+    expected = {"safe": torch._safe_softmax(tx, -1), "plain": torch.softmax(tx, -1),
+                "dim2": torch.softmax(tx, 2)}
+    assert not np.isnan(got["safe"].numpy()[0, 0, 5]).any()
+    np.testing.assert_array_equal(got["safe"].numpy()[0, 0, 5], 0)
+    for k in got:
+        for other in (ref[k], expected[k].numpy()):
+            assert_close(got[k].numpy(), other, terms=16, scale=1.0, msg=k)  # a row's sum
+
+
+@pytest.mark.parametrize("padding_idx", [None, 3])
+def test_kernel_embedding_fused_backward_equals_formula_and_torch(padding_idx, on_cpu, torch):
+    """EmbeddingBackward0's one-pass kernel (repeated indices add up, in the formula's
+    order) gives the formula's gradient bit for bit and torch's; with a padding row the
+    kernel declines and the formula zeroes that row."""
+    rng = np.random.default_rng(5)
+    w = sg.tensor(rng.standard_normal((20, 16)).astype(np.float32), requires_grad=True)
+    idx = rng.integers(0, 20, (6, 9))
+    idx[0, :4] = 3  # repeats, and the padding row when padding_idx is 3
+    g = sg.tensor(rng.standard_normal((6, 9, 16)).astype(np.float32))
+    y = sg.nn.functional.embedding(sg.tensor(idx), w, padding_idx=padding_idx)
+    calls = []
+    real = cpu_mod.CpuBackend.embedding_backward
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cpu_mod.CpuBackend, "embedding_backward",
+                   staticmethod(lambda *a: calls.append(real(*a)) or calls[-1]))
+        (fused,) = sg.autograd.grad(y, [w], g, retain_graph=True)
+        (formula,) = sg.autograd.grad(y, [w], g, create_graph=True)
+    assert len(calls) == 1 and (calls[0] is None) == (padding_idx is not None)
+    np.testing.assert_array_equal(fused.numpy(), formula.detach().numpy())
+    tw = torch.tensor(w.detach().numpy(), requires_grad=True)
+    ty = torch.nn.functional.embedding(torch.tensor(idx), tw, padding_idx=padding_idx)
+    (expected,) = torch.autograd.grad(ty, [tw], torch.tensor(g.numpy()))
+    assert_close(fused.numpy(), expected.numpy(), terms=idx.size, scale=magnitude(g))
+
+
+@pytest.mark.parametrize("args", [dict(kernel_size=2), dict(kernel_size=3, stride=2, padding=1),
+                                  dict(kernel_size=2, dilation=2, ceil_mode=True)])
+def test_kernel_max_pool_forward_loop_equals_reference_and_torch(args, monkeypatch, torch):
+    """max_pool2d's windows in one Numba pass from FUSED_MIN elements: the reference's values
+    and indices exactly (ties: the first maximum; a NaN: the first NaN), and torch's on
+    finite inputs."""
+    calls = []
+    real_run = cpu_mod._run
+    monkeypatch.setattr(cpu_mod, "_run", lambda name, *a: (calls.append(name),
+                                                           real_run(name, *a))[1])
+    rng = np.random.default_rng(11)
+    x = np.round(rng.standard_normal((2, 3, 9, 10)), 1).astype(np.float32)  # many ties
+    xn = x.copy()
+    xn[0, 0, 1, 1] = xn[1, 2, 4, 5] = np.nan
+    for data in (x, xn):
+        got = sg.nn.functional.max_pool2d(sg.tensor(data), return_indices=True, **args)
+        with np.errstate(all="ignore"):
+            ref = OPS["max_pool2d_with_indices"].forward(
+                NumpyBackend(), data, *[_max_param(args, k) for k in (
+                    "kernel_size", "stride", "padding", "dilation", "ceil_mode")])
+        np.testing.assert_array_equal(got[0].numpy(), ref[0])
+        np.testing.assert_array_equal(got[1].numpy(), ref[1])
+    assert calls.count("max_pool_taps") == 2
+    expected = torch.nn.functional.max_pool2d(torch.tensor(x), return_indices=True, **args)
+    plain = sg.nn.functional.max_pool2d(sg.tensor(x), return_indices=True, **args)
+    np.testing.assert_array_equal(plain[0].numpy(), expected[0].numpy())
+    np.testing.assert_array_equal(plain[1].numpy(), expected[1].numpy())
+
+
+def _max_param(args: dict, key: str):
+    """max_pool2d_with_indices's forward arguments as F.max_pool2d records them."""
+    k = args["kernel_size"]
+    return {"kernel_size": (k, k), "stride": (args.get("stride", k),) * 2,
+            "padding": (args.get("padding", 0),) * 2, "dilation": (args.get("dilation", 1),) * 2,
+            "ceil_mode": args.get("ceil_mode", False)}[key]
+
+
+@pytest.mark.parametrize("args", [dict(kernel_size=2), dict(kernel_size=3, stride=1, padding=1)])
+def test_kernel_max_pool_fused_backward_equals_formula_and_torch(args, on_cpu, torch):
+    """MaxPool2DWithIndicesBackward0's one-pass kernel: the formula's gradient bit for bit
+    (overlapping windows add in its order) and torch's."""
+    rng = np.random.default_rng(13)
+    x = sg.tensor(np.round(rng.standard_normal((2, 3, 16, 18)), 1).astype(np.float32),
+                  requires_grad=True)
+    y = sg.nn.functional.max_pool2d(x, **args)
+    g = sg.tensor(rng.standard_normal(y.shape).astype(np.float32))
+    calls = []
+    real = cpu_mod.CpuBackend.max_pool2d_with_indices_backward
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cpu_mod.CpuBackend, "max_pool2d_with_indices_backward",
+                   staticmethod(lambda *a: calls.append(real(*a)) or calls[-1]))
+        (fused,) = sg.autograd.grad(y, [x], g, retain_graph=True)
+        (formula,) = sg.autograd.grad(y, [x], g, create_graph=True)
+    assert len(calls) == 1 and calls[0] is not None
+    np.testing.assert_array_equal(fused.numpy(), formula.detach().numpy())
+    tx = torch.tensor(x.detach().numpy(), requires_grad=True)
+    (expected,) = torch.autograd.grad(torch.nn.functional.max_pool2d(tx, **args), [tx],
+                                      torch.tensor(g.numpy()))
+    assert_close(fused.numpy(), expected.numpy(), terms=9, scale=magnitude(g))

@@ -15,9 +15,13 @@ from .step import CompiledStep
 __all__ = ["compile", "CompiledStep"]
 
 
-def compile(fn: Callable | None = None, *, cache_size: int = 8):  # noqa: A001
+def compile(fn: Callable | None = None, *, cache_size: int = 8,  # noqa: A001
+            background: bool = False):
     """Compile a training step ``fn`` (see docs/compile.md); usable as ``@compile`` or
-    ``@compile(cache_size=4)``."""
+    ``@compile(cache_size=4)``. ``background=True``: the first call returns after its
+    traced (eager) run, the code is generated, compiled and checked in a thread, and calls
+    run eagerly until it is ready (a cold first call no longer waits for Numba);
+    ``step.wait()`` blocks until then."""
     if fn is None:
-        return lambda f: CompiledStep(f, cache_size)
-    return CompiledStep(fn, cache_size)
+        return lambda f: CompiledStep(f, cache_size, background)
+    return CompiledStep(fn, cache_size, background)

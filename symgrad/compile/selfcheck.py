@@ -50,8 +50,10 @@ def _magnitude(*arrays) -> float:
     return m or 1.0
 
 
-def self_check(entry, args: tuple, result) -> str | None:
-    """None if the generated code reproduces the traced call, else what differed."""
+def self_check(entry, args: tuple, result, after: dict | None = None) -> str | None:
+    """None if the generated code reproduces the traced call, else what differed. ``after``:
+    the parameters, their .grad and optimizer state as the traced call left them (copies
+    taken then, by ``after_state``), for a check made later than that call."""
     program, layout = entry.program, entry.layout
     before = program.before
     leaves = [_copy(before[("leaf", v.slot)]) for v in entry._leaf_values]
@@ -83,18 +85,25 @@ def self_check(entry, args: tuple, result) -> str | None:
                                       default=1)
     checks = []
     for v, got in zip(entry._leaf_values, leaves):
-        want = entry._leaf(v.slot)._data
+        want = after[("leaf", v.slot)] if after is not None else entry._leaf(v.slot)._data
         checks.append((f"parameter {v.slot}", got, want, before[("leaf", v.slot)]))
     for (k, slot, key), got in zip(layout.state, state):
-        opt = entry._opts[k]()
-        want = opt.state[entry._leaf(slot)][key]._data
+        if after is not None:
+            want = after[("state", k, slot, key)]
+        else:
+            opt = entry._opts[k]()
+            want = opt.state[entry._leaf(slot)][key]._data
         checks.append((f"optimizer state {key} of parameter {slot}", got, want, None))
     for slot, name in layout.final_grads.items():
-        g = entry._leaf(slot)._grad
+        if after is not None:
+            g = after[("grad", slot)]
+        else:
+            g = entry._leaf(slot)._grad
+            g = None if g is None else g._data
         if (name is None) != (g is None):
             return f"parameter {slot}'s .grad is set in one and not the other"
         if name is not None:
-            checks.append((f"gradient of parameter {slot}", buffers[name], g._data, None))
+            checks.append((f"gradient of parameter {slot}", buffers[name], g, None))
     n = entry._n_results
     got_grads = iter(outs[n:])
     for i, name in layout.arg_grads:
@@ -118,3 +127,25 @@ def _flat(x) -> list:
     if isinstance(x, (tuple, list)):
         return [y for item in x for y in _flat(item)]
     return [x] if isinstance(x, Tensor) else []
+
+
+def after_state(program) -> dict:
+    """Copies of what ``self_check`` compares with (each leaf's array and .grad, the
+    optimizers' state tensors of the leaves), taken right after the traced call."""
+    from .graph import Step
+
+    after: dict = {}
+    leaves = [ref() for ref in program.leaves]
+    for slot, t in enumerate(leaves):
+        if t is not None:
+            after[("leaf", slot)] = _copy(t._data)
+            after[("grad", slot)] = None if t._grad is None else _copy(t._grad._data)
+    for k, e in enumerate(program.events):
+        opt = e.opt() if isinstance(e, Step) else None
+        if opt is None:
+            continue
+        for slot, t in enumerate(leaves):
+            for key, v in (opt.state.get(t) or {}).items() if t is not None else ():
+                if isinstance(v, Tensor):
+                    after[("state", k, slot, key)] = _copy(v._data)
+    return after

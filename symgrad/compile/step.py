@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import threading
 import time
 import warnings
 from collections import ChainMap
@@ -31,7 +32,7 @@ from .codegen import Generated, Unsupported, generate
 from .cuda_step import generate_cuda
 from .graph import Program, Step
 from .guards import signature
-from .selfcheck import self_check
+from .selfcheck import after_state, self_check
 from .trace import _copy, trace
 
 __all__ = ["CompiledStep"]
@@ -229,13 +230,38 @@ class _Eager:
         self.reason = reason
 
 
+def _snapshot(a):
+    """A tensor argument's array and ``.grad`` as the traced call left them (a background
+    self-check reads these while eager calls go on), anything else as it is."""
+    if not isinstance(a, Tensor):
+        return a
+    t = Tensor._wrap(_copy(a._data), a._device)
+    g = a._grad
+    if g is not None:
+        t._grad = Tensor._wrap(_copy(g._data), g._device)
+    return t
+
+
+class _Pending:
+    """A signature whose code is generated, compiled, self-checked and proved in a thread
+    (``compile(background=True)``); its calls run eagerly until ``outcome`` is set:
+    (Entry or None, reason or None, seconds)."""
+
+    def __init__(self) -> None:
+        self.thread: threading.Thread | None = None
+        self.outcome: tuple | None = None
+
+
 class CompiledStep:
     """``sg.compile(fn)``: call it as fn; ``source()``, ``verify()`` and ``stats`` help."""
 
-    def __init__(self, fn: Callable, cache_size: int = 8) -> None:
+    def __init__(self, fn: Callable, cache_size: int = 8, background: bool = False) -> None:
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.cache_size = cache_size
+        #: generate and compile in a thread after the traced (eager) first call; calls run
+        #: eagerly until the code is ready (``wait()`` blocks until then)
+        self.background = background
         self._cache: dict = {}
         #: traces, compile seconds of the last one, eager fallbacks (reasons)
         self.stats: dict[str, Any] = {"traces": 0, "compile_s": 0.0, "fallbacks": []}
@@ -255,6 +281,10 @@ class CompiledStep:
         entry = self._cache.get(key)
         if entry is None:
             return self._trace(key, args)
+        if type(entry) is _Pending:
+            if not self._settle(key, entry, wait=False):
+                return self.fn(*args)  # still compiling: eager meanwhile
+            entry = self._cache[key]
         if isinstance(entry, _Eager):
             return self.fn(*args)
         try:
@@ -287,6 +317,7 @@ class CompiledStep:
                 self._warn(f"more than {self.cache_size} signatures traced (cache_size); new "
                            "signatures run eagerly")
             return self.fn(*args)
+        self.wait()  # a background compile may run tensor ops: never inside a trace
         self.stats["traces"] += 1
         result, program, reason = trace(self.fn, args)
         t0 = time.perf_counter()
@@ -299,51 +330,101 @@ class CompiledStep:
                           f"into the compiled step, not guarded (a change is not seen): "
                           f"{', '.join(baked)}; pass them as arguments or keep them in a "
                           "plain attribute", UserWarning, stacklevel=3)
+        if program is not None and self.background and program.device != "cuda":
+            # the arguments as traced: eager calls meanwhile may change them in place
+            snap = tuple(_snapshot(a) for a in args)
+            after = after_state(program)  # what the self-check compares with, as of now
+            pending = _Pending()
+
+            def work() -> None:
+                t1 = time.perf_counter()
+                try:
+                    entry, why = self._compile(program, snap, result, after)
+                except BaseException as exc:  # noqa: BLE001 - reported, and it stays eager
+                    entry, why = None, (f"background compile failed ({type(exc).__name__}: "
+                                        f"{exc})")
+                pending.outcome = (entry, why, time.perf_counter() - t1)
+
+            pending.thread = threading.Thread(target=work, name="symgrad-compile", daemon=True)
+            self._cache[key] = pending
+            pending.thread.start()
+            return result
         if program is not None:
-            try:
-                if any(v.dtype in HALF_NP for v in program.values):
-                    raise Unsupported("float16/bfloat16 tensors run eagerly (the generated "
-                                      "kernels take float32/float64; eager computes half "
-                                      "precision in float32 and rounds once)")
-                cuda = program.device == "cuda"
-                try:
-                    # CUDA: a plan of device calls (cuda_step.py), no module text to load
-                    gen = generate_cuda(program) if cuda else generate(program,
-                                                                       backend_for("cpu"))
-                except Unsupported:
-                    raise
-                except Exception as exc:  # fn already ran eagerly: its result stands
-                    raise Unsupported(f"code generation failed (a sg.compile bug: "
-                                      f"{type(exc).__name__}: {exc})") from None
-                if cuda:
-                    module = gen.module
-                else:
-                    try:
-                        module = loader.load(gen.text)
-                        fuse.warm(module)
-                    except Exception as exc:  # a compile bug: say so, and stay eager
-                        raise Unsupported(f"the generated code did not load ("
-                                          f"{type(exc).__name__}: {exc})") from None
-                try:
-                    entry = Entry(program, gen, module)
-                except Exception as exc:  # make() failed: a compile bug, never fn's error
-                    raise Unsupported(f"the generated code did not load ("
-                                      f"{type(exc).__name__}: {exc})") from None
-                entry._gather()  # binds the arrays; raises _Stale if they cannot be used
-                entry.example = [_copy(a._data) if isinstance(a, Tensor) else a for a in args]
-                reason = self_check(entry, args, result)
-                program.before = {}
-                if reason is None:
-                    reason = self._prove(entry, cuda)
-                if reason is None:
-                    self._cache[key] = entry
-            except (Unsupported, _Stale) as exc:
-                reason = str(exc)
+            entry, reason = self._compile(program, args, result)
+            if entry is not None:
+                self._cache[key] = entry
         if reason is not None:
             self._cache[key] = _Eager(reason)
             self._warn(reason)
         self.stats["compile_s"] = time.perf_counter() - t0
         return result
+
+    def _settle(self, key, pending: _Pending, wait: bool) -> bool:
+        """Take a background compile's outcome into the cache (warning here, in the
+        caller's thread, if it runs eagerly); False while it is still running."""
+        if wait:
+            pending.thread.join()
+        elif pending.thread.is_alive():
+            return False
+        entry, reason, seconds = pending.outcome
+        self.stats["compile_s"] = seconds
+        if self._cache.get(key) is pending:
+            if reason is None:
+                self._cache[key] = entry
+            else:
+                self._cache[key] = _Eager(reason)
+                self._warn(reason)
+        return True
+
+    def wait(self) -> None:
+        """Block until every background compile of this step is done (see ``background``)."""
+        for key, entry in list(self._cache.items()):
+            if type(entry) is _Pending:
+                self._settle(key, entry, wait=True)
+
+    def _compile(self, program, args: tuple, result, after: dict | None = None) -> tuple:
+        """(Entry, None) for a traced program, or (None, why it runs eagerly); ``after``:
+        selfcheck.after_state of the traced call (a background compile checks later)."""
+        reason = None
+        entry = None
+        try:
+            if any(v.dtype in HALF_NP for v in program.values):
+                raise Unsupported("float16/bfloat16 tensors run eagerly (the generated "
+                                  "kernels take float32/float64; eager computes half "
+                                  "precision in float32 and rounds once)")
+            cuda = program.device == "cuda"
+            try:
+                # CUDA: a plan of device calls (cuda_step.py), no module text to load
+                gen = generate_cuda(program) if cuda else generate(program,
+                                                                   backend_for("cpu"))
+            except Unsupported:
+                raise
+            except Exception as exc:  # fn already ran eagerly: its result stands
+                raise Unsupported(f"code generation failed (a sg.compile bug: "
+                                  f"{type(exc).__name__}: {exc})") from None
+            if cuda:
+                module = gen.module
+            else:
+                try:
+                    module = loader.load(gen.text)
+                    fuse.warm(module)
+                except Exception as exc:  # a compile bug: say so, and stay eager
+                    raise Unsupported(f"the generated code did not load ("
+                                      f"{type(exc).__name__}: {exc})") from None
+            try:
+                entry = Entry(program, gen, module)
+            except Exception as exc:  # make() failed: a compile bug, never fn's error
+                raise Unsupported(f"the generated code did not load ("
+                                  f"{type(exc).__name__}: {exc})") from None
+            entry._gather()  # binds the arrays; raises _Stale if they cannot be used
+            entry.example = [_copy(a._data) if isinstance(a, Tensor) else a for a in args]
+            reason = self_check(entry, args, result, after)
+            program.before = {}
+            if reason is None:
+                reason = self._prove(entry, cuda)
+        except (Unsupported, _Stale) as exc:
+            reason = str(exc)
+        return (entry, None) if reason is None else (None, reason)
 
     def _prove(self, entry: Entry, cuda: bool) -> str | None:
         """Each fused backward loop (a CUDA step: each fused run's kernels) against SymPy's
@@ -359,6 +440,7 @@ class CompiledStep:
 
     # -- inspection -----------------------------------------------------------------------
     def _entries(self) -> list:
+        self.wait()
         return [e for e in self._cache.values() if isinstance(e, Entry)]
 
     def source(self) -> str:

@@ -47,6 +47,11 @@ def _layer_axes(ndim, normalized_shape):
 
 
 def _layer_norm_fwd(be, input, weight, bias, normalized_shape, eps, _eps=None):  # noqa: A002
+    fast = getattr(be, "layer_norm", None)
+    if fast is not None:  # a numeric backend's one-pass kernel; None: it declines
+        out = fast(input, _arr(weight), _arr(bias), tuple(normalized_shape), eps)
+        if out is not None:
+            return out
     axes = _layer_axes(input.ndim, normalized_shape)
     y, mean, rstd = _normalize(be, input, axes, eps)
     return _affine(be, y, weight, bias, tuple(normalized_shape)), mean, rstd
@@ -93,6 +98,7 @@ register(OpSpec(
                      len(normalized_shape)),
      "bias": lambda grad, bias, normalized_shape: _leading_sum(grad, len(normalized_shape))},
     STRUCTURAL, dtype_rule="same", outputs=("result", "result1", "result2"),
+    fused_backward="native_layer_norm_backward",
     doc="F.layer_norm: result1 = mean, result2 = 1/sqrt(var + eps) over the last dims."))
 
 
@@ -207,6 +213,6 @@ register(OpSpec(
     {"weight": lambda grad, indices, padding_idx, scale_grad_by_freq, sparse,
         weight_sym_argsize_0: embedding_backward(grad, indices, padding_idx,
                                                  scale_grad_by_freq, weight_sym_argsize_0)},
-    STRUCTURAL, dtype_rule="same",
+    STRUCTURAL, dtype_rule="same", fused_backward="embedding_backward",
     doc="F.embedding: rows of weight; padding_idx's row gets no gradient (-1 as u64: none)."))
 

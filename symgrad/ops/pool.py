@@ -156,12 +156,17 @@ def _out_shape(x, plan):
 def _max_pool_forward(be, self, kernel_size, stride, padding, dilation, ceil_mode):
     plan = max_pool_plan(*_max_args(self.shape, kernel_size, stride, padding, dilation,
                                     ceil_mode))
+    shape = _out_shape(self, plan)
+    fast = getattr(be, "max_pool_windows", None)
+    if fast is not None:  # a numeric backend's one-pass kernel; None: it declines
+        out = fast(self, plan.plane, prod(plan.out))
+        if out is not None:
+            return be.reshape(out[0], shape), be.reshape(out[1], shape)
     taps = _windows(be, self, plan)
     rows = np.arange(plan.index.size // plan.window, dtype=np.int64)
     first = be.argmax(taps, 1, False)  # the first maximum of each window (NaN: the first NaN)
     values = be.getitem(taps, (rows, first))
     indices = be.getitem(be.from_host(plan.plane), (rows, first))
-    shape = _out_shape(self, plan)
     return be.reshape(values, shape), be.reshape(indices, shape)
 
 
@@ -338,7 +343,7 @@ def _adaptive_tex(names, out, params, shapes):
 register(OpSpec(
     "max_pool2d_with_indices", "MaxPool2DWithIndicesBackward0", ("self",), _max_pool_forward,
     {"self": _max_pool_grad}, STRUCTURAL, dtype_rule="same", outputs=("result", "result1"),
-    formula_tex=_max_pool_tex,
+    formula_tex=_max_pool_tex, fused_backward="max_pool2d_with_indices_backward",
     doc="values and (non-differentiable) in-plane indices of each window's first maximum."))
 register(OpSpec(
     "avg_pool2d", "AvgPool2DBackward0", ("self",), _avg_pool_forward,

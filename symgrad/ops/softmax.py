@@ -30,7 +30,16 @@ def _shifted(be, x, axis):
     return be.sub(x, be.amax(x, axis, True))  # an infinite max gives NaN, as in torch
 
 
+def _fast_softmax(be, x, dim, safe: bool):
+    """A numeric backend's softmax kernel along the last dim, or None (it declines)."""
+    fast = getattr(be, "softmax_last", None)
+    return None if fast is None else fast(x, dim, safe)
+
+
 def _softmax(be, self, dim):
+    out = _fast_softmax(be, self, dim, False)
+    if out is not None:
+        return out
     ax = _axis(self, dim)
     e = be.exp(_shifted(be, self, ax))
     return be.div(e, be.sum(e, ax, True))
@@ -76,6 +85,9 @@ def _safe_softmax(be, self, dim):
     computed, and the backward through the zeros is zero)."""
     if self.ndim == 0:  # a row of one: 1, or 0 where it is -inf (torch)
         return be.reshape(_safe_softmax(be, be.reshape(self, (1,)), 0), ())
+    out = _fast_softmax(be, self, dim, True)
+    if out is not None:
+        return out
     ax = _axis(self, dim)
     if self.size == 0:
         return _softmax(be, self, dim)

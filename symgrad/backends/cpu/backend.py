@@ -35,6 +35,7 @@ import threading
 import numpy as np
 
 from ...ops import OPS
+from ...ops._ints import s64 as s64_of
 from ...ops.elementwise import grad_mask_args, grad_mask_name, grad_masks
 from ...ops.scalar import define
 from .. import conv_numpy as _conv
@@ -458,6 +459,36 @@ def _same_float_arrays(grad, y) -> bool:
             and grad.shape == y.shape and grad.dtype == y.dtype)
 
 
+
+def _layer_norm_rows(x, params, normalized_shape):
+    """(rows, row length, x as a C-contiguous (rows, m) array) when the layer-norm loops
+    take ``x`` and ``params`` (arrays of x's float dtype or None), else None."""
+    if type(x) is not np.ndarray or x.dtype not in _FLOATS or x.size < FUSED_MIN:
+        return None
+    for p in params:
+        if p is not None and (type(p) is not np.ndarray or p.dtype != x.dtype):
+            return None
+    k = len(normalized_shape)
+    if k == 0 or x.ndim < k or tuple(x.shape[x.ndim - k:]) != tuple(normalized_shape):
+        return None
+    m = 1
+    for s in normalized_shape:
+        m *= s
+    if m == 0:
+        return None
+    n = x.size // m
+    return n, m, np.ascontiguousarray(x).reshape(n, m)
+
+
+def _row_param(p, m: int, dt) -> np.ndarray:
+    """A weight or bias as the loops read it: flat, C-contiguous (a dummy when absent)."""
+    if p is None:
+        return np.zeros(1, dt)
+    if p.size != m:
+        raise ValueError(f"layer norm parameter of {p.size} elements for rows of {m}")
+    return np.ascontiguousarray(p).reshape(m)
+
+
 class CpuBackend(NumpyBackend):
     """Numba-compiled CPU kernels; the NumPy reference for everything not overridden."""
 
@@ -569,6 +600,132 @@ class CpuBackend(NumpyBackend):
             return (_arr(grad - np.exp(y) * grad),)
         d = _dim(dim, y.ndim)
         return (_arr(grad - np.exp(y) * grad.sum(d, keepdims=True)),)
+
+    # -- max pooling forward: one Numba pass over the windows ---------------------------------
+    @staticmethod
+    def max_pool_windows(x, plane, n_out):
+        """(values, in-plane indices) of each window's first maximum, shaped (planes,
+        n_out), from the plan's per-tap offsets ``plane`` (planes * n_out, taps); or None
+        to decline (the generic gather and argmax)."""
+        if type(x) is not np.ndarray or x.dtype not in _FLOATS or x.ndim < 2 \
+                or x.size < FUSED_MIN or type(plane) is not np.ndarray or plane.ndim != 2:
+            return None
+        hw = x.shape[-1] * x.shape[-2]
+        planes = x.size // hw if hw else 0
+        if planes * n_out != plane.shape[0] or plane.shape[1] == 0 or plane.dtype != np.int64 \
+                or int(plane.min()) < 0 or int(plane.max()) >= hw:
+            return None
+        values = _alloc((planes, n_out), x.dtype)
+        idx = np.empty((planes, n_out), np.int64)
+        _run("max_pool_taps", plane.size, np.ascontiguousarray(x).reshape(planes, hw),
+             np.ascontiguousarray(plane), values, idx)
+        return values, idx
+
+    @staticmethod
+    def max_pool2d_with_indices_backward(grad, needed, ceil_mode, dilation, kernel_size,
+                                         padding, result1, self, stride):
+        """MaxPool2DWithIndicesBackward0: each output's gradient added at the index the
+        forward picked, in the formula's order (one pass a plane), or None to decline."""
+        x, idx = self, result1
+        if not needed[0] or type(grad) is not np.ndarray or grad.dtype not in _FLOATS \
+                or type(x) is not np.ndarray or x.dtype != grad.dtype or x.ndim < 2 \
+                or type(idx) is not np.ndarray or idx.dtype != np.int64 \
+                or idx.shape != grad.shape or grad.size < FUSED_MIN:
+            return None
+        hw = x.shape[-1] * x.shape[-2]
+        planes = x.size // hw if hw else 0
+        if planes == 0 or grad.size % planes or int(idx.min()) < 0 or int(idx.max()) >= hw:
+            return None
+        dx = _alloc(x.shape, x.dtype)
+        _run("max_pool_scatter", grad.size, np.ascontiguousarray(grad).reshape(planes, -1),
+             np.ascontiguousarray(idx).reshape(planes, -1), dx.reshape(planes, hw))
+        return (dx,)
+
+    # -- softmax forward along the last dim: two Numba passes around NumPy's SIMD exp ----------
+    @staticmethod
+    def softmax_last(x, dim, safe):
+        """softmax (``safe``: all -inf rows give zeros) of a float array along its last dim,
+        or None to decline (other dims, small or odd arrays: the generic ops)."""
+        if type(x) is not np.ndarray or x.dtype not in _FLOATS or x.size < FUSED_MIN \
+                or x.ndim == 0 or _dim(dim, x.ndim) != x.ndim - 1 or x.shape[-1] == 0:
+            return None
+        m = x.shape[-1]
+        n = x.size // m
+        out = _alloc(x.shape, x.dtype)
+        o2 = out.reshape(n, m)
+        dead = np.empty(n, np.bool_)
+        _run("softmax_shift_rows", x.size, np.ascontiguousarray(x).reshape(n, m), o2, dead)
+        with np.errstate(all="ignore"):
+            np.exp(o2, out=o2)
+        _run("softmax_norm_rows", x.size, o2, dead, bool(safe), np.empty(n, x.dtype))
+        return out
+
+    @staticmethod
+    def embedding_backward(grad, needed, indices, padding_idx, scale_grad_by_freq, sparse,
+                           weight_sym_argsize_0):
+        """EmbeddingBackward0 without padding or frequency scaling: the rows of ``grad``
+        added into zeros at ``indices`` in one serial pass (the formula's index_add, same
+        order), or None to decline. ``indices`` is the op's parameter (a tensor)."""
+        indices = getattr(indices, "_data", indices)
+        if not needed[0] or scale_grad_by_freq or s64_of(padding_idx) >= 0 \
+                or type(grad) is not np.ndarray or grad.dtype not in _FLOATS \
+                or type(indices) is not np.ndarray or grad.ndim == 0 \
+                or grad.shape[:-1] != indices.shape:
+            return None
+        out = np.zeros((int(weight_sym_argsize_0), grad.shape[-1]), grad.dtype)
+        rows = _row_index(out, indices.reshape(-1))
+        if rows is None:
+            return None
+        idx, out2 = rows
+        _run("scatter_add_rows", 0, np.ascontiguousarray(grad).reshape(idx.size, -1), idx,
+             out2)
+        return (out,)
+
+    # -- layer norm: one pass per row forward and backward (kernels.layer_norm_rows*) ----------
+    @staticmethod
+    def layer_norm(input, weight, bias, normalized_shape, eps):  # noqa: A002
+        """native_layer_norm's forward in one Numba pass: (y, mean, rstd) with the statistics
+        shaped as the op's (size-1 normalized dims), or None to decline (the generic ops)."""
+        rows = _layer_norm_rows(input, (weight, bias), normalized_shape)
+        if rows is None:
+            return None
+        n, m, x = rows
+        dt = input.dtype
+        y = _alloc(input.shape, dt)
+        k = len(normalized_shape)
+        stats = input.shape[:input.ndim - k] + (1,) * k
+        mean, rstd = np.empty(stats, dt), np.empty(stats, dt)
+        w, b = _row_param(weight, m, dt), _row_param(bias, m, dt)
+        _run("layer_norm_rows", input.size, x, w, b, weight is not None, bias is not None,
+             dt.type(m), dt.type(eps), dt.type(1), y.reshape(n, m), mean.reshape(n),
+             rstd.reshape(n))
+        return y, mean, rstd
+
+    @staticmethod
+    def native_layer_norm_backward(grad, needed, bias, input, normalized_shape,  # noqa: A002
+                                   result1, result2, weight):
+        """NativeLayerNormBackward0's three formulas in one serial pass over the rows, with
+        the saved statistics (result1 = mean, result2 = rstd), or None to decline."""
+        rows = _layer_norm_rows(input, (grad, weight), normalized_shape)
+        if rows is None or grad.shape != input.shape:
+            return None
+        n, m, x = rows
+        dt = input.dtype
+        for s in (result1, result2):
+            if type(s) is not np.ndarray or s.dtype != dt or s.size != n:
+                return None
+        need_wb = bool(needed[1] or needed[2])
+        dx = _alloc(input.shape, dt) if needed[0] else np.empty((1, 1), dt)
+        gw, gb = np.zeros(m), np.zeros(m)
+        _run("layer_norm_rows_b", 0, np.ascontiguousarray(grad).reshape(n, m), x,
+             np.ascontiguousarray(result1).reshape(n), np.ascontiguousarray(result2).reshape(n),
+             _row_param(weight, m, dt), weight is not None, dt.type(m), bool(needed[0]),
+             dx.reshape(n, m) if needed[0] else dx, need_wb, gw, gb,
+             np.empty((3, max(m, 2)), dt))
+        shape = tuple(normalized_shape)
+        return (dx if needed[0] else None,
+                gw.astype(dt).reshape(shape) if needed[1] else None,
+                gb.astype(dt).reshape(shape) if needed[2] else None)
 
     # -- convolution (backends/conv_numpy.py) with Numba im2col / col2im and pooled buffers --
     @staticmethod
@@ -727,3 +884,42 @@ for _op in fused_from_stanza():  # the fused backward rules OpSpec.fused_backwar
         _op + "_backward", lambda _op=_op: _stanza_backward(_op)))
 
 _Self = CpuBackend
+
+
+# -- exact GELU in float32: erf without libm calls (kernels.erf_f64), SIMD exp from NumPy ------
+_F32 = np.dtype(np.float32)
+_gelu_reference = CpuBackend.gelu
+_gelu_backward_stanza = _stanza_backward("gelu").__func__
+
+
+def _gelu_loop_ok(*arrays) -> bool:
+    """float32, one shape, C-contiguous, from FUSED_MIN elements: the loops take them."""
+    return arrays[0].dtype == _F32 and arrays[0].size >= FUSED_MIN and _same(*arrays) \
+        if type(arrays[0]) is np.ndarray else False
+
+
+def _gelu(x, **params):
+    """gelu's forward: the float32 loop (same float32 roundings as the stanza's NumPy
+    expression, erf rounded once from float64), else the reference."""
+    if not params and _gelu_loop_ok(x):
+        out = _empty(x)
+        _run("gelu_f32", x.size, _flat(x), _flat(out))
+        return out
+    return _gelu_reference(x, **params)
+
+
+def _gelu_backward(grad, needed, approximate, x):
+    """GeluBackward0 on float32 arrays in two loops and NumPy's exp, else the stanza's
+    fused backward (approximate is "none": gelu_tanh is its own op)."""
+    if needed[0] and _gelu_loop_ok(x, grad):
+        e, a, out = _empty(x), _empty(x), _empty(x)
+        fx, fa = _flat(x), _flat(a)
+        _run("gelu_b_prep_f32", x.size, fx, _flat(e), fa)
+        np.exp(fa, out=fa)
+        _run("gelu_b_f32", x.size, _flat(grad), fx, _flat(e), fa, _flat(out))
+        return (out,)
+    return _gelu_backward_stanza(grad, needed, approximate, x)
+
+
+CpuBackend.gelu = staticmethod(_gelu)
+CpuBackend.gelu_backward = staticmethod(_gelu_backward)

@@ -102,13 +102,14 @@ _OPTS = dict(cache=True, nogil=True, fastmath=False, error_model="numpy")
 _scalar = njit(inline="always", **_OPTS)
 
 
-def twin(fn):
+def twin(fn, opts=None):
     """(serial, parallel) dispatchers of one loop body; distinct names keep caches apart."""
+    opts = opts or _OPTS
     par = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__ + "_par",
                              fn.__defaults__, fn.__closure__)
     par.__qualname__ = fn.__qualname__ + "_par"
     par.__module__ = fn.__module__
-    return njit(**_OPTS)(fn), njit(parallel=True, **_OPTS)(par)
+    return njit(**opts)(fn), njit(parallel=True, **opts)(par)
 
 
 # -- progress line for long first compiles --------------------------------------------------
@@ -264,6 +265,38 @@ def softmax_rows(x, out):
             out[i, j] = out[i, j] / s
 
 
+def softmax_shift_rows(x, out, dead):
+    """Softmax, part 1, per row of a C-contiguous (n, m) array: out = x - max(x) (NumPy's
+    SIMD exp then runs in place); dead[i] marks a row that is all -inf (safe softmax)."""
+    n, m = x.shape
+    for i in prange(n):
+        mx = x[i, 0]
+        for j in range(1, m):
+            if x[i, j] > mx or x[i, j] != x[i, j]:
+                mx = x[i, j]
+        dead[i] = mx == -np.inf
+        for j in range(m):
+            out[i, j] = x[i, j] - mx
+
+
+def softmax_norm_rows(e, dead, safe, s):
+    """Softmax, part 2: e /= sum(e) per row (the sum rounded to e's dtype, as the op
+    divides by it); a dead row of a safe softmax becomes zeros."""
+    n, m = e.shape
+    for i in prange(n):
+        if safe and dead[i]:
+            for j in range(m):
+                e[i, j] = 0
+            continue
+        acc = 0.0
+        for j in range(m):
+            acc += e[i, j]
+        s[i] = acc
+        t = s[i]
+        for j in range(m):
+            e[i, j] = e[i, j] / t
+
+
 def log_softmax_rows(x, out):
     n, m = x.shape
     for i in prange(n):
@@ -409,6 +442,230 @@ def conv_col2im(cols, dx, sh, sw, ph, pw, dh, dw):
                                 dx[pl, ih, iw] += cols[pl, kh, kw, oh, ow]
 
 
+# -- max pooling: each window's first maximum (NaN first, as argmax) ----------------------------
+def max_pool_taps(x, plane, out, idx):
+    """x (planes, hw); plane (planes * n_out, taps): in-plane offsets, checked in [0, hw);
+    out/idx (planes, n_out): each window's value and in-plane index of its first maximum
+    (a NaN wins at once: NumPy's argmax)."""
+    planes = x.shape[0]
+    n_out = out.shape[1]
+    k = plane.shape[1]
+    for p in prange(planes):
+        for o in range(n_out):
+            row = p * n_out + o
+            best = plane[row, 0]
+            v = x[p, best]
+            for t in range(1, k):
+                if v != v:
+                    break
+                off = plane[row, t]
+                u = x[p, off]
+                if u > v or u != u:
+                    v = u
+                    best = off
+            out[p, o] = v
+            idx[p, o] = best
+
+
+def max_pool_scatter(g, idx, dx):
+    """max pooling's backward: dx = 0, then dx[p, idx[p, o]] += g[p, o] in output order (a
+    plane per thread; indices checked in [0, hw))."""
+    planes, n_out = g.shape
+    hw = dx.shape[1]
+    for p in prange(planes):
+        for i in range(hw):
+            dx[p, i] = 0
+        for o in range(n_out):
+            dx[p, idx[p, o]] += g[p, o]
+
+
+# -- layer norm over the last dim of a C-contiguous (n, m) array --------------------------------
+# The op's elementwise steps in the array's dtype (x - mean, (x - mean) * rstd, * w, + b,
+# 1 / sqrt(var + eps)), its means summed in float64 and rounded once (NumPy sums float32 in
+# float32): a store into the float32 output casts, and the stored value is read back.
+# The row sums are float64 reductions compiled with ``reassoc`` alone (so they vectorise: a
+# strict sum is one add after another); the float32 steps around them keep their order.
+_REASSOC = dict(_OPTS, fastmath={"reassoc"})
+
+
+@njit(**_REASSOC)
+def _row_sum(xr):
+    acc = 0.0
+    for j in range(xr.size):
+        acc += xr[j]
+    return acc
+
+
+@njit(**_REASSOC)
+def _row_dev(xr, mu, yr):
+    """yr = xr - mu; returns the float64 sum of the squares (each rounded to the dtype)."""
+    acc = 0.0
+    for j in range(xr.size):
+        d = xr[j] - mu
+        yr[j] = d
+        acc += d * d
+    return acc
+
+
+@njit(**_REASSOC)
+def _row_b(xr, gr, w, has_w, mu, r, xh, gw_):
+    """xh = (x - mean) * rstd, gw_ = g * w (or g); returns sum(gw_), sum(gw_ * xh)."""
+    a1 = 0.0
+    a2 = 0.0
+    for j in range(xr.size):
+        h = (xr[j] - mu) * r
+        gj = gr[j] * w[j] if has_w else gr[j]
+        xh[j] = h
+        gw_[j] = gj
+        a1 += gj
+        a2 += gj * h
+    return a1, a2
+
+
+def layer_norm_rows(x, w, b, has_w, has_b, nf, eps, one, y, mean, rstd):
+    """y = (x - mean) * rstd [* w] [+ b] per row; mean, rstd = 1 / sqrt(var + eps) out."""
+    n, m = x.shape
+    for i in prange(n):
+        xr = x[i]
+        yr = y[i]
+        mean[i] = _row_sum(xr)
+        mu = mean[i] / nf
+        mean[i] = mu
+        rstd[i] = _row_dev(xr, mu, yr)
+        v = rstd[i] / nf + eps
+        rstd[i] = one / np.sqrt(v)
+        r = rstd[i]
+        if has_w and has_b:
+            for j in range(m):
+                yr[j] = yr[j] * r * w[j] + b[j]
+        else:
+            for j in range(m):
+                t = yr[j] * r
+                if has_w:
+                    t = t * w[j]
+                if has_b:
+                    t = t + b[j]
+                yr[j] = t
+
+
+def layer_norm_rows_b(g, x, mean, rstd, w, has_w, nf, need_dx, dx, need_wb, gw, gb, tmp):
+    """NativeLayerNormBackward0 per row: dx = rstd * ((g*w - mean(g*w)) - xhat *
+    mean(g*w * xhat)), xhat = (x - mean) * rstd; gw += g * xhat and gb += g over the rows
+    (float64 sums; serial: rows add into one gw)."""
+    n, m = x.shape
+    xh = tmp[0]
+    gw_ = tmp[1]
+    for i in range(n):
+        gr = g[i]
+        r = rstd[i]
+        a1, a2 = _row_b(x[i], gr, w, has_w, mean[i], r, xh, gw_)
+        if need_wb:
+            for j in range(m):
+                gw[j] += gr[j] * xh[j]
+                gb[j] += gr[j]
+        if need_dx:
+            tmp[2, 0] = a1
+            tmp[2, 1] = a2
+            mg = tmp[2, 0] / nf
+            mgx = tmp[2, 1] / nf
+            dxr = dx[i]
+            for j in range(m):
+                dxr[j] = r * ((gw_[j] - mg) - xh[j] * mgx)
+
+
+# -- exact GELU on float32 (erf without libm) ---------------------------------------------------
+# The stanza's float32 arithmetic (x / 2 * (1 + erf(x * sqrt(2)/2)), erf rounded to float32)
+# with erf from straight-line polynomials in float64: the loops vectorise (glibc's erf through
+# Numba is a scalar call costing ~30 ns an element: a GPT step spent most of its time there).
+# Rounded to float32, erf_f64 equals the C library's erf except where the exact value lies
+# within ~1e-13 of a float32 rounding boundary (1 ulp then; 0 of 4M values tested).
+# The kernels that evaluate it may contract its polynomials into FMAs (``_CONTRACT``: 2x);
+# they do no other float32 multiply-add, so the stanza's float32 roundings stay as they are.
+def erf_f64(t):
+    """erf(t) in float64, for a float32 result: relative error below 1e-15 for |t| < 1,
+    absolute below 1e-13 up to 4 (polynomials fitted to erf), then +-1 (erf rounds to 1
+    in float32 from 3.92); NaN stays NaN. Straight-line code and selects: loops calling
+    it vectorise."""
+    z = abs(t)
+    u = t * t
+    a = -7.500449717012092e-10
+    a = a * u + 1.3562333707932556e-08
+    a = a * u - 1.617208097855699e-07
+    a = a * u + 1.6442662310499805e-06
+    a = a * u - 1.4924347244305265e-05
+    a = a * u + 0.00012055274106706558
+    a = a * u - 0.0008548325240140652
+    a = a * u + 0.005223977589944378
+    a = a * u - 0.02686617064065291
+    a = a * u + 0.11283791670921807
+    a = a * u - 0.37612638903182555
+    a = a * u + 1.1283791670955126
+    s = (z - 2.5) * (1.0 / 1.5)  # [1, 4] -> [-1, 1]
+    b = -2.916085566273442e-07
+    b = b * s - 1.0775743986553623e-06
+    b = b * s + 5.118421473866761e-06
+    b = b * s + 4.704847747100208e-06
+    b = b * s - 3.6781697837400996e-05
+    b = b * s + 2.4731430304013603e-05
+    b = b * s + 0.00011915713560307357
+    b = b * s - 0.00028683004157619785
+    b = b * s + 5.2114125959394e-05
+    b = b * s + 0.0009163845756220209
+    b = b * s - 0.001826500246380904
+    b = b * s + 0.0004430477296979994
+    b = b * s + 0.004543994405701074
+    b = b * s - 0.009621498421812388
+    b = b * s + 0.00668070623522631
+    b = b * s + 0.009267538009662441
+    b = b * s - 0.03187655343315321
+    b = b * s + 0.04645361683023411
+    b = b * s - 0.043650773757030775
+    b = b * s + 0.02818155208378491
+    b = b * s - 0.012252848797332662
+    b = b * s + 0.003267426347183057
+    b = b * s + 0.9995930479825605
+    if t < 0.0:
+        b = -b
+    r = t * a if z < 1.0 else b
+    if z >= 4.0:
+        r = 1.0 if t > 0.0 else -1.0
+    return r
+
+
+erf_f64 = _scalar(erf_f64)
+
+_F32_HALF_SQRT2 = np.float32(math.sqrt(2) / 2)
+#: the stanza's pdf factor 2/sqrt(pi) * (sqrt(2)/2) / 2, folded as NumPy folds it
+_F32_GELU_PDF = np.float32(2 / math.sqrt(math.pi) * (math.sqrt(2) / 2) / 2)
+_F32_ONE, _F32_TWO = np.float32(1), np.float32(2)
+
+
+def gelu_f32(x, out):
+    """out = x / 2 * (1 + erf(x * sqrt(2)/2)) in float32 arithmetic (flat float32 arrays)."""
+    for i in prange(x.size):
+        xi = x[i]
+        e = np.float32(erf_f64(np.float64(xi * _F32_HALF_SQRT2)))
+        out[i] = xi / _F32_TWO * (_F32_ONE + e)
+
+
+def gelu_b_prep_f32(x, e, a):
+    """GELU's backward, part 1: e = erf(x * sqrt(2)/2) (float32), a = -(x * x) / 2 (NumPy's
+    SIMD exp then makes the pdf's exponential in place)."""
+    for i in prange(x.size):
+        xi = x[i]
+        e[i] = np.float32(erf_f64(np.float64(xi * _F32_HALF_SQRT2)))
+        a[i] = -(xi * xi) / _F32_TWO
+
+
+def gelu_b_f32(g, x, e, ex, out):
+    """GELU's backward, part 2, in the stanza's float32 arithmetic (no contraction):
+    out = g * ((1 + e) / 2 + x * (pdf factor * ex)), ex = exp(-(x * x) / 2)."""
+    for i in prange(x.size):
+        xi = x[i]
+        c = (_F32_ONE + e[i]) / _F32_TWO
+        out[i] = g[i] * (c + xi * (_F32_GELU_PDF * ex[i]))
+
+
 # -- loops generated from the op stanzas (symgrad/ops/scalar.py) ----------------------------
 # Operands of length 1 stand for scalars in binary forwards: the loops are versioned on that
 # outside the loop (an index like ``b[i * sb]`` inside it stops LLVM from vectorizing: 4.6x
@@ -506,7 +763,12 @@ def _generated():
 
 _BODIES = [outer_f, add_scaled_f, sum_f, sum_rows_f, sum_last_f, softmax_rows,
            log_softmax_rows, logsumexp_rows, softmax_rows_b, log_softmax_rows_b, take_rows,
-           scatter_add_rows, copy_f, conv_im2col, conv_col2im] + _generated()
+           scatter_add_rows, copy_f, conv_im2col, conv_col2im, gelu_b_f32, layer_norm_rows,
+           layer_norm_rows_b, softmax_shift_rows, softmax_norm_rows,
+           max_pool_taps, max_pool_scatter] + _generated()
 
 #: name -> (serial dispatcher, parallel dispatcher); nothing compiles until first called
 K: dict[str, tuple] = {f.__name__: twin(f) for f in _BODIES}
+#: loops whose only float multiply-adds are erf_f64's polynomials: FMA contraction allowed
+_CONTRACT = dict(_OPTS, fastmath={"contract"})
+K.update({f.__name__: twin(f, _CONTRACT) for f in (gelu_f32, gelu_b_prep_f32)})

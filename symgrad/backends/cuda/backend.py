@@ -661,6 +661,24 @@ class CudaBackend:
         return (g_self, g_mat1, g_mat2)
 
     @staticmethod
+    def embedding_backward(grad, needed, indices, padding_idx, scale_grad_by_freq, sparse,
+                           weight_sym_argsize_0):
+        """Declines (None): embedding's tensor-op formula runs on the device."""
+        return None
+
+    @staticmethod
+    def max_pool2d_with_indices_backward(grad, needed, ceil_mode, dilation, kernel_size,
+                                         padding, result1, self, stride):
+        """Declines (None): max pooling's tensor-op formula runs on the device."""
+        return None
+
+    @staticmethod
+    def native_layer_norm_backward(grad, needed, bias, input, normalized_shape,  # noqa: A002
+                                   result1, result2, weight):
+        """Declines (None): layer norm's tensor-op formulas run on the device."""
+        return None
+
+    @staticmethod
     def mse_loss_backward(grad, needed, reduction, self, target):
         """``(self - target) * (grad * scale)`` and its negation (target's) in one launch."""
         if not _is_array(grad) or grad.dtype not in _FUSED_FLOATS:
