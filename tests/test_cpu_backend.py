@@ -116,9 +116,20 @@ def _nnf(t):
     return sg.nn.functional if isinstance(t, sg.Tensor) else __import__("torch").nn.functional
 
 
+# fused backward rules whose inputs do not fit NN_CASES (integer indices, an indices output):
+# each has its own test against the formulas and torch, named here
+DEDICATED_FUSED_TESTS = {
+    "embedding": "test_kernel_embedding_fused_backward_equals_formula_and_torch",
+    "max_pool2d_with_indices": "test_kernel_max_pool_fused_backward_equals_formula_and_torch",
+}
+
+
 def test_every_elementwise_fused_op_has_a_case_and_a_backend_rule():
     fused = {name for name, spec in OPS.items() if spec.fused_backward}
-    assert fused == {c.split("-")[0] for c in CASES} | {c.split("-")[0] for c in NN_CASES}
+    assert fused == ({c.split("-")[0] for c in CASES} | {c.split("-")[0] for c in NN_CASES}
+                     | set(DEDICATED_FUSED_TESTS))
+    for test_name in DEDICATED_FUSED_TESTS.values():
+        assert callable(globals().get(test_name)), test_name
     for name in fused:
         assert callable(getattr(CPU, OPS[name].fused_backward))
         assert not hasattr(NumpyBackend, OPS[name].fused_backward)  # the oracle stays plain
