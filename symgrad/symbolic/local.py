@@ -601,6 +601,10 @@ def _finish_adjoint(chk, g, graph, in_vals, fast):
     chk.formula = (f"{g.spec.name}: structural; adjoint identity <u, J v> = <J^T u, v> at the "
                    "recorded inputs (random u, v; J v by a complex-step forward of the "
                    "meaning in float64)")
+    if all(r[2] == 0.0 for r in res.values()):  # adjoint.PERMUTATIONS: exact, no bound
+        chk.formula = (f"{g.spec.name}: structural, a permutation of the elements; adjoint "
+                       "identity exactly: J^T u = J^-1 u (the meaning maps the engine's "
+                       "J^T u back onto the random u bit for bit)")
     bad = False
     worst_ratio = -1.0
     for k, (s_e, s_m, allowed, n) in res.items():
@@ -609,7 +613,7 @@ def _finish_adjoint(chk, g, graph, in_vals, fast):
         chk.max_abs_err = max(chk.max_abs_err, err)
         chk.max_rel_err = max(chk.max_rel_err, err / abs(s_m) if s_m else (0.0 if not err
                                                                             else np.inf))
-        ratio = err / allowed
+        ratio = err / allowed if allowed else (0.0 if not err else np.inf)
         if ratio > worst_ratio:
             worst_ratio = ratio
             chk.bound = allowed
