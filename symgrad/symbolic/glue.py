@@ -229,7 +229,7 @@ def _check_one_sum(graph, rng, ref, k):
         try:
             with ctx():
                 for x in gs:
-                    engine._add_to_buffer(buffers, slot, nr, _tensor(x.copy()))
+                    engine._add_to_buffer(buffers, slot, nr, _tensor(x))
             got = buffers[slot][nr]
             gv = None if got is None else np.asarray(got.detach().numpy())
         except Exception as exc:  # noqa: BLE001  (a broken glue step is a finding)
@@ -268,7 +268,7 @@ def check_accumulate_grad(graph, rng, deadline=None):
         dtype = lf.value.dtype
         g1 = _uniform(rng, lf.shape).astype(dtype, copy=False)
         g2 = _uniform(rng, lf.shape).astype(dtype, copy=False)
-        want1 = g1.astype(np.float64)  # a copy: g1 itself is handed to the engine
+        want1 = g1.astype(np.float64, copy=False)  # (the engine gets copies: tensor())
         want2 = want1 + g2.astype(np.float64, copy=False)
 
         def mag1(w=want1):
@@ -286,7 +286,7 @@ def check_accumulate_grad(graph, rng, deadline=None):
                 with no_grad():
                     for step, (x, want, mag) in enumerate(((g1, want1, mag1),
                                                            (g2, want2, mag2))):
-                        engine._accumulate_into(stand, _tensor(x.copy()), create_graph, set())
+                        engine._accumulate_into(stand, _tensor(x), create_graph, set())
                         got = stand.grad
                         if got is None:
                             fault = GlueFault(what + mode, ".grad is None after a backward",
@@ -375,7 +375,7 @@ def check_backward_loop(graph, rng, deadline=None):
                 h = P.apply(s)
                 h.retain_grad()
                 roots = [P.apply(h) for _ in range(k)]
-            engine.run_backward(roots, [_tensor(x.copy()) for x in gs], retain_graph=False,
+            engine.run_backward(roots, [_tensor(x) for x in gs], retain_graph=False,
                                 create_graph=False)
             if h.grad is None:
                 fault = GlueFault(what, "no gradient arrived", node, lf)
