@@ -52,8 +52,10 @@ class GlueFault:
 
 def _uniform(rng, shape):
     """Random values in [-1, 1) (both signs; a third of the cost of normal draws)."""
-    v = np.asarray(rng.random(shape))
-    return v * 2.0 - 1.0
+    v = np.asarray(rng.random(shape), dtype=np.float64)
+    np.multiply(v, 2.0, out=v)
+    np.subtract(v, 1.0, out=v)
+    return v
 
 
 def _compare(got, want, mag, n, dtype):
