@@ -523,9 +523,14 @@ def adjoint_check(g, in_vals, us, engine_res, rng, tol_for=None):
         for k in keys:
             e, v = engine[k], tangents[k]
             s_e += float(np.vdot(e, v))
-            ae, av = np.abs(e), np.abs(v)
-            mag_e += float(np.vdot(ae, av)) + (float(ae.mean()) * float(av.sum())
-                                               if ae.size else 0.0)
+            if e.size:  # |e| |v|, mean |e| and sum |v| in one scratch array
+                p = np.multiply(e, v)
+                np.abs(p, out=p)
+                mag_e += float(p.sum())
+                np.abs(e, out=p)
+                me = float(p.mean())
+                np.abs(v, out=p)
+                mag_e += me * float(p.sum())
             n += int(e.size)
         allowed = BOUND_FACTOR * float(np.finfo(np.float64).eps) * n_terms * (mag_e + mag_m)
         if getattr(tol_for, "user", False):  # rtol/atol given: they replace the bound
