@@ -524,7 +524,7 @@ def adjoint_check(g, in_vals, us, engine_res, rng, tol_for=None):
             e, v = engine[k], tangents[k]
             s_e += float(np.vdot(e, v))
             if e.size:  # |e| |v|, mean |e| and sum |v| in one scratch array
-                p = np.multiply(e, v)
+                p = np.multiply(e, v, out=np.empty(e.shape))  # (an array also for 0-d)
                 np.abs(p, out=p)
                 mag_e += float(p.sum())
                 np.abs(e, out=p)
