@@ -213,7 +213,7 @@ def main() -> None:
         rep = sg.verify(loss, names=dict(sm.named_parameters()), mode="local")
         pr.disable()
         print(rep.summary() if hasattr(rep, "summary") else rep)
-        pstats.Stats(pr).sort_stats("cumulative").print_stats(40)
+        pstats.Stats(pr).sort_stats(os.environ.get("SORT", "cumulative")).print_stats(40)
         return
     rows = []
     for name in names:

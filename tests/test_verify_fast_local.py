@@ -198,3 +198,32 @@ def test_forward_check_runs_where_the_output_was_not_kept(monkeypatch):
     rep = sg.verify(root, mode="local")
     assert not rep.ok
     assert rep.first_bad_node.name() == "Log1PBackward0", str(rep)
+
+
+def test_a_permutation_node_passes_exactly_and_a_wrong_one_is_still_named(monkeypatch):
+    """t/view/permute... pass by exact equality (the meaning maps J^T u back onto u);
+    a backward off in one element by one part in 1e9 breaks the equality, and the
+    complex-step identity then names it."""
+    c = _f64((7, 5), 2, requires_grad=False)
+
+    def build():
+        x = _f64((5, 7), 1)
+        return (x.sin().t() * c).sum()
+
+    good = sg.verify(build(), mode="local")
+    assert good.ok, str(good)
+    row = next(r for r in good.nodes if r.name == "TBackward0")
+    assert "permutation" in row.formula and ADJOINT in row.formula, str(good)
+    assert not row.sampled
+
+    def wrong(grad):
+        out = grad.t().clone()
+        out[2, 3] = out[2, 3] * (1 + 1e-9)
+        return out
+
+    monkeypatch.setitem(OPS["t"].grads, "self", wrong)
+    rep = sg.verify(build(), mode="local")
+    assert not rep.ok, str(rep)
+    bad = [r for r in rep.nodes if r.status in ("mismatch", "error")]
+    assert [r.name for r in bad] == ["TBackward0"], str(rep)
+    assert "permutation" not in bad[0].formula  # decided by the bounded identity

@@ -172,7 +172,8 @@ def test_timeout_is_honoured_on_every_graph_shape(kind, mode):
     import time
 
     y = _graph(kind)
-    timeout = 0.02 if (kind, mode) == ("softmax", "local") else 0.3  # that one is fast
+    # softmax in local mode finishes in about 20 ms on a free core: a timeout well below it
+    timeout = 0.002 if (kind, mode) == ("softmax", "local") else 0.3
     t = time.perf_counter()
     rep = sg.verify(y, mode=mode, timeout=timeout)
     took = time.perf_counter() - t

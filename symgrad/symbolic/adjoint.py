@@ -408,6 +408,39 @@ def meaning_outputs(g, be, arrays):
     return tuple(out) if (len(g.spec.outputs) != 1 or g.spec.variadic_outputs) else (out,)
 
 
+#: ops whose forward only renumbers the elements of their one input (a bijection of
+#: positions): J is a permutation matrix, so a right J^T u is the one array the forward
+#: maps back onto u bit for bit
+PERMUTATIONS = frozenset({
+    "view", "t", "transpose", "permute", "unsqueeze", "squeeze", "squeeze_", "squeeze_all",
+    "squeeze_dims", "alias", "reshape_alias", "unsafe_view", "clone"})
+
+
+def _permutation_check(g, in_vals, us, ks, engine, be):
+    """The exact check of a permutation op (:data:`PERMUTATIONS`): the meaning applied to
+    the engine's ``J^T u`` must give ``u`` back exactly (then ``J^T u = J^-1 u``, the
+    adjoint of a permutation). Real arithmetic, no tangents, no bound. None where it does
+    not apply or the equality fails (the complex-step pass then decides and names it)."""
+    if g.spec.name not in PERMUTATIONS or ks != [0] or len(us) != 1 or us[0] is None:
+        return None
+    u = np.asarray(us[0])
+    if u.dtype != np.float64 or len(g.out_shapes) != 1 or \
+            u.shape != tuple(g.out_shapes[0]) or u.size != in_vals[0].size:
+        return None
+    try:
+        with np.errstate(all="ignore"):
+            moved = meaning_outputs(g, be, [engine[0]] + list(in_vals[1:]))[0]
+            value = [np.asarray(o) if isinstance(o, np.ndarray) else o
+                     for o in meaning_outputs(g, be, in_vals)]
+    except Exception:  # noqa: BLE001  (the complex-step pass reports what it can)
+        return None
+    moved = np.asarray(moved)
+    if moved.shape != u.shape or not np.array_equal(moved, u):
+        return None
+    s = float(np.vdot(u, u))  # <u, J J^T u> = <J^T u, J^T u>: both sides, exactly
+    return {0: (s, s, 0.0, int(u.size))}, value
+
+
 def adjoint_check(g, in_vals, us, engine_res, rng, tol_for=None):
     """The adjoint identity of a float64 structural node.
 
@@ -430,8 +463,6 @@ def adjoint_check(g, in_vals, us, engine_res, rng, tol_for=None):
           and in_vals[k].dtype.kind == "f"]
     if not ks:
         raise Fallback("no differentiable float input")
-    # uniform in [-1, 1): any tangent with a density catches a wrong J^T u almost surely
-    tangents = {k: rng.random(in_vals[k].shape) * 2.0 - 1.0 for k in ks}
     engine = {}
     for k in ks:
         e = engine_res[k] if k < len(engine_res) else None
@@ -441,6 +472,17 @@ def adjoint_check(g, in_vals, us, engine_res, rng, tol_for=None):
         if not np.isfinite(e).all():
             raise Fallback("non-finite engine gradient")
         engine[k] = e
+
+    exact = _permutation_check(g, in_vals, us, ks, engine, be)
+    if exact is not None:
+        return exact
+    # uniform in [-1, 1): any tangent with a density catches a wrong J^T u almost surely
+    tangents = {}
+    for k in ks:
+        v = np.asarray(rng.random(in_vals[k].shape), dtype=np.float64)
+        np.multiply(v, 2.0, out=v)
+        np.subtract(v, 1.0, out=v)
+        tangents[k] = v
 
     def one_pass(keys):
         args = list(in_vals)  # real: only the moved inputs are complex
@@ -481,9 +523,14 @@ def adjoint_check(g, in_vals, us, engine_res, rng, tol_for=None):
         for k in keys:
             e, v = engine[k], tangents[k]
             s_e += float(np.vdot(e, v))
-            ae, av = np.abs(e), np.abs(v)
-            mag_e += float(np.vdot(ae, av)) + (float(ae.mean()) * float(av.sum())
-                                               if ae.size else 0.0)
+            if e.size:  # |e| |v|, mean |e| and sum |v| in one scratch array
+                p = np.multiply(e, v, out=np.empty(e.shape))  # (an array also for 0-d)
+                np.abs(p, out=p)
+                mag_e += float(p.sum())
+                np.abs(e, out=p)
+                me = float(p.mean())
+                np.abs(v, out=p)
+                mag_e += me * float(p.sum())
             n += int(e.size)
         allowed = BOUND_FACTOR * float(np.finfo(np.float64).eps) * n_terms * (mag_e + mag_m)
         if getattr(tol_for, "user", False):  # rtol/atol given: they replace the bound

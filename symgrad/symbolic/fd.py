@@ -19,7 +19,7 @@ _BE = NumpyBackend()
 
 def _f64(a):
     if isinstance(a, np.ndarray) and a.dtype.kind == "f":
-        return a.astype(np.float64)
+        return a.astype(np.float64, copy=False)  # read only: replays copy what they move
     return a
 
 

@@ -117,7 +117,7 @@ def _extreme(args, shape) -> np.ndarray:
 
 def _float64(x):
     if isinstance(x, np.ndarray) and x.dtype.kind == "f":
-        return x.astype(np.float64)
+        return x.astype(np.float64, copy=False)  # the meanings do not write their inputs
     return x
 
 

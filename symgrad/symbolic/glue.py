@@ -50,8 +50,17 @@ class GlueFault:
         return f"GlueFault({self.what!r})"
 
 
+def _uniform(rng, shape):
+    """Random values in [-1, 1) (both signs; a third of the cost of normal draws)."""
+    v = np.asarray(rng.random(shape), dtype=np.float64)
+    np.multiply(v, 2.0, out=v)
+    np.subtract(v, 1.0, out=v)
+    return v
+
+
 def _compare(got, want, mag, n, dtype):
-    """(ok, worst flat index, error, bound) of ``got`` against the exact ``want``."""
+    """(ok, worst flat index, error, bound) of ``got`` against the exact ``want``;
+    ``mag``: the term magnitudes, or a function that makes them."""
     got, want = np.asarray(got), np.asarray(want)
     if got.shape == want.shape and np.array_equal(got, want):
         return True, 0, 0.0, 0.0  # equal: within any bound (the common case, at no cost)
@@ -59,6 +68,8 @@ def _compare(got, want, mag, n, dtype):
     want = np.asarray(want, dtype=np.float64).reshape(-1)
     if got.shape != want.shape:
         return False, 0, np.inf, 0.0
+    if callable(mag):  # the term magnitudes, only built when the values differ
+        mag = mag()
     allowed = rounding_bound(dtype, np.asarray(mag, dtype=np.float64).reshape(-1), n,
                              finite=np.isfinite(want))
     with np.errstate(invalid="ignore"):
@@ -220,7 +231,7 @@ def _check_one_sum(graph, rng, ref, k):
         try:
             with ctx():
                 for x in gs:
-                    engine._add_to_buffer(buffers, slot, nr, _tensor(x.copy()))
+                    engine._add_to_buffer(buffers, slot, nr, _tensor(x))
             got = buffers[slot][nr]
             gv = None if got is None else np.asarray(got.detach().numpy())
         except Exception as exc:  # noqa: BLE001  (a broken glue step is a finding)
@@ -245,6 +256,7 @@ def check_accumulate_grad(graph, rng, deadline=None):
     from .. import tensor as _tensor
     from ..autograd import engine
     from ..autograd.grad_mode import no_grad
+    from ..tensor import Tensor
 
     faults = []
     passed = set()  # (shape, dtype) already checked and right (leaves without hooks)
@@ -257,21 +269,27 @@ def check_accumulate_grad(graph, rng, deadline=None):
             continue
         what = f"AccumulateGrad into {lf.name}.grad"
         dtype = lf.value.dtype
-        g1 = np.asarray(rng.standard_normal(lf.shape)).astype(dtype)
-        g2 = np.asarray(rng.standard_normal(lf.shape)).astype(dtype)
-        want1 = g1.astype(np.float64)
-        want2 = want1 + g2.astype(np.float64)
-        mag2 = np.abs(want1) + np.abs(g2.astype(np.float64))
+        g1 = _uniform(rng, lf.shape).astype(dtype, copy=False)
+        g2 = _uniform(rng, lf.shape).astype(dtype, copy=False)
+        want1 = g1.astype(np.float64, copy=False)  # (the engine gets copies: tensor())
+        want2 = want1 + g2.astype(np.float64, copy=False)
+
+        def mag1(w=want1):
+            return np.abs(w)
+
+        def mag2(w=want1, g=g2):
+            return np.abs(w) + np.abs(g.astype(np.float64, copy=False))
+
         for create_graph in (False, True):
             mode = " (create_graph)" if create_graph else ""
-            stand = _tensor(np.zeros(lf.shape, dtype=dtype))
+            stand = Tensor._wrap(np.zeros(lf.shape, dtype=dtype))  # (no copy of the zeros)
             stand.requires_grad_(True)
             fault = None
             try:
                 with no_grad():
-                    for step, (x, want, mag) in enumerate(((g1, want1, np.abs(want1)),
+                    for step, (x, want, mag) in enumerate(((g1, want1, mag1),
                                                            (g2, want2, mag2))):
-                        engine._accumulate_into(stand, _tensor(x.copy()), create_graph, set())
+                        engine._accumulate_into(stand, _tensor(x), create_graph, set())
                         got = stand.grad
                         if got is None:
                             fault = GlueFault(what + mode, ".grad is None after a backward",
@@ -360,7 +378,7 @@ def check_backward_loop(graph, rng, deadline=None):
                 h = P.apply(s)
                 h.retain_grad()
                 roots = [P.apply(h) for _ in range(k)]
-            engine.run_backward(roots, [_tensor(x.copy()) for x in gs], retain_graph=False,
+            engine.run_backward(roots, [_tensor(x) for x in gs], retain_graph=False,
                                 create_graph=False)
             if h.grad is None:
                 fault = GlueFault(what, "no gradient arrived", node, lf)
