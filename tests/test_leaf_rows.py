@@ -68,8 +68,16 @@ def check_payload_rows(payload: dict, node_map: dict, tensors: list) -> int:
     return checked
 
 
-def check_report_rows(report) -> int:
-    """Every leaf row of a verifier Report against the tensor it holds."""
+def grads_now(report) -> dict[int, np.ndarray]:
+    """The .grad of every leaf a report's rows hold, copied when the report was made (a
+    notebook may run backward again on the same model afterwards)."""
+    return {id(row.tensor): _grad_array(row.tensor).copy() for row in report.leaves
+            if row.tensor is not None and row.tensor.grad is not None}
+
+
+def check_report_rows(report, grads: dict[int, np.ndarray] | None = None) -> int:
+    """Every leaf row of a verifier Report against the tensor it holds (its gradient as
+    ``grads`` saw it when the report was made; else its .grad now)."""
     checked = 0
     for row in report.leaves:
         t = row.tensor
@@ -80,7 +88,7 @@ def check_report_rows(report) -> int:
         index = tuple(int(i) for i in row.worst_index)
         assert len(index) == len(_shape(t)) and all(
             0 <= i < n for i, n in zip(index, _shape(t))), (row.name, index, _shape(t))
-        g = _grad_array(t)
+        g = grads[id(t)] if grads is not None else _grad_array(t)
         assert row.engine_value == float(g[index]), (row.name, row.engine_value, g[index])
         checked += 1
     return checked
@@ -196,7 +204,7 @@ def test_notebook_rows_are_on_their_own_leaf(notebook, shell, monkeypatch):
 
     def spy_verify(*args, **kwargs):
         rep = real_verify(*args, **kwargs)
-        reports.append(rep)
+        reports.append((rep, grads_now(rep)))
         return rep
 
     monkeypatch.setattr(magics, "apply_report", spy_apply)
@@ -209,7 +217,7 @@ def test_notebook_rows_are_on_their_own_leaf(notebook, shell, monkeypatch):
             errors.append((src[:80], repr(result.error_in_exec or result.error_before_exec)))
     assert not errors, errors
     rows = sum(check_payload_rows(p, m, ts) for p, m, ts in tables)
-    rows += sum(check_report_rows(r) for r in reports)
+    rows += sum(check_report_rows(r, g) for r, g in reports)
     magic_cells = sum("%%symgrad" in src for src, _ in cells)
     assert len(tables) >= magic_cells  # every %%symgrad cell's table was checked
     if magic_cells or reports:
