@@ -83,7 +83,8 @@ def check_report_rows(report, grads: dict[int, np.ndarray] | None = None) -> int
         t = row.tensor
         assert t is not None and row.name in {lf.name for lf in report._graph.leaves}
         assert tuple(row.shape) == _shape(t)
-        if row.worst_index is None or row.engine_value is None or t.grad is None:
+        had_grad = t.grad is not None if grads is None else id(t) in grads
+        if row.worst_index is None or row.engine_value is None or not had_grad:
             continue
         index = tuple(int(i) for i in row.worst_index)
         assert len(index) == len(_shape(t)) and all(
