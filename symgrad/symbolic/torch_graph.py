@@ -271,8 +271,13 @@ def walk_torch(root, names=None, namespace=None) -> Graph:
                 sizes = tuple(t.shape) if isinstance(t, torch.Tensor) else None
             if sizes is not None:
                 out_shape.setdefault(id(nxt), _plain(sizes))
+    # each node's output as torch kept it (its saved result, or a consumer's saved input):
+    # a constant operand of add/sub, which keep none, is solved from it
+    kept = _kept_outputs(order, out_shape) if any(
+        n.name() in _RECOVERABLE for n in order) else {}
     leaves: list[Leaf] = []
     leaf_of: dict = {}
+    recovered: list = []  # (leaf index, node index, input index): filled from the output
 
     def leaf_ref(t, requires):
         k = leaf_of.get(id(t))
@@ -323,6 +328,12 @@ def walk_torch(root, names=None, namespace=None) -> Graph:
                         inputs.append(leaf_ref(val, False))
                 elif val is not None:
                     inputs.append(("scalar", val))
+                elif name in _RECOVERABLE and id(node) in kept and i < 2:
+                    out = kept[id(node)]
+                    k = len(leaves)  # its value: from the output, once the graph replays
+                    leaves.append(Leaf(k, out, _np(out), False))
+                    recovered.append((k, j, i))
+                    inputs.append(("leaf", k))
                 else:
                     missing.append(f"input '{nm}' of {name}")
                     inputs.append(("missing", nm))
@@ -356,6 +367,8 @@ def walk_torch(root, names=None, namespace=None) -> Graph:
                   ("node", index[id(fn)], 0), _np(root), root_tensor=root)
     if fn is None:
         graph.root = leaf_ref(root, root.requires_grad)
+    for k, j, i in recovered:
+        _recover_operand(graph, k, gnodes[j], i, kept)
     # output shapes and dtypes by replaying (cheap: the graph is replayed once here)
     for g in gnodes:
         if g.spec is None:
@@ -377,6 +390,67 @@ def walk_torch(root, names=None, namespace=None) -> Graph:
     graph.engine_grads = _torch_engine_grads
     graph.engine_hvp = _torch_engine_hvp
     return graph
+
+
+#: nodes that keep no operand (only alpha): a constant operand torch did not keep is
+#: recovered from the node's output where a consumer saved it. Composite torch ops (GRUCell's
+#: ``(hx - newgate) * updategate + newgate``) make such nodes inside C++, out of
+#: ``capture_torch()``'s sight, so capturing cannot supply the operand there.
+_RECOVERABLE = ("AddBackward0", "SubBackward0")
+
+
+def _kept_outputs(order, out_shape) -> dict:
+    """id(node) -> its output (output 0) as torch saved it, where it did."""
+    import torch
+
+    kept: dict = {}
+
+    def keep(node, t):
+        shape = out_shape.get(id(node))
+        if isinstance(t, torch.Tensor) and id(node) not in kept and \
+                (shape is None or tuple(t.shape) == shape):
+            kept[id(node)] = t
+
+    for node in order:
+        custom = _custom_cls(node) is not None
+        spec = None if custom else _spec_for(node.name())
+        try:
+            if not custom and hasattr(node, "_saved_result"):
+                keep(node, node._saved_result)
+            for i, (nxt, nr) in enumerate(node.next_functions):
+                if nxt is not None and nr == 0 and spec is not None and i < len(spec.inputs) \
+                        and id(nxt) not in kept:
+                    keep(nxt, getattr(node, f"_saved_{spec.inputs[i]}", None))
+        except RuntimeError:  # freed, or modified in place since: not kept
+            continue
+    return kept
+
+
+def _recover_operand(graph, k, g, i, kept) -> None:
+    """Leaf ``k``, operand ``i`` of ``out = self ± alpha * other``, solved from ``out`` (the
+    leaf's placeholder value) and the other operand's value (as torch kept it, else
+    replayed), in the output's dtype: exact where the forward's sum was (zeros, as a default
+    hidden state is), else within one rounding of the original."""
+    import torch
+
+    leaf = graph.leaves[k]
+    out = leaf.value
+    ref = g.inputs[1 - i]
+    node = graph.nodes[ref[1]].node if ref[0] == "node" and ref[2] == 0 else None
+    other = _np(kept[id(node)]) if node is not None and id(node) in kept else \
+        np.asarray(graph.value_of(ref))
+    alpha = g.params.get("alpha", 1)
+    sign = 1 if g.name == "AddBackward0" else -1
+    with np.errstate(all="ignore"):
+        if i == 0:  # self = out - sign * alpha * other
+            v = out - sign * (other if alpha == 1 else other * alpha)
+        else:  # other = sign * (out - self) / alpha
+            v = sign * (out - other)
+            if alpha != 1:
+                v = v / alpha
+    v = np.asarray(v, dtype=out.dtype)
+    leaf.value = v
+    leaf.tensor = torch.from_numpy(v.copy())
 
 
 class _FlashAttentionForCpu:
