@@ -1,8 +1,10 @@
 """The ``symgrad`` command (also ``python -m symgrad``).
 
-``symgrad check PATH_OR_MODULE[:FUNC] [-k EXPR] [--json OUT] [--html OUT] [--mode M] [-v]``
-verifies every function decorated with ``@symgrad.testing.gradient_check`` and exits 0
-when all agree, 1 when any gradient is wrong, 2 on a usage error (bad path, nothing found).
+``symgrad check PATH_OR_MODULE[:FUNC] [-k EXPR] [--json OUT] [--html OUT] [--mode M]
+[--workers N] [-v]`` verifies every function decorated with
+``@symgrad.testing.gradient_check`` and exits 0 when all agree, 1 when any gradient is
+wrong, 2 on a usage error (bad path, nothing found, ``--workers`` not an integer >= 1).
+``--workers N`` runs each check's per-node checks in N processes (the same reports).
 A failing check prints a summary that names the first bad node (grad_fn and position from
 the root) and the leaves (parameter paths, argument names); ``-v`` prints full reports.
 ``symgrad verify-rules`` runs the rule audit over every registered op.
@@ -156,6 +158,8 @@ def cmd_check(args) -> int:
     for name, fn in _progress(found, tty):
         if args.mode:
             fn.__symgrad_check__ = {**fn.__symgrad_check__, "mode": args.mode}
+        if args.workers is not None:
+            fn.__symgrad_check__ = {**fn.__symgrad_check__, "workers": args.workers}
         trace = None
         try:
             report = run_marked(fn, name)
@@ -218,6 +222,20 @@ def rules_table(results: list) -> list[str]:
     return out
 
 
+def workers_arg(text: str) -> int:
+    """``--workers N``: an integer >= 1 (1: this process), else a usage error that says so.
+    (The pytest plugin's ``--symgrad-workers`` has its own copy: it must not import symgrad
+    when pytest starts.)"""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected a whole number of worker processes (>= 1), got {text!r}")
+    return n
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="symgrad", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -227,6 +245,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--json", metavar="OUT", help="write the results as JSON")
     check.add_argument("--html", metavar="OUT", help="write the results as HTML")
     check.add_argument("--mode", choices=("auto", "exact", "local", "finite_differences"))
+    check.add_argument("--workers", metavar="N", type=workers_arg, default=None,
+                       help="run each check's per-node checks in N processes (same "
+                            "reports; default: this process)")
     check.add_argument("-v", "--verbose", action="store_true",
                        help="print every check's full report: all leaves and nodes, "
                             "formulas, tolerances, notes (default: a summary of failures)")

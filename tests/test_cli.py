@@ -318,3 +318,47 @@ def test_json_and_html_carry_the_names(model_run):
     for th in ("engine grad", "symbolic grad", "finite-diff grad", "max abs err",
                "checked against"):
         assert f">{th}</th>" in page
+
+
+def _without_times(data: dict) -> dict:
+    for check in data["checks"]:
+        check["report"].pop("seconds", None)
+    return data
+
+
+def test_workers_give_the_serial_reports(checks_dir, capsys, monkeypatch):
+    """``--workers 2`` fans each check's node checks out over 2 processes: the same lines,
+    the same JSON (the wrong tanh rule named as in one process)."""
+    from symgrad.cli import main
+    from symgrad.ops import OPS
+    from symgrad.symbolic import fanout
+
+    # checks_buggy.py replaces the tanh rule when loaded: restored after this test
+    monkeypatch.setitem(OPS["tanh"].grads, "self", OPS["tanh"].grads["self"])
+    runs = {}
+    for label, extra in (("serial", []), ("fanned", ["--workers", "2"])):
+        fanout.LAST_RUN.clear()
+        rc = main(["check", str(checks_dir), "--mode", "local",
+                   "--json", str(checks_dir / f"{label}.json"), *extra])
+        out = re.sub(r"\d+\.\d+ s\)", "(time) s)", capsys.readouterr().out)
+        runs[label] = (rc, out,
+                       _without_times(json.loads((checks_dir / f"{label}.json").read_text())),
+                       dict(fanout.LAST_RUN))
+    (rc_s, out_s, data_s, fan_s), (rc_f, out_f, data_f, fan_f) = runs["serial"], runs["fanned"]
+    assert rc_s == rc_f == 1 and "TanhBackward0" in out_f
+    assert out_f == out_s and data_f == data_s
+    assert fan_s == {}  # one process: nothing fanned out
+    # the last check's nodes went to worker processes
+    assert fan_f["sent"] > 0 and fan_f["fallback"] == 0, fan_f
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "two", "1.5"])
+def test_workers_must_be_a_positive_integer(checks_dir, capsys, value):
+    from symgrad.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["check", str(checks_dir), "--workers", value])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument --workers: expected a whole number of worker processes (>= 1), " \
+           f"got {value!r}" in err

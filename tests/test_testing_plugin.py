@@ -179,3 +179,67 @@ def test_leaf_names_prefer_parameter_paths_then_arguments_then_variables():
     a.name = "a_named"
     rep = assert_gradients_match(lambda u: (u * u).sum(), a)
     assert [lf.name for lf in rep.leaves] == ["a_named"]
+
+
+# -- per-node checks fanned out over processes ------------------------------------------------
+WORKERS_TEST = '''
+import pytest
+import symgrad as sg
+from symgrad.ops import OPS
+from symgrad.symbolic import fanout
+
+
+def _f(x):
+    return ((x * 2).tanh() * x.sin()).sum()
+
+
+def _x():
+    return sg.tensor([0.3, -0.7, 1.1], dtype=sg.float64, requires_grad=True)
+
+
+def _rows(rep):
+    return [(n.name, n.status, n.max_abs_err, n.bound, n.detail) for n in rep.nodes]
+
+
+def test_option_fans_out_with_the_serial_report(symgrad_check):
+    fanout.LAST_RUN.clear()
+    fanned = symgrad_check(_f, _x())
+    assert fanout.LAST_RUN == {"sent": len(fanned.nodes), "fallback": 0, "here": 0}
+    fanout.LAST_RUN.clear()
+    serial = symgrad_check(_f, _x(), workers=1)  # a call's own option wins
+    assert fanout.LAST_RUN == {}
+    assert fanned.mode == serial.mode == "local" and _rows(fanned) == _rows(serial)
+
+
+@pytest.mark.symgrad(workers=1)
+def test_marker_overrides_the_option(symgrad_check):
+    fanout.LAST_RUN.clear()
+    assert symgrad_check(_f, _x()).ok
+    assert fanout.LAST_RUN == {}
+
+
+def test_wrong_rule_is_named_by_the_workers(symgrad_check, monkeypatch):
+    monkeypatch.setitem(OPS["sin"].grads, "self", lambda grad, self: -grad * self.cos())
+    fanout.LAST_RUN.clear()
+    try:
+        symgrad_check(_f, _x())
+    finally:
+        assert fanout.LAST_RUN["sent"] > 0
+'''
+
+
+def test_workers_option_and_marker_are_passed_to_the_verifier(pytester):
+    pytester.makepyfile(test_workers=WORKERS_TEST)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--symgrad-mode=local",
+                                           "--symgrad-workers=2")
+    result.assert_outcomes(passed=2, failed=1)
+    out = result.stdout.str()
+    assert "test_wrong_rule_is_named_by_the_workers" in out and "SinBackward0" in out
+
+
+def test_workers_option_must_be_a_positive_integer(pytester):
+    pytester.makepyfile(test_nothing="def test_nothing():\n    pass\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--symgrad-workers=0")
+    assert result.ret == 4  # pytest's usage error
+    assert "argument --symgrad-workers: expected a whole number of worker processes " \
+           "(>= 1), got '0'" in result.stderr.str()

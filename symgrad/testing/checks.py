@@ -22,11 +22,13 @@ def _record(report, name: str | None) -> None:
     RECORDED.append((name or "check", report.to_json()))
 
 
-def _verify(root, *, mode, rtol, atol, order, names, gradient=None, namespace=None):
+def _verify(root, *, mode, rtol, atol, order, names, gradient=None, namespace=None,
+            workers=None):
     from ..symbolic import verify
 
     kwargs: dict[str, Any] = {"mode": mode, "order": order, "names": names,
-                              "namespace": namespace if namespace is not None else {}}
+                              "namespace": namespace if namespace is not None else {},
+                              "workers": workers}
     if rtol is not None:
         kwargs["rtol"] = rtol
     if atol is not None:
@@ -90,11 +92,12 @@ def leaf_names(fn: Callable, inputs: tuple) -> dict:
 
 def verify_call(fn: Callable, *inputs, mode: str = "auto", rtol: float | None = None,
                 atol: float | None = None, order: int = 1, names: dict | None = None,
-                check_name: str | None = None):
+                check_name: str | None = None, workers: int | None = None):
     """Build the graph by calling ``fn(*inputs)``, verify it and record the Report.
 
     A non-scalar output is checked along a fixed, seeded cotangent (a vector-Jacobian
-    product), so every output element takes part.
+    product), so every output element takes part. ``workers=N`` fans the per-node checks
+    out over N processes (``symgrad.verify``'s argument: the same report).
     """
     from ..nn.modules import keep_new_modules
     from ..tensor import Tensor
@@ -109,18 +112,19 @@ def verify_call(fn: Callable, *inputs, mode: str = "auto", rtol: float | None = 
     gradient = None if out.numel() == 1 else _seeded_cotangent(out)
     # the caller's names first, then the one naming of every view (symgrad._naming)
     report = _verify(out, mode=mode, rtol=rtol, atol=atol, order=order, names=names,
-                     gradient=gradient, namespace=_namespace(fn, inputs))
+                     gradient=gradient, namespace=_namespace(fn, inputs), workers=workers)
     _record(report, check_name or getattr(fn, "__qualname__", None))
     return report
 
 
 def assert_gradients_match(fn: Callable, *inputs, mode: str = "auto", rtol: float | None = None,
                            atol: float | None = None, order: int = 1,
-                           names: dict | None = None, check_name: str | None = None):
+                           names: dict | None = None, check_name: str | None = None,
+                           workers: int | None = None):
     """Verify the graph ``fn(*inputs)`` builds; AssertionError with the verifier's table
     when any gradient disagrees. Returns the Report when all is well."""
     report = verify_call(fn, *inputs, mode=mode, rtol=rtol, atol=atol, order=order,
-                         names=names, check_name=check_name)
+                         names=names, check_name=check_name, workers=workers)
     if not report.ok:
         report.assert_ok()
     return report
@@ -135,13 +139,15 @@ def check_function(function_cls, *inputs, mode: str = "auto", rtol: float | None
 
 
 def gradient_check(inputs=None, *, mode: str = "auto", rtol: float | None = None,
-                   atol: float | None = None, order: int = 1, seed: int = 0):
+                   atol: float | None = None, order: int = 1, seed: int = 0,
+                   workers: int | None = None):
     """Mark a function for ``symgrad check``: ``inputs`` are tensors, shapes (random float64
-    leaves that require grad, seeded), or a callable returning either."""
+    leaves that require grad, seeded), or a callable returning either; ``workers=N`` checks
+    its nodes in N processes (``symgrad check --workers N`` sets it for every check)."""
 
     def mark(fn):
         fn.__symgrad_check__ = {"inputs": inputs, "mode": mode, "rtol": rtol, "atol": atol,
-                                "order": order, "seed": seed}
+                                "order": order, "seed": seed, "workers": workers}
         return fn
 
     return mark
@@ -178,7 +184,8 @@ def run_marked(fn, name: str | None = None):
     opts = fn.__symgrad_check__
     inputs = resolve_inputs(opts["inputs"], opts["seed"])
     return verify_call(fn, *inputs, mode=opts["mode"], rtol=opts["rtol"], atol=opts["atol"],
-                       order=opts["order"], check_name=name or fn.__qualname__)
+                       order=opts["order"], check_name=name or fn.__qualname__,
+                       workers=opts.get("workers"))
 
 
 # -- custom Functions: one line proves the backward ------------------------------------------
@@ -308,7 +315,8 @@ def _torch_claims_double_backward(outs, cotangents, leaves) -> bool:
 def assert_function_correct(function_cls, *inputs, order: int | None = None,
                             require_exact: bool = False, mode: str = "auto",
                             rtol: float | None = None, atol: float | None = None,
-                            seed: int = 0, check_name: str | None = None):
+                            seed: int = 0, check_name: str | None = None,
+                            workers: int | None = None):
     """Prove a custom ``autograd.Function``'s backward against the exact derivative of the
     forward it actually runs (traced on symbols; no ``sympy`` method needed), at
     ``inputs``; with ``order=2`` also its double backward (``None``, the default: when the
@@ -327,7 +335,8 @@ def assert_function_correct(function_cls, *inputs, order: int | None = None,
     traced is checked by finite differences (the report's notes say which line stopped
     the trace); ``require_exact=True`` makes that a failure. A Function that declares
     ``surrogate_gradient = True`` (straight-through estimator) is not compared with its
-    forward's derivative. Returns the Report."""
+    forward's derivative. ``workers=N`` fans the verifier's per-node checks out over N
+    processes (the Function's own node is checked in this process). Returns the Report."""
     from ..symbolic import verify
 
     if not isinstance(function_cls, type) or not callable(getattr(function_cls, "apply", None)):
@@ -351,7 +360,8 @@ def assert_function_correct(function_cls, *inputs, order: int | None = None,
     else:  # several outputs: one scalar along the cotangents
         root, gradient = _combine(outs, cots, is_torch), None
     # forward's parameter names; the cotangents (constants) are named t0, t1 ...
-    kwargs: dict[str, Any] = {"mode": mode, "order": order, "names": names, "namespace": {}}
+    kwargs: dict[str, Any] = {"mode": mode, "order": order, "names": names, "namespace": {},
+                              "workers": workers}
     if rtol is not None:
         kwargs["rtol"] = rtol
     if atol is not None:

@@ -5,8 +5,10 @@
 - fixture ``symgrad_function(MyFunction, *inputs, **options)`` proves a custom
   ``autograd.Function``'s backward (and double backward) against its traced forward
   (``symgrad.testing.assert_function_correct``);
-- marker ``@pytest.mark.symgrad(mode=..., rtol=..., atol=...)`` sets that test's defaults;
-- ``--symgrad-mode`` sets the session default; ``--symgrad-report=PATH`` writes every
+- marker ``@pytest.mark.symgrad(mode=..., rtol=..., atol=..., workers=...)`` sets that
+  test's defaults;
+- ``--symgrad-mode`` sets the session default; ``--symgrad-workers=N`` runs each check's
+  per-node checks in N processes (the same reports); ``--symgrad-report=PATH`` writes every
   check of the session as JSON (PATH) and HTML (PATH with ``.html``), gathered from all
   pytest-xdist workers.
 
@@ -31,13 +33,43 @@ def pytest_addoption(parser) -> None:
     group.addoption("--symgrad-mode", default="auto",
                     choices=("auto", "exact", "local", "finite_differences"),
                     help="default verifier mode for symgrad_check (default: auto)")
+    group.addoption("--symgrad-workers", metavar="N", type=_workers_arg, default=None,
+                    help="run each gradient check's per-node checks in N processes (the "
+                         "same reports; default: the test's own process)")
+
+
+def _workers_arg(text: str) -> int:
+    """An integer >= 1, else pytest's usage error naming the option (a copy of
+    ``symgrad.cli.workers_arg``: importing symgrad here would slow every pytest start)."""
+    import argparse
+
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected a whole number of worker processes (>= 1), got {text!r}")
+    return n
 
 
 def pytest_configure(config) -> None:
     config.addinivalue_line(
-        "markers", "symgrad(mode=None, rtol=None, atol=None, order=1): options for the "
-                   "symgrad_check fixture in this test")
+        "markers", "symgrad(mode=None, rtol=None, atol=None, order=1, workers=None): "
+                   "options for the symgrad_check fixture in this test")
     config.stash[_RECORDS] = []
+
+
+def _defaults(request) -> dict:
+    """The session's options, then the test's ``symgrad`` marker's."""
+    defaults = {"mode": request.config.getoption("--symgrad-mode")}
+    workers = request.config.getoption("--symgrad-workers")
+    if workers is not None:
+        defaults["workers"] = workers
+    marker = request.node.get_closest_marker("symgrad")
+    if marker is not None:
+        defaults.update({k: v for k, v in marker.kwargs.items() if v is not None})
+    return defaults
 
 
 @pytest.fixture
@@ -45,10 +77,7 @@ def symgrad_check(request):
     """Call as ``symgrad_check(fn, *inputs, **options)``; returns the verifier's Report."""
     from . import checks
 
-    marker = request.node.get_closest_marker("symgrad")
-    defaults = {"mode": request.config.getoption("--symgrad-mode")}
-    if marker is not None:
-        defaults.update({k: v for k, v in marker.kwargs.items() if v is not None})
+    defaults = _defaults(request)
 
     def run(fn, *inputs, **options):
         opts = {**defaults, **options}
@@ -69,10 +98,7 @@ def symgrad_function(request):
     backward (``assert_function_correct``); returns the verifier's Report."""
     from . import checks
 
-    marker = request.node.get_closest_marker("symgrad")
-    defaults = {"mode": request.config.getoption("--symgrad-mode")}
-    if marker is not None:
-        defaults.update({k: v for k, v in marker.kwargs.items() if v is not None})
+    defaults = _defaults(request)
 
     def run(function_cls, *inputs, **options):
         opts = {**defaults, **options}
