@@ -66,55 +66,14 @@ def _gelu(x):
 
 
 def _gpt(lib, vocab=65, block=32, n_embd=64, n_head=4, n_layer=2):
-    nn, F = lib.nn, lib.nn.functional
+    """nanoGPT's model for ``lib`` (tests/_nanogpt.py, the one definition; it imports
+    neither library, so a torch worker stays torch alone)."""
+    sys.path.append(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                 "tests"))
+    from _nanogpt import gpt
 
-    class Attention(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.c_attn = nn.Linear(n_embd, 3 * n_embd)
-            self.c_proj = nn.Linear(n_embd, n_embd)
-
-        def forward(self, x):
-            B, T, C = x.size()
-            q, k, v = self.c_attn(x).split(n_embd, dim=2)
-            k = k.view(B, T, n_head, C // n_head).transpose(1, 2)
-            q = q.view(B, T, n_head, C // n_head).transpose(1, 2)
-            v = v.view(B, T, n_head, C // n_head).transpose(1, 2)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0,
-                                               is_causal=True)
-            return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
-
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.ln_1, self.ln_2 = nn.LayerNorm(n_embd), nn.LayerNorm(n_embd)
-            self.attn = Attention()
-            self.mlp = nn.Sequential(nn.Linear(n_embd, 4 * n_embd), nn.GELU(),
-                                     nn.Linear(4 * n_embd, n_embd))
-
-        def forward(self, x):
-            x = x + self.attn(self.ln_1(x))
-            return x + self.mlp(self.ln_2(x))
-
-    class GPT(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.wte, self.wpe = nn.Embedding(vocab, n_embd), nn.Embedding(block, n_embd)
-            self.h = nn.ModuleList([Block() for _ in range(n_layer)])
-            self.ln_f = nn.LayerNorm(n_embd)
-            self.lm_head = nn.Linear(n_embd, vocab, bias=False)
-            self.wte.weight = self.lm_head.weight
-
-        def forward(self, idx, targets):
-            b, t = idx.size()
-            pos = lib.arange(0, t, dtype=lib.long)
-            x = self.wte(idx) + self.wpe(pos)
-            for blk in self.h:
-                x = blk(x)
-            logits = self.lm_head(self.ln_f(x))
-            return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
-
-    return GPT()
+    return gpt(lib, vocab=vocab, block_size=block, n_layer=n_layer, n_head=n_head,
+               n_embd=n_embd)
 
 
 def _build(lib, F, optim, workload: str):

@@ -49,73 +49,17 @@ def mlp784(L):
 
 
 def _gpt_classes(L):
-    """nanoGPT's model (Karpathy's model.py) for library ``L``: dropout 0, biases on."""
-    nn = L.nn
-    F = nn.functional
+    """nanoGPT's model (Karpathy's model.py) for library ``L``: no dropout, biases on, the
+    explicit causal mask, untied embedding: tests/_nanogpt.py, the one definition."""
+    import functools
+    import sys
 
-    class CausalSelfAttention(nn.Module):
-        def __init__(self, n_embd, n_head, block_size):
-            super().__init__()
-            self.c_attn = nn.Linear(n_embd, 3 * n_embd)
-            self.c_proj = nn.Linear(n_embd, n_embd)
-            self.n_head, self.n_embd = n_head, n_embd
-            self.register_buffer("bias", L.tril(L.ones(block_size, block_size))
-                                 .view(1, 1, block_size, block_size))
+    sys.path.append(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                 "tests"))
+    from _nanogpt import gpt
 
-        def forward(self, x):
-            B, T, C = x.size()
-            q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
-            k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-            q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-            v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
-            att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
-            att = F.softmax(att, dim=-1)
-            y = att @ v
-            y = y.transpose(1, 2).contiguous().view(B, T, C)
-            return self.c_proj(y)
-
-    class MLP(nn.Module):
-        def __init__(self, n_embd):
-            super().__init__()
-            self.c_fc = nn.Linear(n_embd, 4 * n_embd)
-            self.gelu = nn.GELU()
-            self.c_proj = nn.Linear(4 * n_embd, n_embd)
-
-        def forward(self, x):
-            return self.c_proj(self.gelu(self.c_fc(x)))
-
-    class Block(nn.Module):
-        def __init__(self, n_embd, n_head, block_size):
-            super().__init__()
-            self.ln_1 = nn.LayerNorm(n_embd)
-            self.attn = CausalSelfAttention(n_embd, n_head, block_size)
-            self.ln_2 = nn.LayerNorm(n_embd)
-            self.mlp = MLP(n_embd)
-
-        def forward(self, x):
-            x = x + self.attn(self.ln_1(x))
-            return x + self.mlp(self.ln_2(x))
-
-    class GPT(nn.Module):
-        def __init__(self, vocab=65, block_size=16, n_layer=2, n_head=4, n_embd=32):
-            super().__init__()
-            self.wte = nn.Embedding(vocab, n_embd)
-            self.wpe = nn.Embedding(block_size, n_embd)
-            self.h = nn.ModuleList([Block(n_embd, n_head, block_size) for _ in range(n_layer)])
-            self.ln_f = nn.LayerNorm(n_embd)
-            self.lm_head = nn.Linear(n_embd, vocab, bias=False)
-
-        def forward(self, idx, targets):
-            b, t = idx.size()
-            pos = L.arange(0, t, dtype=L.int64)
-            x = self.wte(idx) + self.wpe(pos)
-            for block in self.h:
-                x = block(x)
-            logits = self.lm_head(self.ln_f(x))
-            return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
-
-    return GPT
+    return functools.partial(gpt, L, vocab=65, block_size=16, n_layer=2, n_head=4, n_embd=32,
+                             flash=False, tie_weights=False)
 
 
 def gpt2layer(L):

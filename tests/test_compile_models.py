@@ -412,61 +412,13 @@ def lenet():
         nn.Linear(84, 10))
 
 
-class _CausalSelfAttention(nn.Module):
-    def __init__(self, n_embd, n_head):
-        super().__init__()
-        self.c_attn = nn.Linear(n_embd, 3 * n_embd)
-        self.c_proj = nn.Linear(n_embd, n_embd)
-        self.n_head, self.n_embd = n_head, n_embd
-
-    def forward(self, x):
-        B, T, C = x.size()
-        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
-        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0,
-                                           is_causal=True)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)
-        return self.c_proj(y)
-
-
-class _Block(nn.Module):
-    def __init__(self, n_embd, n_head):
-        super().__init__()
-        self.ln_1 = nn.LayerNorm(n_embd)
-        self.attn = _CausalSelfAttention(n_embd, n_head)
-        self.ln_2 = nn.LayerNorm(n_embd)
-        self.mlp = nn.Sequential(nn.Linear(n_embd, 4 * n_embd), nn.GELU(),
-                                 nn.Linear(4 * n_embd, n_embd), nn.Dropout(0.0))
-
-    def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
-        return x + self.mlp(self.ln_2(x))
-
-
-class GPT(nn.Module):
+def GPT():
     """nanoGPT's model (tied embedding, learned positions from ``arange``, pre-norm blocks,
-    causal sdpa, GELU MLP), 2 layers of n_embd 64 and 4 heads."""
+    causal sdpa, GELU MLP, Dropout(0.0) modules), 2 layers of n_embd 64 and 4 heads: the
+    one definition in tests/_nanogpt.py."""
+    from _nanogpt import gpt
 
-    def __init__(self, vocab=65, block=32, n_embd=64, n_head=4, n_layer=2):
-        super().__init__()
-        self.wte = nn.Embedding(vocab, n_embd)
-        self.wpe = nn.Embedding(block, n_embd)
-        self.drop = nn.Dropout(0.0)
-        self.h = nn.ModuleList([_Block(n_embd, n_head) for _ in range(n_layer)])
-        self.ln_f = nn.LayerNorm(n_embd)
-        self.lm_head = nn.Linear(n_embd, vocab, bias=False)
-        self.wte.weight = self.lm_head.weight
-
-    def forward(self, idx, targets):
-        b, t = idx.size()
-        pos = sg.arange(0, t, dtype=sg.long)
-        x = self.drop(self.wte(idx) + self.wpe(pos))
-        for blk in self.h:
-            x = blk(x)
-        logits = self.lm_head(self.ln_f(x))
-        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+    return gpt(sg, vocab=65, block_size=32, n_layer=2, n_head=4, n_embd=64, dropout=0.0)
 
 
 @pytest.mark.parametrize("which", ["lenet", "gpt"])
