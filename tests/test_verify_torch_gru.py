@@ -123,3 +123,17 @@ def test_a_constant_operand_of_add_or_sub_is_recovered_with_alpha(op, const_firs
     bound = 2 * np.finfo(np.float64).eps * 1.5 * (1 + abs(alpha))
     np.testing.assert_allclose(got, c.detach().numpy(), rtol=0, atol=bound)
     assert sg.verify((out * w).sum(), names=dict(a=a, w=w)).ok
+
+
+def test_gru_cell_fanned_out_gives_the_serial_report():
+    """The recovered constant is a plain leaf: worker processes check the nodes that read
+    it as this process does."""
+    from symgrad.symbolic import fanout
+
+    loss, names, _ = _gru_loss("none", False)
+    serial = sg.verify(loss, names=names, mode="local")
+    fanned = sg.verify(loss, names=names, mode="local", workers=2)
+    assert fanout.LAST_RUN["sent"] > 0
+    rows = [[(n.name, n.status, n.max_abs_err, n.bound) for n in r.nodes]
+            for r in (serial, fanned)]
+    assert serial.ok and rows[0] == rows[1]
