@@ -29,9 +29,18 @@ _PREFER = {"ToCopyBackward0": "to_copy", "SqueezeBackward1": "squeeze",
 _CAPTURES: collections.deque = collections.deque(maxlen=16)
 
 
-def _spec_for(name):
+#: torch nodes over a list of tensors: one next_function per tensor, so one registry spec
+#: per number of tensors (ops/shape.py ``list_spec``)
+_LIST_OPS = {"CatBackward0": "cat", "StackBackward0": "stack"}
+
+
+def _spec_for(name, node=None):
     from ..ops import OPS
 
+    if name in _LIST_OPS and node is not None:
+        from ..ops.shape import list_spec
+
+        return list_spec(_LIST_OPS[name], len(node.next_functions))
     pref = _PREFER.get(name)
     if pref is not None and pref in OPS:
         return OPS[pref]
@@ -224,7 +233,10 @@ def captured_module_call(fn):
 
 def _forward_params(spec):
     sig = inspect.signature(spec.forward)
-    names = list(sig.parameters)[1 + len(spec.inputs):]
+    ps = list(sig.parameters.values())
+    star = [k for k, q in enumerate(ps) if q.kind is inspect.Parameter.VAR_POSITIONAL]
+    names = [q.name for q in ps[star[0] + 1:]] if star else \
+        [q.name for q in ps[1 + len(spec.inputs):]]  # (be, *tensors, dim) or (be, a, b, p)
     return [(n, sig.parameters[n].default) for n in names]
 
 
@@ -260,7 +272,7 @@ def walk_torch(root, names=None, namespace=None) -> Graph:
             out_shape[id(node)] = tuple(int(s) for s in meta[0].shape)
     for node in order:
         spec = None if _custom_cls(node) is not None or node.name() in _FUSED_MEANINGS \
-            else _spec_for(node.name())
+            else _spec_for(node.name(), node)
         for i, (nxt, _) in enumerate(node.next_functions):
             if nxt is None or spec is None or i >= len(spec.inputs):
                 continue
@@ -278,6 +290,7 @@ def walk_torch(root, names=None, namespace=None) -> Graph:
     leaves: list[Leaf] = []
     leaf_of: dict = {}
     recovered: list = []  # (leaf index, node index, input index): filled from the output
+    cat_sizes: list = []  # cat nodes whose ``_sizes`` the replay gives
 
     def leaf_ref(t, requires):
         k = leaf_of.get(id(t))
@@ -295,7 +308,8 @@ def walk_torch(root, names=None, namespace=None) -> Graph:
         if name in _FUSED_MEANINGS:
             gnodes.append(_fused_gnode(j, node, index, leaf_ref, missing))
             continue
-        spec = _spec_for(name)
+        spec = _spec_for(name, node)
+        listed = name in _LIST_OPS  # captured as (tensors, dim): the tensors are one argument
         if spec is None:
             raise NotImplementedError(
                 f"unknown torch node {name}: symgrad's op registry has no op with this "
@@ -320,7 +334,7 @@ def walk_torch(root, names=None, namespace=None) -> Graph:
                     raise FreedGraphError(f"{exc} (torch graph: use retain_graph=True or "
                                           "verify before backward)") from None
                 if val is None and cap is not None:
-                    val = _cap_arg(cap, i)
+                    val = _cap_arg(cap, i, listed)
                 if isinstance(val, torch.Tensor):
                     if val.dim() == 0 and not val.requires_grad and cap is None:
                         inputs.append(("scalar", val.item()))  # a wrapped Python number
@@ -338,7 +352,8 @@ def walk_torch(root, names=None, namespace=None) -> Graph:
                     missing.append(f"input '{nm}' of {name}")
                     inputs.append(("missing", nm))
         params = {}
-        extra = list(cap[1][len(spec.inputs):]) if cap is not None else []
+        extra = [] if cap is None else list(cap[1][1:]) if listed else \
+            list(cap[1][len(spec.inputs):])
         for k, (p, default) in enumerate(_forward_params(spec)):
             if hasattr(node, f"_saved_{p}"):
                 params[p] = _plain(getattr(node, f"_saved_{p}"))
@@ -348,6 +363,9 @@ def walk_torch(root, names=None, namespace=None) -> Graph:
                 params[p] = _unsnap(cap[2][p])
             elif k < len(extra):  # a positional argument of the captured call (2 - a)
                 params[p] = _unsnap(extra[k])
+            elif p == "_sizes" and listed:  # cat: each input's size, once they are replayed
+                params[p] = None
+                cat_sizes.append(j)
             elif default is inspect.Parameter.empty:
                 missing.append(f"parameter '{p}' of {name}")
         n_out = max(1, spec.differentiable_outputs)
@@ -369,6 +387,10 @@ def walk_torch(root, names=None, namespace=None) -> Graph:
         graph.root = leaf_ref(root, root.requires_grad)
     for k, j, i in recovered:
         _recover_operand(graph, k, gnodes[j], i, kept)
+    for j in cat_sizes:  # in node order: a cat's inputs replay without it
+        g = gnodes[j]
+        g.params["dim"], g.params["_sizes"] = _cat_sizes(
+            [np.shape(graph.value_of(r)) for r in g.inputs], g.params["dim"])
     # output shapes and dtypes by replaying (cheap: the graph is replayed once here)
     for g in gnodes:
         if g.spec is None:
@@ -413,7 +435,7 @@ def _kept_outputs(order, out_shape) -> dict:
 
     for node in order:
         custom = _custom_cls(node) is not None
-        spec = None if custom else _spec_for(node.name())
+        spec = None if custom else _spec_for(node.name(), node)
         try:
             if not custom and hasattr(node, "_saved_result"):
                 keep(node, node._saved_result)
@@ -668,9 +690,24 @@ def _first_float(graph, g):
     return np.zeros((), dtype=np.float32)
 
 
-def _cap_arg(cap, i):
+def _cap_arg(cap, i, listed=False):
     _, args, _ = cap
+    if listed:  # cat/stack: input i is tensor i of the captured list
+        seq = args[0] if args else None
+        return _unsnap(seq[1][i]) if seq and seq[0] == "seq" and i < len(seq[1]) else None
     return _unsnap(args[i]) if i < len(args) else None
+
+
+def _cat_sizes(shapes, dim) -> tuple:
+    """``(dim, _sizes)`` of torch.cat as symgrad's cat takes them (functional.cat): ``dim``
+    counted from the front (torch saves -1 as 2**64 - 1), each input's size along it, None
+    for a 1-D empty input that cat skips (when another input is kept)."""
+    from ..ops._ints import norm
+
+    kept = [sh for sh in shapes if tuple(sh) != (0,)]
+    ref = kept[0] if kept else shapes[0]
+    d = norm(int(dim), len(ref))
+    return d, tuple(None if (tuple(sh) == (0,) and kept) else int(sh[d]) for sh in shapes)
 
 
 def _unsnap(s):

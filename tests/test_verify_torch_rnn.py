@@ -1,8 +1,14 @@
-"""GRUCell graphs in the verifier: torch's composite ``gru_cell`` computes
-``(hx - newgate) * updategate + newgate`` in C++, so with a hidden state that needs no
-gradient (or none given: zeros) its SubBackward0 keeps no ``self`` and ``capture_torch()``
-never sees that subtraction. The verifier recovers the constant from the subtraction's
-output, which the multiplication saved; a wrong backward elsewhere is still caught."""
+"""Recurrent torch graphs in the verifier.
+
+GRUCell: torch's composite ``gru_cell`` computes ``(hx - newgate) * updategate + newgate``
+in C++, so with a hidden state that needs no gradient (or none given: zeros) its
+SubBackward0 keeps no ``self`` and ``capture_torch()`` never sees that subtraction. The
+verifier recovers the constant from the subtraction's output, which the multiplication
+saved; a wrong backward elsewhere is still caught.
+
+nn.GRU / nn.LSTM stack their steps' outputs: CatBackward0 and StackBackward0 have one edge
+per tensor, so they take the registry's spec for that many tensors, ``dim`` as torch saved
+it (-1 as 2**64 - 1) and cat's sizes from the replayed inputs."""
 
 from __future__ import annotations
 
@@ -137,3 +143,49 @@ def test_gru_cell_fanned_out_gives_the_serial_report():
     rows = [[(n.name, n.status, n.max_abs_err, n.bound) for n in r.nodes]
             for r in (serial, fanned)]
     assert serial.ok and rows[0] == rows[1]
+
+
+def test_gru_and_lstm_modules_verify():
+    x = _x(4, 2, 3, seed=11)
+    for cls in (torch.nn.GRU, torch.nn.LSTM):
+        torch.manual_seed(0)
+        net = cls(3, 4, num_layers=2).double()
+        loss = (net(x)[0] * _x(4, 2, 4, seed=12, rg=False)).sum()
+        names = dict(net.named_parameters(), x=x)
+        assert sg.verify(loss, names=names).ok
+        assert sg.verify(loss, names=names, mode="local").ok
+
+
+@pytest.mark.parametrize("case", ["cat2", "cat3_neg", "cat_empty", "cat_const", "stack2",
+                                  "stack3_neg", "stack_const"])
+def test_cat_and_stack_verify(case):
+    a, m = _x(3, seed=13), _x(2, 3, seed=14)
+    c = _x(3, seed=15, rg=False)
+    build = {
+        "cat2": lambda: torch.cat([a.sin(), a.cos()]),
+        "cat3_neg": lambda: torch.cat([m.sin(), m.cos(), m], -1),
+        "cat_empty": lambda: torch.cat([a.sin(), torch.empty(0, dtype=torch.float64),
+                                        a.cos()]),
+        "cat_const": lambda: torch.cat([a.sin(), c], 0),
+        "stack2": lambda: torch.stack([a.sin(), a.cos()]),
+        "stack3_neg": lambda: torch.stack([m.sin(), m.cos(), m], -1),
+        "stack_const": lambda: torch.stack([a.sin(), c], 1),
+    }[case]
+    with sg.capture_torch():  # a tensor that needs no grad is kept by the capture only
+        out = build()
+        loss = (out * _x(*out.shape, seed=16, rg=False)).sum()
+    node = loss.grad_fn.next_functions[0][0].next_functions[0][0]
+    assert node.name() in ("CatBackward0", "StackBackward0")
+    rep = sg.verify(loss, names=dict(a=a, m=m))
+    assert rep.ok and rep.mode == "exact", str(rep)
+    assert sg.verify(loss, names=dict(a=a, m=m), mode="local").ok
+
+
+def test_a_wrong_backward_stacked_with_others_is_caught(monkeypatch):
+    monkeypatch.setattr(_Sigmoid, "factor", 1.0 + 1e-3)
+    a, b = _x(3, seed=17), _x(3, seed=18)
+    loss = (torch.stack([a.sin(), _Sigmoid.apply(b), a * b], -1) ** 2).sum()
+    for mode in ("auto", "local"):
+        rep = sg.verify(loss, names=dict(a=a, b=b), mode=mode)
+        assert not rep.ok and [n.name for n in rep.nodes if n.status != "ok"] == \
+            ["_SigmoidBackward"], str(rep)
