@@ -1,6 +1,13 @@
 // The verifier's report (application/vnd.symgrad.report+json, symgrad.report/1) as
 // tables: leaves, node checks, Hessian-vector products.
-import { badge, errorBox, formatNumber, formatShape, h } from './format';
+import {
+  badge,
+  errorBox,
+  formatNumber,
+  formatRelErr,
+  formatShape,
+  h
+} from './format';
 import { CheckStatus } from './types';
 import { validateReport } from './validate';
 
@@ -14,6 +21,7 @@ interface IReportLeaf {
   status: string;
   max_abs_err: Num;
   max_rel_err: Num;
+  exact_zeros?: number;
   worst_index: number[] | null;
   engine_value: Num;
   symbolic_value: Num;
@@ -232,7 +240,7 @@ export function renderReportView(
                 ? ` (err ${num(l.fd_max_abs_err)})`
                 : ''),
             num(l.max_abs_err),
-            num(l.max_rel_err),
+            formatRelErr(l),
             (l.worst_index && l.worst_index.length
               ? '[' + l.worst_index.join(', ') + ']'
               : '–') + (l.sampled ? ` · ${l.checked} sampled` : '')

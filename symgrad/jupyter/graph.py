@@ -1345,6 +1345,7 @@ def apply_report(payload: dict, report: Any, node_map: Mapping[int, str] | None 
             "finite_diff": _at(row.get("fd_value"), worst, shape),
             "max_abs_err": _num(row.get("max_abs_err")),
             "max_rel_err": _num(row.get("max_rel_err")),
+            "exact_zeros": int(row.get("exact_zeros") or 0),
             "fd_max_abs_err": _num(row.get("fd_max_abs_err")),
             "status": _status(row.get("status")),
         })
