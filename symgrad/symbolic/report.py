@@ -338,7 +338,9 @@ class Report:
                 "fd_value": _num(r.fd_value), "fd_max_abs_err": _num(r.fd_max_abs_err),
                 "checked": int(r.checked), "sampled": bool(r.sampled),
                 "bound": _num(r.bound), "detail": str(r.detail or ""),
-                "exact_zeros": int(r.exact_zeros)} for r in self.leaves],
+                # only where there are some: a reader of older reports is not surprised
+                **({"exact_zeros": int(r.exact_zeros)} if r.exact_zeros else {})}
+               for r in self.leaves],
             "nodes": nodes,
             "hvp": [{"name": h["name"], "status": h["status"],
                      "max_abs_err": _num(h["max_abs_err"])} for h in self.hvp],
