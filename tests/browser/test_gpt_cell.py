@@ -2,13 +2,18 @@
 from the rendered page (issue 30, scope 1: a big model is first drawn collapsed to its
 top-level modules). Live, in the Inspector: every top-level module is drawn as a box (or
 inside the fold box of repeated ones) whose rect is not empty and lies inside the visible
-drawing area, its header ("▸ path: Type", "Block × N") and verdict badge inside the box.
-Saved with Ctrl+S and reopened with no kernel: the saved graph draws the same boxes, the
-same way.
+drawing area, its header ("▸ path: Type", "Block × N") and verdict badge inside the box;
+with the drawing scrolled into the browser's viewport, a screenshot's pixels show each box
+filled and its header text drawn (a blank region there fails). Saved with Ctrl+S and
+reopened with no kernel: the saved graph draws the same boxes, the same way.
+
+(A screenshot of a whole cell taller than the window shows JupyterLab's unpainted
+off-screen part as a grey area: the pixel check scrolls the drawing into view first.)
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 from pathlib import Path
@@ -80,6 +85,53 @@ def _check_boxes(view: dict, top_level: set[str], where: str) -> dict:
     return {b["id"]: (b["label"], b["verdict"]) for b in view["boxes"]}
 
 
+# Pixels of a screenshot (PNG, base64) inside each rect: how many differ from the canvas
+# background, and how many are dark (text). Decoded by the browser: what was painted.
+PIXELS_JS = """async ([png, rects, bg]) => {
+  const img = new Image();
+  img.src = 'data:image/png;base64,' + png;
+  await img.decode();
+  const c = new OffscreenCanvas(img.width, img.height);
+  const g = c.getContext('2d');
+  g.drawImage(img, 0, 0);
+  const scale = img.width / window.innerWidth;
+  const [br, bgr, bb] = bg.match(/[\\d.]+/g).map(Number);
+  return rects.map(([l, t, r, b]) => {
+    const x = Math.round(l * scale), y = Math.round(t * scale);
+    const w = Math.max(1, Math.round((r - l) * scale));
+    const h = Math.max(1, Math.round((b - t) * scale));
+    const d = g.getImageData(x, y, w, h).data;
+    let ink = 0, dark = 0;
+    for (let i = 0; i < d.length; i += 4) {
+      if (Math.abs(d[i] - br) + Math.abs(d[i + 1] - bgr) + Math.abs(d[i + 2] - bb) > 30) { ink++; }
+      if (0.2126 * d[i] + 0.7152 * d[i + 1] + 0.0722 * d[i + 2] < 128) { dark++; }
+    }
+    return {share: ink / (w * h), dark};
+  });
+}"""
+
+
+def _check_painted(page, cell, where: str) -> None:
+    """The canvas in the browser's viewport, and each box painted there: its box filled
+    (not the canvas background) and its header text drawn in dark pixels."""
+    cell.locator(".sg-view[data-symgrad=graph] .sg-canvas").last.scroll_into_view_if_needed()
+    page.wait_for_timeout(200)
+    view = cell.element_handle().evaluate(BOXES_JS)[0]
+    size = page.viewport_size
+    canvas = view["canvas"]
+    assert _inside(canvas, [0, 0, size["width"], size["height"]]), (where, canvas, size)
+    bg = cell.locator(".sg-view[data-symgrad=graph] .sg-canvas").last.evaluate(
+        "c => getComputedStyle(c).backgroundColor")
+    png = base64.b64encode(page.screenshot()).decode()
+    boxes = view["boxes"]
+    inner = [[b["box"][0] + 3, b["box"][1] + 3, b["box"][2] - 3, b["box"][3] - 3] for b in boxes]
+    heads = [b["head"] for b in boxes]
+    px = page.evaluate(PIXELS_JS, [png, inner + heads, bg])
+    for b, box_px, head_px in zip(boxes, px[:len(boxes)], px[len(boxes):]):
+        assert box_px["share"] > 0.5, (where, b["id"], box_px)  # filled, not blank
+        assert head_px["dark"] >= 20, (where, b["id"], head_px)  # its header is drawn
+
+
 def _wait_saved(path: Path, timeout: float = 30) -> dict:
     deadline = time.monotonic() + timeout
     while True:
@@ -110,6 +162,7 @@ def test_gpt_cell_draws_its_top_level_modules_live_and_saved(browser, lab_server
     assert top == {"wte", "wpe", "h", "ln_f", "lm_head"}
     assert sorted(payload["collapsed"]) == sorted(top)  # a big model: collapsed at first
     live = _check_boxes(views[0], top, "live")
+    _check_painted(page, cell, "live")
     assert _problems(page) == []
     page.close()
 
@@ -124,5 +177,6 @@ def test_gpt_cell_draws_its_top_level_modules_live_and_saved(browser, lab_server
     views = cell.element_handle().evaluate(BOXES_JS)
     assert len(views) == 1
     assert _check_boxes(views[0], top, "reopened") == live
+    _check_painted(page, cell, "reopened")
     assert _problems(page) == []
     page.close()
