@@ -52,6 +52,26 @@ export function formatNumber(x: number | null | undefined): string {
   return a < 1e-3 || a >= 1e5 ? x.toExponential(2) : x.toPrecision(3);
 }
 
+/** A leaf's relative error as a reader should take it: against an exact gradient of 0
+ * there is none ("exact 0": the absolute error is the measure); a row with such elements
+ * beside others says how many its relative error leaves out (report.py rel_err_text). */
+export function formatRelErr(row: {
+  max_rel_err?: number | string | null;
+  max_abs_err?: number | string | null;
+  exact_zeros?: number | null;
+}): string {
+  const zeros = row.exact_zeros ?? 0;
+  const rel = row.max_rel_err;
+  const num = (x: number | string | null | undefined): string =>
+    typeof x === 'string' ? x : formatNumber(x);
+  if (zeros > 0 && (rel === null || rel === undefined)) {
+    return row.max_abs_err === null || row.max_abs_err === undefined
+      ? '–'
+      : 'exact 0';
+  }
+  return zeros > 0 ? `${num(rel)} (+${zeros} exact 0)` : num(rel);
+}
+
 export function clip(text: string, n: number = MAX_LABEL): string {
   return text.length > n ? text.slice(0, n - 1) + '…' : text;
 }

@@ -3,6 +3,7 @@
 import {
   badge,
   formatNumber,
+  formatRelErr,
   formatShape,
   h,
   STATUS_TEXT,
@@ -316,7 +317,7 @@ export function agreementTable(
     }
     tr.appendChild(fd);
     tr.appendChild(h('td', 'sg-num', formatNumber(r.max_abs_err)));
-    tr.appendChild(h('td', 'sg-num', formatNumber(r.max_rel_err)));
+    tr.appendChild(h('td', 'sg-num', formatRelErr(r)));
     tb.appendChild(tr);
   }
   table.appendChild(tb);

@@ -1,6 +1,13 @@
 // The verifier's report (application/vnd.symgrad.report+json, symgrad.report/1) as
 // tables: leaves, node checks, Hessian-vector products.
-import { badge, errorBox, formatNumber, formatShape, h } from './format';
+import {
+  badge,
+  errorBox,
+  formatNumber,
+  formatRelErr,
+  formatShape,
+  h
+} from './format';
 import { CheckStatus } from './types';
 import { validateReport } from './validate';
 
@@ -14,6 +21,7 @@ interface IReportLeaf {
   status: string;
   max_abs_err: Num;
   max_rel_err: Num;
+  exact_zeros?: number;
   worst_index: number[] | null;
   engine_value: Num;
   symbolic_value: Num;
@@ -56,6 +64,39 @@ interface IReport {
   leaves: IReportLeaf[];
   nodes: IReportNode[];
   hvp: { name: string; status: string; max_abs_err: Num }[];
+  /** A compiled step's verify(): its fused kernels and generated gradients (optional). */
+  compiled?: ICompiledRow[];
+  bad_kernel?: string | null;
+}
+
+interface ICompiledRow {
+  kind: string;
+  name: string;
+  status: string; // ok | wrong | not proved | mismatch
+  how?: string | null;
+  detail?: string | null;
+  derivation?: string | null;
+}
+
+/** A compiled row's status as a badge state: proved ok, wrong or disagreeing, or not
+ * proved (neither). */
+function compiledStatus(s: string): CheckStatus {
+  return s === 'ok'
+    ? 'pass'
+    : s === 'wrong' || s === 'mismatch'
+      ? 'fail'
+      : 'none';
+}
+
+/** The derivation of a compiled row, folded away (a kernel's loop source is long). */
+function derivationCell(text: string | null | undefined): HTMLElement | string {
+  if (!text) {
+    return '–';
+  }
+  const d = h('details', 'sg-derivation');
+  d.appendChild(h('summary', undefined, 'derivation'));
+  d.appendChild(h('pre', 'sg-code', text));
+  return d;
 }
 
 /** Map the report's status words onto the badge states. */
@@ -232,7 +273,7 @@ export function renderReportView(
                 ? ` (err ${num(l.fd_max_abs_err)})`
                 : ''),
             num(l.max_abs_err),
-            num(l.max_rel_err),
+            formatRelErr(l),
             (l.worst_index && l.worst_index.length
               ? '[' + l.worst_index.join(', ') + ']'
               : '–') + (l.sampled ? ` · ${l.checked} sampled` : '')
@@ -294,6 +335,41 @@ export function renderReportView(
         })
       )
     );
+  }
+  const compiled = r.compiled ?? [];
+  if (compiled.length) {
+    root.appendChild(
+      h(
+        'div',
+        'sg-section',
+        'Compiled step' +
+          (r.bad_kernel ? `: ${r.bad_kernel} disagrees` : ': kernels proved')
+      )
+    );
+    const tbl = table(
+      'report-compiled',
+      ['kernel', 'kind', 'status', 'how / detail', 'derivation'],
+      compiled.map(c => {
+        const st = compiledStatus(c.status);
+        return {
+          status: st,
+          key: c.name,
+          cells: [
+            h('span', 'sg-code', c.name),
+            c.kind,
+            badge(st, c.status),
+            (c.status === 'ok' ? c.how || c.detail : c.detail || c.how) || '–',
+            derivationCell(c.derivation)
+          ]
+        };
+      })
+    );
+    tbl.querySelectorAll('tbody tr').forEach((tr, i) => {
+      if (compiled[i].name === r.bad_kernel) {
+        (tr as HTMLElement).dataset.bad = 'true';
+      }
+    });
+    root.appendChild(tbl);
   }
   root.dataset.state = 'ready';
   return root;

@@ -68,6 +68,8 @@ export interface IAgreementRow {
   finite_diff?: string | null;
   max_abs_err?: number | null;
   max_rel_err?: number | null;
+  /** Elements whose exact gradient is 0 (no relative error there). */
+  exact_zeros?: number | null;
   fd_max_abs_err?: number | null;
   status: CheckStatus;
 }

@@ -1336,6 +1336,7 @@ def apply_report(payload: dict, report: Any, node_map: Mapping[int, str] | None 
         if nid is not None:
             name = name_by_id[nid]
         shape, worst = row.get("shape"), row.get("worst_index")
+        zeros = int(row.get("exact_zeros") or 0)
         rows.append({
             "leaf": name,
             "node": nid,
@@ -1345,6 +1346,8 @@ def apply_report(payload: dict, report: Any, node_map: Mapping[int, str] | None 
             "finite_diff": _at(row.get("fd_value"), worst, shape),
             "max_abs_err": _num(row.get("max_abs_err")),
             "max_rel_err": _num(row.get("max_rel_err")),
+            # only where there are some (an older labextension knows no such field)
+            **({"exact_zeros": zeros} if zeros else {}),
             "fd_max_abs_err": _num(row.get("fd_max_abs_err")),
             "status": _status(row.get("status")),
         })

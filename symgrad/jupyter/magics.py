@@ -23,7 +23,9 @@ If the verifier raises (over its budget, a freed graph ...) the cell prints
 the cell still succeeds. The cell's own result is returned, so ``Out[n]`` is what it
 would have been.
 
-Line forms: ``%symgrad graph EXPR`` (the graph bundle), ``%symgrad verify EXPR
+Line forms: ``%symgrad graph EXPR [--collapse C] [--focus PATH]`` (the graph bundle;
+``--collapse`` and ``--focus`` are ``sg.graph``'s ``collapse=`` and ``focus=``: C is
+``true``, ``false``, a depth, or module paths joined by commas), ``%symgrad verify EXPR
 [options]`` (returns the Report, displayed as the report bundle; a verifier error is a
 one-line UsageError), ``%symgrad saved EXPR`` (every node's saved operands).
 """
@@ -60,6 +62,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--atol", type=float, default=None)
     p.add_argument("--sample", type=int, default=None)
     p.add_argument("--mode", default=None)
+    # %symgrad graph only (sg.graph's collapse= and focus=)
+    p.add_argument("--collapse", default=None)
+    p.add_argument("--focus", default=None)
     return p
 
 
@@ -73,7 +78,31 @@ def _parse(line: str) -> argparse.Namespace:
     return args
 
 
-_OPTION = re.compile(r"\s--(rtol|atol|sample|mode|root)(?:\s+|=)(\S+)|\s--(no-verify)\b")
+_OPTION = re.compile(r"\s--(rtol|atol|sample|mode|root|collapse|focus)(?:\s+|=)(\S+)"
+                     r"|\s--(no-verify)\b")
+#: the options that only ``%symgrad graph`` takes
+_GRAPH_ONLY = ("collapse", "focus")
+
+_USAGE = ("usage: %symgrad graph EXPR [--collapse true|false|DEPTH|PATH[,PATH...]] "
+          "[--focus PATH] | %symgrad verify EXPR [--rtol X] [--atol X] [--sample N] "
+          "[--mode M] | %symgrad saved EXPR | %%symgrad [--no-verify] [--root NAME] ... (cell)")
+
+
+def collapse_value(text: str) -> Any:
+    """``--collapse``'s text as ``sg.graph``'s ``collapse=``: ``true``/``false``, a depth
+    (an integer; 1 = the top-level modules), or module paths joined by commas."""
+    low = text.strip().lower()
+    if low in ("true", "yes", "on"):
+        return True
+    if low in ("false", "no", "off"):
+        return False
+    if re.fullmatch(r"[+-]?\d+", low):
+        return int(low)
+    paths = [p.strip() for p in text.split(",") if p.strip()]
+    if not paths:
+        raise UsageError(f"%symgrad graph: --collapse {text!r}: give true, false, a depth "
+                         "or module paths joined by commas")
+    return paths[0] if len(paths) == 1 else paths
 
 
 def _split_line_options(text: str) -> tuple[str, argparse.Namespace]:
@@ -210,6 +239,10 @@ class SymgradMagics(Magics):
     # -- %%symgrad ---------------------------------------------------------------------
     def _cell(self, line: str, cell: str) -> Any:
         args = _parse(line)
+        for name in _GRAPH_ONLY:
+            if getattr(args, name) is not None:
+                raise UsageError(f"%%symgrad: --{name} is an option of %symgrad graph "
+                                 "(or sg.graph(..., collapse=, focus=))")
         shell = self.shell
         ns = shell.user_ns
         before = {k: id(v) for k, v in ns.items()}
@@ -304,19 +337,27 @@ class SymgradMagics(Magics):
     def _line(self, line: str) -> Any:
         parts = line.strip().split(None, 1)
         if not parts or parts[0] not in ("graph", "verify", "saved"):
-            raise UsageError("usage: %symgrad graph EXPR | %symgrad verify EXPR [--rtol X] "
-                             "[--atol X] [--sample N] [--mode M] | %symgrad saved EXPR | "
-                             "%%symgrad [--no-verify] [--root NAME] ... (cell)")
+            raise UsageError(_USAGE)
         command = parts[0]
         rest = parts[1] if len(parts) > 1 else ""
         expr, opts = _split_line_options(rest)
         if not expr:
             raise UsageError(f"%symgrad {command}: an expression is needed")
+        if command != "graph":
+            for name in _GRAPH_ONLY:
+                if getattr(opts, name) is not None:
+                    raise UsageError(f"%symgrad {command}: --{name} is an option of "
+                                     "%symgrad graph")
         ns = self.shell.user_ns
         target = eval(expr, ns)
         names = _user_names(ns)
         if command == "graph":
-            return GraphView(target, namespace=names)
+            collapse = None if opts.collapse is None else collapse_value(opts.collapse)
+            payload = graph_json(target, namespace=names)  # EXPR's errors raise as before
+            try:
+                return GraphView(payload=payload, focus=opts.focus, collapse=collapse)
+            except ValueError as exc:  # an unknown module path: sg.graph's words, one line
+                raise UsageError(f"%symgrad graph: {exc}") from None
         if command == "saved":
             return SavedView(graph_json(target, formulas=False, namespace=names))
         try:

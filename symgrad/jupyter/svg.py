@@ -280,6 +280,17 @@ def _num(v: Any) -> str:
         return esc(v)
 
 
+def _rel(row: dict) -> str:
+    """The relative error cell: "exact 0" where the exact gradient is 0 (see
+    symgrad.symbolic.report.rel_err_text)."""
+    zeros = int(row.get("exact_zeros") or 0)
+    rel = row.get("max_rel_err")
+    if zeros and rel is None and row.get("max_abs_err") is not None:
+        return "exact 0"
+    text = _num(rel)
+    return f"{text} (+{zeros} exact 0)" if zeros and rel is not None else text
+
+
 def agreement_table_html(agreement: dict | None) -> str:
     """Per leaf: engine, symbolic, finite differences, max errors and a badge."""
     if not agreement:
@@ -291,7 +302,7 @@ def agreement_table_html(agreement: dict | None) -> str:
             f'data-status="{esc(r["status"])}">'
             f'<td>{esc(r["leaf"])}</td><td>{esc(r.get("engine"))}</td>'
             f'<td>{esc(r.get("symbolic"))}</td><td>{esc(r.get("finite_diff"))}</td>'
-            f'<td>{_num(r.get("max_abs_err"))}</td><td>{_num(r.get("max_rel_err"))}</td>'
+            f'<td>{_num(r.get("max_abs_err"))}</td><td>{esc(_rel(r))}</td>'
             f'<td>{badge(r["status"])}</td></tr>')
     ok = agreement.get("ok")
     verdict = agreement.get("verdict") or \

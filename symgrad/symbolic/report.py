@@ -77,6 +77,9 @@ class LeafRow:
     detail: str = ""
     #: the leaf tensor itself: views tie the row to their leaf by identity, not by name
     tensor: Any = field(default=None, repr=False, compare=False)
+    #: elements whose exact gradient is 0: no relative error there (max_rel_err is over
+    #: the others; None when every element's exact gradient is 0)
+    exact_zeros: int = 0
 
 
 #: report statuses where nothing could be compared: the report is its one line (a note)
@@ -334,7 +337,10 @@ class Report:
                 "engine_value": _num(r.engine_value), "symbolic_value": _num(r.symbolic_value),
                 "fd_value": _num(r.fd_value), "fd_max_abs_err": _num(r.fd_max_abs_err),
                 "checked": int(r.checked), "sampled": bool(r.sampled),
-                "bound": _num(r.bound), "detail": str(r.detail or "")} for r in self.leaves],
+                "bound": _num(r.bound), "detail": str(r.detail or ""),
+                # only where there are some: a reader of older reports is not surprised
+                **({"exact_zeros": int(r.exact_zeros)} if r.exact_zeros else {})}
+               for r in self.leaves],
             "nodes": nodes,
             "hvp": [{"name": h["name"], "status": h["status"],
                      "max_abs_err": _num(h["max_abs_err"])} for h in self.hvp],
@@ -449,7 +455,9 @@ LEAF_COLUMNS = {  # key: (header, what it holds)
     "fd": ("finite-diff grad", "the same from central finite differences (float64)"),
     "abs": ("max abs err", "largest |engine - symbolic| over the checked elements"),
     "bound": ("bound", "the largest error allowed at the worst element"),
-    "rel": ("max rel err", "largest |engine - symbolic| / |symbolic|"),
+    "rel": ("max rel err", "largest |engine - symbolic| / |symbolic| where the symbolic "
+                           "value is not 0 (\"exact 0\": 0 everywhere, the abs err is the "
+                           "measure)"),
     "fd_err": ("finite-diff err", "largest |finite-diff - symbolic| at the sampled elements "
                                   "(local mode: |finite-diff - engine|)"),
     "checked": ("elements checked", "how many elements were compared (sampled: a seeded "
@@ -489,6 +497,18 @@ def _shape_text(leaf: dict) -> str:
     return f"{shape} {leaf['dtype']}" if leaf.get("dtype") else shape
 
 
+def rel_err_text(row: dict) -> str:
+    """A leaf row's relative error as a reader should take it: against an exact gradient
+    of 0 there is none ("exact 0": the absolute error is the measure), and a row that has
+    such elements beside others says how many its relative error leaves out."""
+    zeros = int(row.get("exact_zeros") or 0)
+    rel = row.get("max_rel_err")
+    if zeros and rel is None and row.get("max_abs_err") is not None:
+        return "exact 0"
+    text = _fmt(rel, 3)
+    return f"{text} (+{zeros} exact 0)" if zeros and rel is not None else text
+
+
 def _leaf_cells(leaf: dict) -> dict:
     wi = leaf.get("worst_index")
     checked = str(leaf.get("checked", ""))
@@ -501,7 +521,7 @@ def _leaf_cells(leaf: dict) -> dict:
             "engine": _fmt(leaf.get("engine_value")),
             "symbolic": _fmt(leaf.get("symbolic_value")),
             "fd": _fmt(leaf.get("fd_value")), "abs": _fmt(leaf.get("max_abs_err"), 3),
-            "bound": _fmt(leaf.get("bound"), 3), "rel": _fmt(leaf.get("max_rel_err"), 3),
+            "bound": _fmt(leaf.get("bound"), 3), "rel": rel_err_text(leaf),
             "fd_err": _fmt(leaf.get("fd_max_abs_err"), 3), "checked": checked}
 
 

@@ -672,7 +672,7 @@ def _engine_dtype(graph, lf):
     return min(widths + [lf.value.dtype], key=lambda d: d.itemsize)
 
 
-def _compare(e, s, rtol, atol, allowed=None):
+def _compare(e, s, rtol, atol, allowed=None, zeros=False):
     with np.errstate(invalid="ignore"):
         err = np.where(e == s, 0.0, np.abs(e - s))  # equal infinities agree
     both_nan = np.isnan(e) & np.isnan(s)
@@ -683,6 +683,12 @@ def _compare(e, s, rtol, atol, allowed=None):
         allowed = atol + rtol * scale
     ok = (err <= allowed) | both_nan
     rel = err / np.where(np.abs(s) > 0, np.abs(s), 1.0)
+    if zeros:
+        # An exact value of 0 (at the precision its bound is stated at: SymPy's
+        # cancellations leave residues such as 1e-44) has no relative error; such an
+        # element is judged by its absolute error alone.
+        zero = np.abs(s) <= np.asarray(allowed) * np.finfo(np.float64).eps
+        return err, np.where(zero, 0.0, rel), ok, zero
     return err, rel, ok
 
 
@@ -714,20 +720,20 @@ def _run_exact(rep, graph, engine, engine_name, gradient, engine_grads, tol_for,
         e = e.reshape(-1)
         rtol, atol = tol_for(lf.value.dtype)
         if getattr(tol_for, "user", False):
-            err, rel, ok = _compare(e, s, rtol, atol)
+            err, rel, ok, zero = _compare(e, s, rtol, atol, zeros=True)
             allowed = None
         else:
             mag = sym.magnitude[lf.index].reshape(-1)
             steps = sym.steps[lf.index].reshape(-1)
             dt = _engine_dtype(graph, lf)
             allowed = rounding_bound(dt, mag, steps + 2, finite=np.isfinite(s))
-            err, rel, ok = _compare(e, s, 0.0, 0.0, allowed)
+            err, rel, ok, zero = _compare(e, s, 0.0, 0.0, allowed, zeros=True)
             if not ok[np.isfinite(s)].all():  # the output-rounding term, only when needed
                 if dterms is None:
                     dterms = sym.output_rounding(gradient, forward=not _is_float32(graph))
                 allowed = rounding_bound(dt, mag, steps + 2, dterms[lf.index].reshape(-1),
                                          finite=np.isfinite(s))
-                err, rel, ok = _compare(e, s, 0.0, 0.0, allowed)
+                err, rel, ok, zero = _compare(e, s, 0.0, 0.0, allowed, zeros=True)
         # compared where the symbolic value is finite (an engine nan/inf there fails);
         # every non-finite element, engine or symbolic, goes to a row of its own. Where the
         # forward itself holds nan/inf, an engine nan/inf against a finite symbolic value is
@@ -740,6 +746,7 @@ def _run_exact(rep, graph, engine, engine_name, gradient, engine_grads, tol_for,
         ok = ok | ~sfin
         err = np.where(sfin, np.where(np.isnan(err), np.inf, err), 0.0)
         rel = np.where(sfin, np.where(np.isnan(rel), np.inf, rel), 0.0)
+        zero = zero & sfin
         if s.size and not sfin.any():
             _nonfinite_row(rep, lf, e, s)
             continue
@@ -757,10 +764,12 @@ def _run_exact(rep, graph, engine, engine_name, gradient, engine_grads, tol_for,
             w = int(np.argmax(ratio))
         row = LeafRow(
             lf.name, lf.shape, _dtype_name(lf.value.dtype),
-            float(np.max(err)) if s.size else 0.0, float(np.max(rel)) if s.size else 0.0,
+            float(np.max(err)) if s.size else 0.0,
+            None if s.size and zero[sfin].all() else float(np.max(rel)) if s.size else 0.0,
             as_index(w, lf.shape) if s.size else None,
             float(e[w]) if s.size else None, float(s[w]) if s.size else None,
             None, status, None, int(sfin.sum()), False, lf.latex)
+        row.exact_zeros = int(zero.sum())
         if s.size:
             row.bound = float(allowed[w]) if allowed is not None else float(
                 atol + rtol * (abs(s[w]) + (np.mean(np.abs(s[sfin])) if sfin.any() else 0)))
