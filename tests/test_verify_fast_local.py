@@ -81,6 +81,58 @@ def test_a_single_element_off_by_a_thousandth_is_named():
     assert "d/dmat2" in row.detail and ADJOINT in row.detail, row.detail
 
 
+# -- large arrays: random factors a b^T instead of independent draws ----------------------
+@pytest.fixture
+def outer_everywhere(monkeypatch):
+    """Every random array of two or more dims and 4+ elements drawn as an outer product
+    (models' weights are; the mutation cases' small tensors are not otherwise)."""
+    from symgrad.symbolic import _common
+
+    monkeypatch.setattr(_common, "OUTER_FROM", 4)
+
+
+@pytest.mark.parametrize("case", sorted(mut.CASES))
+def test_mutation_is_named_with_outer_product_tangents(case, outer_everywhere, monkeypatch):
+    op, input_name, wrong, build = mut.CASES[case]
+    monkeypatch.setattr(mut, "_t", _f64)
+    root, target_name = build()
+    assert sg.verify(root, mode="local").ok
+    monkeypatch.setitem(OPS[op].grads, input_name, wrong)
+    root, target_name = build()
+    target = mut._find(root, target_name)
+    rep = sg.verify(root, mode="local")
+    assert not rep.ok, str(rep)
+    assert rep.first_bad_node is target, str(rep)
+    assert [r.node for r in rep.nodes if r.status in ("mismatch", "error")] == [target]
+
+
+def test_one_element_off_is_named_with_outer_product_tangents(outer_everywhere):
+    test_a_single_element_off_by_a_thousandth_is_named()
+
+
+def test_random_uniform_outer_product_and_its_dot():
+    from symgrad.symbolic._common import OUTER_FROM, outer_dot, random_uniform
+
+    small, fac = random_uniform(np.random.default_rng(0), (3, 5))
+    assert fac is None and small.shape == (3, 5) and np.all(np.abs(small) <= 1)
+    shape = (64, OUTER_FROM // 64 + 1)
+    for order in ("C", "F"):
+        v, (a, b) = random_uniform(np.random.default_rng(1), shape, order)
+        assert v.shape == shape and a.shape == (64,) and b.shape == (shape[1],)
+        assert np.array_equal(v, np.multiply.outer(a, b))
+        assert v.flags.f_contiguous if order == "F" else v.flags.c_contiguous
+        e = np.random.default_rng(2).standard_normal(shape)
+        e = np.asfortranarray(e) if order == "F" else e
+        # a^T E b is <E, a b^T>, up to the rounding of two different sums
+        want = float(np.vdot(e, v))
+        bound = 4 * np.finfo(np.float64).eps * e.size * float(np.abs(e * v).sum())
+        assert abs(outer_dot(e, (a, b)) - want) <= bound
+    none, fac = random_uniform(np.random.default_rng(1), (4, OUTER_FROM), full=False)
+    assert none is None and fac[0].shape == (4,)
+    v3, (a, b) = random_uniform(np.random.default_rng(3), (4, 8, OUTER_FROM // 32 + 1))
+    assert np.array_equal(v3.reshape(4, -1), np.multiply.outer(a, b))
+
+
 # -- the layers of real models pass, each structural node by the fast check -----------------
 def _small_cnn_and_attention():
     rng = np.random.default_rng(0)

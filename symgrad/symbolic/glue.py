@@ -26,7 +26,7 @@ import time
 
 import numpy as np
 
-from ._common import TimeoutExpired, _sum_to, rounding_bound
+from ._common import OUTER_FROM, TimeoutExpired, _sum_to, random_uniform, rounding_bound
 
 __all__ = ["GlueFault", "check_fit", "check_accumulation", "check_accumulate_grad"]
 
@@ -52,10 +52,7 @@ class GlueFault:
 
 def _uniform(rng, shape):
     """Random values in [-1, 1) (both signs; a third of the cost of normal draws)."""
-    v = np.asarray(rng.random(shape), dtype=np.float64)
-    np.multiply(v, 2.0, out=v)
-    np.subtract(v, 1.0, out=v)
-    return v
+    return np.asarray(rng.uniform(-1.0, 1.0, shape), dtype=np.float64)  # = 2 random - 1
 
 
 def _same_memory(a, b) -> bool:
@@ -129,7 +126,8 @@ def check_fit(g, raw, fitted, shapes, dtypes):
         if fv.dtype != want_dt:
             return GlueFault(what, f"the engine made dtype {fv.dtype}, expected {want_dt}",
                              g.node)
-        if not broadcast and fv.dtype == rv.dtype and (fv is rv or np.array_equal(fv, rv)):
+        if not broadcast and fv.dtype == rv.dtype and (_same_memory(fv, rv)
+                                                        or np.array_equal(fv, rv)):
             continue  # nothing to reduce or cast, and the engine passed it on unchanged
         r64 = rv.astype(np.float64)
         try:
@@ -281,7 +279,10 @@ def check_accumulate_grad(graph, rng, deadline=None):
         if key in passed:
             continue
         if pool is None:
-            pool = _uniform(rng, max(int(np.prod(x.shape)) for x in todo) + 1)
+            need = max(int(np.prod(x.shape)) for x in todo) + 1
+            side = int(np.ceil(np.sqrt(need)))  # (an outer product: _common.random_uniform)
+            pool = random_uniform(rng, (side, side) if need >= OUTER_FROM else (need,))[0]
+            pool = pool.reshape(-1)
         what = f"AccumulateGrad into {lf.name}.grad"
         dtype = lf.value.dtype
         n = int(np.prod(lf.shape))
