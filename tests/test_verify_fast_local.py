@@ -279,3 +279,28 @@ def test_a_permutation_node_passes_exactly_and_a_wrong_one_is_still_named(monkey
     bad = [r for r in rep.nodes if r.status in ("mismatch", "error")]
     assert [r.name for r in bad] == ["TBackward0"], str(rep)
     assert "permutation" not in bad[0].formula  # decided by the bounded identity
+
+
+# -- the AccumulateGrad check hands the engine its own arrays -------------------------------
+def test_accumulate_grad_scaling_its_input_in_place_is_named(monkeypatch):
+    """Only under create_graph, the first gradient scaled by 0.999 in place before it is
+    stored: named, although the check's gradients are windows of one shared pool and
+    the engine is handed the second one itself (.grad is compared with values computed
+    before the engine ran)."""
+    from symgrad.autograd import engine
+
+    right = engine._accumulate_into
+
+    def scaled_in_place(variable, g, create_graph, shared):
+        if create_graph and g is not None and variable._grad is None:
+            g._data *= 0.999
+        return right(variable, g, create_graph, shared)
+
+    x = _f64((40, 30), 3)
+    root = (x * x).sum()
+    assert sg.verify(root, mode="local").ok
+    monkeypatch.setattr(engine, "_accumulate_into", scaled_in_place)
+    rep = sg.verify((x * x).sum(), mode="local")
+    assert not rep.ok, str(rep)
+    assert "AccumulateGrad into" in str(rep) and "(create_graph)" in str(rep), str(rep)
+    assert type(rep.first_bad_node).__name__ == "AccumulateGrad"

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = ["TimeoutExpired", "BOUND_FACTOR", "rounding_bound", "lambdify_numpy",
-           "all_finite", "flat_pair", "random_uniform", "OUTER_FROM"]
+           "all_finite", "flat_pair", "random_uniform", "OUTER_FROM", "same_memory"]
 
 #: random arrays with this many elements or more (and two or more dims) are drawn as an
 #: outer product (see random_uniform): below it a full draw costs microseconds
@@ -81,6 +81,13 @@ def flat_pair(a, b):
             (a.flags.c_contiguous or a.flags.f_contiguous):
         return a.ravel(order="K"), b.ravel(order="K")
     return a.reshape(-1), b.reshape(-1)
+
+
+def same_memory(a, b) -> bool:
+    """Whether ``a`` and ``b`` are the same elements of the same memory (same dtype): a
+    view compared with the array it views, element for element, at no cost."""
+    return (a.dtype == b.dtype and a.shape == b.shape and a.strides == b.strides
+            and a.__array_interface__["data"][0] == b.__array_interface__["data"][0])
 
 
 def memory_order(a) -> str:

@@ -26,7 +26,14 @@ import time
 
 import numpy as np
 
-from ._common import OUTER_FROM, TimeoutExpired, _sum_to, random_uniform, rounding_bound
+from ._common import (
+    OUTER_FROM,
+    TimeoutExpired,
+    _sum_to,
+    random_uniform,
+    rounding_bound,
+    same_memory,
+)
 
 __all__ = ["GlueFault", "check_fit", "check_accumulation", "check_accumulate_grad"]
 
@@ -55,18 +62,12 @@ def _uniform(rng, shape):
     return np.asarray(rng.uniform(-1.0, 1.0, shape), dtype=np.float64)  # = 2 random - 1
 
 
-def _same_memory(a, b) -> bool:
-    """Whether ``a`` and ``b`` are the same elements of the same memory (same dtype)."""
-    return (a.dtype == b.dtype and a.shape == b.shape and a.strides == b.strides
-            and a.__array_interface__["data"][0] == b.__array_interface__["data"][0])
-
-
 def _compare(got, want, mag, n, dtype):
     """(ok, worst flat index, error, bound) of ``got`` against the exact ``want``;
     ``mag``: the term magnitudes, or a function that makes them."""
     got, want = np.asarray(got), np.asarray(want)
-    if _same_memory(got, want) and not (got.dtype.kind == "f" and np.isnan(got).any()):
-        return True, 0, 0.0, 0.0  # the very array handed in: nothing to compare
+    if same_memory(got, want):  # the very array handed in: equal element for element
+        return True, 0, 0.0, 0.0
     if got.shape == want.shape and np.array_equal(got, want):
         return True, 0, 0.0, 0.0  # equal: within any bound (the common case, at no cost)
     got = np.asarray(got, dtype=np.float64).reshape(-1)
@@ -126,7 +127,7 @@ def check_fit(g, raw, fitted, shapes, dtypes):
         if fv.dtype != want_dt:
             return GlueFault(what, f"the engine made dtype {fv.dtype}, expected {want_dt}",
                              g.node)
-        if not broadcast and fv.dtype == rv.dtype and (_same_memory(fv, rv)
+        if not broadcast and fv.dtype == rv.dtype and (same_memory(fv, rv)
                                                         or np.array_equal(fv, rv)):
             continue  # nothing to reduce or cast, and the engine passed it on unchanged
         r64 = rv.astype(np.float64)
@@ -261,10 +262,11 @@ def check_accumulate_grad(graph, rng, deadline=None):
     second backward (with and without create_graph). Returns a list of GlueFault.
 
     The two gradients are windows of one random pool (``g2[i] = g1[i + 1]`` in flat
-    order: every element random, the two arrays different), drawn once for all leaves,
-    and the engine is handed arrays, not copies, wherever a right AccumulateGrad leaves
-    them unchanged: a model's leaves hold hundreds of thousands of elements, and this
-    check must not cost more than the model's own backward."""
+    order: every element random, the two arrays different), made once for all leaves,
+    and the engine gets the second one itself (a right AccumulateGrad only reads it;
+    the sum it must make is computed before): a model's leaves hold hundreds of
+    thousands of elements, and this check must not cost more than the model's own
+    backward."""
     from ..autograd import engine
     from ..autograd.grad_mode import no_grad
     from ..tensor import Tensor
@@ -301,11 +303,11 @@ def check_accumulate_grad(graph, rng, deadline=None):
             mode = " (create_graph)" if create_graph else ""
             stand = Tensor._wrap(np.zeros(lf.shape, dtype=dtype))  # (no copy of the zeros)
             stand.requires_grad_(True)
-            # without create_graph the first gradient becomes .grad and the second is
-            # added into it in place: that one gets a copy (g1 is read again below);
-            # everything else the engine only reads
-            firsts = (Tensor._wrap(g1.copy()) if not create_graph else Tensor._wrap(g1),
-                      Tensor._wrap(g2))
+            # the first gradient becomes .grad (and without create_graph the second is
+            # added into it in place): a copy, so .grad is compared with values the
+            # engine never held (one that scaled it in place would pass against g1
+            # itself); the second one a right AccumulateGrad only reads
+            firsts = (Tensor._wrap(g1.copy()), Tensor._wrap(g2))
             fault = None
             try:
                 with no_grad():
