@@ -110,6 +110,40 @@ def test_one_element_off_is_named_with_outer_product_tangents(outer_everywhere):
     test_a_single_element_off_by_a_thousandth_is_named()
 
 
+@pytest.mark.parametrize("grad", ["mat1", "mat2", "self"])
+def test_linear_layer_off_by_a_thousandth_is_named_via_rank_one_products(
+        grad, outer_everywhere, monkeypatch):
+    """A Linear layer (addmm of a transposed weight) whose backward is 0.1% off in one
+    input: its check multiplies the outer-product tangents as matrix-vector products
+    (never the dense h p q^T) and still names the input."""
+    from symgrad.symbolic.adjoint import ComplexStepBackend
+
+    used = []
+    dense = ComplexStepBackend._matmul_outer
+
+    def counting(a, b, fa, fb):
+        used.append((fa is not None, fb is not None))
+        return dense(a, b, fa, fb)
+
+    monkeypatch.setattr(ComplexStepBackend, "_matmul_outer", staticmethod(counting))
+    lin = sg.nn.Linear(12, 9).double()
+    x = _f64((7, 12), 4)
+
+    def build():
+        return (lin(x).tanh() ** 2).sum()
+
+    assert sg.verify(build(), mode="local").ok
+    assert (True, True) in used  # the input and the weight both moved, both rank-1
+    right = OPS["addmm"].grads[grad]
+    monkeypatch.setitem(OPS["addmm"].grads, grad, lambda *a, **k: right(*a, **k) * 1.001)
+    root = build()
+    rep = sg.verify(root, mode="local")
+    assert not rep.ok, str(rep)
+    row = next(r for r in rep.nodes if r.name == "AddmmBackward0")
+    assert row.status == "mismatch" and ADJOINT in row.detail, str(rep)
+    assert rep.first_bad_node is row.node
+
+
 def test_random_uniform_outer_product_and_its_dot():
     from symgrad.symbolic._common import OUTER_FROM, outer_dot, random_uniform
 

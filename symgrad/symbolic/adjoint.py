@@ -67,10 +67,21 @@ NP_H0 = {**NP_EXTRA, "Heaviside": _heaviside(0.0)}
 NP_H1 = {**NP_EXTRA, "Heaviside": _heaviside(1.0)}
 
 
+_STANZAS: dict = {}
+
+
 def _stanza_of(kernel: str):
+    """The op whose stanza kernel is ``kernel`` (None if none): remembered, as the
+    backend asks for each kernel name it meets and the registry is long."""
     from ..ops import OPS
 
-    return next((s for s in OPS.values() if s.kernel == kernel), None)
+    hit = _STANZAS.get(kernel)
+    if hit is not None and OPS.get(hit.name) is hit:  # (still the registered one)
+        return hit
+    hit = next((s for s in OPS.values() if s.kernel == kernel), None)
+    if hit is not None:
+        _STANZAS[kernel] = hit
+    return hit
 
 
 @functools.cache
@@ -288,8 +299,20 @@ class ComplexStepBackend:
         np.add(dst, np.multiply(src, alpha), out=dst, casting="unsafe")
 
     # -- products: real BLAS calls on the parts ----------------------------------------------
-    @staticmethod
-    def matmul(a, b):
+    #: {id(z): (z, its real part as recorded, (p, q))} for the moved inputs whose
+    #: imaginary part is exactly ``h p q^T`` (an outer-product tangent, as one_pass
+    #: writes it): a product with such an operand, the very array, is two
+    #: matrix-vector products, not a full one (``x (h p q^T) = h (x p) q^T``)
+    outer: dict = {}
+
+    def _outer_of(self, x):
+        hit = self.outer.get(id(x))
+        return hit if hit is not None and hit[0] is x and x.ndim == 2 else None
+
+    def matmul(self, a, b):
+        fa, fb = (self._outer_of(a), self._outer_of(b)) if self.outer else (None, None)
+        if fa is not None or fb is not None:
+            return self._matmul_outer(a, b, fa, fb)
         ai, bi = _im(a), _im(b)
         ar, br = np.asarray(_re(a)), np.asarray(_re(b))
         if ai is not None and not np.any(ai):
@@ -314,6 +337,31 @@ class ComplexStepBackend:
         if bi is not None:
             tan = tan + np.matmul(ar, bi)
         return val + 1j * tan
+
+    @staticmethod
+    def _matmul_outer(a, b, fa, fb):
+        """``a @ b`` where ``a`` and/or ``b`` is a moved 2-d input with the tangent
+        ``h p q^T`` (``fa``/``fb``): the value from the recorded real parts (any layout,
+        as BLAS reads it), each rank-1 tangent term as ``h (p (q^T b))`` or
+        ``h ((a p) q^T)``; the same first-order terms as the dense product."""
+        ar = fa[1] if fa is not None else np.asarray(_re(a))
+        br = fb[1] if fb is not None else np.asarray(_re(b))
+        val = np.matmul(ar, br)
+        tan = np.zeros(val.shape)
+        if fa is not None:  # (h p q^T) b
+            p, q = fa[2]
+            tan += np.multiply.outer(p * H, q @ br)
+        elif (ai := _im(a)) is not None and np.any(ai):
+            tan += np.matmul(ai, br)
+        if fb is not None:  # a (h p q^T)
+            p, q = fb[2]
+            tan += np.multiply.outer(np.matmul(ar, p) * H, q)
+        elif (bi := _im(b)) is not None and np.any(bi):
+            tan += np.matmul(ar, bi)
+        out = np.empty(val.shape, dtype=np.complex128)
+        out.real = val
+        out.imag = tan
+        return out
 
     @staticmethod
     def convolution(input, weight, bias, stride, padding, dilation, groups):  # noqa: A002
@@ -511,15 +559,24 @@ def adjoint_check(g, in_vals, us, engine_res, rng, tol_for=None):
 
     def one_pass(keys):
         args = list(in_vals)  # real: only the moved inputs are complex
+        be.outer = {}
         for k in keys:
-            z = np.empty(in_vals[k].shape, dtype=np.complex128)
-            z.real = in_vals[k]
+            x = in_vals[k]
+            # a transposed 2-d input (a weight through t) with an outer-product tangent
+            # keeps its layout: the copy is then a straight one, and products with it
+            # read the recorded array itself (_matmul_outer)
+            order = "F" if factors[k] is not None and x.ndim == 2 and \
+                memory_order(x) == "F" else "C"
+            z = np.empty(x.shape, dtype=np.complex128, order=order)
+            z.real = x
             if factors[k] is None:
                 np.multiply(tangents[k], H, out=z.imag)
             else:  # h a b^T written straight into the imaginary parts
                 a, b = factors[k]
-                zi = z.imag.reshape(a.size, b.size)  # (a view: z is C-contiguous)
+                zi = z.imag if z.ndim == 2 else z.imag.reshape(a.size, b.size)  # (a view:
+                # z is C-contiguous there)
                 np.multiply.outer(a * H, b, out=zi)
+                be.outer[id(z)] = (z, in_vals[k], factors[k])
             args[k] = z
         try:
             with np.errstate(all="ignore"):

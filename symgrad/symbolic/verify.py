@@ -840,6 +840,8 @@ def _nonfinite_row(rep, lf, e, s=None, row=None) -> int | None:
     a ``mismatch`` row stays one, the non-finite elements said in its detail. Either makes
     the report not ok. Where the value arose is filled in by :func:`_explain_nonfinite`
     once every check has run."""
+    if all_finite(e) and (s is None or all_finite(s)):
+        return None
     bad = ~np.isfinite(e) if s is None else (~np.isfinite(e) | ~np.isfinite(s))
     if not bad.any():
         return None
