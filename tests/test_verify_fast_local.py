@@ -144,6 +144,42 @@ def test_linear_layer_off_by_a_thousandth_is_named_via_rank_one_products(
     assert rep.first_bad_node is row.node
 
 
+@pytest.mark.parametrize("sa, sb", [((5, 4), (4, 3)), ((5, 4), (4,)), ((4,), (4, 3)),
+                                     ((2, 5, 4), (4, 3)), ((5, 4), (2, 4, 3))])
+@pytest.mark.parametrize("moved", ["a", "b", "ab"])
+def test_rank_one_product_equals_the_dense_complex_product(sa, sb, moved):
+    """The complex-step matmul with operands registered as ``x + i h p q^T`` gives the
+    dense product's value and first-order tangent (batched and vector shapes too)."""
+    from symgrad.symbolic.adjoint import ComplexStepBackend, H
+
+    rng = np.random.default_rng(0)
+    be = ComplexStepBackend()
+    be.outer = {}
+
+    def operand(shape, register):
+        x = rng.standard_normal(shape)
+        if not register or len(shape) != 2:
+            return x + 0j * rng.standard_normal(shape)
+        p, q = rng.standard_normal(shape[0]), rng.standard_normal(shape[1])
+        z = np.empty(shape, dtype=complex)
+        z.real, z.imag = x, H * np.outer(p, q)
+        be.outer[id(z)] = (z, x, (p, q))
+        return z
+
+    a, b = operand(sa, "a" in moved), operand(sb, "b" in moved)
+    got = be.matmul(a, b)
+    want_val = a.real @ b.real
+    want_tan = (a.imag / H) @ b.real + a.real @ (b.imag / H)
+    assert got.shape == want_val.shape
+    # two orders of the same sums: within float64 rounding of k-term dot products
+    k = sa[-1]
+    tol = 4 * k * np.finfo(np.float64).eps
+    scale = np.abs(a.real) @ np.abs(b.real)
+    assert np.all(np.abs(got.real - want_val) <= tol * scale)
+    tscale = np.abs(a.imag / H) @ np.abs(b.real) + np.abs(a.real) @ np.abs(b.imag / H)
+    assert np.all(np.abs(got.imag / H - want_tan) <= tol * tscale + 1e-300)
+
+
 def test_random_uniform_outer_product_and_its_dot():
     from symgrad.symbolic._common import OUTER_FROM, outer_dot, random_uniform
 

@@ -311,6 +311,8 @@ class ComplexStepBackend:
 
     def matmul(self, a, b):
         fa, fb = (self._outer_of(a), self._outer_of(b)) if self.outer else (None, None)
+        if fa is not None and np.ndim(b) > 2:  # (batched: the dense product below)
+            fa = None
         if fa is not None or fb is not None:
             return self._matmul_outer(a, b, fa, fb)
         ai, bi = _im(a), _im(b)
