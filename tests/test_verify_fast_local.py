@@ -81,6 +81,128 @@ def test_a_single_element_off_by_a_thousandth_is_named():
     assert "d/dmat2" in row.detail and ADJOINT in row.detail, row.detail
 
 
+# -- large arrays: random factors a b^T instead of independent draws ----------------------
+@pytest.fixture
+def outer_everywhere(monkeypatch):
+    """Every random array of two or more dims and 4+ elements drawn as an outer product
+    (models' weights are; the mutation cases' small tensors are not otherwise)."""
+    from symgrad.symbolic import _common
+
+    monkeypatch.setattr(_common, "OUTER_FROM", 4)
+
+
+@pytest.mark.parametrize("case", sorted(mut.CASES))
+def test_mutation_is_named_with_outer_product_tangents(case, outer_everywhere, monkeypatch):
+    op, input_name, wrong, build = mut.CASES[case]
+    monkeypatch.setattr(mut, "_t", _f64)
+    root, target_name = build()
+    assert sg.verify(root, mode="local").ok
+    monkeypatch.setitem(OPS[op].grads, input_name, wrong)
+    root, target_name = build()
+    target = mut._find(root, target_name)
+    rep = sg.verify(root, mode="local")
+    assert not rep.ok, str(rep)
+    assert rep.first_bad_node is target, str(rep)
+    assert [r.node for r in rep.nodes if r.status in ("mismatch", "error")] == [target]
+
+
+def test_one_element_off_is_named_with_outer_product_tangents(outer_everywhere):
+    test_a_single_element_off_by_a_thousandth_is_named()
+
+
+@pytest.mark.parametrize("grad", ["mat1", "mat2", "self"])
+def test_linear_layer_off_by_a_thousandth_is_named_via_rank_one_products(
+        grad, outer_everywhere, monkeypatch):
+    """A Linear layer (addmm of a transposed weight) whose backward is 0.1% off in one
+    input: its check multiplies the outer-product tangents as matrix-vector products
+    (never the dense h p q^T) and still names the input."""
+    from symgrad.symbolic.adjoint import ComplexStepBackend
+
+    used = []
+    dense = ComplexStepBackend._matmul_outer
+
+    def counting(a, b, fa, fb):
+        used.append((fa is not None, fb is not None))
+        return dense(a, b, fa, fb)
+
+    monkeypatch.setattr(ComplexStepBackend, "_matmul_outer", staticmethod(counting))
+    lin = sg.nn.Linear(12, 9).double()
+    x = _f64((7, 12), 4)
+
+    def build():
+        return (lin(x).tanh() ** 2).sum()
+
+    assert sg.verify(build(), mode="local").ok
+    assert (True, True) in used  # the input and the weight both moved, both rank-1
+    right = OPS["addmm"].grads[grad]
+    monkeypatch.setitem(OPS["addmm"].grads, grad, lambda *a, **k: right(*a, **k) * 1.001)
+    root = build()
+    rep = sg.verify(root, mode="local")
+    assert not rep.ok, str(rep)
+    row = next(r for r in rep.nodes if r.name == "AddmmBackward0")
+    assert row.status == "mismatch" and ADJOINT in row.detail, str(rep)
+    assert rep.first_bad_node is row.node
+
+
+@pytest.mark.parametrize("sa, sb", [((5, 4), (4, 3)), ((5, 4), (4,)), ((4,), (4, 3)),
+                                     ((2, 5, 4), (4, 3)), ((5, 4), (2, 4, 3))])
+@pytest.mark.parametrize("moved", ["a", "b", "ab"])
+def test_rank_one_product_equals_the_dense_complex_product(sa, sb, moved):
+    """The complex-step matmul with operands registered as ``x + i h p q^T`` gives the
+    dense product's value and first-order tangent (batched and vector shapes too)."""
+    from symgrad.symbolic.adjoint import ComplexStepBackend, H
+
+    rng = np.random.default_rng(0)
+    be = ComplexStepBackend()
+    be.outer = {}
+
+    def operand(shape, register):
+        x = rng.standard_normal(shape)
+        if not register or len(shape) != 2:
+            return x + 0j * rng.standard_normal(shape)
+        p, q = rng.standard_normal(shape[0]), rng.standard_normal(shape[1])
+        z = np.empty(shape, dtype=complex)
+        z.real, z.imag = x, H * np.outer(p, q)
+        be.outer[id(z)] = (z, x, (p, q))
+        return z
+
+    a, b = operand(sa, "a" in moved), operand(sb, "b" in moved)
+    got = be.matmul(a, b)
+    want_val = a.real @ b.real
+    want_tan = (a.imag / H) @ b.real + a.real @ (b.imag / H)
+    assert got.shape == want_val.shape
+    # two orders of the same sums: within float64 rounding of k-term dot products
+    k = sa[-1]
+    tol = 4 * k * np.finfo(np.float64).eps
+    scale = np.abs(a.real) @ np.abs(b.real)
+    assert np.all(np.abs(got.real - want_val) <= tol * scale)
+    tscale = np.abs(a.imag / H) @ np.abs(b.real) + np.abs(a.real) @ np.abs(b.imag / H)
+    assert np.all(np.abs(got.imag / H - want_tan) <= tol * tscale + 1e-300)
+
+
+def test_random_uniform_outer_product_and_its_dot():
+    from symgrad.symbolic._common import OUTER_FROM, outer_dot, random_uniform
+
+    small, fac = random_uniform(np.random.default_rng(0), (3, 5))
+    assert fac is None and small.shape == (3, 5) and np.all(np.abs(small) <= 1)
+    shape = (64, OUTER_FROM // 64 + 1)
+    for order in ("C", "F"):
+        v, (a, b) = random_uniform(np.random.default_rng(1), shape, order)
+        assert v.shape == shape and a.shape == (64,) and b.shape == (shape[1],)
+        assert np.array_equal(v, np.multiply.outer(a, b))
+        assert v.flags.f_contiguous if order == "F" else v.flags.c_contiguous
+        e = np.random.default_rng(2).standard_normal(shape)
+        e = np.asfortranarray(e) if order == "F" else e
+        # a^T E b is <E, a b^T>, up to the rounding of two different sums
+        want = float(np.vdot(e, v))
+        bound = 4 * np.finfo(np.float64).eps * e.size * float(np.abs(e * v).sum())
+        assert abs(outer_dot(e, (a, b)) - want) <= bound
+    none, fac = random_uniform(np.random.default_rng(1), (4, OUTER_FROM), full=False)
+    assert none is None and fac[0].shape == (4,)
+    v3, (a, b) = random_uniform(np.random.default_rng(3), (4, 8, OUTER_FROM // 32 + 1))
+    assert np.array_equal(v3.reshape(4, -1), np.multiply.outer(a, b))
+
+
 # -- the layers of real models pass, each structural node by the fast check -----------------
 def _small_cnn_and_attention():
     rng = np.random.default_rng(0)
@@ -227,3 +349,28 @@ def test_a_permutation_node_passes_exactly_and_a_wrong_one_is_still_named(monkey
     bad = [r for r in rep.nodes if r.status in ("mismatch", "error")]
     assert [r.name for r in bad] == ["TBackward0"], str(rep)
     assert "permutation" not in bad[0].formula  # decided by the bounded identity
+
+
+# -- the AccumulateGrad check hands the engine its own arrays -------------------------------
+def test_accumulate_grad_scaling_its_input_in_place_is_named(monkeypatch):
+    """Only under create_graph, the first gradient scaled by 0.999 in place before it is
+    stored: named, although the check's gradients are windows of one shared pool and
+    the engine is handed the second one itself (.grad is compared with values computed
+    before the engine ran)."""
+    from symgrad.autograd import engine
+
+    right = engine._accumulate_into
+
+    def scaled_in_place(variable, g, create_graph, shared):
+        if create_graph and g is not None and variable._grad is None:
+            g._data *= 0.999
+        return right(variable, g, create_graph, shared)
+
+    x = _f64((40, 30), 3)
+    root = (x * x).sum()
+    assert sg.verify(root, mode="local").ok
+    monkeypatch.setattr(engine, "_accumulate_into", scaled_in_place)
+    rep = sg.verify((x * x).sum(), mode="local")
+    assert not rep.ok, str(rep)
+    assert "AccumulateGrad into" in str(rep) and "(create_graph)" in str(rep), str(rep)
+    assert type(rep.first_bad_node).__name__ == "AccumulateGrad"

@@ -12,7 +12,88 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["TimeoutExpired", "BOUND_FACTOR", "rounding_bound", "lambdify_numpy"]
+__all__ = ["TimeoutExpired", "BOUND_FACTOR", "rounding_bound", "lambdify_numpy",
+           "all_finite", "flat_pair", "random_uniform", "OUTER_FROM", "same_memory"]
+
+#: random arrays with this many elements or more (and two or more dims) are drawn as an
+#: outer product (see random_uniform): below it a full draw costs microseconds
+OUTER_FROM = 1 << 14
+
+
+def random_uniform(rng, shape, order: str = "C", full: bool = True):
+    """Random values in [-1, 1) of ``shape`` for the verifier's identities, and their
+    factors: ``(array, None)`` for independent draws, or ``(array, (a, b))`` where the
+    array is the outer product ``a b^T`` of two independent uniform vectors over the
+    first dim and the rest (reshaped), for arrays of ``OUTER_FROM`` elements or more.
+
+    Why that is as strong: a check ``<D, v> = 0`` misses a nonzero error ``D`` only where
+    ``a^T D b = 0``, a nonzero polynomial in (a, b) (rank-1 matrices span every matrix),
+    which continuous random vectors avoid with probability one; its typical size is
+    ``|D|_F / 3`` against ``|D|_F / sqrt(3)`` for independent draws, as the bounds (which
+    scale with |v|) also shrink. Why: a weight of 200k elements costs 200k random numbers
+    otherwise, as much as the product being checked; ``a b^T`` costs one multiplication
+    per element, and reductions against it are matrix-vector products (``a^T E b``).
+    ``order``: the memory layout of the array (a transposed weight's gradient is 'F');
+    ``full=False``: the outer product is not made (None in its place), for callers that
+    use the factors only."""
+    shape = tuple(int(d) for d in shape)
+    n = int(np.prod(shape)) if shape else 1
+    if len(shape) < 2 or n < OUTER_FROM:
+        v = np.asarray(rng.uniform(-1.0, 1.0, n), dtype=np.float64)  # = 2 random - 1
+        return v.reshape(shape, order=order), None
+    m = shape[0]
+    a = np.asarray(rng.uniform(-1.0, 1.0, m), dtype=np.float64)
+    b = np.asarray(rng.uniform(-1.0, 1.0, n // m), dtype=np.float64)
+    if not full:
+        return None, (a, b)
+    if order == "F" and len(shape) == 2:  # column-major: the transpose of a C array
+        return np.multiply.outer(b, a).T, (a, b)
+    return np.multiply.outer(a, b).reshape(shape), (a, b)
+
+
+def outer_dot(e, factors) -> float:
+    """``<e, a b^T>`` for ``factors = (a, b)``: ``a^T E b`` with E the array as (first
+    dim, rest), one matrix-vector product (any memory layout of a 2-d ``e``)."""
+    a, b = factors
+    e2 = e.reshape(a.size, b.size) if e.ndim != 2 else e
+    return float(a @ (e2 @ b))
+
+
+def all_finite(a) -> bool:
+    """Whether every element of the float array ``a`` is finite, in one read of it and no
+    temporary in the common case: a sum is finite only if every term is (inf and nan
+    propagate; inf - inf is nan); a sum that overflowed is looked at element by element."""
+    a = np.asarray(a)
+    if a.dtype.kind not in "fc" or a.size == 0:
+        return True
+    with np.errstate(all="ignore"):
+        if np.isfinite(np.sum(a)):
+            return True
+    return bool(np.isfinite(a).all())
+
+
+def flat_pair(a, b):
+    """``a`` and ``b`` as 1-d arrays pairing their elements by index, without a copy where
+    both are laid out alike in memory (a transposed gradient and a tangent drawn in its
+    order): ``np.vdot`` of two such arrays then reads each once."""
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape == b.shape and a.strides == b.strides and \
+            (a.flags.c_contiguous or a.flags.f_contiguous):
+        return a.ravel(order="K"), b.ravel(order="K")
+    return a.reshape(-1), b.reshape(-1)
+
+
+def same_memory(a, b) -> bool:
+    """Whether ``a`` and ``b`` are the same elements of the same memory (same dtype): a
+    view compared with the array it views, element for element, at no cost."""
+    return (a.dtype == b.dtype and a.shape == b.shape and a.strides == b.strides
+            and a.__array_interface__["data"][0] == b.__array_interface__["data"][0])
+
+
+def memory_order(a) -> str:
+    """'F' for an array laid out column-major only (a transposed view), else 'C'."""
+    a = np.asarray(a)
+    return "F" if a.flags.f_contiguous and not a.flags.c_contiguous else "C"
 
 
 class TimeoutExpired(Exception):

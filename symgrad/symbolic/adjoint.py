@@ -35,7 +35,15 @@ import functools
 import numpy as np
 
 from ..backends.numpy_backend import NUMPY_MATH, NumpyBackend
-from ._common import BOUND_FACTOR, lambdify_numpy
+from ._common import (
+    BOUND_FACTOR,
+    all_finite,
+    flat_pair,
+    lambdify_numpy,
+    memory_order,
+    outer_dot,
+    random_uniform,
+)
 
 __all__ = ["Fallback", "ComplexStepBackend", "adjoint_check", "H"]
 
@@ -59,10 +67,21 @@ NP_H0 = {**NP_EXTRA, "Heaviside": _heaviside(0.0)}
 NP_H1 = {**NP_EXTRA, "Heaviside": _heaviside(1.0)}
 
 
+_STANZAS: dict = {}
+
+
 def _stanza_of(kernel: str):
+    """The op whose stanza kernel is ``kernel`` (None if none): remembered, as the
+    backend asks for each kernel name it meets and the registry is long."""
     from ..ops import OPS
 
-    return next((s for s in OPS.values() if s.kernel == kernel), None)
+    hit = _STANZAS.get(kernel)
+    if hit is not None and OPS.get(hit.name) is hit:  # (still the registered one)
+        return hit
+    hit = next((s for s in OPS.values() if s.kernel == kernel), None)
+    if hit is not None:
+        _STANZAS[kernel] = hit
+    return hit
 
 
 @functools.cache
@@ -280,12 +299,37 @@ class ComplexStepBackend:
         np.add(dst, np.multiply(src, alpha), out=dst, casting="unsafe")
 
     # -- products: real BLAS calls on the parts ----------------------------------------------
-    @staticmethod
-    def matmul(a, b):
+    #: {id(z): (z, its real part as recorded, (p, q))} for the moved inputs whose
+    #: imaginary part is exactly ``h p q^T`` (an outer-product tangent, as one_pass
+    #: writes it): a product with such an operand, the very array, is two
+    #: matrix-vector products, not a full one (``x (h p q^T) = h (x p) q^T``)
+    outer: dict = {}
+
+    def _outer_of(self, x):
+        hit = self.outer.get(id(x))
+        return hit if hit is not None and hit[0] is x and x.ndim == 2 else None
+
+    def matmul(self, a, b):
+        fa, fb = (self._outer_of(a), self._outer_of(b)) if self.outer else (None, None)
+        if fa is not None and np.ndim(b) > 2:  # (batched: the dense product below)
+            fa = None
+        if fa is not None or fb is not None:
+            return self._matmul_outer(a, b, fa, fb)
         ai, bi = _im(a), _im(b)
         ar, br = np.asarray(_re(a)), np.asarray(_re(b))
         if ai is not None and not np.any(ai):
             ai = None
+        if bi is not None and b.dtype == np.complex128 and b.ndim >= 2 and \
+                b.flags.c_contiguous and ar.dtype == np.float64:
+            # b's parts interleaved are one real (k, 2n) matrix: a single product gives
+            # a @ b.real and a @ b.imag side by side, i.e. the complex result, with no
+            # copy of either part (BLAS takes unit strides only); a zero b.imag costs
+            # the product's second half, not a read of b to find out
+            out = np.matmul(ar, b.view(np.float64))
+            out = out.view(np.complex128)
+            if ai is not None:
+                out.imag += np.matmul(ai, br)
+            return out
         if bi is not None and not np.any(bi):
             bi = None
         val = np.matmul(ar, br)
@@ -295,6 +339,31 @@ class ComplexStepBackend:
         if bi is not None:
             tan = tan + np.matmul(ar, bi)
         return val + 1j * tan
+
+    @staticmethod
+    def _matmul_outer(a, b, fa, fb):
+        """``a @ b`` where ``a`` and/or ``b`` is a moved 2-d input with the tangent
+        ``h p q^T`` (``fa``/``fb``): the value from the recorded real parts (any layout,
+        as BLAS reads it), each rank-1 tangent term as ``h (p (q^T b))`` or
+        ``h ((a p) q^T)``; the same first-order terms as the dense product."""
+        ar = fa[1] if fa is not None else np.asarray(_re(a))
+        br = fb[1] if fb is not None else np.asarray(_re(b))
+        val = np.matmul(ar, br)
+        tan = np.zeros(val.shape)
+        if fa is not None:  # (h p q^T) b
+            p, q = fa[2]
+            tan += np.multiply.outer(p * H, q @ br)
+        elif (ai := _im(a)) is not None and np.any(ai):
+            tan += np.matmul(ai, br)
+        if fb is not None:  # a (h p q^T)
+            p, q = fb[2]
+            tan += np.multiply.outer(np.matmul(ar, p) * H, q)
+        elif (bi := _im(b)) is not None and np.any(bi):
+            tan += np.matmul(ar, bi)
+        out = np.empty(val.shape, dtype=np.complex128)
+        out.real = val
+        out.imag = tan
+        return out
 
     @staticmethod
     def convolution(input, weight, bias, stride, padding, dilation, groups):  # noqa: A002
@@ -469,7 +538,7 @@ def adjoint_check(g, in_vals, us, engine_res, rng, tol_for=None):
         e = np.zeros(in_vals[k].shape) if e is None else np.asarray(e, dtype=np.float64)
         if e.shape != in_vals[k].shape:
             raise Fallback("gradient shape differs")  # the element check names the shape
-        if not np.isfinite(e).all():
+        if not all_finite(e):
             raise Fallback("non-finite engine gradient")
         engine[k] = e
 
@@ -477,19 +546,39 @@ def adjoint_check(g, in_vals, us, engine_res, rng, tol_for=None):
     if exact is not None:
         return exact
     # uniform in [-1, 1): any tangent with a density catches a wrong J^T u almost surely
-    tangents = {}
+    # (large ones an outer product a b^T: _common.random_uniform says why that is as
+    # strong), laid out as the engine's gradient is, so <J^T u, v> reads each once
+    tangents, factors, abs_sums = {}, {}, {}
     for k in ks:
-        v = np.asarray(rng.random(in_vals[k].shape), dtype=np.float64)
-        np.multiply(v, 2.0, out=v)
-        np.subtract(v, 1.0, out=v)
-        tangents[k] = v
+        v, fac = random_uniform(rng, in_vals[k].shape, memory_order(engine[k]), full=False)
+        tangents[k], factors[k] = v, fac
+        if fac is None:
+            av = np.abs(v)
+            abs_sums[k] = (av, float(av.sum()))  # |v| and sum |v|, for the bound
+        else:
+            a, b = np.abs(fac[0]), np.abs(fac[1])
+            abs_sums[k] = ((a, b), float(a.sum()) * float(b.sum()))
 
     def one_pass(keys):
         args = list(in_vals)  # real: only the moved inputs are complex
+        be.outer = {}
         for k in keys:
-            z = np.empty(in_vals[k].shape, dtype=np.complex128)
-            z.real = in_vals[k]
-            np.multiply(tangents[k], H, out=z.imag)
+            x = in_vals[k]
+            # a transposed 2-d input (a weight through t) with an outer-product tangent
+            # keeps its layout: the copy is then a straight one, and products with it
+            # read the recorded array itself (_matmul_outer)
+            order = "F" if factors[k] is not None and x.ndim == 2 and \
+                memory_order(x) == "F" else "C"
+            z = np.empty(x.shape, dtype=np.complex128, order=order)
+            z.real = x
+            if factors[k] is None:
+                np.multiply(tangents[k], H, out=z.imag)
+            else:  # h a b^T written straight into the imaginary parts
+                a, b = factors[k]
+                zi = z.imag if z.ndim == 2 else z.imag.reshape(a.size, b.size)  # (a view:
+                # z is C-contiguous there)
+                np.multiply.outer(a * H, b, out=zi)
+                be.outer[id(z)] = (z, in_vals[k], factors[k])
             args[k] = z
         try:
             with np.errstate(all="ignore"):
@@ -522,20 +611,18 @@ def adjoint_check(g, in_vals, us, engine_res, rng, tol_for=None):
         n = 0
         for k in keys:
             e, v = engine[k], tangents[k]
-            s_e += float(np.vdot(e, v))
-            if e.size:  # |e| |v|, mean |e| and sum |v| in one scratch array
-                p = np.multiply(e, v, out=np.empty(e.shape))  # (an array also for 0-d)
-                np.abs(p, out=p)
-                mag_e += float(p.sum())
-                np.abs(e, out=p)
-                me = float(p.mean())
-                np.abs(v, out=p)
-                mag_e += me * float(p.sum())
+            fac = factors[k]
+            s_e += float(np.vdot(*flat_pair(e, v))) if fac is None else outer_dot(e, fac)
+            if e.size:  # sum |e| |v| + mean |e| sum |v|
+                av, sum_av = abs_sums[k]
+                ae = np.abs(e)
+                ev = float(np.vdot(*flat_pair(ae, av))) if fac is None else outer_dot(ae, av)
+                mag_e += ev + float(ae.sum()) / e.size * sum_av
             n += int(e.size)
         allowed = BOUND_FACTOR * float(np.finfo(np.float64).eps) * n_terms * (mag_e + mag_m)
         if getattr(tol_for, "user", False):  # rtol/atol given: they replace the bound
             rtol, atol = tol_for(np.dtype(np.float64))
-            allowed = atol * sum(float(np.sum(np.abs(tangents[k]))) for k in keys) + \
+            allowed = atol * sum(abs_sums[k][1] for k in keys) + \
                 rtol * (mag_e + mag_m) / 2
         allowed = max(allowed, float(np.finfo(np.float64).tiny))
         value = [np.asarray(_re(o)) if isinstance(o, np.ndarray) else o for o in outs]

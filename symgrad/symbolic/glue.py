@@ -26,7 +26,14 @@ import time
 
 import numpy as np
 
-from ._common import TimeoutExpired, _sum_to, rounding_bound
+from ._common import (
+    OUTER_FROM,
+    TimeoutExpired,
+    _sum_to,
+    random_uniform,
+    rounding_bound,
+    same_memory,
+)
 
 __all__ = ["GlueFault", "check_fit", "check_accumulation", "check_accumulate_grad"]
 
@@ -52,16 +59,15 @@ class GlueFault:
 
 def _uniform(rng, shape):
     """Random values in [-1, 1) (both signs; a third of the cost of normal draws)."""
-    v = np.asarray(rng.random(shape), dtype=np.float64)
-    np.multiply(v, 2.0, out=v)
-    np.subtract(v, 1.0, out=v)
-    return v
+    return np.asarray(rng.uniform(-1.0, 1.0, shape), dtype=np.float64)  # = 2 random - 1
 
 
 def _compare(got, want, mag, n, dtype):
     """(ok, worst flat index, error, bound) of ``got`` against the exact ``want``;
     ``mag``: the term magnitudes, or a function that makes them."""
     got, want = np.asarray(got), np.asarray(want)
+    if same_memory(got, want):  # the very array handed in: equal element for element
+        return True, 0, 0.0, 0.0
     if got.shape == want.shape and np.array_equal(got, want):
         return True, 0, 0.0, 0.0  # equal: within any bound (the common case, at no cost)
     got = np.asarray(got, dtype=np.float64).reshape(-1)
@@ -121,7 +127,8 @@ def check_fit(g, raw, fitted, shapes, dtypes):
         if fv.dtype != want_dt:
             return GlueFault(what, f"the engine made dtype {fv.dtype}, expected {want_dt}",
                              g.node)
-        if not broadcast and fv.dtype == rv.dtype and (fv is rv or np.array_equal(fv, rv)):
+        if not broadcast and fv.dtype == rv.dtype and (same_memory(fv, rv)
+                                                        or np.array_equal(fv, rv)):
             continue  # nothing to reduce or cast, and the engine passed it on unchanged
         r64 = rv.astype(np.float64)
         try:
@@ -252,27 +259,39 @@ def _check_one_sum(graph, rng, ref, k):
 def check_accumulate_grad(graph, rng, deadline=None):
     """AccumulateGrad into ``.grad`` for each leaf requiring grad, on a stand-in tensor of
     the leaf's shape and dtype: ``.grad`` is the first gradient, then ``.grad += g`` on a
-    second backward (with and without create_graph). Returns a list of GlueFault."""
-    from .. import tensor as _tensor
+    second backward (with and without create_graph). Returns a list of GlueFault.
+
+    The two gradients are windows of one random pool (``g2[i] = g1[i + 1]`` in flat
+    order: every element random, the two arrays different), made once for all leaves,
+    and the engine gets the second one itself (a right AccumulateGrad only reads it;
+    the sum it must make is computed before): a model's leaves hold hundreds of
+    thousands of elements, and this check must not cost more than the model's own
+    backward."""
     from ..autograd import engine
     from ..autograd.grad_mode import no_grad
     from ..tensor import Tensor
 
     faults = []
     passed = set()  # (shape, dtype) already checked and right (leaves without hooks)
-    for lf in graph.leaves:
-        if not (lf.requires_grad and lf.is_float):
-            continue
+    todo = [lf for lf in graph.leaves if lf.requires_grad and lf.is_float]
+    pool = None
+    for lf in todo:
         _check_time(deadline)
         key = (lf.shape, lf.value.dtype.str)
         if key in passed:
             continue
+        if pool is None:
+            need = max(int(np.prod(x.shape)) for x in todo) + 1
+            side = int(np.ceil(np.sqrt(need)))  # (an outer product: _common.random_uniform)
+            pool = random_uniform(rng, (side, side) if need >= OUTER_FROM else (need,))[0]
+            pool = pool.reshape(-1)
         what = f"AccumulateGrad into {lf.name}.grad"
         dtype = lf.value.dtype
-        g1 = _uniform(rng, lf.shape).astype(dtype, copy=False)
-        g2 = _uniform(rng, lf.shape).astype(dtype, copy=False)
-        want1 = g1.astype(np.float64, copy=False)  # (the engine gets copies: tensor())
-        want2 = want1 + g2.astype(np.float64, copy=False)
+        n = int(np.prod(lf.shape))
+        g1 = pool[:n].reshape(lf.shape).astype(dtype, copy=False)
+        g2 = pool[1:n + 1].reshape(lf.shape).astype(dtype, copy=False)
+        want1 = g1.astype(np.float64, copy=False)
+        want2 = np.add(want1, g2, dtype=np.float64)
 
         def mag1(w=want1):
             return np.abs(w)
@@ -284,12 +303,17 @@ def check_accumulate_grad(graph, rng, deadline=None):
             mode = " (create_graph)" if create_graph else ""
             stand = Tensor._wrap(np.zeros(lf.shape, dtype=dtype))  # (no copy of the zeros)
             stand.requires_grad_(True)
+            # the first gradient becomes .grad (and without create_graph the second is
+            # added into it in place): a copy, so .grad is compared with values the
+            # engine never held (one that scaled it in place would pass against g1
+            # itself); the second one a right AccumulateGrad only reads
+            firsts = (Tensor._wrap(g1.copy()), Tensor._wrap(g2))
             fault = None
             try:
                 with no_grad():
-                    for step, (x, want, mag) in enumerate(((g1, want1, mag1),
-                                                           (g2, want2, mag2))):
-                        engine._accumulate_into(stand, _tensor(x), create_graph, set())
+                    for step, (x, want, mag) in enumerate(((firsts[0], want1, mag1),
+                                                           (firsts[1], want2, mag2))):
+                        engine._accumulate_into(stand, x, create_graph, set())
                         got = stand.grad
                         if got is None:
                             fault = GlueFault(what + mode, ".grad is None after a backward",

@@ -26,7 +26,9 @@ from ._common import (  # noqa: F401  (BOUND_FACTOR re-exported: defined here be
     BOUND_FACTOR,
     TimeoutExpired,
     _sum_to,
+    all_finite,
     lambdify_numpy,
+    random_uniform,
     rounding_bound,
 )
 from .forward import in_node_dtype as _in_node_dtype
@@ -386,13 +388,13 @@ def _engine_nonfinite(g, in_vals, engine_res) -> str:
     cotangent ("" if nowhere): that is where a non-finite gradient arises."""
     for x in in_vals:
         a = np.asarray(x)
-        if a.dtype.kind == "f" and not np.isfinite(a).all():
+        if a.dtype.kind == "f" and not all_finite(a):
             return ""
     for k, e in enumerate(engine_res):
         if e is None:
             continue
         a = np.asarray(e)
-        if a.dtype.kind == "f" and not np.isfinite(a).all():
+        if a.dtype.kind == "f" and not all_finite(a):
             i = np.unravel_index(int(np.argmax(~np.isfinite(a))), a.shape)
             name = g.input_names[k] if k < len(g.input_names) else str(k)
             return (f"the backward gives {float(a[i]):g} for '{name}'"
@@ -420,9 +422,7 @@ def check_node(g, graph, engine, engine_name, rng, sample, tol_for, deadline=Non
     for shape, dt in zip(g.out_shapes, g.out_dtypes):
         # uniform in [-1, 1): both signs, a density (what the identities need), and a
         # third of the cost of normal draws on model-sized outputs
-        v = np.asarray(rng.random(shape), dtype=np.float64)
-        np.multiply(v, 2.0, out=v)
-        np.subtract(v, 1.0, out=v)
+        v = random_uniform(rng, shape)[0]  # (large ones an outer product: _common.py)
         vs.append(v.astype(dt if np.dtype(dt).kind == "f" else np.float64, copy=False))
     g.glue = None
     try:

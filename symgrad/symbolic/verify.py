@@ -9,6 +9,7 @@ import mpmath
 import numpy as np
 
 from . import _engine as E
+from ._common import all_finite
 from .exact import SymbolicGraph, TimeoutExpired
 from .fanout import node_checks, node_rngs
 from .fanout import resolve as _resolve_fan
@@ -802,6 +803,10 @@ def _fill_fd(rep, graph, gradient, pending, rng, sample, deadline, local=False) 
         want = sum(fd_cost(graph, lf) for _, lf, _, _ in pending) * FD_SAMPLES_LOCAL
         if want > left:
             per_local = 1
+        # the leaves whose differences replay the fewest nodes first: the budget then
+        # covers as many leaves as it can (a first layer's costs a whole graph twice)
+        order = sorted(order, key=lambda n: (pending[n][0].status == "ok",
+                                             fd_cost(graph, pending[n][1])))
     for n in order:
         row, lf, w, ref = pending[n]
         per = fd_cost(graph, lf)
@@ -844,6 +849,8 @@ def _nonfinite_row(rep, lf, e, s=None, row=None) -> int | None:
     a ``mismatch`` row stays one, the non-finite elements said in its detail. Either makes
     the report not ok. Where the value arose is filled in by :func:`_explain_nonfinite`
     once every check has run."""
+    if all_finite(e) and (s is None or all_finite(s)):
+        return None
     bad = ~np.isfinite(e) if s is None else (~np.isfinite(e) | ~np.isfinite(s))
     if not bad.any():
         return None
@@ -882,7 +889,7 @@ def _nonfinite_row(rep, lf, e, s=None, row=None) -> int | None:
 def _first_nonfinite(v) -> tuple[float, list] | None:
     """(value, index) of the first nan (else the first ±inf) in a float array; None if finite."""
     v = np.asarray(v)
-    if v.dtype.kind != "f" or np.isfinite(v).all():
+    if v.dtype.kind != "f" or all_finite(v):
         return None
     flat = v.reshape(-1)
     nan = np.isnan(flat)
