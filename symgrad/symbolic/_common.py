@@ -104,6 +104,16 @@ class TimeoutExpired(Exception):
 BOUND_FACTOR = 2.0
 
 
+def exact_zero(s, allowed):
+    """Elements whose exact value is 0 at the precision its bound is stated at.
+
+    SymPy's cancellations (and a meaning evaluated in float64) leave residues such as
+    1e-44 where the derivative is 0: a relative error against one is meaningless, so
+    such an element is judged and shown by its absolute error alone.
+    """
+    return np.abs(s) <= np.asarray(allowed) * np.finfo(np.float64).eps
+
+
 def rounding_bound(dtype, mag, n, dterm=None, finite=None):
     """The error a correct computation in ``dtype`` may show, per element:
 

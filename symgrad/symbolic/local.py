@@ -27,6 +27,7 @@ from ._common import (  # noqa: F401  (BOUND_FACTOR re-exported: defined here be
     TimeoutExpired,
     _sum_to,
     all_finite,
+    exact_zero,
     lambdify_numpy,
     random_uniform,
     rounding_bound,
@@ -523,6 +524,8 @@ def check_node(g, graph, engine, engine_name, rng, sample, tol_for, deadline=Non
         if sfin.any():
             chk.max_abs_err = max(chk.max_abs_err, float(np.max(err[sfin])))
             rel = err[sfin] / np.where(np.abs(sf[sfin]) > 0, np.abs(sf[sfin]), 1.0)
+            rel = np.where(exact_zero(sf[sfin], np.broadcast_to(allowed, sf.shape)[sfin]),
+                           0.0, rel)
             chk.max_rel_err = max(chk.max_rel_err, float(np.max(rel)))
         if not ok.all():
             bad = True

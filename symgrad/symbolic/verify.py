@@ -9,7 +9,7 @@ import mpmath
 import numpy as np
 
 from . import _engine as E
-from ._common import all_finite
+from ._common import all_finite, exact_zero
 from .exact import SymbolicGraph, TimeoutExpired
 from .fanout import node_checks, node_rngs
 from .fanout import resolve as _resolve_fan
@@ -685,10 +685,7 @@ def _compare(e, s, rtol, atol, allowed=None, zeros=False):
     ok = (err <= allowed) | both_nan
     rel = err / np.where(np.abs(s) > 0, np.abs(s), 1.0)
     if zeros:
-        # An exact value of 0 (at the precision its bound is stated at: SymPy's
-        # cancellations leave residues such as 1e-44) has no relative error; such an
-        # element is judged by its absolute error alone.
-        zero = np.abs(s) <= np.asarray(allowed) * np.finfo(np.float64).eps
+        zero = exact_zero(s, allowed)
         return err, np.where(zero, 0.0, rel), ok, zero
     return err, rel, ok
 
