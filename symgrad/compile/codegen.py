@@ -163,7 +163,7 @@ class _Ctx:
         name = f"{kind}_update"
         codes = fuse.UPDATE_CODES[kind]
         if name not in self.plan.helpers:
-            self.plan.helpers[name] = fuse.UPDATE_KERNELS[kind]
+            self.plan.helpers[name] = fuse.loop_import(name)
         if (name, dtype, codes) not in self.plan.kernels:
             self.plan.kernels.append((name, dtype, codes))
         return name

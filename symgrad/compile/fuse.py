@@ -434,16 +434,24 @@ _LOOPS_MODULE = None
 
 
 def loops():
-    """LOOPS as one module every generated step imports them from, loaded from the compile
-    cache dir: Numba compiles each loop once per machine and dtype, not once per step."""
+    """LOOPS and the optimizer updates (UPDATE_KERNELS) as one module every generated step
+    imports them from. Their text is fixed by this file, not by a step, so the module
+    lives where the CPU backend keeps its own generated loops (next to its kernels, or its
+    private ``NUMBA_CACHE_DIR``), not in the compile cache: Numba compiles each loop once
+    per installation and dtype, and a first compile with an empty compile cache loads them
+    (LeNet's first call spent 3 of its 3.4 s compiling these seven loops again)."""
     global _LOOPS_MODULE
     if _LOOPS_MODULE is None:
         from .._codefiles import import_text
-        from .loader import cache_dir
+        from ..backends.cpu import kernels
 
+        base = os.environ.get("NUMBA_CACHE_DIR") or os.path.join(
+            os.path.dirname(os.path.abspath(kernels.__file__)), "__pycache__")
         text = "\n".join(['"""fuse.LOOPS: single-op loops the generated steps share."""',
-                          "import numpy as np", "", *PRELUDE, *LOOPS.values()])
-        _LOOPS_MODULE = import_text(text, cache_dir(), "symgrad_loops")
+                          "import numpy as np", "", *PRELUDE, *LOOPS.values(),
+                          *UPDATE_KERNELS.values()])
+        _LOOPS_MODULE = import_text(text, os.path.join(base, "symgrad_generated"),
+                                    "symgrad_loops")
     return _LOOPS_MODULE
 
 
