@@ -283,6 +283,47 @@ def test_wide_products_read_by_other_ops_and_cross_entropy_options():
         step(x, bad)
 
 
+class GELUResidual(nn.Module):
+    """Exact GELU whose input also feeds a residual: its gradient has two terms."""
+
+    def forward(self, x):
+        return F.gelu(x) * 0.5 + x
+
+
+@pytest.mark.parametrize("act", [nn.GELU, GELUResidual])
+def test_exact_gelu_forward_keeps_what_its_backward_needs(act):
+    """From FUSED_MIN elements the forward loop keeps (1 + erf) / 2 and exp(-x^2 / 2) and
+    the backward is one pass over them; steps equal eager's."""
+    sizes = (4, 64, 3)  # 8 x 64 = 512 elements >= FUSED_MIN
+    step, eager, c, e = _pair(lambda ps: sg.optim.AdamW(ps, lr=1e-2), act, sizes=sizes)
+    _run_both(step, eager, c, e, _data(8, sizes), sizes)
+    src = step.source()
+    assert "gelu_save(" in src and "gelu_saved_b(" in src
+
+
+def test_exact_gelu_loops_equal_the_backends_bit_for_bit():
+    """gelu_save / gelu_saved_b do the CPU backend's float32 operations in its order: the
+    same bits as eager's gelu and GeluBackward0, special values included."""
+    from symgrad.backends.cpu.backend import CpuBackend
+    from symgrad.compile import fuse
+
+    mod = fuse.loops()
+    rng = np.random.default_rng(0)
+    x = np.concatenate([rng.standard_normal(2000) * 3, rng.standard_normal(20) * 1e3,
+                        [0.0, -0.0, np.nan, np.inf, -np.inf, 3.92, -3.92, 4.0, 1e-30]])
+    x = x.astype(np.float32)
+    g = rng.standard_normal(x.size).astype(np.float32)
+    out, cdf, ex = (np.empty_like(x) for _ in range(3))
+    mod.gelu_save(x, out, cdf, ex)
+    np.exp(ex, out=ex)
+    with np.errstate(all="ignore"):
+        assert np.array_equal(out, CpuBackend.gelu(x), equal_nan=True)
+        want = CpuBackend.gelu_backward(g, (True,), "none", x)[0]
+        got = np.empty_like(x)
+        mod.gelu_saved_b(g, x, cdf, ex, got)
+    assert np.array_equal(got, want, equal_nan=True)
+
+
 def test_single_op_loops_keep_eagers_special_values():
     """fuse.LOOPS against eager's ops on NaN, infinities and signed zeros: relu (0 for
     -0.0), its mask, log_softmax rows (a NaN or infinite max gives NaN), nll_loss."""

@@ -108,6 +108,9 @@ class _Ctx:
         self.epilogue: dict[int, OpCall] = {}
         #: id of each op whose output an earlier op's code already wrote
         self.written: set[int] = set()
+        #: exact GELU outputs whose forward kept (c, exp) buffers for the backward
+        #: (rules.gelu_saves): value index -> their names
+        self.gelu_saved: dict[int, tuple] = {}
         self._ids: dict[int, str] = {}
         self._arrays: dict[tuple, str] = {}
 
@@ -257,6 +260,9 @@ def _backward(ops: list, root: Value, ctx: _Ctx, lines: list, grad_state: dict,
             continue
         if out.index not in need or out.index not in grads:
             continue
+        if out.index in ctx.gelu_saved:
+            _gelu_backward(call, need, grads, values, ctx, lines)
+            continue
         if not has_backward(call, ctx.backend):
             raise Unsupported(f"no compile rule for the backward of {call.spec.name}")
         if formulas_rule(call, ctx.backend):
@@ -294,6 +300,26 @@ def _backward(ops: list, root: Value, ctx: _Ctx, lines: list, grad_state: dict,
             _accumulate_arg(v, grads[idx], ctx, lines, grad_state, layout)
         else:
             _accumulate(v, grads[idx], ctx, lines, grad_state, layout)
+
+
+def _gelu_backward(call: OpCall, need: set, grads: dict, values: dict, ctx: _Ctx,
+                   lines: list) -> None:
+    """Exact GELU's backward from what its forward kept (rules.gelu_saves): one pass,
+    eager's float32 operations (fuse.LOOPS' gelu_saved_b)."""
+    x, out = call.inputs[0], call.outputs[0]
+    if x.index not in need:
+        return
+    c, ex = ctx.gelu_saved[out.index]
+    b = ctx.buf(x, "gg")
+    k = ctx.loop_kernel("gelu_saved_b", "float32")
+    lines.append(f"{k}(np.ascontiguousarray({grads[out.index]}).reshape(-1), "
+                 f"np.ascontiguousarray({x.name}).reshape(-1), {c}, {ex}, {b}.reshape(-1))")
+    values[x.index] = x
+    if x.index in grads:
+        lines.append(f"g{x.index} = {grads[x.index]} + {b}")
+        grads[x.index] = f"g{x.index}"
+    else:
+        grads[x.index] = b
 
 
 def _formulas_backward(call: OpCall, need: set, grads: dict, values: dict, ctx: _Ctx,

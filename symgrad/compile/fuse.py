@@ -430,6 +430,45 @@ def bias_relu_rows(h, b, out):
             out[i, j] = 0 if v <= 0 else v
     return out
 """
+# exact GELU (float32, from FUSED_MIN elements: where eager runs the CPU backend's loops):
+# the forward also keeps what the backward needs, so the backward is one cheap pass instead
+# of eager's three (erf again, NumPy's exp, the combination). Same float32 operations in the
+# same order as the backend's gelu_f32 / gelu_b_prep_f32 / gelu_b_f32 (bit for bit): c is
+# the backward's (1 + erf) / 2, a becomes exp(-(x * x) / 2) by NumPy's exp in place.
+# FMA contraction only where the backend allows it (the forward: erf's polynomials; the
+# backward's c + x * (...) must not contract).
+LOOPS["gelu_save"] = """@njit(**_JC)
+def gelu_save(x, out, c, a):
+    for i in range(x.size):
+        xi = x[i]
+        e = np.float32(_erf_f64(np.float64(xi * _GELU_H)))
+        out[i] = xi / _GELU_2 * (_GELU_1 + e)
+        c[i] = (_GELU_1 + e) / _GELU_2
+        a[i] = -(xi * xi) / _GELU_2
+"""
+LOOPS["gelu_saved_b"] = """@njit(**_J)
+def gelu_saved_b(g, x, c, ex, out):
+    for i in range(x.size):
+        out[i] = g[i] * (c[i] + x[i] * (_GELU_PDF * ex[i]))
+"""
+
+
+def _gelu_prelude(kernels) -> list[str]:
+    """The backend's erf and GELU constants for the GELU loops; the hash of erf's source
+    names the module (Numba's cache of the loops does not see a change in a callee)."""
+    import hashlib
+    import inspect
+
+    digest = hashlib.sha1(inspect.getsource(kernels.erf_f64.py_func).encode()).hexdigest()
+    return [f"# erf_f64: {digest[:16]}",
+            "from symgrad.backends.cpu.kernels import erf_f64 as _erf_f64",
+            "from symgrad.backends.cpu.kernels import _F32_GELU_PDF as _GELU_PDF",
+            "from symgrad.backends.cpu.kernels import _F32_HALF_SQRT2 as _GELU_H",
+            "from symgrad.backends.cpu.kernels import _F32_ONE as _GELU_1",
+            "from symgrad.backends.cpu.kernels import _F32_TWO as _GELU_2",
+            "_JC = dict(_J, fastmath={'contract'})", ""]
+
+
 _LOOPS_MODULE = None
 
 
@@ -448,7 +487,8 @@ def loops():
         base = os.environ.get("NUMBA_CACHE_DIR") or os.path.join(
             os.path.dirname(os.path.abspath(kernels.__file__)), "__pycache__")
         text = "\n".join(['"""fuse.LOOPS: single-op loops the generated steps share."""',
-                          "import numpy as np", "", *PRELUDE, *LOOPS.values(),
+                          "import numpy as np", "", *PRELUDE, *_gelu_prelude(kernels),
+                          *LOOPS.values(),
                           *UPDATE_KERNELS.values()])
         _LOOPS_MODULE = import_text(text, os.path.join(base, "symgrad_generated"),
                                     "symgrad_loops")
@@ -464,7 +504,7 @@ def loop_import(name: str) -> str:
 #: their argument kinds (A: 2-D array, I: 1-D int64 array, a: 1-D array)
 LOOP_CODES = {"log_softmax_rows": "AA", "log_softmax_rows_b": "AAA", "nll_rows": "AIiba",
               "nll_rows_b": "sIibsA", "relu_rows": "AA", "relu_rows_b": "AAA",
-              "bias_relu_rows": "AaA"}
+              "bias_relu_rows": "AaA", "gelu_save": "aaaa", "gelu_saved_b": "aaaaa"}
 
 
 # -- fused backward --------------------------------------------------------------------------

@@ -54,6 +54,22 @@ def ufunc_forward(call: OpCall) -> bool:
     return name in UNARY_UFUNCS or name == "relu"
 
 
+def gelu_saves(call: OpCall, ctx) -> bool:
+    """Exact GELU where eager runs the CPU backend's float32 loops (from FUSED_MIN
+    elements) and its gradient is wanted: the forward loop keeps what the backward needs
+    (fuse.LOOPS' gelu_save / gelu_saved_b: eager's float32 operations, bit for bit)."""
+    from ..backends.cpu.backend import FUSED_MIN
+
+    out = call.outputs[0]
+    x = call.inputs[0] if call.inputs else None
+    return (getattr(ctx, "gelu_saved", None) is not None and isinstance(x, Value)
+            and len(call.outputs) == 1 and out.requires_grad
+            and call.params.get("approximate", "none") == "none"
+            and set(call.params) <= {"approximate"}
+            and x.dtype == np.float32 and out.dtype == np.float32
+            and tuple(x.shape) == tuple(out.shape) and _numel(out.shape) >= FUSED_MIN)
+
+
 def forward_code(call: OpCall, ctx) -> list[str]:
     """Lines computing ``call``'s outputs into their names."""
     name = call.spec.name
@@ -97,6 +113,17 @@ def forward_code(call: OpCall, ctx) -> list[str]:
     view = _view_code(call, ins[0] if ins else "")
     if view is not None:
         return [f"{out.name} = {view}"]
+    if name == "gelu" and gelu_saves(call, ctx):
+        # the loop also keeps the backward's (1 + erf) / 2 and exp(-(x * x) / 2)
+        b, c, a = f"gl{out.index}", f"gc{out.index}", f"ga{out.index}"
+        n = _numel(out.shape)
+        ctx.alloc(f"{b} = np.empty({out.shape!r}, np.float32)")
+        ctx.alloc(f"{c} = np.empty({n}, np.float32)")
+        ctx.alloc(f"{a} = np.empty({n}, np.float32)")
+        ctx.gelu_saved[out.index] = (c, a)
+        k = ctx.loop_kernel("gelu_save", "float32")
+        return [f"{k}(np.ascontiguousarray({ins[0]}).reshape(-1), {b}.reshape(-1), {c}, {a})",
+                f"np.exp({a}, out={a})", f"{out.name} = {b}"]
     if name == "log_softmax" and _rows_ok(call):
         k = ctx.loop_kernel("log_softmax_rows", out.dtype.name)
         return [f"{out.name} = {k}({ins[0]}, {ctx.buf(out)})"]
