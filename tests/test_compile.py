@@ -237,12 +237,28 @@ def test_wide_layers_form_products_column_major_and_match_eager(act, loss, grads
     assert ("log_softmax_rows(" in src and "nll_rows_b(" in src) == (loss == "ce")
 
 
+def test_a_product_copied_back_row_major_is_formed_as_written_below_tprod_copy_k():
+    """256x64 @ 64x256 + bias read by GELU (not a ufunc) reaches TPROD_MIN, but copying
+    the column-major product back row-major (a transposing bias add) costs more than it
+    saves at k = 64: formed as written, row-major, and eager's values."""
+    from symgrad.compile import codegen
+
+    sizes = (64, 256, 10)
+    assert 256 * 64 * 256 >= codegen.TPROD_MIN and 64 < codegen.TPROD_COPY_K
+    step, eager, c, e = _pair(lambda ps: sg.optim.SGD(ps, lr=0.05), nn.GELU, sizes=sizes)
+    _run_both(step, eager, c, e, _data(256, sizes), sizes, steps=2)
+    src = step.source()
+    assert "order='F'" not in src and not re.search(r"np\.add\(t\d+\.T", src)
+    assert re.search(r"np\.matmul\(v\d+, v\d+, out=b\d+\)", src)
+
+
 def test_wide_products_read_by_other_ops_and_cross_entropy_options():
-    """A bias-free ``x @ W.t()`` read by softmax (not a ufunc: copied back row-major) and
-    one read by relu (stays column-major, relu's own loops), and cross_entropy with
-    ignore_index (some targets ignored) and reduction="sum"."""
+    """A bias-free ``x @ W.t()`` read by softmax (not a ufunc: copied back row-major; its
+    inner dimension reaches TPROD_COPY_K) and one read by relu (stays column-major, relu's
+    own loops), and cross_entropy with ignore_index (some targets ignored) and
+    reduction="sum"."""
     sg.manual_seed(4)
-    ws = [sg.randn(256, 256) * 0.06, sg.randn(256, 256) * 0.06, sg.randn(10, 256) * 0.06]
+    ws = [sg.randn(256, 512) * 0.04, sg.randn(256, 256) * 0.06, sg.randn(10, 256) * 0.06]
     ws = [w.detach().requires_grad_() for w in ws]
     ws_e = [sg.tensor(w.detach().numpy().copy(), requires_grad=True) for w in ws]
 
@@ -261,7 +277,7 @@ def test_wide_products_read_by_other_ops_and_cross_entropy_options():
     step = sg.compile(make(ws, sg.optim.SGD(ws, lr=0.01)))
     eager = make(ws_e, sg.optim.SGD(ws_e, lr=0.01))
     sg.manual_seed(5)
-    x = sg.randn(64, 256)
+    x = sg.randn(64, 512)
     y = sg.randint(0, 10, (64,))
     assert (y.numpy() == 3).any()
     for i in range(3):
@@ -269,7 +285,7 @@ def test_wide_products_read_by_other_ops_and_cross_entropy_options():
             warnings.simplefilter("error")
             got = step(x, y)
         want = eager(x, y)
-        terms = (i + 1) * (3 * 256 + 64 + 16)
+        terms = (i + 1) * (512 + 2 * 256 + 64 + 16)
         assert_close(got, want, terms=terms, scale=magnitude(want.detach().numpy()) * 64)
         for w, w_e in zip(ws, ws_e):
             assert_close(w, w_e, terms=terms)

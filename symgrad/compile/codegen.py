@@ -587,6 +587,12 @@ def _state_ref(layout: Layout, k: int, slot: int, key: str) -> str:
 #: 64x256 @ 256x256; for 64x128 @ 128x256 no gain once copied back row-major, and slower
 #: for batch-1 products (docs/compile.md, "The 784-256-256-10 step")
 TPROD_MIN = 1 << 22
+#: inner dimension ``k`` from which such a product is formed transposed even where it must
+#: be copied back row-major (the bias add reading it column-major): the copy costs ~m*n,
+#: the gain grows with m*k*n. The GPT's 256x64 @ 64x256 (MLP up-projection, GELU after
+#: it) spent 212 + 170 µs on product + transposing add, under load (a plain row-major
+#: product + bias add: see the commit)
+TPROD_COPY_K = 512
 
 
 def _values_in(obj, out: list) -> list:
@@ -675,6 +681,9 @@ def _transposed_products(program: Program, groups) -> tuple[dict, set, dict]:
                     break
                 if c.outputs[0].shape == out.shape and c.outputs[0].index not in members:
                     todo.append(c.outputs[0])
+        if not ok and call.inputs[-2].shape[1] < TPROD_COPY_K:
+            continue  # the copy back row-major (a transposing bias add) costs more than
+            # the column-major product saves: formed as written
         tprod[out.index] = ok
         if ok:
             fortran.update(members)
