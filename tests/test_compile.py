@@ -364,6 +364,21 @@ def test_single_op_loops_keep_eagers_special_values():
     got = mod.log_softmax_rows(rows, np.empty_like(rows))
     assert np.array_equal(np.isnan(got), np.isnan(want))
     assert_close(got[~np.isnan(want)], want[~np.isnan(want)], terms=4)
+    wide = np.concatenate([rows, np.linspace(-3, 3, 6 * 37, dtype=np.float32).reshape(6, 37)],
+                          axis=1)  # the WIDE_ROWS loops: NumPy's exp between two passes
+    with np.errstate(invalid="ignore"):  # eager's inf - inf
+        want_w = F.log_softmax(sg.tensor(wide), dim=1).numpy()
+    got_w = mod.log_softmax_shift(wide, np.empty_like(wide))
+    with np.errstate(invalid="ignore"):
+        got_w = mod.log_softmax_fin(got_w, np.exp(got_w))
+    assert np.array_equal(np.isnan(got_w), np.isnan(want_w))
+    assert_close(got_w[~np.isnan(want_w)], want_w[~np.isnan(want_w)], terms=40)
+    gw = np.linspace(-1, 1, wide.size, dtype=np.float32).reshape(wide.shape)
+    ok = np.isfinite(want_w).all(axis=1)
+    y = want_w[ok]
+    want_b = gw[ok] - np.exp(y) * gw[ok].sum(axis=1, keepdims=True)
+    got_b = mod.log_softmax_wide_b(gw[ok], np.exp(y), np.empty_like(y))
+    assert_close(got_b, want_b, terms=40)
     t = np.array([2, 0, 1, -100, 0, 1], np.int64)
     out = np.empty(2, np.float32)
     fin = np.isfinite(want).all(axis=1)

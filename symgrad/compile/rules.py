@@ -124,6 +124,13 @@ def forward_code(call: OpCall, ctx) -> list[str]:
         k = ctx.loop_kernel("gelu_save", "float32")
         return [f"{k}(np.ascontiguousarray({ins[0]}).reshape(-1), {b}.reshape(-1), {c}, {a})",
                 f"np.exp({a}, out={a})", f"{out.name} = {b}"]
+    if name == "log_softmax" and _rows_ok(call) and _wide_rows(call):
+        dt, b, e = out.dtype.name, ctx.buf(out), f"le{out.index}"
+        ctx.alloc(f"{e} = np.empty({out.shape!r}, np.{dt})")
+        shift, fin = ctx.loop_kernel("log_softmax_shift", dt), ctx.loop_kernel(
+            "log_softmax_fin", dt)
+        return [f"{shift}({ins[0]}, {b})", f"np.exp({b}, out={e})",
+                f"{out.name} = {fin}({b}, {e})"]
     if name == "log_softmax" and _rows_ok(call):
         k = ctx.loop_kernel("log_softmax_rows", out.dtype.name)
         return [f"{out.name} = {k}({ins[0]}, {ctx.buf(out)})"]
@@ -328,6 +335,16 @@ def _rows_ok(c) -> bool:
     return _rows_small(x) and out.dtype == x.dtype and norm(c.params["dim"], 2) == 1
 
 
+#: row length from which log_softmax's exponentials are NumPy's SIMD exp between two
+#: loops (fuse.LOOPS' log_softmax_shift / _fin / _wide_b) rather than a libm call per
+#: element inside one loop (two extra calls; 64x10 rows stay on the one-loop form)
+WIDE_ROWS = 32
+
+
+def _wide_rows(c) -> bool:
+    return c.inputs[0].shape[1] >= WIDE_ROWS
+
+
 def _nll_rows_ok(c) -> bool:
     """nll_loss (mean or sum, no class weights) of a small 2-D input, int64 targets."""
     x, t = c.inputs[0], c.params.get("target")
@@ -343,6 +360,11 @@ def _log_softmax(c, ctx, g):
         out = c.outputs[0]
         b = f"gl{out.index}"
         ctx.alloc(f"{b} = np.empty({out.shape!r}, np.{out.dtype.name})")
+        if _wide_rows(c):
+            e = f"lb{out.index}"
+            ctx.alloc(f"{e} = np.empty({out.shape!r}, np.{out.dtype.name})")
+            k = ctx.loop_kernel("log_softmax_wide_b", out.dtype.name)
+            return {0: f"{k}({g}, np.exp({y}, out={e}), {b})"}
         return {0: f"{ctx.loop_kernel('log_softmax_rows_b', out.dtype.name)}({g}, {y}, {b})"}
     d = norm(c.params["dim"], len(c.outputs[0].shape))
     return {0: f"({g} - np.exp({y}) * {g}.sum(axis={d}, keepdims=True))"}
