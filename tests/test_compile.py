@@ -1021,9 +1021,21 @@ class SplitUnbind(nn.Module):
         return sg.stack([rows[0] * 2.0, rows[-1]], 0).tanh() + a[:2]
 
 
+class ChunkHeads(nn.Module):
+    """Attention-style pieces: each half viewed as (2, 2) and transposed, so its gradient
+    reaches the split as a transposed view reshaped (written into the join directly)."""
+
+    def forward(self, h):
+        a, b = h.chunk(2, -1)
+        n = h.shape[0]
+        a2, b2 = a.view(n, 2, 2).transpose(1, 2), b.view(n, 2, 2).transpose(1, 2)
+        return (a2 * b2.sigmoid()).reshape(n, 4)
+
+
 @pytest.mark.parametrize("block,width,opt_kind",
-                         [(GLU, 4, "sgd"), (GLU, 4, "momentum"), (SplitUnbind, 3, "sgd")],
-                         ids=["glu-sgd", "glu-momentum", "split-unbind-sgd"])
+                         [(GLU, 4, "sgd"), (GLU, 4, "momentum"), (SplitUnbind, 3, "sgd"),
+                          (ChunkHeads, 4, "momentum")],
+                         ids=["glu-sgd", "glu-momentum", "split-unbind-sgd", "heads-momentum"])
 def test_several_output_ops_run_compiled_and_equal_eager(block, width, opt_kind):
     """chunk/split/unbind compile (forward: the pieces as views; backward: concatenate or
     stack of the pieces' gradients, zeros for unused pieces): no eager fallback, several
@@ -1039,11 +1051,30 @@ def test_several_output_ops_run_compiled_and_equal_eager(block, width, opt_kind)
     _run_both(step, eager, (model, opt), (model_e, opt_e), _data(batch), (4, 8, 3))
     assert step.stats["traces"] == 1 and step.stats["fallbacks"] == []
     src = step.source()
-    assert "np.concatenate((" in src
+    # the join: into a buffer of make(), each piece without a reshape's copy
+    assert "cat_into(gcat" in src and "np.concatenate((" not in src
     assert ("np.stack((" in src) == (block is SplitUnbind)
-    joins = [line for line in src.splitlines() if "np.concatenate((" in line]
+    joins = [line for line in src.splitlines() if "cat_into(" in line]
+    assert any(re.search(r"\(np\.swapaxes\(.*\), \(6, 4\)\)", line) for line in joins) == \
+        (block is ChunkHeads)
     # the unused middle piece joins as a bound zeros constant (Z<value>_<k>)
     assert any(re.search(r"\bZ\d+_\d+\b", line) for line in joins) == (block is SplitUnbind)
+
+
+def test_cat_into_equals_concatenate_of_the_reshaped_pieces():
+    """runtime.cat_into: a piece viewed in the slice's place (a transposed view split
+    across a dim), one whose slice cannot be viewed so (flat: reshaped first), a plain one."""
+    from symgrad.compile.runtime import cat_into
+
+    rng = np.random.default_rng(0)
+    a = np.swapaxes(rng.standard_normal((4, 2, 3)), 1, 2)  # (4, 3, 2) -> (4, 6), a view
+    b = rng.standard_normal(8)  # -> (4, 2): the slice out[:, 6:8] is not flat
+    c = rng.standard_normal((4, 1))
+    parts = ((a, (4, 6)), (b, (4, 2)), (c, (4, 1)))
+    want = np.concatenate([x.reshape(shape) for x, shape in parts], axis=1)
+    out = np.full((4, 9), np.nan)
+    assert cat_into(out, 1, parts) is out
+    assert np.array_equal(out, want)
 
 
 def test_cat_with_an_empty_legacy_input_compiles():

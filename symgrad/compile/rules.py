@@ -542,7 +542,41 @@ def multi_backward_code(call: OpCall, ctx, grads: list) -> dict[int, str]:
     d = norm(call.params.get("dim", 0), len(x.shape))
     parts = [g if g is not None else ctx.bind(np.zeros(v.shape, v.dtype), f"Z{v.index}")
              for g, v in zip(grads, call.outputs)]
+    if MULTI_OUTPUT[call.spec.name] == "np.concatenate" and isinstance(x, Value) and \
+            x.kind == "op" and all(v.dtype == x.dtype for v in call.outputs):
+        # into a buffer of make(), each piece without its reshape's copy (runtime.cat_into);
+        # an op's value only: a leaf's or an argument's gradient may become its .grad
+        b = f"gcat{x.index}"
+        ctx.alloc(f"{b} = np.empty({tuple(x.shape)!r}, np.{x.dtype.name})")
+        items = []
+        for part, v in zip(parts, call.outputs):
+            inner = _peel_reshape(part)
+            items.append(f"({inner if inner is not None else part}, {tuple(v.shape)!r})")
+        return {0: f"cat_into({b}, {d}, ({', '.join(items)},))"}
     return {0: f"{MULTI_OUTPUT[call.spec.name]}(({', '.join(parts)},), axis={d})"}
+
+
+def _peel_reshape(expr: str) -> str | None:
+    """``A`` of an expression ``(A).reshape(shape)`` (in any number of outer parentheses),
+    else None."""
+    def closing(s: str, start: int) -> int:
+        depth = 0
+        for i in range(start, len(s)):
+            depth += {"(": 1, ")": -1}.get(s[i], 0)
+            if depth == 0:
+                return i
+        return -1
+
+    while expr.startswith("(") and closing(expr, 0) == len(expr) - 1:
+        expr = expr[1:-1]
+    if not expr.startswith("("):
+        return None
+    end = closing(expr, 0)
+    rest = expr[end + 1:]
+    if end < 0 or not rest.startswith(".reshape(") or \
+            closing(rest, len(".reshape")) != len(rest) - 1:
+        return None
+    return expr[1:end]
 
 
 def formulas_rule(call: OpCall, backend=None) -> bool:
