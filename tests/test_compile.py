@@ -919,6 +919,55 @@ def test_disk_cache_second_process_compiles_nothing(tmp_path):
     assert not second["sympy"]  # the fused runs' derivations come from the cache too
 
 
+_LOOPS_CHILD = textwrap.dedent("""
+    import json
+    import symgrad as sg
+    from symgrad import nn
+    from symgrad.compile.fuse import loops
+
+    sg.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 64), nn.ReLU(), nn.Linear(64, 3))
+    opt = sg.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    @sg.compile
+    def step(x, y):
+        opt.zero_grad()
+        loss = sg.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    x, y = sg.randn(128, 4), sg.randint(0, 3, (128,))
+    step(x, y)
+    step(x, y)
+    assert not step.stats["fallbacks"], step.stats["fallbacks"]
+    mod = loops()
+    used = ("relu_rows", "relu_rows_b", "log_softmax_rows", "nll_rows", "sgd_update")
+    print(json.dumps({"file": mod.__file__, "source": step.source(), **{
+        n: [sum(getattr(mod, n).stats.cache_misses.values()),
+            sum(getattr(mod, n).stats.cache_hits.values())] for n in used}}))
+""")
+
+
+def test_shared_loops_are_not_compiled_again_for_an_empty_compile_cache(tmp_path, capsys):
+    """The single-op loops and the optimizer updates are fixed code: kept with the CPU
+    backend's kernels, so a process whose compile cache is empty (a new cache dir) loads
+    them instead of compiling them again (LeNet's first call spent most of its time so)."""
+    exec(compile(_LOOPS_CHILD, "loops_child", "exec"), {})  # here: the loops are compiled
+    first = json.loads(capsys.readouterr().out.strip().splitlines()[-1])  # or loaded
+    # a new process with a new (empty) compile cache; the backend's kernel cache as the
+    # suite has it
+    env = dict(os.environ, SYMGRAD_COMPILE_CACHE=str(tmp_path / "empty"))
+    out = subprocess.run([sys.executable, "-c", _LOOPS_CHILD], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    second = json.loads(out.stdout.strip().splitlines()[-1])
+    for name in ("relu_rows", "relu_rows_b", "log_softmax_rows", "nll_rows", "sgd_update"):
+        assert name + "(" in second["source"]
+        assert second[name][0] == 0 and second[name][1] >= 1, (name, second[name])
+    assert first["file"] == second["file"] and not first["file"].startswith(str(tmp_path))
+
+
 def _fuzz_fn(steps, leaves, weights):
     """fn of a random program: leaves (parameters) and loss weights live outside it."""
     def fn():
