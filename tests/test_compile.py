@@ -237,12 +237,28 @@ def test_wide_layers_form_products_column_major_and_match_eager(act, loss, grads
     assert ("log_softmax_rows(" in src and "nll_rows_b(" in src) == (loss == "ce")
 
 
+def test_a_product_copied_back_row_major_is_formed_as_written_below_tprod_copy_k():
+    """256x64 @ 64x256 + bias read by GELU (not a ufunc) reaches TPROD_MIN, but copying
+    the column-major product back row-major (a transposing bias add) costs more than it
+    saves at k = 64: formed as written, row-major, and eager's values."""
+    from symgrad.compile import codegen
+
+    sizes = (64, 256, 10)
+    assert 256 * 64 * 256 >= codegen.TPROD_MIN and 64 < codegen.TPROD_COPY_K
+    step, eager, c, e = _pair(lambda ps: sg.optim.SGD(ps, lr=0.05), nn.GELU, sizes=sizes)
+    _run_both(step, eager, c, e, _data(256, sizes), sizes, steps=2)
+    src = step.source()
+    assert "order='F'" not in src and not re.search(r"np\.add\(t\d+\.T", src)
+    assert re.search(r"np\.matmul\(v\d+, v\d+, out=b\d+\)", src)
+
+
 def test_wide_products_read_by_other_ops_and_cross_entropy_options():
-    """A bias-free ``x @ W.t()`` read by softmax (not a ufunc: copied back row-major) and
-    one read by relu (stays column-major, relu's own loops), and cross_entropy with
-    ignore_index (some targets ignored) and reduction="sum"."""
+    """A bias-free ``x @ W.t()`` read by softmax (not a ufunc: copied back row-major; its
+    inner dimension reaches TPROD_COPY_K) and one read by relu (stays column-major, relu's
+    own loops), and cross_entropy with ignore_index (some targets ignored) and
+    reduction="sum"."""
     sg.manual_seed(4)
-    ws = [sg.randn(256, 256) * 0.06, sg.randn(256, 256) * 0.06, sg.randn(10, 256) * 0.06]
+    ws = [sg.randn(256, 512) * 0.04, sg.randn(256, 256) * 0.06, sg.randn(10, 256) * 0.06]
     ws = [w.detach().requires_grad_() for w in ws]
     ws_e = [sg.tensor(w.detach().numpy().copy(), requires_grad=True) for w in ws]
 
@@ -261,7 +277,7 @@ def test_wide_products_read_by_other_ops_and_cross_entropy_options():
     step = sg.compile(make(ws, sg.optim.SGD(ws, lr=0.01)))
     eager = make(ws_e, sg.optim.SGD(ws_e, lr=0.01))
     sg.manual_seed(5)
-    x = sg.randn(64, 256)
+    x = sg.randn(64, 512)
     y = sg.randint(0, 10, (64,))
     assert (y.numpy() == 3).any()
     for i in range(3):
@@ -269,7 +285,7 @@ def test_wide_products_read_by_other_ops_and_cross_entropy_options():
             warnings.simplefilter("error")
             got = step(x, y)
         want = eager(x, y)
-        terms = (i + 1) * (3 * 256 + 64 + 16)
+        terms = (i + 1) * (512 + 2 * 256 + 64 + 16)
         assert_close(got, want, terms=terms, scale=magnitude(want.detach().numpy()) * 64)
         for w, w_e in zip(ws, ws_e):
             assert_close(w, w_e, terms=terms)
@@ -281,6 +297,47 @@ def test_wide_products_read_by_other_ops_and_cross_entropy_options():
         eager(x, bad)
     with pytest.raises(IndexError):
         step(x, bad)
+
+
+class GELUResidual(nn.Module):
+    """Exact GELU whose input also feeds a residual: its gradient has two terms."""
+
+    def forward(self, x):
+        return F.gelu(x) * 0.5 + x
+
+
+@pytest.mark.parametrize("act", [nn.GELU, GELUResidual])
+def test_exact_gelu_forward_keeps_what_its_backward_needs(act):
+    """From FUSED_MIN elements the forward loop keeps (1 + erf) / 2 and exp(-x^2 / 2) and
+    the backward is one pass over them; steps equal eager's."""
+    sizes = (4, 64, 3)  # 8 x 64 = 512 elements >= FUSED_MIN
+    step, eager, c, e = _pair(lambda ps: sg.optim.AdamW(ps, lr=1e-2), act, sizes=sizes)
+    _run_both(step, eager, c, e, _data(8, sizes), sizes)
+    src = step.source()
+    assert "gelu_save(" in src and "gelu_saved_b(" in src
+
+
+def test_exact_gelu_loops_equal_the_backends_bit_for_bit():
+    """gelu_save / gelu_saved_b do the CPU backend's float32 operations in its order: the
+    same bits as eager's gelu and GeluBackward0, special values included."""
+    from symgrad.backends.cpu.backend import CpuBackend
+    from symgrad.compile import fuse
+
+    mod = fuse.loops()
+    rng = np.random.default_rng(0)
+    x = np.concatenate([rng.standard_normal(2000) * 3, rng.standard_normal(20) * 1e3,
+                        [0.0, -0.0, np.nan, np.inf, -np.inf, 3.92, -3.92, 4.0, 1e-30]])
+    x = x.astype(np.float32)
+    g = rng.standard_normal(x.size).astype(np.float32)
+    out, cdf, ex = (np.empty_like(x) for _ in range(3))
+    mod.gelu_save(x, out, cdf, ex)
+    np.exp(ex, out=ex)
+    with np.errstate(all="ignore"):
+        assert np.array_equal(out, CpuBackend.gelu(x), equal_nan=True)
+        want = CpuBackend.gelu_backward(g, (True,), "none", x)[0]
+        got = np.empty_like(x)
+        mod.gelu_saved_b(g, x, cdf, ex, got)
+    assert np.array_equal(got, want, equal_nan=True)
 
 
 def test_single_op_loops_keep_eagers_special_values():
@@ -307,6 +364,21 @@ def test_single_op_loops_keep_eagers_special_values():
     got = mod.log_softmax_rows(rows, np.empty_like(rows))
     assert np.array_equal(np.isnan(got), np.isnan(want))
     assert_close(got[~np.isnan(want)], want[~np.isnan(want)], terms=4)
+    wide = np.concatenate([rows, np.linspace(-3, 3, 6 * 37, dtype=np.float32).reshape(6, 37)],
+                          axis=1)  # the WIDE_ROWS loops: NumPy's exp between two passes
+    with np.errstate(invalid="ignore"):  # eager's inf - inf
+        want_w = F.log_softmax(sg.tensor(wide), dim=1).numpy()
+    got_w = mod.log_softmax_shift(wide, np.empty_like(wide))
+    with np.errstate(invalid="ignore"):
+        got_w = mod.log_softmax_fin(got_w, np.exp(got_w))
+    assert np.array_equal(np.isnan(got_w), np.isnan(want_w))
+    assert_close(got_w[~np.isnan(want_w)], want_w[~np.isnan(want_w)], terms=40)
+    gw = np.linspace(-1, 1, wide.size, dtype=np.float32).reshape(wide.shape)
+    ok = np.isfinite(want_w).all(axis=1)
+    y = want_w[ok]
+    want_b = gw[ok] - np.exp(y) * gw[ok].sum(axis=1, keepdims=True)
+    got_b = mod.log_softmax_wide_b(gw[ok], np.exp(y), np.empty_like(y))
+    assert_close(got_b, want_b, terms=40)
     t = np.array([2, 0, 1, -100, 0, 1], np.int64)
     out = np.empty(2, np.float32)
     fin = np.isfinite(want).all(axis=1)
@@ -847,6 +919,55 @@ def test_disk_cache_second_process_compiles_nothing(tmp_path):
     assert not second["sympy"]  # the fused runs' derivations come from the cache too
 
 
+_LOOPS_CHILD = textwrap.dedent("""
+    import json
+    import symgrad as sg
+    from symgrad import nn
+    from symgrad.compile.fuse import loops
+
+    sg.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 64), nn.ReLU(), nn.Linear(64, 3))
+    opt = sg.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    @sg.compile
+    def step(x, y):
+        opt.zero_grad()
+        loss = sg.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    x, y = sg.randn(128, 4), sg.randint(0, 3, (128,))
+    step(x, y)
+    step(x, y)
+    assert not step.stats["fallbacks"], step.stats["fallbacks"]
+    mod = loops()
+    used = ("relu_rows", "relu_rows_b", "log_softmax_rows", "nll_rows", "sgd_update")
+    print(json.dumps({"file": mod.__file__, "source": step.source(), **{
+        n: [sum(getattr(mod, n).stats.cache_misses.values()),
+            sum(getattr(mod, n).stats.cache_hits.values())] for n in used}}))
+""")
+
+
+def test_shared_loops_are_not_compiled_again_for_an_empty_compile_cache(tmp_path, capsys):
+    """The single-op loops and the optimizer updates are fixed code: kept with the CPU
+    backend's kernels, so a process whose compile cache is empty (a new cache dir) loads
+    them instead of compiling them again (LeNet's first call spent most of its time so)."""
+    exec(compile(_LOOPS_CHILD, "loops_child", "exec"), {})  # here: the loops are compiled
+    first = json.loads(capsys.readouterr().out.strip().splitlines()[-1])  # or loaded
+    # a new process with a new (empty) compile cache; the backend's kernel cache as the
+    # suite has it
+    env = dict(os.environ, SYMGRAD_COMPILE_CACHE=str(tmp_path / "empty"))
+    out = subprocess.run([sys.executable, "-c", _LOOPS_CHILD], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    second = json.loads(out.stdout.strip().splitlines()[-1])
+    for name in ("relu_rows", "relu_rows_b", "log_softmax_rows", "nll_rows", "sgd_update"):
+        assert name + "(" in second["source"]
+        assert second[name][0] == 0 and second[name][1] >= 1, (name, second[name])
+    assert first["file"] == second["file"] and not first["file"].startswith(str(tmp_path))
+
+
 def _fuzz_fn(steps, leaves, weights):
     """fn of a random program: leaves (parameters) and loss weights live outside it."""
     def fn():
@@ -949,9 +1070,21 @@ class SplitUnbind(nn.Module):
         return sg.stack([rows[0] * 2.0, rows[-1]], 0).tanh() + a[:2]
 
 
+class ChunkHeads(nn.Module):
+    """Attention-style pieces: each half viewed as (2, 2) and transposed, so its gradient
+    reaches the split as a transposed view reshaped (written into the join directly)."""
+
+    def forward(self, h):
+        a, b = h.chunk(2, -1)
+        n = h.shape[0]
+        a2, b2 = a.view(n, 2, 2).transpose(1, 2), b.view(n, 2, 2).transpose(1, 2)
+        return (a2 * b2.sigmoid()).reshape(n, 4)
+
+
 @pytest.mark.parametrize("block,width,opt_kind",
-                         [(GLU, 4, "sgd"), (GLU, 4, "momentum"), (SplitUnbind, 3, "sgd")],
-                         ids=["glu-sgd", "glu-momentum", "split-unbind-sgd"])
+                         [(GLU, 4, "sgd"), (GLU, 4, "momentum"), (SplitUnbind, 3, "sgd"),
+                          (ChunkHeads, 4, "momentum")],
+                         ids=["glu-sgd", "glu-momentum", "split-unbind-sgd", "heads-momentum"])
 def test_several_output_ops_run_compiled_and_equal_eager(block, width, opt_kind):
     """chunk/split/unbind compile (forward: the pieces as views; backward: concatenate or
     stack of the pieces' gradients, zeros for unused pieces): no eager fallback, several
@@ -967,11 +1100,30 @@ def test_several_output_ops_run_compiled_and_equal_eager(block, width, opt_kind)
     _run_both(step, eager, (model, opt), (model_e, opt_e), _data(batch), (4, 8, 3))
     assert step.stats["traces"] == 1 and step.stats["fallbacks"] == []
     src = step.source()
-    assert "np.concatenate((" in src
+    # the join: into a buffer of make(), each piece without a reshape's copy
+    assert "cat_into(gcat" in src and "np.concatenate((" not in src
     assert ("np.stack((" in src) == (block is SplitUnbind)
-    joins = [line for line in src.splitlines() if "np.concatenate((" in line]
+    joins = [line for line in src.splitlines() if "cat_into(" in line]
+    assert any(re.search(r"\(np\.swapaxes\(.*\), \(6, 4\)\)", line) for line in joins) == \
+        (block is ChunkHeads)
     # the unused middle piece joins as a bound zeros constant (Z<value>_<k>)
     assert any(re.search(r"\bZ\d+_\d+\b", line) for line in joins) == (block is SplitUnbind)
+
+
+def test_cat_into_equals_concatenate_of_the_reshaped_pieces():
+    """runtime.cat_into: a piece viewed in the slice's place (a transposed view split
+    across a dim), one whose slice cannot be viewed so (flat: reshaped first), a plain one."""
+    from symgrad.compile.runtime import cat_into
+
+    rng = np.random.default_rng(0)
+    a = np.swapaxes(rng.standard_normal((4, 2, 3)), 1, 2)  # (4, 3, 2) -> (4, 6), a view
+    b = rng.standard_normal(8)  # -> (4, 2): the slice out[:, 6:8] is not flat
+    c = rng.standard_normal((4, 1))
+    parts = ((a, (4, 6)), (b, (4, 2)), (c, (4, 1)))
+    want = np.concatenate([x.reshape(shape) for x, shape in parts], axis=1)
+    out = np.full((4, 9), np.nan)
+    assert cat_into(out, 1, parts) is out
+    assert np.array_equal(out, want)
 
 
 def test_cat_with_an_empty_legacy_input_compiles():

@@ -397,6 +397,46 @@ def nll_rows_b(g, t, ignore_index, mean, tw, out):
             out[i, k] = -g
     return out
 """}
+# log_softmax over wide rows (the GPT's 65-token vocabulary): the per-element libm exp of
+# log_softmax_rows / log_softmax_rows_b (a scalar call, ~15 ns) took 250 µs each way on
+# 256x65 under load; here the exponentials are NumPy's SIMD exp between two passes (shift
+# by the row max; float64 row sum, log, subtract), the same special values (a NaN or
+# infinite max gives NaN rows). Eager computes exp in the dtype too.
+LOOPS["log_softmax_shift"] = """@njit(**_J)
+def log_softmax_shift(x, out):
+    n, c = x.shape
+    for i in range(n):
+        mx = x[i, 0]
+        for j in range(1, c):
+            if x[i, j] > mx or x[i, j] != x[i, j]:
+                mx = x[i, j]
+        for j in range(c):
+            out[i, j] = x[i, j] - mx
+    return out
+"""
+LOOPS["log_softmax_fin"] = """@njit(**_J)
+def log_softmax_fin(out, e):
+    n, c = out.shape
+    for i in range(n):
+        s = 0.0
+        for j in range(c):
+            s += e[i, j]
+        lse = math.log(s)
+        for j in range(c):
+            out[i, j] = out[i, j] - lse
+    return out
+"""
+LOOPS["log_softmax_wide_b"] = """@njit(**_J)
+def log_softmax_wide_b(g, e, out):
+    n, c = out.shape
+    for i in range(n):
+        s = 0.0
+        for j in range(c):
+            s += g[i, j]
+        for j in range(c):
+            out[i, j] = g[i, j] - e[i, j] * s
+    return out
+"""
 # relu alone (no run of elementwise ops to fuse): NumPy's maximum(x, 0) and g * (y > 0)
 # take 7 and 6 µs on 64x256 float32, these loops 1.4 and 2 (the same values: -0.0 and 0
 # give 0, NaN stays NaN, and the mask multiplies as eager's does)
@@ -430,20 +470,68 @@ def bias_relu_rows(h, b, out):
             out[i, j] = 0 if v <= 0 else v
     return out
 """
+# exact GELU (float32, from FUSED_MIN elements: where eager runs the CPU backend's loops):
+# the forward also keeps what the backward needs, so the backward is one cheap pass instead
+# of eager's three (erf again, NumPy's exp, the combination). Same float32 operations in the
+# same order as the backend's gelu_f32 / gelu_b_prep_f32 / gelu_b_f32 (bit for bit): c is
+# the backward's (1 + erf) / 2, a becomes exp(-(x * x) / 2) by NumPy's exp in place.
+# FMA contraction only where the backend allows it (the forward: erf's polynomials; the
+# backward's c + x * (...) must not contract).
+LOOPS["gelu_save"] = """@njit(**_JC)
+def gelu_save(x, out, c, a):
+    for i in range(x.size):
+        xi = x[i]
+        e = np.float32(_erf_f64(np.float64(xi * _GELU_H)))
+        out[i] = xi / _GELU_2 * (_GELU_1 + e)
+        c[i] = (_GELU_1 + e) / _GELU_2
+        a[i] = -(xi * xi) / _GELU_2
+"""
+LOOPS["gelu_saved_b"] = """@njit(**_J)
+def gelu_saved_b(g, x, c, ex, out):
+    for i in range(x.size):
+        out[i] = g[i] * (c[i] + x[i] * (_GELU_PDF * ex[i]))
+"""
+
+
+def _gelu_prelude(kernels) -> list[str]:
+    """The backend's erf and GELU constants for the GELU loops; the hash of erf's source
+    names the module (Numba's cache of the loops does not see a change in a callee)."""
+    import hashlib
+    import inspect
+
+    digest = hashlib.sha1(inspect.getsource(kernels.erf_f64.py_func).encode()).hexdigest()
+    return [f"# erf_f64: {digest[:16]}",
+            "from symgrad.backends.cpu.kernels import erf_f64 as _erf_f64",
+            "from symgrad.backends.cpu.kernels import _F32_GELU_PDF as _GELU_PDF",
+            "from symgrad.backends.cpu.kernels import _F32_HALF_SQRT2 as _GELU_H",
+            "from symgrad.backends.cpu.kernels import _F32_ONE as _GELU_1",
+            "from symgrad.backends.cpu.kernels import _F32_TWO as _GELU_2",
+            "_JC = dict(_J, fastmath={'contract'})", ""]
+
+
 _LOOPS_MODULE = None
 
 
 def loops():
-    """LOOPS as one module every generated step imports them from, loaded from the compile
-    cache dir: Numba compiles each loop once per machine and dtype, not once per step."""
+    """LOOPS and the optimizer updates (UPDATE_KERNELS) as one module every generated step
+    imports them from. Their text is fixed by this file, not by a step, so the module
+    lives where the CPU backend keeps its own generated loops (next to its kernels, or its
+    private ``NUMBA_CACHE_DIR``), not in the compile cache: Numba compiles each loop once
+    per installation and dtype, and a first compile with an empty compile cache loads them
+    (LeNet's first call spent 3 of its 3.4 s compiling these seven loops again)."""
     global _LOOPS_MODULE
     if _LOOPS_MODULE is None:
         from .._codefiles import import_text
-        from .loader import cache_dir
+        from ..backends.cpu import kernels
 
+        base = os.environ.get("NUMBA_CACHE_DIR") or os.path.join(
+            os.path.dirname(os.path.abspath(kernels.__file__)), "__pycache__")
         text = "\n".join(['"""fuse.LOOPS: single-op loops the generated steps share."""',
-                          "import numpy as np", "", *PRELUDE, *LOOPS.values()])
-        _LOOPS_MODULE = import_text(text, cache_dir(), "symgrad_loops")
+                          "import numpy as np", "", *PRELUDE, *_gelu_prelude(kernels),
+                          *LOOPS.values(),
+                          *UPDATE_KERNELS.values()])
+        _LOOPS_MODULE = import_text(text, os.path.join(base, "symgrad_generated"),
+                                    "symgrad_loops")
     return _LOOPS_MODULE
 
 
@@ -456,7 +544,8 @@ def loop_import(name: str) -> str:
 #: their argument kinds (A: 2-D array, I: 1-D int64 array, a: 1-D array)
 LOOP_CODES = {"log_softmax_rows": "AA", "log_softmax_rows_b": "AAA", "nll_rows": "AIiba",
               "nll_rows_b": "sIibsA", "relu_rows": "AA", "relu_rows_b": "AAA",
-              "bias_relu_rows": "AaA"}
+              "bias_relu_rows": "AaA", "gelu_save": "aaaa", "gelu_saved_b": "aaaaa",
+              "log_softmax_shift": "AA", "log_softmax_fin": "AA", "log_softmax_wide_b": "AAA"}
 
 
 # -- fused backward --------------------------------------------------------------------------

@@ -54,6 +54,22 @@ def ufunc_forward(call: OpCall) -> bool:
     return name in UNARY_UFUNCS or name == "relu"
 
 
+def gelu_saves(call: OpCall, ctx) -> bool:
+    """Exact GELU where eager runs the CPU backend's float32 loops (from FUSED_MIN
+    elements) and its gradient is wanted: the forward loop keeps what the backward needs
+    (fuse.LOOPS' gelu_save / gelu_saved_b: eager's float32 operations, bit for bit)."""
+    from ..backends.cpu.backend import FUSED_MIN
+
+    out = call.outputs[0]
+    x = call.inputs[0] if call.inputs else None
+    return (getattr(ctx, "gelu_saved", None) is not None and isinstance(x, Value)
+            and len(call.outputs) == 1 and out.requires_grad
+            and call.params.get("approximate", "none") == "none"
+            and set(call.params) <= {"approximate"}
+            and x.dtype == np.float32 and out.dtype == np.float32
+            and tuple(x.shape) == tuple(out.shape) and _numel(out.shape) >= FUSED_MIN)
+
+
 def forward_code(call: OpCall, ctx) -> list[str]:
     """Lines computing ``call``'s outputs into their names."""
     name = call.spec.name
@@ -97,6 +113,24 @@ def forward_code(call: OpCall, ctx) -> list[str]:
     view = _view_code(call, ins[0] if ins else "")
     if view is not None:
         return [f"{out.name} = {view}"]
+    if name == "gelu" and gelu_saves(call, ctx):
+        # the loop also keeps the backward's (1 + erf) / 2 and exp(-(x * x) / 2)
+        b, c, a = f"gl{out.index}", f"gc{out.index}", f"ga{out.index}"
+        n = _numel(out.shape)
+        ctx.alloc(f"{b} = np.empty({out.shape!r}, np.float32)")
+        ctx.alloc(f"{c} = np.empty({n}, np.float32)")
+        ctx.alloc(f"{a} = np.empty({n}, np.float32)")
+        ctx.gelu_saved[out.index] = (c, a)
+        k = ctx.loop_kernel("gelu_save", "float32")
+        return [f"{k}(np.ascontiguousarray({ins[0]}).reshape(-1), {b}.reshape(-1), {c}, {a})",
+                f"np.exp({a}, out={a})", f"{out.name} = {b}"]
+    if name == "log_softmax" and _rows_ok(call) and _wide_rows(call):
+        dt, b, e = out.dtype.name, ctx.buf(out), f"le{out.index}"
+        ctx.alloc(f"{e} = np.empty({out.shape!r}, np.{dt})")
+        shift, fin = ctx.loop_kernel("log_softmax_shift", dt), ctx.loop_kernel(
+            "log_softmax_fin", dt)
+        return [f"{shift}({ins[0]}, {b})", f"np.exp({b}, out={e})",
+                f"{out.name} = {fin}({b}, {e})"]
     if name == "log_softmax" and _rows_ok(call):
         k = ctx.loop_kernel("log_softmax_rows", out.dtype.name)
         return [f"{out.name} = {k}({ins[0]}, {ctx.buf(out)})"]
@@ -301,6 +335,16 @@ def _rows_ok(c) -> bool:
     return _rows_small(x) and out.dtype == x.dtype and norm(c.params["dim"], 2) == 1
 
 
+#: row length from which log_softmax's exponentials are NumPy's SIMD exp between two
+#: loops (fuse.LOOPS' log_softmax_shift / _fin / _wide_b) rather than a libm call per
+#: element inside one loop (two extra calls; 64x10 rows stay on the one-loop form)
+WIDE_ROWS = 32
+
+
+def _wide_rows(c) -> bool:
+    return c.inputs[0].shape[1] >= WIDE_ROWS
+
+
 def _nll_rows_ok(c) -> bool:
     """nll_loss (mean or sum, no class weights) of a small 2-D input, int64 targets."""
     x, t = c.inputs[0], c.params.get("target")
@@ -316,6 +360,11 @@ def _log_softmax(c, ctx, g):
         out = c.outputs[0]
         b = f"gl{out.index}"
         ctx.alloc(f"{b} = np.empty({out.shape!r}, np.{out.dtype.name})")
+        if _wide_rows(c):
+            e = f"lb{out.index}"
+            ctx.alloc(f"{e} = np.empty({out.shape!r}, np.{out.dtype.name})")
+            k = ctx.loop_kernel("log_softmax_wide_b", out.dtype.name)
+            return {0: f"{k}({g}, np.exp({y}, out={e}), {b})"}
         return {0: f"{ctx.loop_kernel('log_softmax_rows_b', out.dtype.name)}({g}, {y}, {b})"}
     d = norm(c.params["dim"], len(c.outputs[0].shape))
     return {0: f"({g} - np.exp({y}) * {g}.sum(axis={d}, keepdims=True))"}
@@ -493,7 +542,41 @@ def multi_backward_code(call: OpCall, ctx, grads: list) -> dict[int, str]:
     d = norm(call.params.get("dim", 0), len(x.shape))
     parts = [g if g is not None else ctx.bind(np.zeros(v.shape, v.dtype), f"Z{v.index}")
              for g, v in zip(grads, call.outputs)]
+    if MULTI_OUTPUT[call.spec.name] == "np.concatenate" and isinstance(x, Value) and \
+            x.kind == "op" and all(v.dtype == x.dtype for v in call.outputs):
+        # into a buffer of make(), each piece without its reshape's copy (runtime.cat_into);
+        # an op's value only: a leaf's or an argument's gradient may become its .grad
+        b = f"gcat{x.index}"
+        ctx.alloc(f"{b} = np.empty({tuple(x.shape)!r}, np.{x.dtype.name})")
+        items = []
+        for part, v in zip(parts, call.outputs):
+            inner = _peel_reshape(part)
+            items.append(f"({inner if inner is not None else part}, {tuple(v.shape)!r})")
+        return {0: f"cat_into({b}, {d}, ({', '.join(items)},))"}
     return {0: f"{MULTI_OUTPUT[call.spec.name]}(({', '.join(parts)},), axis={d})"}
+
+
+def _peel_reshape(expr: str) -> str | None:
+    """``A`` of an expression ``(A).reshape(shape)`` (in any number of outer parentheses),
+    else None."""
+    def closing(s: str, start: int) -> int:
+        depth = 0
+        for i in range(start, len(s)):
+            depth += {"(": 1, ")": -1}.get(s[i], 0)
+            if depth == 0:
+                return i
+        return -1
+
+    while expr.startswith("(") and closing(expr, 0) == len(expr) - 1:
+        expr = expr[1:-1]
+    if not expr.startswith("("):
+        return None
+    end = closing(expr, 0)
+    rest = expr[end + 1:]
+    if end < 0 or not rest.startswith(".reshape(") or \
+            closing(rest, len(".reshape")) != len(rest) - 1:
+        return None
+    return expr[1:end]
 
 
 def formulas_rule(call: OpCall, backend=None) -> bool:

@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-__all__ = ["sum_to", "nll_grad", "as_out", "flat", "scalar_names", "view_grad",
+__all__ = ["sum_to", "nll_grad", "as_out", "flat", "cat_into", "scalar_names", "view_grad",
            "view_grad_ok", "MATH"]
 
 
@@ -24,6 +24,25 @@ def sum_to(g: np.ndarray, shape: tuple) -> np.ndarray:
                                       if s == 1 and g.shape[i + lead] != 1)
     out = g.sum(axis=axes, keepdims=True) if axes else g
     return out.reshape(shape)
+
+
+def cat_into(out: np.ndarray, axis: int, parts: tuple) -> np.ndarray:
+    """``np.concatenate([a.reshape(shape) for a, shape in parts], axis)`` written into
+    ``out``: each array goes straight into its slice of ``out``, viewed in the array's own
+    shape where that needs no copy (a split's backward gets its pieces as transposed views:
+    the reshape would copy each, then the concatenate again)."""
+    start = 0
+    lead = (slice(None),) * axis
+    for a, shape in parts:
+        dst = out[lead + (slice(start, start + shape[axis]),)]
+        start += shape[axis]
+        if a.shape != dst.shape:
+            try:
+                dst = dst.reshape(a.shape, copy=False)
+            except ValueError:  # the slice cannot be viewed so: reshape the piece
+                a = a.reshape(shape)
+        np.copyto(dst, a)
+    return out
 
 
 def nll_grad(g: np.ndarray, x_shape: tuple, dtype, target: np.ndarray, reduction: int,
