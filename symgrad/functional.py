@@ -267,10 +267,22 @@ def mean(input, dim=None, keepdim=False):
 def _shape_arg(shape):
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
         shape = tuple(shape[0])
-    return tuple(int(s) for s in shape)
+    for s in shape:  # the common call: Python ints already (no generator, no new tuple)
+        if type(s) is not int:
+            return tuple([int(s) for s in shape])
+    return shape if type(shape) is tuple else tuple(shape)
 
 
 def _infer_size(shape, numel):
+    if -1 not in shape:  # the common call: every size given
+        known = 1
+        for s in shape:
+            if s < 0:
+                break
+            known *= s
+        else:
+            if known == numel:
+                return shape
     shape = list(shape)
     if shape.count(-1) > 1:
         raise RuntimeError("only one dimension can be inferred")
