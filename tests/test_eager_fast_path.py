@@ -350,3 +350,51 @@ def test_view_line_graph_is_freed_without_gc():
         assert node() is None
     finally:
         gc.enable()
+
+
+# -- backwards of view ops on arrays (node._ARRAY_RULES) -------------------------------------
+@pytest.mark.parametrize("make", [
+    lambda x: x.view(6, 4).t(),                     # ViewBackward0, TBackward0
+    lambda x: x.transpose(0, 2).reshape(4, 6),      # TransposeBackward0 + a copy (unsafe_view)
+    lambda x: x.transpose(-1, -3),                  # negative dims
+    lambda x: x.permute(2, 0, 1).reshape(2, 12),    # reshape_alias or unsafe_view
+    lambda x: x.unsqueeze(0).squeeze(),             # squeeze_all
+])
+def test_view_backwards_on_arrays_match_the_formulas(monkeypatch, make):
+    """Each structural node's array rule gives the gradient its formula gives (with a
+    planted replacement the formulas are no longer pristine and run instead)."""
+    from symgrad.autograd import node as node_mod
+
+    a = sg.randn(2, 3, 4, requires_grad=True)
+    y = make(a * 1.0)
+    g = sg.randn(*y.shape)
+    names = set()
+    n = y.grad_fn
+    while n is not None and hasattr(n, "_spec"):
+        names.add(type(n)._spec.name)
+        n = n.next_functions[0][0]
+    assert names & set(node_mod._ARRAY_RULES)
+    calls = []
+    real = node_mod.OpNode._apply_array_rule
+    monkeypatch.setattr(node_mod.OpNode, "_apply_array_rule",
+                        lambda self, *args: (calls.append(type(self).__name__),
+                                             real(self, *args))[1])
+    (fast,) = sg.autograd.grad(y, [a], g, retain_graph=True)
+    assert calls, "the array rules should have run"
+    monkeypatch.undo()
+    for name in names & set(node_mod._ARRAY_RULES):  # force the formulas
+        monkeypatch.setattr(node_mod._NODE_CLASSES[name], "_array_rule", None)
+    (slow,) = sg.autograd.grad(y, [a], g)
+    np.testing.assert_array_equal(fast._data, slow._data)
+
+
+def test_view_backward_keeps_the_incoming_buffer_shared():
+    """A view's gradient that views the incoming one keeps its storage: the leaf's .grad
+    then is a copy, never the caller's buffer (the engine's aliasing rule)."""
+    a = sg.randn(3, 4, requires_grad=True)
+    g = sg.randn(4, 3)
+    a.t().backward(g)
+    assert a.grad._storage is not g._storage
+    np.testing.assert_array_equal(a.grad._data, g._data.T)
+    g._data[...] = 0.0
+    assert np.abs(a.grad._data).sum() > 0
