@@ -568,9 +568,7 @@ def _should_fold(t1, t2) -> bool:
     """PyTorch's should_fold: run >=3-D @ <=2-D as one mm/mv on a folded view."""
     larger = t1.ndim >= t2.ndim
     big = t1 if larger else t2
-    import builtins
-
-    dim_big, dim_small = builtins.max(t1.ndim, t2.ndim), builtins.min(t1.ndim, t2.ndim)
+    dim_big, dim_small = (t1.ndim, t2.ndim) if larger else (t2.ndim, t1.ndim)
     if not (dim_big >= 3 and dim_small <= 2):
         return False
     if (t2 if larger else t1).requires_grad:
@@ -617,8 +615,8 @@ def _batched_matmul(t1, t2):
             return matmul(t1, squeeze(t2, 0))
     import numpy as np
 
-    try:
-        out_shape = tuple(np.broadcast_shapes(batch1, batch2))
+    try:  # equal batch dims (attention's heads) need no broadcasting rule
+        out_shape = batch1 if batch1 == batch2 else tuple(np.broadcast_shapes(batch1, batch2))
     except ValueError:
         nd = len(batch1) if len(batch1) > len(batch2) else len(batch2)
         for i in range(1, nd + 1):
