@@ -314,8 +314,9 @@ def _viewable(input, shape) -> bool:
 
 def reshape(input, *shape):
     """A view when the strides allow one (ViewBackward0), else a copy (UnsafeView over Clone)."""
-    shape = _infer_size(_shape_arg(shape), input.numel())
-    if input.is_contiguous():
+    data = input._data  # numel() and is_contiguous(), read off the array once
+    shape = _infer_size(_shape_arg(shape), int(data.size))
+    if data.flags.c_contiguous:
         return apply(_O["view"], (input,), {"size": shape})
     if _viewable(input, shape):
         return apply(_O["reshape_alias"], (input,), {"size": shape})
@@ -327,8 +328,9 @@ def _unsafe_view(input, shape):
 
 
 def view(input, *shape):
-    shape = _infer_size(_shape_arg(shape), input.numel())
-    if not _viewable(input, shape):
+    data = input._data
+    shape = _infer_size(_shape_arg(shape), int(data.size))
+    if not data.flags.c_contiguous and not _viewable(input, shape):
         raise RuntimeError("view size is not compatible with input tensor's size and stride (at "
                            "least one dimension spans across two contiguous subspaces). Use "
                            ".reshape(...) instead.")

@@ -398,3 +398,27 @@ def test_view_backward_keeps_the_incoming_buffer_shared():
     np.testing.assert_array_equal(a.grad._data, g._data.T)
     g._data[...] = 0.0
     assert np.abs(a.grad._data).sum() > 0
+
+
+def test_linear_on_3d_input_makes_torchs_graph_through_the_short_route():
+    """nn.functional.linear of a contiguous >2-D input: view to rows, addmm over t(weight),
+    view back (torch's graph), with the same values as matmul + bias."""
+    sg.manual_seed(0)
+    x = sg.randn(2, 3, 4, 5, requires_grad=True)
+    w = sg.randn(6, 5, requires_grad=True)
+    b = sg.randn(6, requires_grad=True)
+    y = sg.nn.functional.linear(x, w, b)
+    assert y.shape == (2, 3, 4, 6)
+    assert y.grad_fn.name() == "ViewBackward0" and y.grad_fn._params == {"size": (2, 3, 4, 6)}
+    addmm = y.grad_fn.next_functions[0][0]
+    assert addmm.name() == "AddmmBackward0"
+    assert [n.name() for n, _ in addmm.next_functions] == ["AccumulateGrad", "ViewBackward0",
+                                                            "TBackward0"]
+    assert addmm.next_functions[1][0]._params == {"size": (24, 5)}
+    ref = (x._data @ w._data.T + b._data)
+    np.testing.assert_allclose(y._data, ref, rtol=1e-5, atol=1e-6)
+    y.sum().backward()
+    np.testing.assert_allclose(x.grad._data, np.broadcast_to(w._data.sum(0), x.shape),
+                               rtol=1e-5, atol=1e-5)
+    with pytest.raises(RuntimeError, match="cannot be multiplied"):
+        sg.nn.functional.linear(x, sg.randn(6, 4), b)

@@ -176,7 +176,7 @@ def _view_entry(spec):
         if spec.grad_fn is not None else None
     new, ndarray, wref = object.__new__, np.ndarray, weakref.ref
     backends, device_default, dt_of = _BACKENDS, _DEVICE_DEFAULT, _DT_OF
-    wrap = Tensor._wrap
+    new_storage = _memory.new_storage
     next_sequence, module_calls = _node_module._sequence.__next__, _node_module._module_calls
     savers = spec.__dict__.setdefault("_savers", {})
     state, anomaly = _state, _anomaly
@@ -184,10 +184,11 @@ def _view_entry(spec):
     def run(inputs, params=None):
         if _profiler is not None:
             return _profiler._record_op(spec, inputs, params)
-        if len(inputs) != 1:
+        try:
+            x, = inputs
+        except ValueError:
             return _apply_general(spec, inputs, params)
-        x = inputs[0]
-        if not isinstance(x, Tensor):
+        if type(x) is not Tensor and not isinstance(x, Tensor):
             return _apply_general(spec, inputs, params)
         a = x._data
         dev = x._device
@@ -207,7 +208,14 @@ def _view_entry(spec):
             return _apply_general(spec, inputs, params)  # views are pure: run it again
         base = out.base
         shares = base is not None and (base is a or base is a.base)
-        result = wrap(out, dev, x._storage if shares else None)
+        result = new(Tensor)  # Tensor._wrap written out (the view's storage is the input's)
+        result._data = out
+        result._storage = x._storage if shares else new_storage(out.nbytes, dev.type)
+        result._device = dev
+        result._requires_grad = result._retains_grad = False
+        result._grad = result._grad_fn = result._accumulator = result._backward_hooks = \
+            result.name = result._weak = None
+        result._output_nr = 0
         if not x._requires_grad or not state.enabled or node_cls is None:
             return result
         if anomaly.enabled:
