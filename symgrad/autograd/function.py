@@ -920,4 +920,5 @@ def once_differentiable(fn):
     return wrapper
 
 
+_node_module._fn_module = sys.modules[__name__]  # node.py reads _profiler through it
 _tl.provide(apply=apply)  # ops' backward formulas build index ops through it

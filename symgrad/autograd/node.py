@@ -451,7 +451,7 @@ class OpNode(Node):
             grad = _tl.zeros(shape, dtype=dtype, device=present[0].device)
         rule = self._array_rule
         if rule is not None and not _grad_state.enabled and spec.grads.pristine \
-                and type(grad._data) is np.ndarray:
+                and type(grad._data) is np.ndarray and _fn_module._profiler is None:
             return self._apply_array_rule(rule, grad, needed)
         if (spec.fused_backward is not None and not _grad_state.enabled
                 and spec.grads.pristine):
@@ -583,6 +583,10 @@ class _WrappedScalar:
 
 
 _NODE_CLASSES: dict[str, type] = {}
+
+#: autograd/function.py (set by it: it imports this module): its ``_profiler`` is the
+#: profiler or compile tracer, under which a view's backward runs as its formula's ops
+_fn_module: Any = type("_NoProfiler", (), {"_profiler": None})
 
 
 def _reshape_rule(be, g, saved):
