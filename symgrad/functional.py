@@ -267,10 +267,22 @@ def mean(input, dim=None, keepdim=False):
 def _shape_arg(shape):
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
         shape = tuple(shape[0])
-    return tuple(int(s) for s in shape)
+    for s in shape:  # the common call: Python ints already (no generator, no new tuple)
+        if type(s) is not int:
+            return tuple([int(s) for s in shape])
+    return shape if type(shape) is tuple else tuple(shape)
 
 
 def _infer_size(shape, numel):
+    if -1 not in shape:  # the common call: every size given
+        known = 1
+        for s in shape:
+            if s < 0:
+                break
+            known *= s
+        else:
+            if known == numel:
+                return shape
     shape = list(shape)
     if shape.count(-1) > 1:
         raise RuntimeError("only one dimension can be inferred")
@@ -302,8 +314,9 @@ def _viewable(input, shape) -> bool:
 
 def reshape(input, *shape):
     """A view when the strides allow one (ViewBackward0), else a copy (UnsafeView over Clone)."""
-    shape = _infer_size(_shape_arg(shape), input.numel())
-    if input.is_contiguous():
+    data = input._data  # numel() and is_contiguous(), read off the array once
+    shape = _infer_size(_shape_arg(shape), int(data.size))
+    if data.flags.c_contiguous:
         return apply(_O["view"], (input,), {"size": shape})
     if _viewable(input, shape):
         return apply(_O["reshape_alias"], (input,), {"size": shape})
@@ -315,8 +328,9 @@ def _unsafe_view(input, shape):
 
 
 def view(input, *shape):
-    shape = _infer_size(_shape_arg(shape), input.numel())
-    if not _viewable(input, shape):
+    data = input._data
+    shape = _infer_size(_shape_arg(shape), int(data.size))
+    if not data.flags.c_contiguous and not _viewable(input, shape):
         raise RuntimeError("view size is not compatible with input tensor's size and stride (at "
                            "least one dimension spans across two contiguous subspaces). Use "
                            ".reshape(...) instead.")
@@ -556,9 +570,7 @@ def _should_fold(t1, t2) -> bool:
     """PyTorch's should_fold: run >=3-D @ <=2-D as one mm/mv on a folded view."""
     larger = t1.ndim >= t2.ndim
     big = t1 if larger else t2
-    import builtins
-
-    dim_big, dim_small = builtins.max(t1.ndim, t2.ndim), builtins.min(t1.ndim, t2.ndim)
+    dim_big, dim_small = (t1.ndim, t2.ndim) if larger else (t2.ndim, t1.ndim)
     if not (dim_big >= 3 and dim_small <= 2):
         return False
     if (t2 if larger else t1).requires_grad:
@@ -605,8 +617,8 @@ def _batched_matmul(t1, t2):
             return matmul(t1, squeeze(t2, 0))
     import numpy as np
 
-    try:
-        out_shape = tuple(np.broadcast_shapes(batch1, batch2))
+    try:  # equal batch dims (attention's heads) need no broadcasting rule
+        out_shape = batch1 if batch1 == batch2 else tuple(np.broadcast_shapes(batch1, batch2))
     except ValueError:
         nd = len(batch1) if len(batch1) > len(batch2) else len(batch2)
         for i in range(1, nd + 1):

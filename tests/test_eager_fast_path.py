@@ -269,3 +269,156 @@ def test_memory_is_counted_as_by_the_general_path():
     assert sg.max_memory_allocated() >= sg.memory_allocated()
     del fast, slow
     assert sg.memory_allocated() == before
+
+
+# -- one-input view ops (function._view_entry) -----------------------------------------------
+VIEW_CASES = [("view", {"size": (3, 2)}), ("view", {"size": (6,)}), ("t", {}),
+              ("transpose", {"dim0": 0, "dim1": 1}), ("expand", {"size": (4, 2, 3)}),
+              ("unsqueeze", {"dim": 1}), ("permute", {"dims": (1, 0)}),
+              ("unsafe_view", {"size": (3, 2)})]
+
+
+@pytest.mark.parametrize("dtype", [sg.float32, sg.float64])
+@pytest.mark.parametrize("leaf", [True, False])
+@pytest.mark.parametrize(("op", "params"), VIEW_CASES, ids=[f"{c[0]}{c[1]}" for c in VIEW_CASES])
+def test_view_line_and_general_path_make_the_same_view_and_node(op, params, leaf, dtype):
+    from symgrad import _inplace_views
+
+    spec = OPS[op]
+    a = sg.tensor([[0.5, -1.5, 2.0], [1.0, 0.25, -0.75]], dtype=dtype, requires_grad=True)
+    x = a if leaf else a * 1.0
+    fast = fn_mod.apply(spec, (x,), dict(params))
+    assert spec.__dict__["_run"].__name__ == "run" and spec.__dict__["_run"].__qualname__ \
+        .startswith("_view_entry"), "the view op should have its straight line"
+    slow = fn_mod._apply_general(spec, (x,), dict(params))
+    assert type(fast) is type(slow) and fast.shape == slow.shape and fast.dtype == slow.dtype
+    np.testing.assert_array_equal(fast._data, slow._data)
+    for s in TENSOR_SLOTS:
+        if s != "_weak":  # note_view gave both a weak reference to themselves
+            assert getattr(fast, s) == getattr(slow, s), s
+    assert fast._storage is slow._storage is x._storage  # both view the input's memory
+    nf, ns = fast.grad_fn, slow.grad_fn
+    assert type(nf) is type(ns) and nf.name() == ns.name()
+    assert nf.next_functions == ns.next_functions
+    for s in NODE_SLOTS:
+        assert getattr(nf, s) == getattr(ns, s), s
+    assert [r() for r in nf._input_refs] == [r() for r in ns._input_refs] == [x]
+    assert nf._saved.keys() == ns._saved.keys()
+    for k in nf._saved:
+        _same_saved(nf._saved[k], ns._saved[k])
+    assert nf._module_call == ns._module_call and nf._sequence_nr < ns._sequence_nr
+    noted = [w() for w in _inplace_views.MADE.get(id(x._storage), ())]
+    assert any(v is fast for v in noted) and any(v is slow for v in noted)
+    g = sg.ones_like(fast) * 0.5
+    gf = sg.autograd.grad(fast, [a], g, retain_graph=True)
+    gs = sg.autograd.grad(slow, [a], g)
+    np.testing.assert_array_equal(gf[0]._data, gs[0]._data)
+
+
+def test_view_line_keeps_errors_no_grad_and_the_general_cases(monkeypatch):
+    a = sg.randn(2, 3, requires_grad=True)
+    with sg.no_grad():
+        v = a.view(3, 2)
+    assert v.grad_fn is None and not v.requires_grad and v._storage is a._storage
+    with pytest.raises(RuntimeError, match="shape '\\[4, 2\\]' is invalid for input of size 6"):
+        a.view(4, 2)
+    with pytest.raises(IndexError):
+        a.transpose(0, 5)
+    calls = _general_calls(monkeypatch)
+    a.view(3, 2), a.t(), a.transpose(0, 1), a.unsqueeze(0), a.expand(2, 2, 3)
+    assert calls == []
+    i = sg.tensor([[1, 2], [3, 4]])
+    assert i.t().tolist() == [[1, 3], [2, 4]] and i.view(4).dtype == sg.int64
+    with record():
+        r = a.view(6)
+    assert r.grad_fn._input_refs[0] is a  # strong under record()
+    with sg.autograd.detect_anomaly():
+        w = a.view(6)
+    assert "traceback_" in w.grad_fn.metadata
+    monkeypatch.undo()
+    for spec in OPS.values():
+        spec.__dict__.pop("_run", None)
+
+
+def test_view_line_graph_is_freed_without_gc():
+    gc.disable()
+    try:
+        a = sg.randn(2, 3, requires_grad=True)
+        y = a.t().reshape(6)
+        node = weakref.ref(y.grad_fn)
+        del y
+        assert node() is None
+    finally:
+        gc.enable()
+
+
+# -- backwards of view ops on arrays (node._ARRAY_RULES) -------------------------------------
+@pytest.mark.parametrize("make", [
+    lambda x: x.view(6, 4).t(),                     # ViewBackward0, TBackward0
+    lambda x: x.transpose(0, 2).reshape(4, 6),      # TransposeBackward0 + a copy (unsafe_view)
+    lambda x: x.transpose(-1, -3),                  # negative dims
+    lambda x: x.permute(2, 0, 1).reshape(2, 12),    # reshape_alias or unsafe_view
+    lambda x: x.unsqueeze(0).squeeze(),             # squeeze_all
+])
+def test_view_backwards_on_arrays_match_the_formulas(monkeypatch, make):
+    """Each structural node's array rule gives the gradient its formula gives (with a
+    planted replacement the formulas are no longer pristine and run instead)."""
+    from symgrad.autograd import node as node_mod
+
+    a = sg.randn(2, 3, 4, requires_grad=True)
+    y = make(a * 1.0)
+    g = sg.randn(*y.shape)
+    names = set()
+    n = y.grad_fn
+    while n is not None and hasattr(n, "_spec"):
+        names.add(type(n)._spec.name)
+        n = n.next_functions[0][0]
+    assert names & set(node_mod._ARRAY_RULES)
+    calls = []
+    real = node_mod.OpNode._apply_array_rule
+    monkeypatch.setattr(node_mod.OpNode, "_apply_array_rule",
+                        lambda self, *args: (calls.append(type(self).__name__),
+                                             real(self, *args))[1])
+    (fast,) = sg.autograd.grad(y, [a], g, retain_graph=True)
+    assert calls, "the array rules should have run"
+    monkeypatch.undo()
+    for name in names & set(node_mod._ARRAY_RULES):  # force the formulas
+        monkeypatch.setattr(node_mod._NODE_CLASSES[name], "_array_rule", None)
+    (slow,) = sg.autograd.grad(y, [a], g)
+    np.testing.assert_array_equal(fast._data, slow._data)
+
+
+def test_view_backward_keeps_the_incoming_buffer_shared():
+    """A view's gradient that views the incoming one keeps its storage: the leaf's .grad
+    then is a copy, never the caller's buffer (the engine's aliasing rule)."""
+    a = sg.randn(3, 4, requires_grad=True)
+    g = sg.randn(4, 3)
+    a.t().backward(g)
+    assert a.grad._storage is not g._storage
+    np.testing.assert_array_equal(a.grad._data, g._data.T)
+    g._data[...] = 0.0
+    assert np.abs(a.grad._data).sum() > 0
+
+
+def test_linear_on_3d_input_makes_torchs_graph_through_the_short_route():
+    """nn.functional.linear of a contiguous >2-D input: view to rows, addmm over t(weight),
+    view back (torch's graph), with the same values as matmul + bias."""
+    sg.manual_seed(0)
+    x = sg.randn(2, 3, 4, 5, requires_grad=True)
+    w = sg.randn(6, 5, requires_grad=True)
+    b = sg.randn(6, requires_grad=True)
+    y = sg.nn.functional.linear(x, w, b)
+    assert y.shape == (2, 3, 4, 6)
+    assert y.grad_fn.name() == "ViewBackward0" and y.grad_fn._params == {"size": (2, 3, 4, 6)}
+    addmm = y.grad_fn.next_functions[0][0]
+    assert addmm.name() == "AddmmBackward0"
+    assert [n.name() for n, _ in addmm.next_functions] == ["AccumulateGrad", "ViewBackward0",
+                                                            "TBackward0"]
+    assert addmm.next_functions[1][0]._params == {"size": (24, 5)}
+    ref = (x._data @ w._data.T + b._data)
+    np.testing.assert_allclose(y._data, ref, rtol=1e-5, atol=1e-6)
+    y.sum().backward()
+    np.testing.assert_allclose(x.grad._data, np.broadcast_to(w._data.sum(0), x.shape),
+                               rtol=1e-5, atol=1e-5)
+    with pytest.raises(RuntimeError, match="cannot be multiplied"):
+        sg.nn.functional.linear(x, sg.randn(6, 4), b)

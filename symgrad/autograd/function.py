@@ -135,6 +135,8 @@ def _entry_namespace(spec) -> dict:
 def _build_entry(spec):
     """The op's entry (``OpSpec._run``): its straight-line apply (fast_apply.py) or the
     general one; either hands the call to the profiler or tracer when one is set."""
+    if _view_eligible(spec):
+        return _view_entry(spec)
     fast = _fast_apply.build(spec, _entry_namespace(spec))
     if fast is not None:
         return fast
@@ -155,6 +157,105 @@ def binary_method(spec, params: str, fallback):
 
 
 _spec_module.entry_builder = _build_entry
+
+
+def _view_eligible(spec) -> bool:
+    return (spec.view and len(spec.inputs) == 1 and len(spec.outputs) == 1
+            and not spec.variadic_outputs and spec.dtype_rule == "same")
+
+
+def _view_entry(spec):
+    """The entry of a one-input view op (view, t, transpose, expand, unsqueeze ...): the
+    common call (a NumPy-backed tensor, an array result of the same dtype) as one straight
+    line, the node built inline as ``_record`` builds it; anything else goes to
+    ``_apply_general``. A training step makes a hundred or more of these (attention's
+    head split, Linear's weight transpose, their backwards), so the generic loops showed.
+    tests/test_eager_fast_path.py compares both paths."""
+    Tensor = _T()
+    node_cls = spec.__dict__.get("_node_cls") or _node_cls(spec) \
+        if spec.grad_fn is not None else None
+    new, ndarray, wref = object.__new__, np.ndarray, weakref.ref
+    backends, device_default, dt_of = _BACKENDS, _DEVICE_DEFAULT, _DT_OF
+    new_storage = _memory.new_storage
+    next_sequence, module_calls = _node_module._sequence.__next__, _node_module._module_calls
+    savers = spec.__dict__.setdefault("_savers", {})
+    state, anomaly = _state, _anomaly
+
+    def run(inputs, params=None):
+        if _profiler is not None:
+            return _profiler._record_op(spec, inputs, params)
+        try:
+            x, = inputs
+        except ValueError:
+            return _apply_general(spec, inputs, params)
+        if type(x) is not Tensor and not isinstance(x, Tensor):
+            return _apply_general(spec, inputs, params)
+        a = x._data
+        dev = x._device
+        if type(a) is not ndarray:
+            return _apply_general(spec, inputs, params)
+        try:
+            be = backends[device_default[dev.type]]
+        except KeyError:
+            return _apply_general(spec, inputs, params)
+        if params is None:
+            params = {}
+        try:
+            out = spec.forward(be, a, **params)  # read at call time: tests replace it
+        except ValueError as exc:
+            raise _shape_error(spec, inputs, exc) from None
+        if type(out) is not ndarray or out.dtype is not a.dtype:
+            return _apply_general(spec, inputs, params)  # views are pure: run it again
+        base = out.base
+        shares = base is not None and (base is a or base is a.base)
+        result = new(Tensor)  # Tensor._wrap written out (the view's storage is the input's)
+        result._data = out
+        result._storage = x._storage if shares else new_storage(out.nbytes, dev.type)
+        result._device = dev
+        result._requires_grad = result._retains_grad = False
+        result._grad = result._grad_fn = result._accumulator = result._backward_hooks = \
+            result.name = result._weak = None
+        result._output_nr = 0
+        if not x._requires_grad or not state.enabled or node_cls is None:
+            return result
+        if anomaly.enabled:
+            _record(spec, inputs, params, (result,))
+        else:
+            node = new(node_cls)  # Node.__init__ and _record written out for one input
+            node._sequence_nr = next_sequence()
+            node._module_call = module_calls.top
+            node._metadata = node._pre_hooks = node._hooks = node._tensor_hooks = \
+                node._retained = None
+            fn = x._grad_fn
+            if fn is not None:
+                node.next_functions = ((fn, x._output_nr),)
+            else:
+                ref = x._accumulator
+                acc = ref() if ref is not None else None
+                node.next_functions = ((acc if acc is not None else accumulator_of(x), 0),)
+            if _recording:
+                node._input_refs = (x,)
+                keep(node, inputs)
+            else:
+                w = x._weak
+                if w is None:
+                    w = x._weak = wref(x)
+                node._input_refs = (w,)
+            shape = out.shape
+            dt = dt_of[a.dtype]
+            node._input_meta = ((a.shape, dt),) if a.shape != shape else None
+            node._out_meta = ((shape, dt),)
+            node._freed = False
+            node._params = params
+            saver = savers.get(1)
+            node._saved = (saver or _saver(spec, 1))(inputs, params, (result,))
+            result._grad_fn = node
+            result._requires_grad = True
+        if shares and _note_view is not None:  # a later write into its base rebases it
+            _note_view(result)
+        return result
+
+    return run
 
 
 def _apply_general(spec, inputs, params):
@@ -819,4 +920,5 @@ def once_differentiable(fn):
     return wrapper
 
 
+_node_module._fn_module = sys.modules[__name__]  # node.py reads _profiler through it
 _tl.provide(apply=apply)  # ops' backward formulas build index ops through it

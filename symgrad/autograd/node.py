@@ -20,6 +20,8 @@ from ..backends import _BACKENDS, _DEVICE_DEFAULT
 from ..backends import backend_for as _backend_for
 from ..backends import upcast_halves as _upcast_halves
 from ..dtypes import HALF_NP as _HALF_NP
+from ..ops._ints import norm as _norm
+from ..ops.movement import _swap
 from .grad_mode import _state as _grad_state
 
 __all__ = ["Node", "OpNode", "AccumulateGrad", "SavedTensor", "node_class_for"]
@@ -364,6 +366,9 @@ class OpNode(Node):
     __slots__ = ("_saved", "_input_refs", "_input_meta", "_out_meta", "_freed", "_params",
                  "_kept")
     _spec: Any = None
+    #: ``rule(be, grad_array, saved) -> array``: the backward on arrays of a structural
+    #: op (_ARRAY_RULES), or None
+    _array_rule: Any = None
 
     def _num_outputs(self) -> int:
         return len(self._out_meta)
@@ -444,6 +449,10 @@ class OpNode(Node):
                 return [None] * len(spec.inputs)
             shape, dtype = self._out_meta[0]
             grad = _tl.zeros(shape, dtype=dtype, device=present[0].device)
+        rule = self._array_rule
+        if rule is not None and not _grad_state.enabled and spec.grads.pristine \
+                and type(grad._data) is np.ndarray and _fn_module._profiler is None:
+            return self._apply_array_rule(rule, grad, needed)
         if (spec.fused_backward is not None and not _grad_state.enabled
                 and spec.grads.pristine):
             fused = self._apply_fused(spec, grad, needed)
@@ -462,6 +471,25 @@ class OpNode(Node):
                 kwargs[p] = cache[p]
             results.append(spec.grads[input_name](grad, **kwargs))
         return results
+
+    def _apply_array_rule(self, rule, grad, needed):
+        """A structural op's backward (a view's inverse) as the one backend call its
+        formula makes, on the gradient's array: no Tensor op, no dispatch (no graph is
+        recorded). The result keeps the gradient's storage when it views it, as the
+        formula's view op would, so the engine's aliasing rule sees the shared buffer."""
+        if not needed[0]:
+            return [None]
+        g = grad._data
+        try:  # _backend_for, inlined
+            be = _BACKENDS[_DEVICE_DEFAULT[grad._device.type]]
+        except KeyError:
+            be = _backend_for(grad._device.type)
+        o = rule(be, g, self._saved)
+        if type(o) is not np.ndarray:
+            o = np.asarray(o)
+        base = o.base
+        shares = o is g or (base is not None and (base is g or base is g.base))
+        return [type(grad)._wrap(o, grad._device, grad._storage if shares else None)]
 
     def _apply_fused(self, spec, grad, needed):
         """The backend's one-pass backward kernel, when it has one (no graph is recorded)."""
@@ -556,6 +584,37 @@ class _WrappedScalar:
 
 _NODE_CLASSES: dict[str, type] = {}
 
+#: autograd/function.py (set by it: it imports this module): its ``_profiler`` is the
+#: profiler or compile tracer, under which a view's backward runs as its formula's ops
+_fn_module: Any = type("_NoProfiler", (), {"_profiler": None})
+
+
+def _reshape_rule(be, g, saved):
+    return be.reshape(g, saved["self_sym_sizes"])
+
+
+def _transpose_rule(be, g, saved):
+    n = g.ndim
+    return be.transpose(g, _swap(n, _norm(saved["dim0"], n), _norm(saved["dim1"], n)))
+
+
+#: Backwards of one-input structural ops written on arrays: exactly the backend call their
+#: formula's op makes (``grad.reshape(self_sym_sizes)`` is a ``be.reshape`` to those
+#: sizes; ``grad.t()`` reverses the axes; ``grad.transpose(d0, d1)`` swaps two), used while
+#: no graph is recorded and the formulas are the registered ones. A training step runs
+#: dozens of these nodes (attention's head split, Linear's weight transpose).
+_ARRAY_RULES = {
+    **{name: _reshape_rule for name in ("view", "reshape_alias", "unsafe_view", "squeeze_all",
+                                        "squeeze_dims")},
+    "t": lambda be, g, saved: be.transpose(g, tuple(range(g.ndim))[::-1]),
+    "transpose": _transpose_rule,
+}
+
+
+def _array_rule_of(spec):
+    rule = _ARRAY_RULES.get(spec.name)
+    return None if rule is None else staticmethod(rule)  # read through the node: unbound
+
 
 def node_class_for(spec) -> type:
     """The Node subclass named after ``spec.grad_fn`` (one per op spec)."""
@@ -563,6 +622,7 @@ def node_class_for(spec) -> type:
     if cls is None:
         base = MultiOutputOpNode if spec.variadic_outputs else OpNode
         cls = type(spec.grad_fn, (base,), {"__slots__": (), "_spec": spec,
+                                           "_array_rule": _array_rule_of(spec),
                                            "__module__": "symgrad.autograd.graph_nodes"})
         _NODE_CLASSES[spec.name] = cls
     return cls

@@ -189,11 +189,12 @@ class NumpyBackend:
 
     @staticmethod
     def reshape(x, shape):
-        return np.reshape(x, shape)
+        # the method: np.reshape's argument handling costs ~2 µs a call, the method ~0.4
+        return x.reshape(shape) if type(x) is np.ndarray else np.reshape(x, shape)
 
     @staticmethod
     def transpose(x, axes):
-        return np.transpose(x, axes)
+        return x.transpose(axes) if type(x) is np.ndarray else np.transpose(x, axes)
 
     @staticmethod
     def broadcast_to(x, shape):

@@ -12,6 +12,7 @@ import math
 
 from .. import creation
 from .. import functional as _F
+from ..autograd import function as _fn
 from ..autograd.function import apply
 from ..autograd.record import record
 from ..dtypes import bool_
@@ -37,6 +38,27 @@ def _additive_mask(keep: Tensor, dtype) -> Tensor:
     """A bool mask (True = take part) as the float mask torch adds: 0 where True, -inf else."""
     zeros = creation.zeros(tuple(keep.shape), dtype=dtype, device=keep.device)
     return _F.where(keep, zeros, creation.full((), _NEG_INF, dtype=dtype, device=keep.device))
+
+
+#: (L, S, dtype, device) -> the array of the causal additive mask, made once (few entries)
+_CAUSAL: dict = {}
+_CAUSAL_KEEP = 8
+
+
+def _causal_additive_mask(L: int, S: int, dtype, device) -> Tensor:
+    """``_additive_mask(_causal_mask(L, S))``: a constant of the sizes, so its array is made
+    once and each call gets a fresh tensor over it (memory counted per tensor as before).
+    While a profiler or compile tracer watches the ops, they are made again so it sees them."""
+    if _fn._profiler is not None:
+        return _additive_mask(_causal_mask(L, S, device), dtype)
+    key = (L, S, dtype, device)
+    data = _CAUSAL.get(key)
+    if data is None:
+        data = _additive_mask(_causal_mask(L, S, device), dtype)._data
+        if len(_CAUSAL) >= _CAUSAL_KEEP:
+            del _CAUSAL[next(iter(_CAUSAL))]
+        _CAUSAL[key] = data
+    return Tensor._wrap(data, device)
 
 
 def _masked_to_neg_inf(mask: Tensor, dtype) -> Tensor:
@@ -150,8 +172,8 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
         if attn_mask is not None:
             raise RuntimeError("_scaled_dot_product_attention: Explicit attn_mask should not "
                                "be set when is_causal=True")
-        causal = _causal_mask(query.shape[-2], key.shape[-2], query.device)
-        attn_mask = _additive_mask(causal, query.dtype)
+        attn_mask = _causal_additive_mask(query.shape[-2], key.shape[-2], query.dtype,
+                                          query.device)
     repeats = _gqa_repeats(query, key, value, enable_gqa)
     key, value = _repeat_heads(key, repeats), _repeat_heads(value, repeats)
     attn = _F.matmul(query, _mul_scalar(key.transpose(-2, -1), scaling))

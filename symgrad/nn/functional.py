@@ -40,6 +40,7 @@ def _check_tensor(x, fn: str, arg: str) -> None:
 # -- layers ----------------------------------------------------------------------------------
 _ADDMM = OPS["addmm"]
 _T_OP = OPS["t"]
+_VIEW_OP = OPS["view"]
 _UNIT = {"beta": 1, "alpha": 1}
 
 
@@ -47,9 +48,22 @@ def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``input @ weight.T + bias``; torch's dispatch: addmm for 2-D input with a bias."""
     if bias is not None and isinstance(input, Tensor):  # the hot case, checked cheaply
         x, w, b = input._data, weight._data, bias._data
-        if x.ndim == 2 and w.ndim == 2 and x.shape[1] == w.shape[1] and b.ndim == 1 \
+        if w.ndim == 2 and b.ndim == 1 and x.ndim >= 2 and x.shape[-1] == w.shape[1] \
                 and b.shape[0] == w.shape[0] and x.dtype == w.dtype == b.dtype:
-            return apply(_ADDMM, (bias, input, apply(_T_OP, (weight,))), _UNIT)
+            if x.ndim == 2:
+                return apply(_ADDMM, (bias, input, apply(_T_OP, (weight,))), _UNIT)
+            if x.flags.c_contiguous and x.shape[-1]:  # (no C: reshape's -1 error below)
+                # the general route below without its checks: a view to rows (what
+                # reshape does for a contiguous input), addmm, and a view back
+                lead = x.shape[:-1]
+                rows = 1
+                for n in lead:
+                    rows *= n
+                flat = apply(_VIEW_OP, (input,), {"size": (rows, x.shape[-1])})
+                out = apply(_ADDMM, (bias, flat, apply(_T_OP, (weight,))), _UNIT)
+                if out._data.flags.c_contiguous:
+                    return apply(_VIEW_OP, (out,), {"size": lead + (w.shape[0],)})
+                return _F.reshape(out, lead + (w.shape[0],))
     _check_tensor(input, "linear", "input")
     if input.ndim == 0:
         raise RuntimeError("both arguments to linear need to be at least 1D, but they are 0D "

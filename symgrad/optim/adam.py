@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import numpy as np
+
+from ..backends.cpu.backend import PARALLEL_MIN
 from ..tensor import Tensor
 from ._common import param_backend, scalar_state
 from .optimizer import Optimizer, bump_step, check_flags
@@ -70,13 +73,20 @@ class Adam(Optimizer):
                 g = grad._data
                 if group["maximize"]:
                     g = be.neg(g)
+                m = state["exp_avg"]._data
+                v = state["exp_avg_sq"]._data
+                if not amsgrad and be.name in _NUMPY_BACKENDS and _plain(p._data, g, m, v):
+                    _update_numpy(p._data, g, m, v, step, lr, beta1, beta2, eps, wd,
+                                  group["decoupled_weight_decay"])
+                    p._storage.version += 1
+                    state["exp_avg"]._storage.version += 1
+                    state["exp_avg_sq"]._storage.version += 1
+                    continue
                 if wd != 0:
                     if group["decoupled_weight_decay"]:
                         be.mul_(p._data, 1 - lr * wd)
                     else:
                         g = be.add(g, be.mul(p._data, wd))
-                m = state["exp_avg"]._data
-                v = state["exp_avg_sq"]._data
                 be.add_(m, be.mul(be.sub(g, m), 1 - beta1))  # lerp_(g, 1 - beta1), weight < 0.5
                 be.mul_(v, beta2)
                 be.add_(v, be.mul(be.mul(g, 1 - beta2), g))  # addcmul_(g, g, value=1 - beta2)
@@ -117,3 +127,46 @@ class AdamW(Adam):
         super().load_state_dict(state_dict)
         for group in self.param_groups:
             group["decoupled_weight_decay"] = True
+
+
+#: backends whose arrays are NumPy arrays computed by NumPy's ufuncs below PARALLEL_MIN
+_NUMPY_BACKENDS = frozenset(("numpy", "cpu"))
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _plain(p, g, m, v) -> bool:
+    """Arrays the ufunc update below takes: NumPy, one float dtype, below the size where
+    the CPU backend switches to its parallel loops."""
+    return (type(p) is np.ndarray and type(g) is np.ndarray and type(m) is np.ndarray
+            and type(v) is np.ndarray and p.dtype in _FLOATS and g.dtype is p.dtype
+            and m.dtype is p.dtype and v.dtype is p.dtype and p.size < PARALLEL_MIN)
+
+
+def _update_numpy(p, g, m, v, step: float, lr: float, beta1: float, beta2: float,
+                  eps: float, wd: float, decoupled: bool) -> None:
+    """The single-tensor update of ``Adam.step`` as NumPy ufuncs writing into the state and
+    one scratch array: the same operations on the same values in the same order as the
+    backend calls (Python floats meet the arrays as NumPy's weak scalars either way), so
+    the result is bit for bit the same, with ~13 ufunc calls instead of ~14 backend calls
+    and their temporaries per parameter."""
+    with np.errstate(all="ignore"):  # the backend's div and sqrt are quiet too
+        if wd != 0:
+            if decoupled:
+                np.multiply(p, 1 - lr * wd, out=p)
+            else:
+                g = np.add(g, np.multiply(p, wd))
+        tmp = np.subtract(g, m)
+        np.multiply(tmp, 1 - beta1, out=tmp)
+        np.add(m, tmp, out=m)  # lerp_(g, 1 - beta1), weight < 0.5
+        np.multiply(v, beta2, out=v)
+        np.multiply(g, 1 - beta2, out=tmp)
+        np.multiply(tmp, g, out=tmp)
+        np.add(v, tmp, out=v)  # addcmul_(g, g, value=1 - beta2)
+        step_size = lr / (1 - beta1 ** step)
+        bias_correction2_sqrt = (1 - beta2 ** step) ** 0.5
+        denom = np.sqrt(v)
+        np.divide(denom, bias_correction2_sqrt, out=denom)
+        np.add(denom, eps, out=denom)
+        np.multiply(m, -step_size, out=tmp)
+        np.divide(tmp, denom, out=tmp)
+        np.add(p, tmp, out=p)  # addcdiv_
