@@ -13,15 +13,24 @@ import symgrad as sg
 from symgrad.optim import adam as adam_mod
 
 
-def _train(monkeypatch, ufunc: bool, opt_cls, dtype, **kw) -> tuple[list, int]:
+def _train(monkeypatch, path: str, opt_cls, dtype, wd: float = 0.1,
+           **kw) -> tuple[list, int]:
+    """Four steps on two parameters through ``path``: "loop" (the one-pass loop, where the
+    CPU backend allows it), "ufunc" (the NumPy ufuncs) or "backend" (the backend calls);
+    returns the parameters and moments, and how many updates took ``path``."""
     sg.manual_seed(0)
     ps = [sg.randn(5, 7, dtype=dtype, requires_grad=True),
           sg.randn(300, dtype=dtype, requires_grad=True)]
-    opt = opt_cls(ps, lr=0.01, weight_decay=0.1, **kw)
-    calls = []
-    real = adam_mod._update_numpy
-    monkeypatch.setattr(adam_mod, "_update_numpy", lambda *a: (calls.append(1), real(*a)))
-    if not ufunc:
+    opt = opt_cls(ps, lr=0.01, weight_decay=wd, **kw)
+    calls = {"loop": 0, "ufunc": 0}
+    for name, attr in (("loop", "_update_loop"), ("ufunc", "_update_numpy")):
+        real = getattr(adam_mod, attr)
+        monkeypatch.setattr(adam_mod, attr,
+                            lambda *a, real=real, name=name: (calls.__setitem__(
+                                name, calls[name] + 1), real(*a)))
+    if path == "ufunc":
+        monkeypatch.setattr(adam_mod, "_loop_ok", lambda *a: False)
+    elif path == "backend":
         monkeypatch.setattr(adam_mod, "_NUMPY_BACKENDS", frozenset())
     for _ in range(4):
         opt.zero_grad()
@@ -32,24 +41,44 @@ def _train(monkeypatch, ufunc: bool, opt_cls, dtype, **kw) -> tuple[list, int]:
     for p in ps:
         out += [opt.state[p][k].numpy().copy() for k in ("exp_avg", "exp_avg_sq")]
         assert opt.state[p]["step"].item() == 4
-    return out, len(calls)
+    return out, calls.get(path, 0)
 
 
+@pytest.mark.parametrize("wd", [0.1, 0])
 @pytest.mark.parametrize("dtype", [sg.float32, sg.float64])
 @pytest.mark.parametrize("opt_cls", [sg.optim.Adam, sg.optim.AdamW])
-def test_ufunc_update_is_bitwise_the_backend_update(monkeypatch, opt_cls, dtype):
-    fast, n_fast = _train(monkeypatch, True, opt_cls, dtype)
-    slow, n_slow = _train(monkeypatch, False, opt_cls, dtype)
-    assert n_fast == 8 and n_slow == 0
-    for a, b in zip(fast, slow):
+def test_loop_and_ufunc_updates_are_bitwise_the_backend_update(monkeypatch, cpu_backend,
+                                                              opt_cls, dtype, wd):
+    """The one-pass loop (Adam's L2 decay, AdamW's decoupled decay, no decay) and the
+    ufuncs give the backend calls' bits."""
+    slow, _ = _train(monkeypatch, "backend", opt_cls, dtype, wd)
+    ufunc, n_ufunc = _train(monkeypatch, "ufunc", opt_cls, dtype, wd)
+    expect_loop = 8 if cpu_backend == "cpu" else 0  # the NumPy backend never runs Numba
+    loop, n_loop = _train(monkeypatch, "loop", opt_cls, dtype, wd)
+    assert n_ufunc == 8 and n_loop == expect_loop
+    for a, b, c in zip(loop, ufunc, slow):
         assert a.dtype == dtype.np
+        np.testing.assert_array_equal(b, c)
+        np.testing.assert_array_equal(a, c)
+
+
+def test_numpy_scalar_hyperparameters_take_the_ufuncs(monkeypatch):
+    """A NumPy float64 beta is a strong scalar for the ufuncs (float64 arithmetic): the loop,
+    which rounds every hyperparameter to the dtype, is not used for it, so the bits stay
+    the ufuncs'."""
+    slow, _ = _train(monkeypatch, "ufunc", sg.optim.AdamW, sg.float32,
+                     betas=(np.float64(0.9), 0.999))
+    got, n_loop = _train(monkeypatch, "loop", sg.optim.AdamW, sg.float32,
+                         betas=(np.float64(0.9), 0.999))
+    assert n_loop == 0
+    for a, b in zip(got, slow):
         np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.parametrize("kw", [{"amsgrad": True}, {"maximize": True}])
 def test_other_variants_still_match_torch(monkeypatch, kw):
     torch = pytest.importorskip("torch", reason="torch 2.13 is the test oracle")
-    got, _ = _train(monkeypatch, True, sg.optim.AdamW, sg.float32, **kw)
+    got, _ = _train(monkeypatch, "loop", sg.optim.AdamW, sg.float32, **kw)
     sg.manual_seed(0)
     init = [sg.randn(5, 7), sg.randn(300)]
     tp = [torch.tensor(x.numpy(), requires_grad=True) for x in init]

@@ -76,8 +76,12 @@ class Adam(Optimizer):
                 m = state["exp_avg"]._data
                 v = state["exp_avg_sq"]._data
                 if not amsgrad and be.name in _NUMPY_BACKENDS and _plain(p._data, g, m, v):
-                    _update_numpy(p._data, g, m, v, step, lr, beta1, beta2, eps, wd,
-                                  group["decoupled_weight_decay"])
+                    if be.name == "cpu" and _loop_ok(p._data, g, m, v, beta1, beta2, eps, wd):
+                        _update_loop(p._data, g, m, v, step, lr, beta1, beta2, eps, wd,
+                                     group["decoupled_weight_decay"])
+                    else:
+                        _update_numpy(p._data, g, m, v, step, lr, beta1, beta2, eps, wd,
+                                      group["decoupled_weight_decay"])
                     p._storage.version += 1
                     state["exp_avg"]._storage.version += 1
                     state["exp_avg_sq"]._storage.version += 1
@@ -170,3 +174,32 @@ def _update_numpy(p, g, m, v, step: float, lr: float, beta1: float, beta2: float
         np.multiply(m, -step_size, out=tmp)
         np.divide(tmp, denom, out=tmp)
         np.add(p, tmp, out=p)  # addcdiv_
+
+
+def _loop_ok(p, g, m, v, *hyper) -> bool:
+    """The CPU backend's arrays the one-pass loop below takes: one shape, C-contiguous, the
+    gradient not sharing memory with the state (the ufuncs finish each operation over the
+    whole array before the next; the loop does all of them per element), and Python
+    numbers as hyperparameters (NumPy's weak scalars: rounded to the arrays' dtype; a NumPy
+    float64 scalar would compute in float64 in the ufuncs)."""
+    return (all(type(h) in (float, int) for h in hyper)
+            and p.shape == g.shape == m.shape == v.shape
+            and p.flags.c_contiguous and g.flags.c_contiguous and m.flags.c_contiguous
+            and v.flags.c_contiguous and not np.may_share_memory(g, p)
+            and not np.may_share_memory(g, m) and not np.may_share_memory(g, v))
+
+
+def _update_loop(p, g, m, v, step: float, lr: float, beta1: float, beta2: float,
+                 eps: float, wd: float, decoupled: bool) -> None:
+    """``_update_numpy`` as one pass over the elements: sg.compile's Adam loop
+    (symgrad/compile/fuse.py's ``adam_update``: one definition for both), which does the
+    ufuncs' operations per element in their order, on the scalars rounded to the dtype as
+    NumPy rounds weak scalars: the same bits, without ~13 array passes per parameter."""
+    from ..compile.fuse import loops
+
+    dt = p.dtype.type
+    mode = 0 if wd == 0 else (1 if not decoupled else 2)
+    loops().adam_update(p.reshape(-1), g.reshape(-1), m.reshape(-1), v.reshape(-1),
+                        dt(1 - beta1), dt(beta2), dt(1 - beta2),
+                        dt(-(lr / (1 - beta1 ** step))), dt((1 - beta2 ** step) ** 0.5),
+                        dt(eps), dt(wd), mode, dt(1 - lr * wd))
