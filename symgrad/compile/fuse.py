@@ -495,11 +495,14 @@ def gelu_saved_b(g, x, c, ex, out):
 
 def _gelu_prelude(kernels) -> list[str]:
     """The backend's erf and GELU constants for the GELU loops; the hash of erf's source
-    names the module (Numba's cache of the loops does not see a change in a callee)."""
+    (erf_f64 and the two polynomials it selects from) names the module (Numba's cache of
+    the loops does not see a change in a callee)."""
     import hashlib
     import inspect
 
-    digest = hashlib.sha1(inspect.getsource(kernels.erf_f64.py_func).encode()).hexdigest()
+    text = "".join(inspect.getsource(f.py_func)
+                   for f in (kernels.erf_f64, kernels.erf_small, kernels.erf_tail))
+    digest = hashlib.sha1(text.encode()).hexdigest()
     return [f"# erf_f64: {digest[:16]}",
             "from symgrad.backends.cpu.kernels import erf_f64 as _erf_f64",
             "from symgrad.backends.cpu.kernels import _F32_GELU_PDF as _GELU_PDF",
