@@ -703,6 +703,34 @@ def test_kernel_gelu_float32_loops_equal_the_stanza_and_torch(mode, monkeypatch,
                  scale=np.abs(g[ok]) * (np.abs(x[ok]) + 1))
 
 
+def test_kernel_erf_rounds_to_the_c_librarys_erf_in_float32():
+    """The GELU loops' erf (two float64 polynomials by Estrin's scheme) rounded to float32
+    is the C library's erf rounded to float32 on an even sample of every float32 in
+    (0, 4.2) (erf is odd; from 3.92 it rounds to 1): a polynomial with a wrong coefficient
+    or a broken evaluation order would differ on many of them."""
+    import math
+
+    from numba import njit
+
+    from symgrad.backends.cpu import kernels
+
+    erf = kernels.erf_f64
+
+    @njit
+    def run(t, out):
+        for i in range(t.size):
+            out[i] = erf(t[i])
+
+    lo, hi = np.array([0.0, 4.2], np.float32).view(np.int32)
+    t = np.arange(lo + 1, hi, 4099, dtype=np.int32).view(np.float32).astype(np.float64)
+    got = np.empty_like(t)
+    run(t, got)
+    want = np.frompyfunc(math.erf, 1, 1)(t).astype(np.float64)
+    np.testing.assert_array_equal(got.astype(np.float32), want.astype(np.float32))
+    run(-t, got)
+    np.testing.assert_array_equal(got.astype(np.float32), -want.astype(np.float32))
+
+
 def test_kernel_layer_norm_runs_one_loop_each_way_from_fused_min(monkeypatch, rng):
     """A layer norm from FUSED_MIN elements is one Numba pass forward and one backward (the
     values are compared with the formulas and torch in test_nn_fused_backward_...)."""
