@@ -182,11 +182,19 @@ def _loop_ok(p, g, m, v, *hyper) -> bool:
     whole array before the next; the loop does all of them per element), and Python
     numbers as hyperparameters (NumPy's weak scalars: rounded to the arrays' dtype; a NumPy
     float64 scalar would compute in float64 in the ufuncs)."""
-    return (all(type(h) in (float, int) for h in hyper)
-            and p.shape == g.shape == m.shape == v.shape
+    for h in hyper:
+        if type(h) is not float and type(h) is not int:
+            return False
+    return (p.shape == g.shape == m.shape == v.shape
             and p.flags.c_contiguous and g.flags.c_contiguous and m.flags.c_contiguous
             and v.flags.c_contiguous and not np.may_share_memory(g, p)
             and not np.may_share_memory(g, m) and not np.may_share_memory(g, v))
+
+
+_ADAM_LOOP: list = []
+#: the step-independent scalars of the loop per (dtype, lr, betas, eps, wd), already
+#: rounded to the dtype (NumPy scalars cost ~0.2 µs each to make, nine a parameter)
+_ADAM_SCALARS: dict = {}
 
 
 def _update_loop(p, g, m, v, step: float, lr: float, beta1: float, beta2: float,
@@ -195,11 +203,21 @@ def _update_loop(p, g, m, v, step: float, lr: float, beta1: float, beta2: float,
     (symgrad/compile/fuse.py's ``adam_update``: one definition for both), which does the
     ufuncs' operations per element in their order, on the scalars rounded to the dtype as
     NumPy rounds weak scalars: the same bits, without ~13 array passes per parameter."""
-    from ..compile.fuse import loops
+    if not _ADAM_LOOP:
+        from ..compile.fuse import loops
 
+        _ADAM_LOOP.append(loops().adam_update)
     dt = p.dtype.type
+    key = (dt, lr, beta1, beta2, eps, wd)
+    consts = _ADAM_SCALARS.get(key)
+    if consts is None:
+        if len(_ADAM_SCALARS) > 64:  # a learning-rate schedule: keep the cache small
+            _ADAM_SCALARS.clear()
+        consts = _ADAM_SCALARS[key] = (dt(1 - beta1), dt(beta2), dt(1 - beta2), dt(eps),
+                                       dt(wd), dt(1 - lr * wd))
+    c1, b2, c2, eps_, wd_, decay = consts
     mode = 0 if wd == 0 else (1 if not decoupled else 2)
-    loops().adam_update(p.reshape(-1), g.reshape(-1), m.reshape(-1), v.reshape(-1),
-                        dt(1 - beta1), dt(beta2), dt(1 - beta2),
-                        dt(-(lr / (1 - beta1 ** step))), dt((1 - beta2 ** step) ** 0.5),
-                        dt(eps), dt(wd), mode, dt(1 - lr * wd))
+    if p.ndim != 1:
+        p, g, m, v = p.reshape(-1), g.reshape(-1), m.reshape(-1), v.reshape(-1)
+    _ADAM_LOOP[0](p, g, m, v, c1, b2, c2, dt(-(lr / (1 - beta1 ** step))),
+                  dt((1 - beta2 ** step) ** 0.5), eps_, wd_, mode, decay)
