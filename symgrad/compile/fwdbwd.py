@@ -335,6 +335,10 @@ def derive(desc: dict) -> dict:
             if st[0] == "ufunc":
                 out_stages.append(st)
                 continue
+            calls = _as_ufuncs(sp, st[1]) if desc["simd"] else None
+            if calls is not None:
+                out_stages += calls
+                continue
             k = len(kernels)
             text, params = _loop_text(sp, f"@@_{k}", st[1], desc)
             kernels.append([f"_{k}", text, len(params)])
@@ -343,6 +347,68 @@ def derive(desc: dict) -> dict:
     if const is None and wrt:
         backward = _backward_text(seeds, wrt, desc)
     return {"stages": out_stages, "kernels": kernels, "backward": backward}
+
+
+#: arithmetic a loop of one store may be as NumPy ufunc calls (``binop`` stages)
+BINOPS = ("add", "subtract", "multiply", "divide")
+#: at most this many ufunc calls replace one such loop
+MAX_BINOPS = 2
+
+
+def _as_ufuncs(sp, stores: list) -> list | None:
+    """A loop storing one value that is at most ``MAX_BINOPS`` arithmetic ops, each on the
+    running value and a buffer or constant (``(t + 0.3) ** 2``, ``in0 * in1``), as
+    ``["binop", ufunc, a, b, out]`` stages (``a``/``b``: a buffer name or a float; ``out``
+    names the running value): NumPy's SIMD ufuncs compute it with the same IEEE roundings
+    as the loop, and a step's first call does not Numba-compile a loop per such value
+    (a quarter of a second each). None: keep the loop."""
+    if len(stores) != 1:
+        return None
+    out, expr = stores[0]
+
+    def atom(e):
+        if isinstance(e, sp.Symbol):
+            return e.name if _order(e.name)[0] < 9 else None
+        if isinstance(e, sp.Number) and e.is_finite:
+            return float(e)
+        if isinstance(e, sp.Mul) and len(e.args) == 2 and e.args[0] == -1 and \
+                isinstance(e.args[1], sp.Number) and e.args[1].is_finite:
+            return -float(e.args[1])
+        return None
+
+    def steps(e) -> list | None:
+        """ufunc calls leaving ``e`` in ``out``; None if it is not such a chain."""
+        if isinstance(e, sp.Pow) and e.exp == 2:
+            e = sp.Mul(e.base, e.base, evaluate=False)
+        if not isinstance(e, (sp.Add, sp.Mul)) or len(e.args) != 2:
+            return None
+        x, y = e.args
+        if isinstance(e, sp.Mul) and x == y and atom(x) is None:  # a square of a chain
+            inner = steps(x)
+            return None if inner is None else inner + [["multiply", out, out, out]]
+        fn = "add" if isinstance(e, sp.Add) else "multiply"
+        if isinstance(e, sp.Add) and isinstance(y, sp.Mul) and len(y.args) == 2 and \
+                y.args[0] == -1 and isinstance(atom(y.args[1]), str):
+            fn, y = "subtract", y.args[1]
+        elif isinstance(e, sp.Mul) and isinstance(y, sp.Pow) and y.exp == -1 and \
+                atom(y.base) is not None:
+            fn, y = "divide", y.base
+        a, b = atom(x), atom(y)
+        if a is not None and b is not None:
+            return None if not (isinstance(a, str) or isinstance(b, str)) else \
+                [[fn, a, b, out]]
+        if b is not None:  # x a chain, then (running value) op y
+            inner = steps(x)
+            return None if inner is None else inner + [[fn, out, b, out]]
+        if a is not None and fn in ("add", "multiply"):  # commutative: y's chain, then op x
+            inner = steps(y)
+            return None if inner is None else inner + [[fn, out, a, out]]
+        return None
+
+    calls = steps(expr)
+    if calls is None or len(calls) > MAX_BINOPS:
+        return None
+    return [["binop", *c] for c in calls]
 
 
 def _head(name: str, params: list, parallel: bool) -> list[str]:
@@ -477,13 +543,30 @@ def _buffer(group, name: str, ctx) -> str:
     return b
 
 
+def _stage_name(name) -> str:
+    """A buffer name of a derivation's stage, checked (the record becomes code)."""
+    if not (isinstance(name, str) and _order(name)[0] < 9 and
+            name.rstrip("0123456789") in ("in", "ex", "u", "t") and name[-1:].isdigit()):
+        raise Unsupported(f"a fused run's stage names {name!r} (a compile bug)")
+    return name
+
+
 def call_code(group, ctx, launch) -> list[str]:
     """The forward of a designed group: its loops and ufuncs in order."""
     lines = []
+    dt = group.calls[0].outputs[0].dtype.name
     for st in group.design.code["stages"]:
         if st[0] == "ufunc":
             lines.append(f"np.{st[1]}({_buffer(group, st[2], ctx)}, "
                          f"out={_buffer(group, st[3], ctx)})")
+        elif st[0] == "binop":
+            _, fn, a, b, out = st
+            if fn not in BINOPS:
+                raise Unsupported(f"fused run {group.name}: unknown ufunc {fn!r} (a compile "
+                                  "bug)")
+            ab = [f"np.{dt}({float(x)!r})" if isinstance(x, (int, float)) else
+                  _buffer(group, _stage_name(x), ctx) for x in (a, b)]
+            lines.append(f"np.{fn}({ab[0]}, {ab[1]}, out={_buffer(group, _stage_name(out), ctx)})")
         else:
             args = ", ".join(_buffer(group, n, ctx) for n in st[2])
             lines += launch(group.calls, f"{group.name}{st[1]}({args})")

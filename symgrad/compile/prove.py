@@ -351,6 +351,11 @@ def _settled(sp, got, want, symbols: list, name: str, what: str) -> str:
     return _numeric(sp, got, want, symbols, name, what)
 
 
+#: fwdbwd's ``binop`` stages: the NumPy ufunc's arithmetic on SymPy values
+_BINOPS = {"add": lambda a, b: a + b, "subtract": lambda a, b: a - b,
+           "multiply": lambda a, b: a * b, "divide": lambda a, b: a / b}
+
+
 def prove_group(module, group, code: dict | None = None) -> str:
     """"proved", "checked at N points" or AssertionError naming what differs. ``code`` is
     the derivation ``module``'s kernels were made from: the design's own (the CPU loops) by
@@ -373,6 +378,10 @@ def prove_group(module, group, code: dict | None = None) -> str:
     for st in code["stages"]:
         if st[0] == "ufunc":
             env[st[3]] = getattr(sp, st[1])(env[st[2]])
+            continue
+        if st[0] == "binop":  # NumPy arithmetic between buffers and constants
+            a, b = (env[x] if isinstance(x, str) else _exact(sp, x) for x in st[2:4])
+            env[st[4]] = _BINOPS[st[1]](a, b)
             continue
         lanes = {n: _Lanes(env.get(n)) for n in st[2]}
         ns = dict(base)
