@@ -187,13 +187,22 @@ _SIMPLIFY_MAX_OPS = 25
 _EXPAND_MAX_OPS = 100
 
 
+def _lambdify(sp, symbols: list, exprs: tuple):
+    """``sp.lambdify`` with ``math``, without its docstring: printing the expressions into
+    it took a third of the lambdify (SymPy >= 1.13 takes ``docstring_limit``)."""
+    try:
+        return sp.lambdify(symbols, exprs, "math", docstring_limit=0)
+    except TypeError:  # SymPy 1.12: no docstring_limit
+        return sp.lambdify(symbols, exprs, "math")
+
+
 def _numeric(sp, got, want, symbols: list, name: str, what: str, points: int = 16) -> str:
     """Where ``simplify`` leaves a residue (kinks): compare at random points off zero."""
     import random
 
     rng = random.Random(0)
     # one lambdify for the difference and the scale (each costs a code print + compile)
-    f = sp.lambdify(symbols, (got - want, sp.Abs(want) + 1), "math")
+    f = _lambdify(sp, symbols, (got - want, sp.Abs(want) + 1))
     for _ in range(points):
         vals = [rng.choice((-1, 1)) * rng.uniform(0.1, 2.0) for _ in symbols]
         diff, scale = f(*vals)
