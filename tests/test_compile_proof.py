@@ -184,10 +184,10 @@ def _arith_pair():
     return sg.compile(_arith_fn(w)), _arith_fn(w_e), (w, x), (w_e, x_e)
 
 
-def test_one_op_values_between_ufuncs_are_numpy_calls_proved_at_generation():
+def test_one_op_values_between_ufuncs_are_shared_loops_proved_at_generation():
     """A value that is one or two arithmetic ops between NumPy's SIMD ufuncs is computed by
-    NumPy's ufuncs (no Numba loop to compile on the first call), and the proof runs those
-    calls on SymPy values like the loops: same results as eager, proved."""
+    loops every step shares (no Numba loop of its own to compile on the first call), and the
+    proof runs those stages on SymPy values like the loops: same results as eager, proved."""
     step, eager, (w, x), (w_e, x_e) = _arith_pair()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -196,7 +196,7 @@ def test_one_op_values_between_ufuncs_are_numpy_calls_proved_at_generation():
             assert_close(x.grad, x_e.grad, terms=12)
             assert_close(w.grad, w_e.grad, terms=12)
     src = step.source()
-    assert "np.multiply(" in src and "np.add(" in src and "np.sin(" in src
+    assert "bo_multiply_aa(" in src and "bo_add_as(" in src and "np.sin(" in src
     # x * w, h * 1.1 and (h + 0.3) ** 2 are not loops: one loop for the rest of the run
     assert src.count("def fused_0_") == 1, src
     assert step.stats["proofs"] and not step.stats["fallbacks"]

@@ -335,7 +335,8 @@ def derive(desc: dict) -> dict:
             if st[0] == "ufunc":
                 out_stages.append(st)
                 continue
-            calls = _as_ufuncs(sp, st[1]) if desc["simd"] else None
+            # serial runs only: a parallel run's loops stay prange loops
+            calls = _as_ufuncs(sp, st[1]) if desc["simd"] and not desc["parallel"] else None
             if calls is not None:
                 out_stages += calls
                 continue
@@ -349,19 +350,19 @@ def derive(desc: dict) -> dict:
     return {"stages": out_stages, "kernels": kernels, "backward": backward}
 
 
-#: arithmetic a loop of one store may be as NumPy ufunc calls (``binop`` stages)
+#: arithmetic a loop of one store may be as calls of shared loops (``binop`` stages)
 BINOPS = ("add", "subtract", "multiply", "divide")
-#: at most this many ufunc calls replace one such loop
+#: at most this many such calls replace one loop
 MAX_BINOPS = 2
 
 
 def _as_ufuncs(sp, stores: list) -> list | None:
     """A loop storing one value that is at most ``MAX_BINOPS`` arithmetic ops, each on the
     running value and a buffer or constant (``(t + 0.3) ** 2``, ``in0 * in1``), as
-    ``["binop", ufunc, a, b, out]`` stages (``a``/``b``: a buffer name or a float; ``out``
-    names the running value): NumPy's SIMD ufuncs compute it with the same IEEE roundings
-    as the loop, and a step's first call does not Numba-compile a loop per such value
-    (a quarter of a second each). None: keep the loop."""
+    ``["binop", op, a, b, out]`` stages (``a``/``b``: a buffer name or a float; ``out``
+    names the running value), run by loops every step shares (``binop_loops``: the same
+    IEEE roundings as the run's own loop), so a step's first call does not Numba-compile a
+    loop per such value (a quarter of a second each). None: keep the loop."""
     if len(stores) != 1:
         return None
     out, expr = stores[0]
@@ -543,6 +544,52 @@ def _buffer(group, name: str, ctx) -> str:
     return b
 
 
+_BINOP_SIGN = {"add": "+", "subtract": "-", "multiply": "*", "divide": "/"}
+_BINOPS_MODULE = None
+
+
+def _binop_text(fn: str, kinds: str) -> str:
+    a, b = ("a" if kinds[0] == "s" else "a[k]"), ("b" if kinds[1] == "s" else "b[k]")
+    return (f"@njit(**_J)\ndef bo_{fn}_{kinds}(a, b, out):\n    for k in range(out.size):\n"
+            f"        out[k] = {a} {_BINOP_SIGN[fn]} {b}\n")
+
+
+def binop_loops():
+    """The loops ``binop`` stages call (``out[k] = a[k] * b``...: one op, a scalar operand
+    an argument, so one text per op and operand kinds) as one module every generated step
+    shares, kept where fuse.loops() keeps its own: Numba compiles each once per
+    installation and dtype, not on a step's first call. A Numba loop call costs a third of
+    a NumPy ufunc call with ``out=`` at the sizes a serial run has."""
+    global _BINOPS_MODULE
+    if _BINOPS_MODULE is None:
+        from .._codefiles import import_text
+        from ..backends.cpu import kernels
+
+        base = os.environ.get("NUMBA_CACHE_DIR") or os.path.join(
+            os.path.dirname(os.path.abspath(kernels.__file__)), "__pycache__")
+        texts = [_binop_text(fn, kinds) for fn in BINOPS for kinds in ("aa", "as", "sa")]
+        text = "\n".join(['"""fwdbwd.binop_loops: one-op loops the generated steps share."""',
+                          "import numpy as np", "", "from numba import njit", "",
+                          "import symgrad.backends.cpu.kernels  # noqa: F401", "",
+                          "_J = dict(cache=True, nogil=True, fastmath=False, "
+                          "error_model='numpy')", "", *texts])
+        _BINOPS_MODULE = import_text(text, os.path.join(base, "symgrad_generated"),
+                                     "symgrad_binops")
+    return _BINOPS_MODULE
+
+
+def _binop_kernel(ctx, fn: str, kinds: str, dt: str) -> str:
+    """The shared loop for ``fn`` on operands of ``kinds`` (a: array, s: scalar), imported
+    by the generated module and compiled (or loaded) with its kernels."""
+    name = f"bo_{fn}_{kinds}"
+    if name not in ctx.plan.helpers:
+        ctx.plan.helpers[name] = (f"from symgrad.compile.fwdbwd import binop_loops as "
+                                  f"_binops  # noqa: E402\n{name} = _binops().{name}\n")
+    if (name, dt, kinds + "a") not in ctx.plan.kernels:
+        ctx.plan.kernels.append((name, dt, kinds + "a"))
+    return name
+
+
 def _stage_name(name) -> str:
     """A buffer name of a derivation's stage, checked (the record becomes code)."""
     if not (isinstance(name, str) and _order(name)[0] < 9 and
@@ -559,14 +606,24 @@ def call_code(group, ctx, launch) -> list[str]:
         if st[0] == "ufunc":
             lines.append(f"np.{st[1]}({_buffer(group, st[2], ctx)}, "
                          f"out={_buffer(group, st[3], ctx)})")
-        elif st[0] == "binop":
+        elif st[0] == "binop":  # one of the shared loops (binop_loops), constants bound once
             _, fn, a, b, out = st
             if fn not in BINOPS:
-                raise Unsupported(f"fused run {group.name}: unknown ufunc {fn!r} (a compile "
+                raise Unsupported(f"fused run {group.name}: unknown binop {fn!r} (a compile "
                                   "bug)")
-            ab = [f"np.{dt}({float(x)!r})" if isinstance(x, (int, float)) else
-                  _buffer(group, _stage_name(x), ctx) for x in (a, b)]
-            lines.append(f"np.{fn}({ab[0]}, {ab[1]}, out={_buffer(group, _stage_name(out), ctx)})")
+            ab, kinds = [], ""
+            for x in (a, b):
+                if isinstance(x, (int, float)) and not isinstance(x, bool):
+                    c = f"{group.name}_c{len(ctx.allocs)}"
+                    ctx.alloc(f"{c} = np.{dt}({float(x)!r})")
+                    ab.append(c)
+                    kinds += "s"
+                else:
+                    ab.append(_buffer(group, _stage_name(x), ctx))
+                    kinds += "a"
+            name = _binop_kernel(ctx, fn, kinds, dt)
+            lines += launch(group.calls, f"{name}({ab[0]}, {ab[1]}, "
+                                         f"{_buffer(group, _stage_name(out), ctx)})")
         else:
             args = ", ".join(_buffer(group, n, ctx) for n in st[2])
             lines += launch(group.calls, f"{group.name}{st[1]}({args})")

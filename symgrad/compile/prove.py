@@ -360,7 +360,7 @@ def _settled(sp, got, want, symbols: list, name: str, what: str) -> str:
     return _numeric(sp, got, want, symbols, name, what)
 
 
-#: fwdbwd's ``binop`` stages: the NumPy ufunc's arithmetic on SymPy values
+#: fwdbwd's ``binop`` stages: their one op on SymPy values
 _BINOPS = {"add": lambda a, b: a + b, "subtract": lambda a, b: a - b,
            "multiply": lambda a, b: a * b, "divide": lambda a, b: a / b}
 
@@ -388,7 +388,7 @@ def prove_group(module, group, code: dict | None = None) -> str:
         if st[0] == "ufunc":
             env[st[3]] = getattr(sp, st[1])(env[st[2]])
             continue
-        if st[0] == "binop":  # NumPy arithmetic between buffers and constants
+        if st[0] == "binop":  # a shared one-op loop (fwdbwd.binop_loops) on buffers, constants
             a, b = (env[x] if isinstance(x, str) else _exact(sp, x) for x in st[2:4])
             env[st[4]] = _BINOPS[st[1]](a, b)
             continue
