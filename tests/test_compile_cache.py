@@ -89,8 +89,8 @@ def _files(folder) -> dict:
         return hits[0]
 
     return {"module": one("symgrad_step_*.py"), "proof": one("symgrad_step_*.proof.json"),
-            "derivation": one("fwdbwd_*.json"), "index": one("symgrad_step_*fused_0_1*.nbi"),
-            "data": one("symgrad_step_*fused_0_1*.nbc")}
+            "derivation": one("fwdbwd_*.json"), "index": one("symgrad_step_*fused_0_0*.nbi"),
+            "data": one("symgrad_step_*fused_0_0*.nbc")}
 
 
 @pytest.fixture(scope="module")

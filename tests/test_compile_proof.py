@@ -158,3 +158,69 @@ def test_values_made_under_no_grad_are_constants_to_the_proof_and_verify():
         assert_close(w.grad, w_e.grad, terms=(i + 1) * 34)
     assert step.stats["proofs"] and "fused_0_b" in step.source()
     assert step.verify().ok
+
+
+def _arith_fn(w):
+    """The benchmark's chain shape: values between the SIMD ufuncs that are one or two
+    arithmetic ops (``x * w``, ``h * 1.1``, ``(h + 0.3) ** 2``), with input gradients."""
+
+    def step(x):
+        w.grad = None
+        x.grad = None
+        h = ((x * w).sin() * 1.1).tanh() + 0.3
+        loss = ((h * h).exp() - 0.2).sigmoid().sum()
+        loss.backward()
+        return loss
+
+    return step
+
+
+def _arith_pair():
+    sg.manual_seed(5)
+    w = sg.randn(40, requires_grad=True)
+    x = sg.randn(40, requires_grad=True)
+    w_e = sg.tensor(w.detach().numpy().copy(), requires_grad=True)
+    x_e = sg.tensor(x.detach().numpy().copy(), requires_grad=True)
+    return sg.compile(_arith_fn(w)), _arith_fn(w_e), (w, x), (w_e, x_e)
+
+
+def test_one_op_values_between_ufuncs_are_shared_loops_proved_at_generation():
+    """A value that is one or two arithmetic ops between NumPy's SIMD ufuncs is computed by
+    loops every step shares (no Numba loop of its own to compile on the first call), and the
+    proof runs those stages on SymPy values like the loops: same results as eager, proved."""
+    step, eager, (w, x), (w_e, x_e) = _arith_pair()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for i in range(3):
+            assert_close(step(x), eager(x_e), terms=(i + 1) * 12)
+            assert_close(x.grad, x_e.grad, terms=12)
+            assert_close(w.grad, w_e.grad, terms=12)
+    src = step.source()
+    assert "bo_multiply_aa(" in src and "bo_add_as(" in src and "np.sin(" in src
+    # x * w, h * 1.1 and (h + 0.3) ** 2 are not loops: one loop for the rest of the run
+    assert src.count("def fused_0_") == 1, src
+    assert step.stats["proofs"] and not step.stats["fallbacks"]
+    assert set(step.stats["proofs"].values()) <= {"proved", "checked at 16 points"}
+    assert step.verify().ok
+
+
+def test_a_wrong_numpy_stage_is_caught_at_generation(monkeypatch):
+    """The self-check off, an ``add`` stage planted as ``subtract``: the proof, which runs
+    the stages as derived, catches it and the step runs eagerly."""
+    from symgrad.compile import fwdbwd
+
+    monkeypatch.setattr(sys.modules["symgrad.compile.step"], "self_check", lambda *a: None)
+    right = fwdbwd._as_ufuncs
+
+    def wrong(sp, stores):
+        calls = right(sp, stores)
+        return calls and [[c[0], "subtract" if c[1] == "add" else c[1], *c[2:]]
+                          for c in calls]
+
+    monkeypatch.setattr(fwdbwd, "_as_ufuncs", wrong)
+    step, eager, (w, x), (w_e, x_e) = _arith_pair()
+    with pytest.warns(UserWarning, match=r"failed its SymPy proof: fused_0: value v\d+ "
+                                         r"differs"):
+        got = step(x)
+    assert not step._entries()
+    assert_close(got, eager(x_e), terms=12)

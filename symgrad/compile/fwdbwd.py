@@ -335,6 +335,11 @@ def derive(desc: dict) -> dict:
             if st[0] == "ufunc":
                 out_stages.append(st)
                 continue
+            # serial runs only: a parallel run's loops stay prange loops
+            calls = _as_ufuncs(sp, st[1]) if desc["simd"] and not desc["parallel"] else None
+            if calls is not None:
+                out_stages += calls
+                continue
             k = len(kernels)
             text, params = _loop_text(sp, f"@@_{k}", st[1], desc)
             kernels.append([f"_{k}", text, len(params)])
@@ -343,6 +348,68 @@ def derive(desc: dict) -> dict:
     if const is None and wrt:
         backward = _backward_text(seeds, wrt, desc)
     return {"stages": out_stages, "kernels": kernels, "backward": backward}
+
+
+#: arithmetic a loop of one store may be as calls of shared loops (``binop`` stages)
+BINOPS = ("add", "subtract", "multiply", "divide")
+#: at most this many such calls replace one loop
+MAX_BINOPS = 2
+
+
+def _as_ufuncs(sp, stores: list) -> list | None:
+    """A loop storing one value that is at most ``MAX_BINOPS`` arithmetic ops, each on the
+    running value and a buffer or constant (``(t + 0.3) ** 2``, ``in0 * in1``), as
+    ``["binop", op, a, b, out]`` stages (``a``/``b``: a buffer name or a float; ``out``
+    names the running value), run by loops every step shares (``binop_loops``: the same
+    IEEE roundings as the run's own loop), so a step's first call does not Numba-compile a
+    loop per such value (a quarter of a second each). None: keep the loop."""
+    if len(stores) != 1:
+        return None
+    out, expr = stores[0]
+
+    def atom(e):
+        if isinstance(e, sp.Symbol):
+            return e.name if _order(e.name)[0] < 9 else None
+        if isinstance(e, sp.Number) and e.is_finite:
+            return float(e)
+        if isinstance(e, sp.Mul) and len(e.args) == 2 and e.args[0] == -1 and \
+                isinstance(e.args[1], sp.Number) and e.args[1].is_finite:
+            return -float(e.args[1])
+        return None
+
+    def steps(e) -> list | None:
+        """ufunc calls leaving ``e`` in ``out``; None if it is not such a chain."""
+        if isinstance(e, sp.Pow) and e.exp == 2:
+            e = sp.Mul(e.base, e.base, evaluate=False)
+        if not isinstance(e, (sp.Add, sp.Mul)) or len(e.args) != 2:
+            return None
+        x, y = e.args
+        if isinstance(e, sp.Mul) and x == y and atom(x) is None:  # a square of a chain
+            inner = steps(x)
+            return None if inner is None else inner + [["multiply", out, out, out]]
+        fn = "add" if isinstance(e, sp.Add) else "multiply"
+        if isinstance(e, sp.Add) and isinstance(y, sp.Mul) and len(y.args) == 2 and \
+                y.args[0] == -1 and isinstance(atom(y.args[1]), str):
+            fn, y = "subtract", y.args[1]
+        elif isinstance(e, sp.Mul) and isinstance(y, sp.Pow) and y.exp == -1 and \
+                atom(y.base) is not None:
+            fn, y = "divide", y.base
+        a, b = atom(x), atom(y)
+        if a is not None and b is not None:
+            return None if not (isinstance(a, str) or isinstance(b, str)) else \
+                [[fn, a, b, out]]
+        if b is not None:  # x a chain, then (running value) op y
+            inner = steps(x)
+            return None if inner is None else inner + [[fn, out, b, out]]
+        if a is not None and fn in ("add", "multiply"):  # commutative: y's chain, then op x
+            inner = steps(y)
+            return None if inner is None else inner + [[fn, out, a, out]]
+        return None
+
+    calls = steps(expr)
+    if calls is None or len(calls) > MAX_BINOPS:
+        return None
+    return [["binop", *c] for c in calls]
 
 
 def _head(name: str, params: list, parallel: bool) -> list[str]:
@@ -477,13 +544,86 @@ def _buffer(group, name: str, ctx) -> str:
     return b
 
 
+_BINOP_SIGN = {"add": "+", "subtract": "-", "multiply": "*", "divide": "/"}
+_BINOPS_MODULE = None
+
+
+def _binop_text(fn: str, kinds: str) -> str:
+    a, b = ("a" if kinds[0] == "s" else "a[k]"), ("b" if kinds[1] == "s" else "b[k]")
+    return (f"@njit(**_J)\ndef bo_{fn}_{kinds}(a, b, out):\n    for k in range(out.size):\n"
+            f"        out[k] = {a} {_BINOP_SIGN[fn]} {b}\n")
+
+
+def binop_loops():
+    """The loops ``binop`` stages call (``out[k] = a[k] * b``...: one op, a scalar operand
+    an argument, so one text per op and operand kinds) as one module every generated step
+    shares, kept where fuse.loops() keeps its own: Numba compiles each once per
+    installation and dtype, not on a step's first call. A Numba loop call costs a third of
+    a NumPy ufunc call with ``out=`` at the sizes a serial run has."""
+    global _BINOPS_MODULE
+    if _BINOPS_MODULE is None:
+        from .._codefiles import import_text
+        from ..backends.cpu import kernels
+
+        base = os.environ.get("NUMBA_CACHE_DIR") or os.path.join(
+            os.path.dirname(os.path.abspath(kernels.__file__)), "__pycache__")
+        texts = [_binop_text(fn, kinds) for fn in BINOPS for kinds in ("aa", "as", "sa")]
+        text = "\n".join(['"""fwdbwd.binop_loops: one-op loops the generated steps share."""',
+                          "import numpy as np", "", "from numba import njit", "",
+                          "import symgrad.backends.cpu.kernels  # noqa: F401", "",
+                          "_J = dict(cache=True, nogil=True, fastmath=False, "
+                          "error_model='numpy')", "", *texts])
+        _BINOPS_MODULE = import_text(text, os.path.join(base, "symgrad_generated"),
+                                     "symgrad_binops")
+    return _BINOPS_MODULE
+
+
+def _binop_kernel(ctx, fn: str, kinds: str, dt: str) -> str:
+    """The shared loop for ``fn`` on operands of ``kinds`` (a: array, s: scalar), imported
+    by the generated module and compiled (or loaded) with its kernels."""
+    name = f"bo_{fn}_{kinds}"
+    if name not in ctx.plan.helpers:
+        ctx.plan.helpers[name] = (f"from symgrad.compile.fwdbwd import binop_loops as "
+                                  f"_binops  # noqa: E402\n{name} = _binops().{name}\n")
+    if (name, dt, kinds + "a") not in ctx.plan.kernels:
+        ctx.plan.kernels.append((name, dt, kinds + "a"))
+    return name
+
+
+def _stage_name(name) -> str:
+    """A buffer name of a derivation's stage, checked (the record becomes code)."""
+    if not (isinstance(name, str) and _order(name)[0] < 9 and
+            name.rstrip("0123456789") in ("in", "ex", "u", "t") and name[-1:].isdigit()):
+        raise Unsupported(f"a fused run's stage names {name!r} (a compile bug)")
+    return name
+
+
 def call_code(group, ctx, launch) -> list[str]:
     """The forward of a designed group: its loops and ufuncs in order."""
     lines = []
+    dt = group.calls[0].outputs[0].dtype.name
     for st in group.design.code["stages"]:
         if st[0] == "ufunc":
             lines.append(f"np.{st[1]}({_buffer(group, st[2], ctx)}, "
                          f"out={_buffer(group, st[3], ctx)})")
+        elif st[0] == "binop":  # one of the shared loops (binop_loops), constants bound once
+            _, fn, a, b, out = st
+            if fn not in BINOPS:
+                raise Unsupported(f"fused run {group.name}: unknown binop {fn!r} (a compile "
+                                  "bug)")
+            ab, kinds = [], ""
+            for x in (a, b):
+                if isinstance(x, (int, float)) and not isinstance(x, bool):
+                    c = f"{group.name}_c{len(ctx.allocs)}"
+                    ctx.alloc(f"{c} = np.{dt}({float(x)!r})")
+                    ab.append(c)
+                    kinds += "s"
+                else:
+                    ab.append(_buffer(group, _stage_name(x), ctx))
+                    kinds += "a"
+            name = _binop_kernel(ctx, fn, kinds, dt)
+            lines += launch(group.calls, f"{name}({ab[0]}, {ab[1]}, "
+                                         f"{_buffer(group, _stage_name(out), ctx)})")
         else:
             args = ", ".join(_buffer(group, n, ctx) for n in st[2])
             lines += launch(group.calls, f"{group.name}{st[1]}({args})")

@@ -187,13 +187,22 @@ _SIMPLIFY_MAX_OPS = 25
 _EXPAND_MAX_OPS = 100
 
 
+def _lambdify(sp, symbols: list, exprs: tuple):
+    """``sp.lambdify`` with ``math``, without its docstring: printing the expressions into
+    it took a third of the lambdify (SymPy >= 1.13 takes ``docstring_limit``)."""
+    try:
+        return sp.lambdify(symbols, exprs, "math", docstring_limit=0)
+    except TypeError:  # SymPy 1.12: no docstring_limit
+        return sp.lambdify(symbols, exprs, "math")
+
+
 def _numeric(sp, got, want, symbols: list, name: str, what: str, points: int = 16) -> str:
     """Where ``simplify`` leaves a residue (kinks): compare at random points off zero."""
     import random
 
     rng = random.Random(0)
     # one lambdify for the difference and the scale (each costs a code print + compile)
-    f = sp.lambdify(symbols, (got - want, sp.Abs(want) + 1), "math")
+    f = _lambdify(sp, symbols, (got - want, sp.Abs(want) + 1))
     for _ in range(points):
         vals = [rng.choice((-1, 1)) * rng.uniform(0.1, 2.0) for _ in symbols]
         diff, scale = f(*vals)
@@ -351,6 +360,11 @@ def _settled(sp, got, want, symbols: list, name: str, what: str) -> str:
     return _numeric(sp, got, want, symbols, name, what)
 
 
+#: fwdbwd's ``binop`` stages: their one op on SymPy values
+_BINOPS = {"add": lambda a, b: a + b, "subtract": lambda a, b: a - b,
+           "multiply": lambda a, b: a * b, "divide": lambda a, b: a / b}
+
+
 def prove_group(module, group, code: dict | None = None) -> str:
     """"proved", "checked at N points" or AssertionError naming what differs. ``code`` is
     the derivation ``module``'s kernels were made from: the design's own (the CPU loops) by
@@ -373,6 +387,10 @@ def prove_group(module, group, code: dict | None = None) -> str:
     for st in code["stages"]:
         if st[0] == "ufunc":
             env[st[3]] = getattr(sp, st[1])(env[st[2]])
+            continue
+        if st[0] == "binop":  # a shared one-op loop (fwdbwd.binop_loops) on buffers, constants
+            a, b = (env[x] if isinstance(x, str) else _exact(sp, x) for x in st[2:4])
+            env[st[4]] = _BINOPS[st[1]](a, b)
             continue
         lanes = {n: _Lanes(env.get(n)) for n in st[2]}
         ns = dict(base)
