@@ -1,4 +1,4 @@
-"""A ``%%symgrad`` cell on a real 2-block GPT (tests/_gpt_tiny.py) in JupyterLab 4, read
+"""A ``%%symgrad`` cell on a real 2-block GPT (tests/_nanogpt.py) in JupyterLab 4, read
 from the rendered page (issue 30, scope 1: a big model is first drawn collapsed to its
 top-level modules). Live, in the Inspector: every top-level module is drawn as a box (or
 inside the fold box of repeated ones) whose rect is not empty and lies inside the visible
@@ -26,10 +26,10 @@ GRAPH_MIME = "application/vnd.symgrad.graph+json"
 
 CELLS = [
     "%load_ext symgrad\nimport sys\nimport symgrad as sg\n"
-    f"sys.path.insert(0, {str(REPO / 'tests')!r})\nfrom _gpt_tiny import GPT",
+    f"sys.path.insert(0, {str(REPO / 'tests')!r})\nfrom _nanogpt import gpt",
     "%%symgrad\n"
     "sg.manual_seed(0)\n"
-    "model = GPT(vocab=8, block=4).double()\n"
+    "model = gpt(sg, vocab=8, block_size=4).double()\n"
     "idx = sg.randint(0, 8, (1, 4))\n"
     "targets = sg.randint(0, 8, (1, 4))\n"
     "loss = model(idx, targets)\n"
