@@ -28,3 +28,6 @@ __all__ = ["OPS", "OpSpec", "STRUCTURAL", "check_complete", "register"]
 
 # -- convolution and pooling (issue 21)
 from . import conv, pool  # noqa: E402,F401
+
+# -- torch's fused CPU attention node
+from . import attention  # noqa: E402,F401
