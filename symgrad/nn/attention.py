@@ -158,7 +158,8 @@ def _flash_applies(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor 
     """Whether torch 2.13 on CPU runs its fused kernel (one ScaledDotProductFlashAttention
     ForCpuBackward0 node) rather than the math path: 4-D inputs of one batch size, equal
     head dims, nonempty sequences, key/value heads equal to the query's (or dividing them
-    with ``enable_gqa``), no dropout, and a 2-D or 4-D mask that needs no gradient."""
+    with ``enable_gqa``), unit stride along the head dim, no dropout, and a 2-D or 4-D mask
+    that needs no gradient."""
     if query.dim() != 4 or key.dim() != 4 or value.dim() != 4 or dropout_p > 0.0:
         return False
     if not query.dtype.is_floating_point:
@@ -167,6 +168,8 @@ def _flash_applies(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor 
     if not (b == bk == bv and e == ek == ev and S == sv and hk == hv and L and S and e):
         return False
     if hk != h and not (enable_gqa and h % hk == 0):
+        return False
+    if any(t.stride(-1) != 1 for t in (query, key, value)):
         return False
     if attn_mask is not None and (attn_mask.requires_grad or attn_mask.dim() not in (2, 4)):
         return False

@@ -65,6 +65,12 @@ def _flash_fwd(be, query, key, value, attn_mask, dropout_p, is_causal, scale):
         scores = be.where(keep, scores, be.full(scores.shape, float("-inf"), scores.dtype))
     probs = _safe_softmax(be, scores, -1)
     out = be.matmul(probs, value)
+    if type(out) is np.ndarray and out.dtype != object and type(query) is np.ndarray:
+        # torch's kernel writes the output in the query's memory order (``empty_like``):
+        # the views users then take of it record ViewBackward0 where torch's do
+        laid = np.empty_like(query)
+        laid[...] = out
+        out = laid
     if _symbolic(scores):
         lse = be.log(be.sum(be.exp(scores), (3,), False))
     else:
