@@ -68,7 +68,7 @@ def _flash_fwd(be, query, key, value, attn_mask, dropout_p, is_causal, scale):
     if type(out) is np.ndarray and out.dtype != object and type(query) is np.ndarray:
         # torch's kernel writes the output in the query's memory order (``empty_like``):
         # the views users then take of it record ViewBackward0 where torch's do
-        laid = np.empty_like(query)
+        laid = np.empty_like(query, dtype=out.dtype)
         laid[...] = out
         out = laid
     if _symbolic(scores):
