@@ -192,3 +192,21 @@ def test_planted_wrong_backward_is_caught_by_the_verifier():
             assert not sg.verify(out.sum(), mode=mode).ok, mode
     finally:
         spec.grads["query"] = right
+
+
+def test_rule_audit_proves_the_rules_and_catches_a_wrong_one():
+    """The rule audit: each backward equals the derivative of the op's SymPy meaning."""
+    from symgrad.symbolic.audit import audit_rules
+
+    (ok,) = audit_rules([FLASH_CPU])
+    assert ok.status == "proved", ok
+    spec = OPS[FLASH_CPU]
+    right = spec.grads["key"]
+    spec.grads["key"] = lambda grad, query, key, value, output, logsumexp, attn_mask, \
+        dropout_p, is_causal, scale: right(grad, query, key, value, output, logsumexp,
+                                           attn_mask, dropout_p, is_causal, scale) * 1.01
+    try:
+        (bad,) = audit_rules([FLASH_CPU])
+    finally:
+        spec.grads["key"] = right
+    assert bad.status == "failed", bad
