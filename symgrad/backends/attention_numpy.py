@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-__all__ = ["flash_attention_backward"]
+__all__ = ["flash_attention", "flash_attention_backward"]
 
 
 def _heads(x: np.ndarray, heads: int) -> np.ndarray:
@@ -62,3 +62,39 @@ def flash_attention_backward(grad, needed, attn_mask, dropout_p, is_causal, key,
         if needed[1]:
             dk = _unheads(np.matmul(ds.swapaxes(-1, -2), query), key.shape[1])
     return dq, dk, dv
+
+
+def flash_attention(query, key, value, attn_mask, is_causal, scale):
+    """The fused node's forward, (output, logsumexp), in batched BLAS with the softmax in
+    place, or None to decline (the op's generic lowering then runs)."""
+    arrays = (query, key, value)
+    if any(type(a) is not np.ndarray for a in arrays):
+        return None
+    dt = query.dtype
+    if dt not in (np.float32, np.float64) or key.dtype != dt or value.dtype != dt or \
+            (attn_mask is not None and (type(attn_mask) is not np.ndarray
+                                        or attn_mask.dtype != dt)):
+        return None
+    heads = query.shape[1]
+    k, v = _heads(key, heads), _heads(value, heads)
+    factor = dt.type(scale if scale is not None else 1.0 / math.sqrt(query.shape[-1]))
+    s = np.matmul(query, k.swapaxes(-1, -2))
+    s *= factor
+    if attn_mask is not None:
+        s += attn_mask
+    if is_causal:
+        L, S = s.shape[-2:]
+        s[..., np.arange(L)[:, None] < np.arange(S)[None, :]] = -np.inf
+    m = s.max(-1, keepdims=True)
+    dead = m == -np.inf
+    m[dead] = 0  # a fully masked row: exp(-inf) = 0 everywhere, output 0, logsumexp 0
+    s -= m
+    np.exp(s, out=s)
+    total = s.sum(-1, keepdims=True)
+    total[dead] = 1
+    s /= total
+    out = np.empty_like(query)  # torch's output is in the query's memory order
+    np.matmul(s, v, out=out)
+    lse = np.log(total, out=total)
+    lse += m
+    return out, lse[..., 0]
