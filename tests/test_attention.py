@@ -603,12 +603,10 @@ MHA_GRAPH_CASES = [
 def test_mha_records_torchs_whole_graph(torch, case):
     """q is k is v: one packed linear cut by unflatten/unsqueeze/transpose/squeeze/clone and
     select; k is v: split([E, 2E]) of the weight and bias, a q linear and one k/v linear;
-    otherwise chunk(3) and three linears. need_weights=False is compared with torch's math
-    SDPA backend (symgrad's SDPA follows the math path; torch's CPU default is a fused
-    flash node). add_bias_kv: RepeatBackward0 of bias_k/v and CatBackward0 onto k/v;
+    otherwise chunk(3) and three linears. need_weights=False is compared with torch's
+    default CPU SDPA (its fused flash node, which symgrad records too). add_bias_kv:
+    RepeatBackward0 of bias_k/v and CatBackward0 onto k/v;
     add_zero_attn: CatBackward0 of the heads-first k/v with zeros (a None edge)."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
     same, batch_first, bias, need_weights, masks, batched, *options = case
     bias_kv, zero_attn = options[0] if options else (False, False)
     ours, theirs = _mha_pair(torch, "float64", batch_first=batch_first, bias=bias,
@@ -638,8 +636,7 @@ def test_mha_records_torchs_whole_graph(torch, case):
         m = m if masks == "bool" else np.where(m, -1.0, 0.5)
         kw["attn_mask"], tkw["attn_mask"] = sg.tensor(m), torch.tensor(m)
     out, _ = ours(*leaves, **kw)
-    with sdpa_kernel(SDPBackend.MATH):
-        t_out, _ = theirs(*tleaves, **tkw)
+    t_out, _ = theirs(*tleaves, **tkw)
     ours_graph, theirs_graph = _graph(out.grad_fn), _graph(t_out.grad_fn)
     assert ours_graph == theirs_graph
     names = [n for n, _, _ in ours_graph]

@@ -215,18 +215,17 @@ def test_verify_local_on_bias_kv_and_zero_attn():
 
 def test_whole_graph_cases_record_the_new_nodes(torch):
     """The bias/zero cases of test_attention's whole-graph comparison record torch's
-    RepeatBackward0 + CatBackward0 (bias_k/v) and CatBackward0 with a None edge (zeros)."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
+    RepeatBackward0 + CatBackward0 (bias_k/v) and CatBackward0 with a None edge (zeros),
+    around torch's default (fused flash) attention node."""
     ours, theirs = _mha_pair(torch, "float64", add_bias_kv=True, add_zero_attn=True)
     rng = np.random.default_rng(25)
     (x,), (tx,) = _leaves(torch, rng, "float64", (L, N, E))
     out, _ = ours(x, x, x, need_weights=False)
-    with sdpa_kernel(SDPBackend.MATH):
-        t_out, _ = theirs(tx, tx, tx, need_weights=False)
+    t_out, _ = theirs(tx, tx, tx, need_weights=False)
     graph = _graph(out.grad_fn)
     assert graph == _graph(t_out.grad_fn)
     names = [n for n, _, _ in graph]
     assert names.count("CatBackward0") == 4 and names.count("RepeatBackward0") == 2
+    assert names.count("ScaledDotProductFlashAttentionForCpuBackward0") == 1
     zero_cats = [edges for n, edges, _ in graph if n == "CatBackward0" and edges[1][0] is None]
     assert len(zero_cats) == 2

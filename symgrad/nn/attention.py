@@ -18,6 +18,7 @@ from ..autograd.record import record
 from ..dtypes import bool_
 from ..ops import OPS
 from ..ops._ints import u64
+from ..ops.attention import FLASH_CPU
 from ..tensor import Tensor
 
 __all__ = ["scaled_dot_product_attention"]
@@ -152,6 +153,29 @@ def _gqa_repeats(query: Tensor, key: Tensor, value: Tensor, enable_gqa: bool) ->
     return q_heads // k_heads
 
 
+def _flash_applies(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None,
+                   dropout_p: float, enable_gqa: bool) -> bool:
+    """Whether torch 2.13 on CPU runs its fused kernel (one ScaledDotProductFlashAttention
+    ForCpuBackward0 node) rather than the math path: 4-D inputs of one batch size, equal
+    head dims, nonempty sequences, key/value heads equal to the query's (or dividing them
+    with ``enable_gqa``), unit stride along the head dim, no dropout, and a 2-D or 4-D mask
+    that needs no gradient."""
+    if query.dim() != 4 or key.dim() != 4 or value.dim() != 4 or dropout_p > 0.0:
+        return False
+    if not query.dtype.is_floating_point:
+        return False
+    (b, h, L, e), (bk, hk, S, ek), (bv, hv, sv, ev) = query.shape, key.shape, value.shape
+    if not (b == bk == bv and e == ek == ev and S == sv and hk == hv and L and S and e):
+        return False
+    if hk != h and not (enable_gqa and h % hk == 0):
+        return False
+    if any(t.stride(-1) != 1 for t in (query, key, value)):
+        return False
+    if attn_mask is not None and (attn_mask.requires_grad or attn_mask.dim() not in (2, 4)):
+        return False
+    return True
+
+
 def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
                                  attn_mask: Tensor | None = None, dropout_p: float = 0.0,
                                  is_causal: bool = False, scale: float | None = None,
@@ -163,6 +187,16 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
     fully masked rows give zeros.
     """
     _check_sdpa_inputs(query, key, value, attn_mask, dropout_p)
+    if is_causal and attn_mask is not None:
+        raise RuntimeError("_scaled_dot_product_attention: Explicit attn_mask should not "
+                           "be set when is_causal=True")
+    if _flash_applies(query, key, value, attn_mask, dropout_p, enable_gqa):
+        if attn_mask is not None and attn_mask.dtype == bool_:
+            attn_mask = _additive_mask(attn_mask, query.dtype)
+        return apply(OPS[FLASH_CPU], (query, key, value),
+                     {"attn_mask": attn_mask, "dropout_p": float(dropout_p),
+                      "is_causal": bool(is_causal),
+                      "scale": None if scale is None else float(scale)})[0]
     if attn_mask is not None and attn_mask.dtype == bool_:
         attn_mask = _additive_mask(attn_mask, query.dtype)
     negative = scale is not None and scale < 0

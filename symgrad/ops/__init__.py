@@ -27,4 +27,5 @@ from .spec import STRUCTURAL, OpSpec
 __all__ = ["OPS", "OpSpec", "STRUCTURAL", "check_complete", "register"]
 
 # -- convolution and pooling (issue 21)
-from . import conv, pool  # noqa: E402,F401
+# -- and torch's fused CPU attention node (attention)
+from . import attention, conv, pool  # noqa: E402,F401

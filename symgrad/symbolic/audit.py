@@ -616,3 +616,11 @@ EXAMPLES.update({
                                                   count_include_pad=False),
     "adaptive_avg_pool2d": lambda x, y: _nnf().adaptive_avg_pool2d(x.unsqueeze(0), (2, 2)),
 })
+
+
+# -- torch's fused CPU attention node: q, k, v of (1, 1, 2, 3), causal (a -inf score)
+EXAMPLES.update({
+    "scaled_dot_product_flash_attention_for_cpu": lambda x, y: _nnf().scaled_dot_product_attention(
+        x.reshape(1, 1, 2, 3), y.reshape(1, 1, 2, 3), (x * y).reshape(1, 1, 2, 3),
+        is_causal=True),
+})

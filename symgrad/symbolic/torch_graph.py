@@ -478,22 +478,26 @@ def _recover_operand(graph, k, g, i, kept) -> None:
 class _FlashAttentionForCpu:
     """The meaning of torch's fused CPU attention node (ScaledDotProductFlashAttentionForCpu
     Backward0, what ``scaled_dot_product_attention`` and MultiheadAttention's
-    ``need_weights=False`` record on CPU): symgrad's math-path ``scaled_dot_product_attention``
-    with the node's saved mask, causality and scale, traced on symbols like a custom
-    Function's forward. Only the attention output is differentiable (torch's logsumexp is
-    not), so the node has one output; its backward is torch's own node."""
+    ``need_weights=False`` record on CPU): symgrad's op of the same node
+    (symgrad/ops/attention.py, whose forward on the SymPy backend is its meaning) with the
+    node's saved mask, causality and scale, traced on symbols like a custom Function's
+    forward. Only the attention output is differentiable (torch's logsumexp is not), so the
+    node has one output; its backward is torch's own node."""
 
     @staticmethod
     def forward(ctx, query, key, value, attn_mask, dropout_p, is_causal, scale):
         from .. import creation
-        from ..nn.attention import scaled_dot_product_attention
+        from ..autograd.function import apply
+        from ..ops import OPS
+        from ..ops.attention import FLASH_CPU
 
         if dropout_p:
             raise NotImplementedError("the verifier cannot give dropout a meaning")
         mask = None if attn_mask is None else creation.tensor(
             np.asarray(attn_mask), dtype=query.dtype, device=query.device)
-        return scaled_dot_product_attention(query, key, value, mask, 0.0, bool(is_causal),
-                                            scale)
+        return apply(OPS[FLASH_CPU], (query, key, value),
+                     {"attn_mask": mask, "dropout_p": 0.0, "is_causal": bool(is_causal),
+                      "scale": None if scale is None else float(scale)})[0]
 
     @classmethod
     def apply(cls, *args):

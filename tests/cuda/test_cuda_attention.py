@@ -16,10 +16,12 @@ def _leaves(device: str, *arrays):
     return [sg.tensor(a, device=device, requires_grad=True) for a in arrays]
 
 
+@pytest.mark.parametrize("ev", [3, 4], ids=["fused-node", "math-path"])
 @pytest.mark.parametrize("kw", [{}, {"is_causal": True}, {"attn_mask": "bool"}])
-def test_sdpa_on_cuda_equals_cpu(kw):
+def test_sdpa_on_cuda_equals_cpu(kw, ev):
+    """Value head dim 3 (= query's): torch's fused node on both devices; 4: the math path."""
     rng = np.random.default_rng(0)
-    arrays = [rng.standard_normal(s) for s in ((2, 2, 4, 3), (2, 2, 5, 3), (2, 2, 5, 4))]
+    arrays = [rng.standard_normal(s) for s in ((2, 2, 4, 3), (2, 2, 5, 3), (2, 2, 5, ev))]
     keep = rng.random((4, 5)) > 0.4
     keep[0] = False  # a fully masked row
     results = {}
@@ -27,6 +29,8 @@ def test_sdpa_on_cuda_equals_cpu(kw):
         q, k, v = _leaves(dev, *arrays)
         kwd = {n: (sg.tensor(keep, device=dev) if x == "bool" else x) for n, x in kw.items()}
         out = sg.nn.functional.scaled_dot_product_attention(q, k, v, **kwd)
+        fused = out.grad_fn.name() == "ScaledDotProductFlashAttentionForCpuBackward0"
+        assert fused == (ev == 3), out.grad_fn.name()
         (out * out).sum().backward()
         results[dev] = [t.detach().cpu() for t in (out, q.grad, k.grad, v.grad)]
     for got, want in zip(results["cuda"], results["cpu"]):

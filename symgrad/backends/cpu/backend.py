@@ -39,6 +39,8 @@ from ...ops._ints import s64 as s64_of
 from ...ops.elementwise import grad_mask_args, grad_mask_name, grad_masks
 from ...ops.scalar import define
 from .. import conv_numpy as _conv
+from ..attention_numpy import flash_attention as _flash_attention
+from ..attention_numpy import flash_attention_backward as _flash_attention_backward
 from ..base import column_major, fused_from_stanza, scalar_kernels
 from ..numpy_backend import NUMPY_MATH, NumpyBackend, numpy_rule, saved_layout
 from . import rules
@@ -700,6 +702,10 @@ class CpuBackend(NumpyBackend):
              dt.type(m), dt.type(eps), dt.type(1), y.reshape(n, m), mean.reshape(n),
              rstd.reshape(n))
         return y, mean, rstd
+
+    #: ScaledDotProductFlashAttentionForCpuBackward0 in batched BLAS (attention_numpy.py)
+    flash_attention_backward = staticmethod(_flash_attention_backward)
+    flash_attention = staticmethod(_flash_attention)
 
     @staticmethod
     def native_layer_norm_backward(grad, needed, bias, input, normalized_shape,  # noqa: A002

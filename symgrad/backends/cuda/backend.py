@@ -673,6 +673,13 @@ class CudaBackend:
         return None
 
     @staticmethod
+    def flash_attention_backward(grad, needed, attn_mask, dropout_p, is_causal, key,
+                                 logsumexp, output, query, scale, value):
+        """Declines (None): the fused attention node's tensor-op formulas run on the
+        device."""
+        return None
+
+    @staticmethod
     def native_layer_norm_backward(grad, needed, bias, input, normalized_shape,  # noqa: A002
                                    result1, result2, weight):
         """Declines (None): layer norm's tensor-op formulas run on the device."""

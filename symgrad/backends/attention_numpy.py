@@ -1,0 +1,100 @@
+"""The fused CPU attention node's backward on NumPy arrays (batched BLAS matmuls).
+
+ScaledDotProductFlashAttentionForCpuBackward0 in one pass, as torch's kernel does it: the
+probabilities come back from the saved logsumexp (``P = exp(q k^T * scale + mask - lse)``,
+zero on fully masked rows), then ``dv = P^T dO``, ``dS = P * (dO v^T - rowsum(dO * O))``,
+``dq = dS k * scale``, ``dk = dS^T q * scale``. Tested equal to the op's tensor-op formulas.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+__all__ = ["flash_attention", "flash_attention_backward"]
+
+
+def _heads(x: np.ndarray, heads: int) -> np.ndarray:
+    """Key/value heads repeated for grouped-query attention."""
+    r = heads // x.shape[1]
+    return x if r == 1 else np.repeat(x, r, axis=1)
+
+
+def _unheads(g: np.ndarray, heads: int) -> np.ndarray:
+    b, h, s, e = g.shape
+    return g if h == heads else g.reshape(b, heads, h // heads, s, e).sum(2)
+
+
+def flash_attention_backward(grad, needed, attn_mask, dropout_p, is_causal, key, logsumexp,
+                             output, query, scale, value):
+    """(dq, dk, dv), None where not needed; None (decline) for what this does not cover."""
+    arrays = (grad, key, logsumexp, output, query, value)
+    if dropout_p or any(type(a) is not np.ndarray for a in arrays):
+        return None
+    dt = query.dtype
+    if dt not in (np.float32, np.float64) or any(a.dtype != dt for a in arrays) or \
+            (attn_mask is not None and (type(attn_mask) is not np.ndarray
+                                        or attn_mask.dtype != dt)):
+        return None
+    heads = query.shape[1]
+    k, v = _heads(key, heads), _heads(value, heads)
+    factor = dt.type(scale if scale is not None else 1.0 / math.sqrt(query.shape[-1]))
+    s = np.matmul(query, k.swapaxes(-1, -2))
+    s *= factor
+    if attn_mask is not None:
+        s += attn_mask
+    if is_causal:
+        L, S = s.shape[-2:]
+        s[..., np.arange(L)[:, None] < np.arange(S)[None, :]] = -np.inf
+    s -= logsumexp[..., None]
+    p = np.exp(s, out=s)  # fully masked rows: exp(-inf - 0) = 0
+    dq = dk = dv = None
+    if needed[2]:
+        dv = _unheads(np.matmul(p.swapaxes(-1, -2), grad), value.shape[1])
+    if needed[0] or needed[1]:
+        ds = np.matmul(grad, v.swapaxes(-1, -2))
+        ds -= np.einsum("bhle,bhle->bhl", grad, output)[..., None]
+        ds *= p
+        ds *= factor
+        if needed[0]:
+            dq = np.matmul(ds, k)
+        if needed[1]:
+            dk = _unheads(np.matmul(ds.swapaxes(-1, -2), query), key.shape[1])
+    return dq, dk, dv
+
+
+def flash_attention(query, key, value, attn_mask, is_causal, scale):
+    """The fused node's forward, (output, logsumexp), in batched BLAS with the softmax in
+    place, or None to decline (the op's generic lowering then runs)."""
+    arrays = (query, key, value)
+    if any(type(a) is not np.ndarray for a in arrays):
+        return None
+    dt = query.dtype
+    if dt not in (np.float32, np.float64) or key.dtype != dt or value.dtype != dt or \
+            (attn_mask is not None and (type(attn_mask) is not np.ndarray
+                                        or attn_mask.dtype != dt)):
+        return None
+    heads = query.shape[1]
+    k, v = _heads(key, heads), _heads(value, heads)
+    factor = dt.type(scale if scale is not None else 1.0 / math.sqrt(query.shape[-1]))
+    s = np.matmul(query, k.swapaxes(-1, -2))
+    s *= factor
+    if attn_mask is not None:
+        s += attn_mask
+    if is_causal:
+        L, S = s.shape[-2:]
+        s[..., np.arange(L)[:, None] < np.arange(S)[None, :]] = -np.inf
+    m = s.max(-1, keepdims=True)
+    dead = m == -np.inf
+    m[dead] = 0  # a fully masked row: exp(-inf) = 0 everywhere, output 0, logsumexp 0
+    s -= m
+    np.exp(s, out=s)
+    total = s.sum(-1, keepdims=True)
+    total[dead] = 1
+    s /= total
+    out = np.empty_like(query)  # torch's output is in the query's memory order
+    np.matmul(s, v, out=out)
+    lse = np.log(total, out=total)
+    lse += m
+    return out, lse[..., 0]
