@@ -365,5 +365,5 @@ def test_compile_runs_split_and_unbind_compiled(tmp_path, monkeypatch):
             assert step(x).item() == 39.0  # 0*1 + 0*2 + 3*4 + 3*5 + (3 + 4 + 5)
             assert w.grad.tolist() == expected
     assert step.stats["traces"] == 1 and step.stats["fallbacks"] == []
-    src = step.source()  # split's backward joins its pieces (into a buffer of make() or a new array)
+    src = step.source()  # the backward joins the pieces (a buffer of make() or a new array)
     assert ("cat_into(" in src or "np.concatenate((" in src) and "np.stack((" in src
