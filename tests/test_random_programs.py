@@ -433,6 +433,20 @@ def _gen_safe_softmax(b):
     b.op("safe_softmax", fn)
 
 
+def _gen_sdpa(b):
+    """scaled_dot_product_attention on 4-D (B, H, L, E) inputs, causal or not: where torch
+    2.13 records its fused CPU node (a pool tensor torch sends down the math path, e.g. with
+    a head dim that is not unit-strided, records the math path in both libraries)."""
+    i = b.pick(lambda t: t.ndim == 4, make=lambda: (1, 2, 3, 2))
+    s = tuple(b.shadow[i].shape)
+    n = b.draw(st.integers(1, 3))
+    j, k = b.leaf(s[:2] + (n, s[3])), b.leaf(s[:2] + (n, s[3]))
+    causal = b.draw(st.booleans())
+    b.op("scaled_dot_product_flash_attention_for_cpu",
+         lambda L, P: L.nn.functional.scaled_dot_product_attention(P[i], P[j], P[k],
+                                                                   is_causal=causal))
+
+
 def _gen_where(b):
     i = b.pick()
     j = b.leaf(b.bshape(tuple(b.shadow[i].shape)))
@@ -594,6 +608,7 @@ GENERATORS = {
     "unsafe_split_with_sizes": _split_op("unsafe_split_with_sizes"),
     "diagonal": _gen_diagonal, "diagonal_backward": _gen_diagonal_backward,
     "baddbmm": _gen_baddbmm, "safe_softmax": _gen_safe_softmax,
+    "scaled_dot_product_flash_attention_for_cpu": _gen_sdpa,
     "masked_fill_tensor": _simple("masked_fill_tensor", lambda b, t: (
         lambda grad_value: lambda L, x: x.masked_fill(x > 0.1, (x * 2).sum() if grad_value
                                                       else L.tensor(0.5, dtype=x.dtype)))(
