@@ -144,11 +144,14 @@ def test_symgrad_magic_in_jupyterlab(browser, lab_server, artifacts):
     inspector = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".symgrad-inspector")
     canvas = inspector.locator(".sg-view[data-symgrad=graph]")
     canvas.locator(".sg-node").first.wait_for(state="visible", timeout=60_000)
+    # the Inspector redraws once its verification is done: wait for that before clicking
+    # (a node located before the redraw is detached from the page after it)
+    inspector.locator("[data-symgrad=status][data-status=done]").wait_for(
+        state="attached", timeout=180_000)
     assert not graph.is_visible()
     graph = canvas
     mul = graph.locator(".sg-node[data-kind=op]", has_text="MulBackward0")
-    mul.scroll_into_view_if_needed()
-    mul.click()
+    mul.click()  # scrolls it into view first, and locates it again if it was redrawn
     panel = graph.locator("[data-symgrad=node-panel]")
     assert panel.get_attribute("data-selected") == mul.get_attribute("data-node-id")
     saved = panel.locator("[data-symgrad=saved-operands] tbody tr")
