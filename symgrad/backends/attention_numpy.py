@@ -26,6 +26,22 @@ def _unheads(g: np.ndarray, heads: int) -> np.ndarray:
     return g if h == heads else g.reshape(b, heads, h // heads, s, e).sum(2)
 
 
+def _scores(query, key, value, attn_mask, is_causal, scale):
+    """(k, v with the query's heads, the scale factor, the scaled and masked scores q k^T):
+    what the forward and the backward (which recomputes the probabilities) both start from."""
+    heads = query.shape[1]
+    k, v = _heads(key, heads), _heads(value, heads)
+    factor = query.dtype.type(scale if scale is not None else 1.0 / math.sqrt(query.shape[-1]))
+    s = np.matmul(query, k.swapaxes(-1, -2))
+    s *= factor
+    if attn_mask is not None:
+        s += attn_mask
+    if is_causal:
+        L, S = s.shape[-2:]
+        s[..., np.arange(L)[:, None] < np.arange(S)[None, :]] = -np.inf
+    return k, v, factor, s
+
+
 def flash_attention_backward(grad, needed, attn_mask, dropout_p, is_causal, key, logsumexp,
                              output, query, scale, value):
     """(dq, dk, dv), None where not needed; None (decline) for what this does not cover."""
@@ -37,16 +53,7 @@ def flash_attention_backward(grad, needed, attn_mask, dropout_p, is_causal, key,
             (attn_mask is not None and (type(attn_mask) is not np.ndarray
                                         or attn_mask.dtype != dt)):
         return None
-    heads = query.shape[1]
-    k, v = _heads(key, heads), _heads(value, heads)
-    factor = dt.type(scale if scale is not None else 1.0 / math.sqrt(query.shape[-1]))
-    s = np.matmul(query, k.swapaxes(-1, -2))
-    s *= factor
-    if attn_mask is not None:
-        s += attn_mask
-    if is_causal:
-        L, S = s.shape[-2:]
-        s[..., np.arange(L)[:, None] < np.arange(S)[None, :]] = -np.inf
+    k, v, factor, s = _scores(query, key, value, attn_mask, is_causal, scale)
     s -= logsumexp[..., None]
     p = np.exp(s, out=s)  # fully masked rows: exp(-inf - 0) = 0
     dq = dk = dv = None
@@ -75,16 +82,7 @@ def flash_attention(query, key, value, attn_mask, is_causal, scale):
             (attn_mask is not None and (type(attn_mask) is not np.ndarray
                                         or attn_mask.dtype != dt)):
         return None
-    heads = query.shape[1]
-    k, v = _heads(key, heads), _heads(value, heads)
-    factor = dt.type(scale if scale is not None else 1.0 / math.sqrt(query.shape[-1]))
-    s = np.matmul(query, k.swapaxes(-1, -2))
-    s *= factor
-    if attn_mask is not None:
-        s += attn_mask
-    if is_causal:
-        L, S = s.shape[-2:]
-        s[..., np.arange(L)[:, None] < np.arange(S)[None, :]] = -np.inf
+    k, v, factor, s = _scores(query, key, value, attn_mask, is_causal, scale)
     m = s.max(-1, keepdims=True)
     dead = m == -np.inf
     m[dead] = 0  # a fully masked row: exp(-inf) = 0 everywhere, output 0, logsumexp 0
