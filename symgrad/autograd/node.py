@@ -432,11 +432,17 @@ class OpNode(Node):
         return value
 
     def _release(self) -> None:
-        """Drop saved tensors (numbers such as alpha stay readable, as in torch)."""
+        """Drop saved tensors, the wrapped numbers of ``x * 2`` among them (torch saves those
+        as 0-dim tensors and frees them too); numbers such as alpha stay readable, as in
+        torch."""
         saved = self._saved
         for k, v in saved.items():
-            if type(v) is SavedTensor:
-                v._free()  # a SavedTensor the user holds (_raw_saved_*) knows it is freed
+            kind = type(v)
+            if kind is SavedTensor or kind is _WrappedScalar:
+                if kind is SavedTensor:
+                    v._free()  # a SavedTensor the user holds (_raw_saved_*) knows it is freed
+                elif v.raw is not None:
+                    v.raw._free()
                 saved[k] = _FREED
                 self._freed = True
 
