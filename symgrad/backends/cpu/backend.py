@@ -747,7 +747,7 @@ class CpuBackend(NumpyBackend):
              np.ascontiguousarray(result1).reshape(n), np.ascontiguousarray(result2).reshape(n),
              _row_param(weight, m, dt), weight is not None, dt.type(m), bool(needed[0]),
              dx.reshape(n, m) if needed[0] else dx, need_wb, gw, gb,
-             np.empty((3, max(m, 2)), dt))
+             np.empty(2, dt))
         shape = tuple(normalized_shape)
         return (dx if needed[0] else None,
                 gw.astype(dt).reshape(shape) if needed[1] else None,
