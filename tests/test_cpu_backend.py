@@ -358,6 +358,29 @@ def test_kernel_reductions_and_copy(dtype, mode, rng):
     assert not np.shares_memory(c, x) and np.array_equal(c, x)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_sum_over_rows_is_the_compiled_steps_gemv(dtype, rng):
+    """A 2-D sum over rows (eager's bias gradients) from SUM_ROWS_GEMV_MIN rows is the
+    product with ones that sg.compile's code computes: the same bits, another order than
+    NumPy's."""
+    n = cpu_mod.SUM_ROWS_GEMV_MIN
+    for x in (rng.standard_normal((5 * n, 9)).astype(dtype),
+              rng.standard_normal((9, 5 * n)).astype(dtype).T):  # column-major too
+        for axis in ((0,), 0, (-2,)):
+            got = CPU.sum(x, axis, False)
+            assert got.dtype == x.dtype and got.shape == (9,)
+            assert np.array_equal(got, np.matmul(np.ones(x.shape[0], dtype), x))
+            ref = NumpyBackend.sum(x, axis, False)
+            assert_close(got, ref, terms=x.shape[0], scale=NumpyBackend.sum(np.abs(x), 0))
+    w = sg.randn(3, 9, requires_grad=True, dtype=sg.float64 if dtype == np.float64 else None)
+    b = sg.zeros(3, requires_grad=True, dtype=w.dtype)
+    x = sg.randn(4 * n, 9, dtype=w.dtype)
+    y = x @ w.t() + b
+    y.retain_grad()
+    y.pow(2).sum().backward()
+    assert np.array_equal(b.grad.numpy(), np.matmul(np.ones(4 * n, dtype), y.grad.numpy()))
+
+
 def test_kernel_fuzz_random_layouts_match_reference(mode):
     """Shapes, dtypes, strides and broadcasting drawn at random: never a crash, same values."""
     rng = np.random.default_rng(7)
