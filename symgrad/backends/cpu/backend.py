@@ -31,6 +31,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from math import prod
 
 import numpy as np
 
@@ -607,15 +608,15 @@ class CpuBackend(NumpyBackend):
     @staticmethod
     def max_pool_windows(x, plane, n_out):
         """(values, in-plane indices) of each window's first maximum, shaped (planes,
-        n_out), from the plan's per-tap offsets ``plane`` (planes * n_out, taps); or None
-        to decline (the generic gather and argmax)."""
+        n_out), from the per-tap offsets ``plane`` (n_out, taps) of one plane's windows (the
+        same in every plane); or None to decline (the generic gather and argmax)."""
         if type(x) is not np.ndarray or x.dtype not in _FLOATS or x.ndim < 2 \
                 or x.size < FUSED_MIN or type(plane) is not np.ndarray or plane.ndim != 2:
             return None
         hw = x.shape[-1] * x.shape[-2]
         planes = x.size // hw if hw else 0
-        if planes * n_out != plane.shape[0] or plane.shape[1] == 0 or plane.dtype != np.int64 \
-                or int(plane.min()) < 0 or int(plane.max()) >= hw:
+        if planes == 0 or n_out != plane.shape[0] or plane.shape[1] == 0 \
+                or plane.dtype != np.int64 or int(plane.min()) < 0 or int(plane.max()) >= hw:
             return None
         values = _alloc((planes, n_out), x.dtype)
         idx = np.empty((planes, n_out), np.int64)
@@ -740,8 +741,11 @@ class CpuBackend(NumpyBackend):
         if not _conv.accepts(input, weight, bias):
             return None
         geo = _conv.geometry(input.shape, weight.shape, stride, padding, dilation, groups)
-        return None if geo is None else _conv.forward(input, weight, bias, geo, _im2col,
-                                                      _alloc)
+        if geo is None:
+            return None
+        if _blocked(geo):
+            return _conv.forward_blocked(input, weight, bias, geo, _BLOCK_KERNELS, _alloc)
+        return _conv.forward(input, weight, bias, geo, _im2col, _alloc)
 
     @staticmethod
     def convolution_backward(grad, needed, bias_sym_sizes_opt, dilation, groups, input,  # noqa: A002
@@ -752,6 +756,9 @@ class CpuBackend(NumpyBackend):
         geo = _conv.geometry(input.shape, weight.shape, stride, padding, dilation, groups)
         if geo is None:
             return None
+        if _blocked(geo):
+            return _conv.backward_blocked(grad, needed, input, weight, geo, _BLOCK_KERNELS,
+                                          _alloc)
         return _conv.backward(grad, needed, input, weight, geo, _im2col, _col2im, _alloc)
 
     # -- gather / scatter-add along the first dim (integer-array indexing and its backward) ---
@@ -868,6 +875,35 @@ def _col2im(cols, geo):
     _run("conv_col2im", cols.size, cols.reshape((planes,) + p[2:6]),
          dx.reshape(planes, p[0], p[1]), *p[6:])
     return dx
+
+
+def _blocked(geo) -> bool:
+    """conv1d/conv2d whose whole-batch columns are below PARALLEL_MIN: blocked over images
+    (serial, cache-resident columns). Larger ones keep the whole-batch passes, whose kernels
+    run on all cores."""
+    return len(geo.spatial) <= 2 and geo.n * geo.c * prod(geo.kernel) * geo.positions \
+        < PARALLEL_MIN
+
+
+def _im2col_t(x, geo, cols) -> None:
+    """The blocked gather: x (m, C, spatial...) into cols (groups, rows, m * P)."""
+    p = _planes(geo)
+    _run("conv_im2col_t", cols.size, x.reshape(geo.n, geo.c, p[0], p[1]),
+         cols.reshape((geo.c,) + p[2:4] + (geo.n,) + p[4:6]), *p[6:])
+
+
+def _col2im_t(cols, geo, dx) -> None:
+    """The blocked scatter: cols (groups, rows, m * P) into dx (m, C, spatial...)."""
+    p = _planes(geo)
+    _run("conv_col2im_t", cols.size, cols.reshape((geo.c,) + p[2:4] + (geo.n,) + p[4:6]),
+         dx.reshape(geo.n, geo.c, p[0], p[1]), *p[6:])
+
+
+def _grad_t(g, gt, acc, want_b) -> None:
+    _run("conv_grad_t", g.size, g, gt, acc, want_b)
+
+
+_BLOCK_KERNELS = _conv.BlockKernels(_im2col_t, _col2im_t, _grad_t)
 
 
 def _built_on_first_call(name: str, make):
