@@ -30,7 +30,7 @@ and the generic lowering or the formulas run.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from itertools import product
 from math import prod
@@ -38,7 +38,8 @@ from math import prod
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-__all__ = ["Geometry", "accepts", "backward", "forward", "gather", "geometry", "scatter"]
+__all__ = ["BlockKernels", "Geometry", "accepts", "backward", "backward_blocked", "block_images",
+           "forward", "forward_blocked", "gather", "geometry", "scatter"]
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -185,3 +186,101 @@ def backward(grad: np.ndarray, needed, x: np.ndarray, w: np.ndarray, geo: Geomet
     if len(needed) > 2 and needed[2]:
         gb = grad.reshape(geo.n, geo.o, p).sum((0, 2))
     return gx, gw, gb
+
+
+# -- blocked over images: the columns of a block stay in cache (cpu backend) --------------------
+#: bytes of one block's columns (a block is at least one image): L2-sized. The whole batch's
+#: columns (LeNet's conv1: 3.7 MB) go out to memory and back on every pass, which costs more
+#: than the products on these machines; a block's are written, multiplied and dropped in cache.
+BLOCK_BYTES = 1 << 18
+
+
+@dataclass(frozen=True)
+class BlockKernels:
+    """A backend's passes over one block of images (columns laid out (C, kernel..., images,
+    out...), i.e. (groups, rows, images * P)): ``gather(x_block, geo, cols)``,
+    ``scatter(cols, geo, dx_block)`` (dx_block overwritten) and ``grad_t(g_block, gt, acc,
+    want_bias)`` (gt (O, images, P) = g_block transposed; acc (O, P) float64 += the sums
+    over the block's images, for the bias gradient)."""
+
+    gather: Callable
+    scatter: Callable
+    grad_t: Callable
+
+
+def block_images(geo: Geometry, itemsize: int) -> int:
+    """Images per block: as many as keep one block's columns within BLOCK_BYTES."""
+    per_image = geo.c * prod(geo.kernel) * geo.positions * itemsize
+    return max(1, min(geo.n, BLOCK_BYTES // max(per_image, 1)))
+
+
+def _blocks(geo: Geometry, nb: int):
+    """(start, stop, the block's geometry) for each block of ``nb`` images."""
+    for n0 in range(0, geo.n, nb):
+        m = min(nb, geo.n - n0)
+        yield n0, n0 + m, replace(geo, n=m)
+
+
+def forward_blocked(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, geo: Geometry,
+                    kern: BlockKernels, alloc: Alloc = np.empty) -> np.ndarray:
+    """``forward`` a block of images at a time: gather, one product per group ``W (og, rows)
+    @ cols (rows, images * P)``, then the block's (O, images, P) result copied into the
+    output transposed, the bias added in the same pass."""
+    g, og, rows, p = geo.groups, geo.o // geo.groups, geo.rows, geo.positions
+    x = np.ascontiguousarray(x)
+    nb = block_images(geo, x.dtype.itemsize)
+    out = alloc((geo.n, geo.o, p), x.dtype)
+    cols_buf = alloc((g * rows * nb * p,), x.dtype)
+    res_buf = alloc((geo.o * nb * p,), x.dtype)
+    wg = w.reshape(g, og, rows)
+    bias = None if b is None else b.reshape(1, geo.o, 1)
+    for n0, n1, sub in _blocks(geo, nb):
+        m = n1 - n0
+        cols = cols_buf[:g * rows * m * p].reshape(g, rows, m * p)
+        kern.gather(x[n0:n1], sub, cols)
+        res = res_buf[:geo.o * m * p].reshape(g, og, m * p)
+        np.matmul(wg, cols, out=res)
+        res_t = res.reshape(geo.o, m, p).transpose(1, 0, 2)
+        if bias is None:
+            np.copyto(out[n0:n1], res_t)
+        else:
+            np.add(res_t, bias, out=out[n0:n1])
+    return out.reshape((geo.n, geo.o) + geo.out)
+
+
+def backward_blocked(grad: np.ndarray, needed, x: np.ndarray, w: np.ndarray, geo: Geometry,
+                     kern: BlockKernels, alloc: Alloc = np.empty) -> tuple:
+    """``backward`` a block of images at a time, each block's gradient transposed once:
+    input gradient ``W^T @ g`` then col2im into the block's rows of dx; weight gradient
+    ``g @ cols^T`` (the columns gathered again from the saved input) added over the blocks;
+    bias gradient summed in float64 along with the transpose."""
+    g, og, rows, p = geo.groups, geo.o // geo.groups, geo.rows, geo.positions
+    need_x, need_w = bool(needed[0]), bool(needed[1])
+    need_b = len(needed) > 2 and bool(needed[2])
+    grad = np.ascontiguousarray(grad).reshape(geo.n, geo.o, p)
+    x = np.ascontiguousarray(x)
+    dt = grad.dtype
+    nb = block_images(geo, dt.itemsize)
+    gt_buf = alloc((geo.o * nb * p,), dt)
+    cols_buf = alloc((g * rows * nb * p,), dt) if need_x or need_w else None
+    acc = np.zeros((geo.o, p), np.float64)
+    dx = alloc((geo.n, geo.c) + geo.spatial, dt) if need_x else None
+    gw = np.zeros((g, og, rows), dt) if need_w else None
+    part = np.empty((g, og, rows), dt) if need_w else None
+    wg = w.reshape(g, og, rows)
+    for n0, n1, sub in _blocks(geo, nb):
+        m = n1 - n0
+        gt = gt_buf[:geo.o * m * p]
+        kern.grad_t(grad[n0:n1], gt.reshape(geo.o, m, p), acc, need_b)
+        gt = gt.reshape(g, og, m * p)
+        cols = None if cols_buf is None else cols_buf[:g * rows * m * p].reshape(g, rows,
+                                                                                 m * p)
+        if need_w:
+            kern.gather(x[n0:n1], sub, cols)
+            np.matmul(gt, cols.transpose(0, 2, 1), out=part)
+            np.add(gw, part, out=gw)
+        if need_x:
+            np.matmul(wg.transpose(0, 2, 1), gt, out=cols)
+            kern.scatter(cols, sub, dx[n0:n1])
+    gb = acc.sum(1).astype(dt) if need_b else None
+    return dx, None if gw is None else gw.reshape(w.shape), gb
