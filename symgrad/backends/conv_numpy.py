@@ -38,7 +38,7 @@ from math import prod
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-__all__ = ["BlockKernels", "Geometry", "accepts", "backward", "backward_blocked", "block_images",
+__all__ = ["Geometry", "accepts", "backward", "backward_blocked", "block_images",
            "forward", "forward_blocked", "gather", "geometry", "scatter"]
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
@@ -188,24 +188,10 @@ def backward(grad: np.ndarray, needed, x: np.ndarray, w: np.ndarray, geo: Geomet
     return gx, gw, gb
 
 
-# -- blocked over images: the columns of a block stay in cache (cpu backend) --------------------
-#: bytes of one block's columns (a block is at least one image): L2-sized. The whole batch's
-#: columns (LeNet's conv1: 3.7 MB) go out to memory and back on every pass, which costs more
-#: than the products on these machines; a block's are written, multiplied and dropped in cache.
-BLOCK_BYTES = 1 << 18
-
-
-@dataclass(frozen=True)
-class BlockKernels:
-    """A backend's passes over one block of images (columns laid out (C, kernel..., images,
-    out...), i.e. (groups, rows, images * P)): ``gather(x_block, geo, cols)``,
-    ``scatter(cols, geo, dx_block)`` (dx_block overwritten) and ``grad_t(g_block, gt, acc,
-    want_bias)`` (gt (O, images, P) = g_block transposed; acc (O, P) float64 += the sums
-    over the block's images, for the bias gradient)."""
-
-    gather: Callable
-    scatter: Callable
-    grad_t: Callable
+# -- blocked over images (cpu backend): one block's columns stay in cache --------------------
+#: bytes of one block's columns (a block is at least one image), half the L2 size: the whole
+#: batch's columns (LeNet's conv1: 3.7 MB) would go out to memory and back on every pass.
+BLOCK_BYTES = 1 << 19
 
 
 def block_images(geo: Geometry, itemsize: int) -> int:
@@ -214,73 +200,86 @@ def block_images(geo: Geometry, itemsize: int) -> int:
     return max(1, min(geo.n, BLOCK_BYTES // max(per_image, 1)))
 
 
+@lru_cache(maxsize=64)
+def _sub(geo: Geometry, m: int) -> Geometry:
+    return replace(geo, n=m)
+
+
 def _blocks(geo: Geometry, nb: int):
     """(start, stop, the block's geometry) for each block of ``nb`` images."""
     for n0 in range(0, geo.n, nb):
         m = min(nb, geo.n - n0)
-        yield n0, n0 + m, replace(geo, n=m)
+        yield n0, n0 + m, _sub(geo, m)
+
+
+ScatterInto = Callable[[np.ndarray, Geometry, np.ndarray], None]
 
 
 def forward_blocked(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, geo: Geometry,
-                    kern: BlockKernels, alloc: Alloc = np.empty) -> np.ndarray:
-    """``forward`` a block of images at a time: gather, one product per group ``W (og, rows)
-    @ cols (rows, images * P)``, then the block's (O, images, P) result copied into the
-    output transposed, the bias added in the same pass."""
+                    gather_fn: Gather, alloc: Alloc = np.empty) -> np.ndarray:
+    """``forward`` a block of images at a time: the block's columns gathered into one
+    reused buffer, the product written straight into the block's rows of the output and
+    the bias added there (still in cache)."""
     g, og, rows, p = geo.groups, geo.o // geo.groups, geo.rows, geo.positions
     x = np.ascontiguousarray(x)
     nb = block_images(geo, x.dtype.itemsize)
-    out = alloc((geo.n, geo.o, p), x.dtype)
-    cols_buf = alloc((g * rows * nb * p,), x.dtype)
-    res_buf = alloc((geo.o * nb * p,), x.dtype)
+    per = g * rows * p
+    out = alloc((geo.n, g, og, p), x.dtype)
+    cols_buf = alloc((nb * per,), x.dtype)
     wg = w.reshape(g, og, rows)
-    bias = None if b is None else b.reshape(1, geo.o, 1)
+    bias = None if b is None else b.reshape(geo.o, 1)
     for n0, n1, sub in _blocks(geo, nb):
         m = n1 - n0
-        cols = cols_buf[:g * rows * m * p].reshape(g, rows, m * p)
-        kern.gather(x[n0:n1], sub, cols)
-        res = res_buf[:geo.o * m * p].reshape(g, og, m * p)
-        np.matmul(wg, cols, out=res)
-        res_t = res.reshape(geo.o, m, p).transpose(1, 0, 2)
-        if bias is None:
-            np.copyto(out[n0:n1], res_t)
-        else:
-            np.add(res_t, bias, out=out[n0:n1])
+        cols = cols_buf[:m * per]
+        gather_fn(x[n0:n1], sub, cols.reshape(sub.columns_shape))
+        block = out[n0:n1]
+        np.matmul(wg, cols.reshape(m, g, rows, p), out=block)
+        if bias is not None:
+            flat = block.reshape(m, geo.o, p)
+            np.add(flat, bias, out=flat)
     return out.reshape((geo.n, geo.o) + geo.out)
 
 
 def backward_blocked(grad: np.ndarray, needed, x: np.ndarray, w: np.ndarray, geo: Geometry,
-                     kern: BlockKernels, alloc: Alloc = np.empty) -> tuple:
-    """``backward`` a block of images at a time, each block's gradient transposed once:
-    input gradient ``W^T @ g`` then col2im into the block's rows of dx; weight gradient
-    ``g @ cols^T`` (the columns gathered again from the saved input) added over the blocks;
-    bias gradient summed in float64 along with the transpose."""
+                     gather_fn: Gather, scatter_into: ScatterInto,
+                     alloc: Alloc = np.empty) -> tuple:
+    """``backward`` a block of images at a time through one reused column buffer: input
+    gradient ``W^T @ grad`` then col2im into the block's rows of dx; weight gradient from
+    the block's columns gathered again, its per-image products summed per block and added
+    up; bias gradient as products with a ones vector (NumPy's sum over a short last axis
+    is several times slower)."""
     g, og, rows, p = geo.groups, geo.o // geo.groups, geo.rows, geo.positions
-    need_x, need_w = bool(needed[0]), bool(needed[1])
-    need_b = len(needed) > 2 and bool(needed[2])
-    grad = np.ascontiguousarray(grad).reshape(geo.n, geo.o, p)
+    grad = np.ascontiguousarray(grad)
     x = np.ascontiguousarray(x)
     dt = grad.dtype
+    g4 = grad.reshape(geo.n, g, og, p)
     nb = block_images(geo, dt.itemsize)
-    gt_buf = alloc((geo.o * nb * p,), dt)
-    cols_buf = alloc((g * rows * nb * p,), dt) if need_x or need_w else None
-    acc = np.zeros((geo.o, p), np.float64)
-    dx = alloc((geo.n, geo.c) + geo.spatial, dt) if need_x else None
-    gw = np.zeros((g, og, rows), dt) if need_w else None
-    part = np.empty((g, og, rows), dt) if need_w else None
-    wg = w.reshape(g, og, rows)
-    for n0, n1, sub in _blocks(geo, nb):
+    per = g * rows * p
+    need_x, need_w = bool(needed[0]), bool(needed[1])
+    cols_buf = alloc((nb * per,), dt) if need_x or need_w else None
+    gx = alloc((geo.n, geo.c) + geo.spatial, dt) if need_x else None
+    gw = part = total = None
+    if need_w:
+        gw = np.zeros((g, rows, og), dt)
+        part = alloc((nb, g, rows, og), dt)
+        total = np.empty((g, rows, og), dt)
+    wt = w.reshape(g, og, rows).transpose(0, 2, 1)
+    for n0, n1, sub in _blocks(geo, nb) if need_x or need_w else ():
         m = n1 - n0
-        gt = gt_buf[:geo.o * m * p]
-        kern.grad_t(grad[n0:n1], gt.reshape(geo.o, m, p), acc, need_b)
-        gt = gt.reshape(g, og, m * p)
-        cols = None if cols_buf is None else cols_buf[:g * rows * m * p].reshape(g, rows,
-                                                                                 m * p)
-        if need_w:
-            kern.gather(x[n0:n1], sub, cols)
-            np.matmul(gt, cols.transpose(0, 2, 1), out=part)
-            np.add(gw, part, out=gw)
+        cols = cols_buf[:m * per].reshape(m, g, rows, p)
+        g_block = g4[n0:n1]
         if need_x:
-            np.matmul(wg.transpose(0, 2, 1), gt, out=cols)
-            kern.scatter(cols, sub, dx[n0:n1])
-    gb = acc.sum(1).astype(dt) if need_b else None
-    return dx, None if gw is None else gw.reshape(w.shape), gb
+            np.matmul(wt, g_block, out=cols)
+            scatter_into(cols.reshape(sub.columns_shape), sub, gx[n0:n1])
+        if need_w:
+            gather_fn(x[n0:n1], sub, cols.reshape(sub.columns_shape))
+            np.matmul(cols, g_block.transpose(0, 1, 3, 2), out=part[:m])
+            np.add.reduce(part[:m], axis=0, out=total)
+            np.add(gw, total, out=gw)
+    if need_w:
+        gw = np.ascontiguousarray(gw.transpose(0, 2, 1)).reshape(w.shape)
+    gb = None
+    if len(needed) > 2 and needed[2]:
+        gb = np.matmul(grad.reshape(geo.n * geo.o, p), np.ones(p, dt)).reshape(
+            geo.n, geo.o).sum(0)
+    return gx, gw, gb

@@ -744,7 +744,7 @@ class CpuBackend(NumpyBackend):
         if geo is None:
             return None
         if _blocked(geo):
-            return _conv.forward_blocked(input, weight, bias, geo, _BLOCK_KERNELS, _alloc)
+            return _conv.forward_blocked(input, weight, bias, geo, _im2col, _alloc)
         return _conv.forward(input, weight, bias, geo, _im2col, _alloc)
 
     @staticmethod
@@ -757,8 +757,8 @@ class CpuBackend(NumpyBackend):
         if geo is None:
             return None
         if _blocked(geo):
-            return _conv.backward_blocked(grad, needed, input, weight, geo, _BLOCK_KERNELS,
-                                          _alloc)
+            return _conv.backward_blocked(grad, needed, input, weight, geo, _im2col,
+                                          _col2im_into, _alloc)
         return _conv.backward(grad, needed, input, weight, geo, _im2col, _col2im, _alloc)
 
     # -- gather / scatter-add along the first dim (integer-array indexing and its backward) ---
@@ -870,40 +870,31 @@ def _col2im(cols, geo):
     p = _planes(geo)
     if p is None:
         return _conv.scatter(cols, geo)
-    planes = geo.n * geo.c
     dx = _alloc((geo.n, geo.c) + geo.spatial, cols.dtype)
-    _run("conv_col2im", cols.size, cols.reshape((planes,) + p[2:6]),
-         dx.reshape(planes, p[0], p[1]), *p[6:])
+    _col2im_into(cols, geo, dx)
     return dx
 
 
+def _col2im_into(cols, geo, dx) -> None:
+    """col2im of a conv1d/conv2d (``_planes`` not None) into ``dx`` (N, C, spatial...),
+    C-contiguous, of the columns' dtype (the blocked backward's rows of its input
+    gradient); every element overwritten."""
+    p = _planes(geo)
+    planes = geo.n * geo.c
+    _run("conv_col2im", cols.size, cols.reshape((planes,) + p[2:6]),
+         dx.reshape(planes, p[0], p[1]), *p[6:])
+
+
+#: column elements (the whole batch's) below which a conv1d/conv2d runs blocked over images
+#: (conv_numpy.forward_blocked): cache-resident columns, serial loops. Larger ones keep the
+#: whole-batch passes, whose loops run on all cores from PARALLEL_MIN. A constant, not
+#: PARALLEL_MIN itself: which summation order runs depends on the shapes alone.
+CONV_BLOCKED_MAX = 1 << 21
+
+
 def _blocked(geo) -> bool:
-    """conv1d/conv2d whose whole-batch columns are below PARALLEL_MIN: blocked over images
-    (serial, cache-resident columns). Larger ones keep the whole-batch passes, whose kernels
-    run on all cores."""
     return len(geo.spatial) <= 2 and geo.n * geo.c * prod(geo.kernel) * geo.positions \
-        < PARALLEL_MIN
-
-
-def _im2col_t(x, geo, cols) -> None:
-    """The blocked gather: x (m, C, spatial...) into cols (groups, rows, m * P)."""
-    p = _planes(geo)
-    _run("conv_im2col_t", cols.size, x.reshape(geo.n, geo.c, p[0], p[1]),
-         cols.reshape((geo.c,) + p[2:4] + (geo.n,) + p[4:6]), *p[6:])
-
-
-def _col2im_t(cols, geo, dx) -> None:
-    """The blocked scatter: cols (groups, rows, m * P) into dx (m, C, spatial...)."""
-    p = _planes(geo)
-    _run("conv_col2im_t", cols.size, cols.reshape((geo.c,) + p[2:4] + (geo.n,) + p[4:6]),
-         dx.reshape(geo.n, geo.c, p[0], p[1]), *p[6:])
-
-
-def _grad_t(g, gt, acc, want_b) -> None:
-    _run("conv_grad_t", g.size, g, gt, acc, want_b)
-
-
-_BLOCK_KERNELS = _conv.BlockKernels(_im2col_t, _col2im_t, _grad_t)
+        < CONV_BLOCKED_MAX
 
 
 def _built_on_first_call(name: str, make):

@@ -442,91 +442,6 @@ def conv_col2im(cols, dx, sh, sw, ph, pw, dh, dw):
                                 dx[pl, ih, iw] += cols[pl, kh, kw, oh, ow]
 
 
-# The blocked convolution (conv_numpy.forward_blocked / backward_blocked) works on a block of
-# images at a time, its columns laid out (C, KH, KW, images, OH, OW): one wide product per
-# block and group, the block's columns small enough to stay in cache.
-def conv_im2col_t(x, out, sh, sw, ph, pw, dh, dw):
-    """out[c, kh, kw, n, oh, ow] = x[n, c, oh*sh + kh*dh - ph, ow*sw + kw*dw - pw], 0
-    outside; x (N, C, H, W), out (C, KH, KW, N, OH, OW)."""
-    n_, c_, h_, w_ = x.shape
-    _, kh_, kw_, _, oh_, ow_ = out.shape
-    for c in prange(c_):
-        for kh in range(kh_):
-            for kw in range(kw_):
-                off = kw * dw - pw
-                for n in range(n_):
-                    for oh in range(oh_):
-                        ih = oh * sh + kh * dh - ph
-                        if ih < 0 or ih >= h_:
-                            for ow in range(ow_):
-                                out[c, kh, kw, n, oh, ow] = 0
-                            continue
-                        if off >= 0 and (ow_ - 1) * sw + off < w_:  # the row inside
-                            if sw == 1:
-                                for ow in range(ow_):
-                                    out[c, kh, kw, n, oh, ow] = x[n, c, ih, ow + off]
-                            else:
-                                for ow in range(ow_):
-                                    out[c, kh, kw, n, oh, ow] = x[n, c, ih, ow * sw + off]
-                        else:
-                            for ow in range(ow_):
-                                iw = ow * sw + off
-                                if iw >= 0 and iw < w_:
-                                    out[c, kh, kw, n, oh, ow] = x[n, c, ih, iw]
-                                else:
-                                    out[c, kh, kw, n, oh, ow] = 0
-
-
-def conv_col2im_t(cols, dx, sh, sw, ph, pw, dh, dw):
-    """The adjoint of conv_im2col_t: dx = 0, then dx[n, c, ih, iw] += cols[c, kh, kw, n, oh,
-    ow]. A channel per thread (disjoint outputs); within a plane the taps add in conv_col2im's
-    fixed order, so results do not depend on the thread count."""
-    n_, c_, h_, w_ = dx.shape
-    _, kh_, kw_, _, oh_, ow_ = cols.shape
-    for c in prange(c_):
-        for n in range(n_):
-            for i in range(h_):
-                for j in range(w_):
-                    dx[n, c, i, j] = 0
-            for kh in range(kh_):
-                for kw in range(kw_):
-                    off = kw * dw - pw
-                    for oh in range(oh_):
-                        ih = oh * sh + kh * dh - ph
-                        if ih < 0 or ih >= h_:
-                            continue
-                        if off >= 0 and (ow_ - 1) * sw + off < w_:
-                            if sw == 1:
-                                for ow in range(ow_):
-                                    dx[n, c, ih, ow + off] += cols[c, kh, kw, n, oh, ow]
-                            else:
-                                for ow in range(ow_):
-                                    dx[n, c, ih, ow * sw + off] += cols[c, kh, kw, n, oh, ow]
-                        else:
-                            for ow in range(ow_):
-                                iw = ow * sw + off
-                                if iw >= 0 and iw < w_:
-                                    dx[n, c, ih, iw] += cols[c, kh, kw, n, oh, ow]
-
-
-def conv_grad_t(g, gt, acc, want_b):
-    """gt[o, n, p] = g[n, o, p] (a block of the output gradient in the products' layout);
-    with ``want_b`` also acc[o, p] += g[n, o, p] in float64 (the bias gradient's partial
-    sums: added along n, elementwise in p, so they vectorise without reassociation)."""
-    n_, o_, p_ = g.shape
-    for o in prange(o_):
-        for n in range(n_):
-            for p in range(p_):
-                gt[o, n, p] = g[n, o, p]
-            if want_b:
-                for p in range(p_):
-                    acc[o, p] += g[n, o, p]
-
-
-#: the convolution kernels (in _BODIES)
-_CONV = [conv_im2col, conv_col2im, conv_im2col_t, conv_col2im_t, conv_grad_t]
-
-
 # -- max pooling: each window's first maximum (NaN first, as argmax) ----------------------------
 def max_pool_taps(x, plane, out, idx):
     """x (planes, hw); plane (n_out, taps): the in-plane offsets of each window's taps, the
@@ -867,7 +782,7 @@ def _generated():
 
 _BODIES = [outer_f, add_scaled_f, sum_f, sum_rows_f, sum_last_f, softmax_rows,
            log_softmax_rows, logsumexp_rows, softmax_rows_b, log_softmax_rows_b, take_rows,
-           scatter_add_rows, copy_f, *_CONV, gelu_b_f32, layer_norm_rows,
+           scatter_add_rows, copy_f, conv_im2col, conv_col2im, gelu_b_f32, layer_norm_rows,
            layer_norm_rows_b, softmax_shift_rows, softmax_norm_rows,
            max_pool_taps, max_pool_scatter] + _generated()
 
