@@ -217,3 +217,66 @@ def test_parallel_loops_give_the_serial_results(on_cpu, monkeypatch):
     monkeypatch.setattr(cpu_backend_module, "PARALLEL_MIN", 0)
     for a, e in zip(run(), serial, strict=True):
         assert np.array_equal(a, e)
+
+
+# -- the cpu backend's convolution blocked over images (issue 33) ----------------------------
+def _images_per_block(monkeypatch, case, dtype, images):
+    """Force blocks of ``images`` images (conv_numpy.BLOCK_BYTES from the case's column
+    bytes per image)."""
+    from symgrad.backends import conv_numpy
+
+    _, shape, wshape, _, kw = case
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # 'same' with an even kernel
+        y = getattr(TF, case[0])(torch.zeros(shape, dtype=torch.float64),
+                                 torch.zeros(wshape, dtype=torch.float64), **kw)
+    per_image = shape[-len(wshape[2:]) - 1] * math.prod(wshape[2:]) \
+        * math.prod(y.shape[-len(wshape[2:]):]) * np.dtype(dtype).itemsize
+    monkeypatch.setattr(conv_numpy, "BLOCK_BYTES", images * per_image)
+    batch = shape[0] if len(shape) == len(wshape) else 1
+    return -(-batch // images)
+
+
+@pytest.mark.parametrize("images", [1, 2])
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}{c[1]}{c[2]}{c[4]}")
+def test_blocks_of_images_match_torch(case, dtype, images, on_cpu, generic_calls,
+                                      monkeypatch):
+    """Blocks of one or two images (a batch of 3 ends in a partial block), through every
+    geometry of CASES: torch's values and gradients, one gather per block in the forward
+    and in the weight gradient, one col2im per block in the input gradient."""
+    blocks = _images_per_block(monkeypatch, case, dtype, images)
+    _check_against_torch(case, dtype)
+    assert generic_calls() == {"plans": 0, "index": 0, "im2col": 2 * blocks,
+                               "col2im": blocks}
+
+
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+def test_blocked_equals_the_whole_batch_passes(dtype, on_cpu, generic_calls, monkeypatch):
+    """Blocks of two images (5 images: 2 + 2 + 1) and the whole-batch passes (which run above
+    CONV_BLOCKED_MAX column elements) agree: the same output and input gradient bits (each
+    element's sum runs in one product either way), the weight and bias gradients within
+    their sums' rounding; only the gradients asked for are computed."""
+    case = ("conv2d", (5, 4, 9, 8), (6, 2, 3, 3), True,
+            {"stride": (2, 1), "padding": (1, 2), "dilation": (1, 2), "groups": 2})
+    (x, w, b), _ = _tensors(case[1], case[2], True, dtype)
+    g = sg.tensor(np.random.default_rng(3).uniform(-1, 1, (5, 6, 5, 8)), dtype=x.dtype)
+
+    def run(inputs):
+        y = F.conv2d(x, w, b, **case[4])
+        return [y.detach().numpy()] + [t.numpy() for t in sg.autograd.grad(y, inputs, g)]
+
+    blocks = _images_per_block(monkeypatch, case, dtype, 2)
+    assert blocks == 3
+    blocked = run((x, w, b))
+    assert generic_calls()["im2col"] == 2 * blocks
+    only_w = run((w,))
+    assert generic_calls()["im2col"] == 4 * blocks and generic_calls()["col2im"] == blocks
+    monkeypatch.setattr(cpu_backend_module, "CONV_BLOCKED_MAX", 0)
+    whole = run((x, w, b))
+    assert generic_calls()["im2col"] == 4 * blocks + 2
+    assert np.array_equal(blocked[0], whole[0]) and np.array_equal(blocked[1], whole[1])
+    positions = 5 * 5 * 8
+    assert_close(blocked[2], whole[2], terms=positions, scale=positions)
+    assert_close(blocked[3], whole[3], terms=positions, scale=positions)
+    assert np.array_equal(only_w[1], blocked[2])
