@@ -283,3 +283,90 @@ def backward_blocked(grad: np.ndarray, needed, x: np.ndarray, w: np.ndarray, geo
         gb = np.matmul(grad.reshape(geo.n * geo.o, p), np.ones(p, dt)).reshape(
             geo.n, geo.o).sum(0)
     return gx, gw, gb
+
+
+# -- stride 1 without padding: "wide" columns over the input's full width (cpu backend) ---------
+def wide_positions(geo: Geometry) -> int:
+    """P = (OH-1)*W + OW: the wide columns' positions q = oh*W + ow (ow < W) up to the last
+    output (a conv1d: OW)."""
+    w = geo.spatial[-1]
+    return (prod(geo.out[:-1]) - 1) * w + geo.out[-1]
+
+
+def forward_wide(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, geo: Geometry,
+                 gather_wide: Callable, outputs: Callable,
+                 alloc: Alloc = np.empty) -> np.ndarray:
+    """``forward_blocked`` on wide columns (stride 1, no padding): every tap's columns are
+    one contiguous run of the input (``gather_wide(x_block, geo, cols, clean)``); the
+    product's columns that are no outputs are dropped when the block's result is copied
+    into the output (the bias added in the same pass)."""
+    g, og, rows, pw = geo.groups, geo.o // geo.groups, geo.rows, wide_positions(geo)
+    x = np.ascontiguousarray(x)
+    dt = x.dtype
+    nb = block_images(geo, dt.itemsize)
+    per = g * rows * pw
+    out = alloc((geo.n, geo.o) + geo.out, dt)
+    out4 = out.reshape(geo.n, geo.o, -1, geo.out[-1])
+    cols_buf = alloc((nb * per,), dt)
+    res_buf = alloc((nb * geo.o * pw,), dt)
+    wg = w.reshape(g, og, rows)
+    bias = None if b is None else np.ascontiguousarray(b)
+    for n0, n1, sub in _blocks(geo, nb):
+        m = n1 - n0
+        cols = cols_buf[:m * per].reshape(m, g, rows, pw)
+        gather_wide(x[n0:n1], sub, cols, False)
+        res = res_buf[:m * geo.o * pw].reshape(m, g, og, pw)
+        np.matmul(wg, cols, out=res)
+        outputs(res.reshape(m, geo.o, pw), bias, out4[n0:n1])
+    return out
+
+
+def backward_wide(grad: np.ndarray, needed, x: np.ndarray, w: np.ndarray, geo: Geometry,
+                  gather_wide: Callable, scatter_wide: ScatterInto, spread: Callable,
+                  alloc: Alloc = np.empty) -> tuple:
+    """``backward_blocked`` on wide columns: the block's gradient is spread into a zeroed
+    wide buffer (zeros at the columns that are no outputs); the weight gradient's columns
+    are gathered with those columns zeroed too (0 * 0: nothing added, whatever the input
+    holds); the input gradient's wide columns ``W^T @ g`` are 0 there when the weight is
+    finite (the caller's condition) and are added back as contiguous runs."""
+    g, og, rows, pw = geo.groups, geo.o // geo.groups, geo.rows, wide_positions(geo)
+    grad = np.ascontiguousarray(grad)
+    x = np.ascontiguousarray(x)
+    dt = grad.dtype
+    nb = block_images(geo, dt.itemsize)
+    per = g * rows * pw
+    need_x, need_w = bool(needed[0]), bool(needed[1])
+    gx = gw = gb = part = total = None
+    if need_x or need_w:
+        cols_buf = alloc((nb * per,), dt)
+        wide_buf = alloc((nb * geo.o * pw,), dt)
+        clean = need_w and not bool(np.isfinite(x).all())  # else 0 * x adds nothing
+        g4 = grad.reshape(geo.n, geo.o, -1, geo.out[-1])
+        wt = w.reshape(g, og, rows).transpose(0, 2, 1)
+        if need_x:
+            gx = alloc((geo.n, geo.c) + geo.spatial, dt)
+        if need_w:
+            gw = np.zeros((g, rows, og), dt)
+            part = alloc((nb, g, rows, og), dt)
+            total = np.empty((g, rows, og), dt)
+        for n0, n1, sub in _blocks(geo, nb):
+            m = n1 - n0
+            cols = cols_buf[:m * per].reshape(m, g, rows, pw)
+            wide = wide_buf[:m * geo.o * pw].reshape(m, geo.o, pw)
+            spread(g4[n0:n1], wide)
+            wide = wide.reshape(m, g, og, pw)
+            if need_x:
+                np.matmul(wt, wide, out=cols)
+                scatter_wide(cols, sub, gx[n0:n1])
+            if need_w:
+                gather_wide(x[n0:n1], sub, cols, clean)
+                np.matmul(cols, wide.transpose(0, 1, 3, 2), out=part[:m])
+                np.add.reduce(part[:m], axis=0, out=total)
+                np.add(gw, total, out=gw)
+        if need_w:
+            gw = np.ascontiguousarray(gw.transpose(0, 2, 1)).reshape(w.shape)
+    if len(needed) > 2 and needed[2]:
+        p = geo.positions
+        gb = np.matmul(grad.reshape(geo.n * geo.o, p), np.ones(p, dt)).reshape(
+            geo.n, geo.o).sum(0)
+    return gx, gw, gb
