@@ -31,6 +31,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from functools import lru_cache
 from math import prod
 
 import numpy as np
@@ -919,6 +920,7 @@ _WIDE_ON = True
 WIDE_BACKWARD_OW = 16
 
 
+@lru_cache(maxsize=64)
 def _wide_args(geo):
     """(H*W, W, OW, dh, dw) of a conv1d/conv2d, the wide columns' bounds checked."""
     p = _planes(geo)
