@@ -22,6 +22,16 @@ same layout with its own launches.
   with the columns gathered again from the saved input (torch saves the input, not the
   columns); bias gradient a sum.
 
+The cpu backend runs these passes a block of images at a time (``forward_blocked``,
+``backward_blocked``): one block's columns (``BLOCK_BYTES``) are written, multiplied and
+dropped while in cache, where the whole batch's would go out to memory and back. With
+stride 1 and no padding it uses *wide* columns (``forward_wide``, ``backward_wide``): the
+positions run over the input's full width, ``q = oh * W + ow`` up to the last output, so
+each tap's columns are one contiguous run of the input plane (long copies and adds, where
+the plain columns copy rows of OW elements: 8 in LeNet's conv2); the product's columns
+with ``ow >= OW`` are no outputs and are dropped, and the gradient is spread with zeros
+there.
+
 float32 stays float32. What a kernel does not cover (integers, mixed dtypes, object
 arrays, empty batches or outputs, transposed convolutions) it declines by returning None,
 and the generic lowering or the formulas run.
