@@ -953,7 +953,7 @@ def _col2im_wide(cols, geo, dx) -> None:
 def _wide_out(res, b, out) -> None:
     """The wide product's outputs (m, O, P) into out (m, O, OH, OW) (+ the bias)."""
     has_b = b is not None
-    _run("conv_wide_out", out.size, res, b if has_b else res[0, :, 0], has_b, out)
+    _run("conv_wide_out", out.size, res, b if has_b else res[0, 0, :1], has_b, out)
 
 
 def _wide_in(g, wide) -> None:
