@@ -48,6 +48,12 @@ CASES = [
 ]
 
 
+def _is_wide(case) -> bool:
+    """Stride 1 without padding: the cpu backend's wide columns (one run per tap)."""
+    kw = case[4]
+    return kw.get("stride", 1) in (1, (1, 1)) and kw.get("padding", 0) in (0, (0, 0))
+
+
 def _tensors(shape, wshape, bias, dtype, seed=0):
     rng = np.random.default_rng(seed)
     arrays = [rng.uniform(-1, 1, shape), rng.uniform(-1, 1, wshape),
@@ -77,7 +83,9 @@ def generic_calls(monkeypatch):
     def counts():
         return {"plans": conv_ops.conv_plan.cache_info().currsize,
                 "index": conv_ops.col2im_index.cache_info().currsize,
-                "im2col": ran.count("conv_im2col"), "col2im": ran.count("conv_col2im")}
+                "im2col": ran.count("conv_im2col") + ran.count("conv_im2col_wide"),
+                "col2im": ran.count("conv_col2im") + ran.count("conv_col2im_wide"),
+                "wide": sum(name.endswith("_wide") for name in ran)}
 
     return counts
 
@@ -114,9 +122,10 @@ def test_fast_kernels_match_torch_and_are_taken(case, dtype, cpu_backend, generi
     _check_against_torch(case, dtype, forward_was_fast)
     calls = generic_calls()
     if cpu_backend == "cpu":  # forward + weight grad gather, input grad scatters: Numba
-        assert calls == {"plans": 0, "index": 0, "im2col": 2, "col2im": 1}, calls
+        assert calls == {"plans": 0, "index": 0, "im2col": 2, "col2im": 1,
+                         "wide": 3 * _is_wide(case)}, calls
     else:  # the oracle's backward: the formulas (their col2im index), NumPy's gather
-        assert calls == {"plans": 1, "index": 1, "im2col": 0, "col2im": 0}, calls
+        assert calls == {"plans": 1, "index": 1, "im2col": 0, "col2im": 0, "wide": 0}, calls
 
 
 @pytest.fixture
@@ -174,7 +183,8 @@ def test_three_spatial_dims_run_the_numpy_gather(cpu_backend, generic_calls):
     y.backward(sg.tensor(g))
     yt.backward(torch.tensor(g))
     if cpu_backend == "cpu":
-        assert generic_calls() == {"plans": 0, "index": 0, "im2col": 0, "col2im": 0}
+        assert generic_calls() == {"plans": 0, "index": 0, "im2col": 0, "col2im": 0,
+                                   "wide": 0}
     for ours, theirs in ((y, yt), (x.grad, xt.grad), (w.grad, wt.grad), (b.grad, bt.grad)):
         assert_close(ours, theirs, terms=150, scale=150)
 
@@ -217,3 +227,136 @@ def test_parallel_loops_give_the_serial_results(on_cpu, monkeypatch):
     monkeypatch.setattr(cpu_backend_module, "PARALLEL_MIN", 0)
     for a, e in zip(run(), serial, strict=True):
         assert np.array_equal(a, e)
+
+
+# -- the cpu backend's convolution blocked over images (issue 33) ----------------------------
+def _images_per_block(monkeypatch, case, dtype, images):
+    """Force blocks of ``images`` images (conv_numpy.BLOCK_BYTES from the case's column
+    bytes per image)."""
+    from symgrad.backends import conv_numpy
+
+    _, shape, wshape, _, kw = case
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # 'same' with an even kernel
+        y = getattr(TF, case[0])(torch.zeros(shape, dtype=torch.float64),
+                                 torch.zeros(wshape, dtype=torch.float64), **kw)
+    per_image = shape[-len(wshape[2:]) - 1] * math.prod(wshape[2:]) \
+        * math.prod(y.shape[-len(wshape[2:]):]) * np.dtype(dtype).itemsize
+    monkeypatch.setattr(conv_numpy, "BLOCK_BYTES", images * per_image)
+    batch = shape[0] if len(shape) == len(wshape) else 1
+    return -(-batch // images)
+
+
+@pytest.mark.parametrize("images", [1, 2])
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}{c[1]}{c[2]}{c[4]}")
+def test_blocks_of_images_match_torch(case, dtype, images, on_cpu, generic_calls,
+                                      monkeypatch):
+    """Blocks of one or two images (a batch of 3 ends in a partial block), through every
+    geometry of CASES: torch's values and gradients, one gather per block in the forward
+    and in the weight gradient, one col2im per block in the input gradient."""
+    blocks = _images_per_block(monkeypatch, case, dtype, images)
+    _check_against_torch(case, dtype)
+    assert generic_calls() == {"plans": 0, "index": 0, "im2col": 2 * blocks,
+                               "col2im": blocks, "wide": 3 * blocks * _is_wide(case)}
+
+
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+def test_blocked_equals_the_whole_batch_passes(dtype, on_cpu, generic_calls, monkeypatch):
+    """Blocks of two images (5 images: 2 + 2 + 1) and the whole-batch passes (which run above
+    CONV_BLOCKED_MAX column elements) agree: the same output and input gradient bits (each
+    element's sum runs in one product either way), the weight and bias gradients within
+    their sums' rounding; only the gradients asked for are computed."""
+    case = ("conv2d", (5, 4, 9, 8), (6, 2, 3, 3), True,
+            {"stride": (2, 1), "padding": (1, 2), "dilation": (1, 2), "groups": 2})
+    (x, w, b), _ = _tensors(case[1], case[2], True, dtype)
+    g = sg.tensor(np.random.default_rng(3).uniform(-1, 1, (5, 6, 5, 8)), dtype=x.dtype)
+
+    def run(inputs):
+        y = F.conv2d(x, w, b, **case[4])
+        return [y.detach().numpy()] + [t.numpy() for t in sg.autograd.grad(y, inputs, g)]
+
+    blocks = _images_per_block(monkeypatch, case, dtype, 2)
+    assert blocks == 3
+    blocked = run((x, w, b))
+    assert generic_calls()["im2col"] == 2 * blocks
+    only_w = run((w,))
+    assert generic_calls()["im2col"] == 4 * blocks and generic_calls()["col2im"] == blocks
+    monkeypatch.setattr(cpu_backend_module, "CONV_BLOCKED_MAX", 0)
+    whole = run((x, w, b))
+    assert generic_calls()["im2col"] == 4 * blocks + 2
+    assert np.array_equal(blocked[0], whole[0]) and np.array_equal(blocked[1], whole[1])
+    positions = 5 * 5 * 8
+    assert_close(blocked[2], whole[2], terms=positions, scale=positions)
+    assert_close(blocked[3], whole[3], terms=positions, scale=positions)
+    assert np.array_equal(only_w[1], blocked[2])
+
+
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+@pytest.mark.parametrize("case", [
+    ("conv2d", (3, 2, 9, 8), (4, 1, 3, 3), True, {"dilation": (2, 1), "groups": 2}),
+    ("conv2d", (3, 1, 20, 21), (3, 1, 3, 2), True, {}),  # OW 20: the backward is not wide
+    ("conv1d", (3, 4, 11), (6, 2, 3), False, {"dilation": 3, "groups": 2}),
+], ids=lambda c: f"{c[0]}{c[1]}{c[2]}{c[4]}")
+def test_wide_columns_equal_the_blocked_columns(case, dtype, on_cpu, generic_calls,
+                                                monkeypatch):
+    """Stride 1 without padding runs on wide columns (one contiguous run of the input per
+    tap, over the input's full width): the same output bits as the columns of OW-element
+    rows (each output's sum is one product's either way, over the same terms), gradients
+    within their sums' rounding, and torch's; the backward only below WIDE_BACKWARD_OW."""
+    fn, shape, wshape, bias, kw = case
+    (x, w, b), _ = _tensors(shape, wshape, bias, dtype)
+    params = (x, w, b) if bias else (x, w)
+    y = getattr(F, fn)(x, w, b, **kw)
+    g = sg.tensor(np.random.default_rng(4).uniform(-1, 1, tuple(y.shape)), dtype=y.dtype)
+
+    def run():
+        out = getattr(F, fn)(x, w, b, **kw)
+        return [out.detach().numpy()] + [t.numpy() for t in sg.autograd.grad(out, params, g)]
+
+    before = generic_calls()["wide"]
+    wide = run()
+    backward_wide = y.shape[-1] < cpu_backend_module.WIDE_BACKWARD_OW
+    assert generic_calls()["wide"] - before == 1 + 2 * backward_wide
+    monkeypatch.setattr(cpu_backend_module, "_WIDE_ON", False)
+    plain = run()
+    assert generic_calls()["wide"] - before == 1 + 2 * backward_wide
+    assert np.array_equal(wide[0], plain[0])
+    fan_out = wshape[0] * math.prod(wshape[2:])
+    positions = math.prod(y.shape) // y.shape[1]
+    assert_close(wide[1], plain[1], terms=fan_out, scale=fan_out)
+    for a, e in zip(wide[2:], plain[2:]):
+        assert_close(a, e, terms=positions, scale=positions)
+    monkeypatch.setattr(cpu_backend_module, "_WIDE_ON", True)
+    _check_against_torch(case, dtype)
+
+
+@pytest.mark.filterwarnings("ignore:.*invalid value:RuntimeWarning")
+def test_wide_columns_with_non_finite_values_follow_torch(on_cpu, generic_calls):
+    """The wide columns that are no outputs must add nothing: an infinite or NaN input
+    beside them (the forward then runs on the plain columns, the weight gradient's wide
+    columns are zeroed there) and a non-finite weight (0 * inf; the backward then runs on
+    the plain columns) give torch's results, NaN and infinity positions included."""
+    rng = np.random.default_rng(8)
+    x = rng.uniform(-1, 1, (2, 2, 7, 6))
+    x[0, 1, 2, 5] = np.inf  # in a column that is no output for the taps with kw = 0
+    x[1, 0, 6, 5] = np.nan
+    w = rng.uniform(-1, 1, (3, 2, 3, 3))
+    g = rng.uniform(-1, 1, (2, 3, 5, 4))
+    inf_w = np.where(np.arange(w.size).reshape(w.shape) == 4, np.inf, w)
+    for weight, wide_calls in ((w, 2), (inf_w, 0)):
+        before = generic_calls()["wide"]
+        xs = sg.tensor(x, dtype=sg.float32, requires_grad=True)
+        ws = sg.tensor(weight, dtype=sg.float32, requires_grad=True)
+        xt = torch.tensor(x, dtype=torch.float32, requires_grad=True)
+        wt = torch.tensor(weight, dtype=torch.float32, requires_grad=True)
+        y, yt = F.conv2d(xs, ws), TF.conv2d(xt, wt)
+        y.backward(sg.tensor(g, dtype=sg.float32))
+        yt.backward(torch.tensor(g, dtype=torch.float32))
+        assert_close(y, yt, terms=19, scale=19)
+        assert_close(xs.grad, xt.grad, terms=27, scale=27)
+        assert_close(ws.grad, wt.grad, terms=40, scale=40)
+        assert generic_calls()["wide"] - before == wide_calls
+    finite = sg.tensor(np.nan_to_num(x, posinf=1.0), dtype=sg.float32)
+    F.conv2d(finite, sg.tensor(inf_w, dtype=sg.float32))
+    assert generic_calls()["wide"] == 3  # a finite input: the forward is wide

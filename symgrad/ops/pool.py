@@ -159,7 +159,8 @@ def _max_pool_forward(be, self, kernel_size, stride, padding, dilation, ceil_mod
     shape = _out_shape(self, plan)
     fast = getattr(be, "max_pool_windows", None)
     if fast is not None:  # a numeric backend's one-pass kernel; None: it declines
-        out = fast(self, plan.plane, prod(plan.out))
+        n_out = prod(plan.out)
+        out = fast(self, plan.plane[:n_out], n_out)  # one plane's offsets: all planes' same
         if out is not None:
             return be.reshape(out[0], shape), be.reshape(out[1], shape)
     taps = _windows(be, self, plan)

@@ -31,6 +31,8 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from functools import lru_cache
+from math import prod
 
 import numpy as np
 
@@ -658,15 +660,15 @@ class CpuBackend(NumpyBackend):
     @staticmethod
     def max_pool_windows(x, plane, n_out):
         """(values, in-plane indices) of each window's first maximum, shaped (planes,
-        n_out), from the plan's per-tap offsets ``plane`` (planes * n_out, taps); or None
-        to decline (the generic gather and argmax)."""
+        n_out), from the per-tap offsets ``plane`` (n_out, taps) of one plane's windows (the
+        same in every plane); or None to decline (the generic gather and argmax)."""
         if type(x) is not np.ndarray or x.dtype not in _FLOATS or x.ndim < 2 \
                 or x.size < FUSED_MIN or type(plane) is not np.ndarray or plane.ndim != 2:
             return None
         hw = x.shape[-1] * x.shape[-2]
         planes = x.size // hw if hw else 0
-        if planes * n_out != plane.shape[0] or plane.shape[1] == 0 or plane.dtype != np.int64 \
-                or int(plane.min()) < 0 or int(plane.max()) >= hw:
+        if planes == 0 or n_out != plane.shape[0] or plane.shape[1] == 0 \
+                or plane.dtype != np.int64 or int(plane.min()) < 0 or int(plane.max()) >= hw:
             return None
         values = _alloc((planes, n_out), x.dtype)
         idx = np.empty((planes, n_out), np.int64)
@@ -791,8 +793,16 @@ class CpuBackend(NumpyBackend):
         if not _conv.accepts(input, weight, bias):
             return None
         geo = _conv.geometry(input.shape, weight.shape, stride, padding, dilation, groups)
-        return None if geo is None else _conv.forward(input, weight, bias, geo, _im2col,
-                                                      _alloc)
+        if geo is None:
+            return None
+        if _blocked(geo):
+            if _wide(geo) and bool(np.isfinite(input).all()):  # (*)
+                return _conv.forward_wide(input, weight, bias, geo, _im2col_wide,
+                                          _wide_out, _alloc)
+            return _conv.forward_blocked(input, weight, bias, geo, _im2col, _alloc)
+        return _conv.forward(input, weight, bias, geo, _im2col, _alloc)
+        # (*) the wide product also multiplies the input's values beside the outputs: an
+        # infinity there could raise NumPy's invalid-value warning for no output
 
     @staticmethod
     def convolution_backward(grad, needed, bias_sym_sizes_opt, dilation, groups, input,  # noqa: A002
@@ -803,6 +813,12 @@ class CpuBackend(NumpyBackend):
         geo = _conv.geometry(input.shape, weight.shape, stride, padding, dilation, groups)
         if geo is None:
             return None
+        if _blocked(geo):
+            if _wide(geo, True) and (not needed[0] or bool(np.isfinite(weight).all())):
+                return _conv.backward_wide(grad, needed, input, weight, geo, _im2col_wide,
+                                           _col2im_wide, _wide_in, _alloc)
+            return _conv.backward_blocked(grad, needed, input, weight, geo, _im2col,
+                                          _col2im_into, _alloc)
         return _conv.backward(grad, needed, input, weight, geo, _im2col, _col2im, _alloc)
 
     # -- gather / scatter-add along the first dim (integer-array indexing and its backward) ---
@@ -918,11 +934,86 @@ def _col2im(cols, geo):
     p = _planes(geo)
     if p is None:
         return _conv.scatter(cols, geo)
-    planes = geo.n * geo.c
     dx = _alloc((geo.n, geo.c) + geo.spatial, cols.dtype)
+    _col2im_into(cols, geo, dx)
+    return dx
+
+
+def _col2im_into(cols, geo, dx) -> None:
+    """col2im of a conv1d/conv2d (``_planes`` not None) into ``dx`` (N, C, spatial...),
+    C-contiguous, of the columns' dtype (the blocked backward's rows of its input
+    gradient); every element overwritten."""
+    p = _planes(geo)
+    planes = geo.n * geo.c
     _run("conv_col2im", cols.size, cols.reshape((planes,) + p[2:6]),
          dx.reshape(planes, p[0], p[1]), *p[6:])
-    return dx
+
+
+#: column elements (the whole batch's) below which a conv1d/conv2d runs blocked over images
+#: (conv_numpy.forward_blocked): cache-resident columns, serial loops. Larger ones keep the
+#: whole-batch passes, whose loops run on all cores from PARALLEL_MIN. A constant, not
+#: PARALLEL_MIN itself: which summation order runs depends on the shapes alone.
+CONV_BLOCKED_MAX = 1 << 21
+
+
+def _blocked(geo) -> bool:
+    return len(geo.spatial) <= 2 and geo.n * geo.c * prod(geo.kernel) * geo.positions \
+        < CONV_BLOCKED_MAX
+
+
+def _wide(geo, backward: bool = False) -> bool:
+    """Stride 1, no padding: the wide columns apply (conv_numpy.forward_wide). The backward
+    first spreads the gradient into the wide layout, a copy of OW-element rows as slow as
+    the gather it saves where the rows are long: only below WIDE_BACKWARD_OW (measured on
+    LeNet: its conv2, OW 8, gains; its conv1, OW 24, loses)."""
+    return _WIDE_ON and all(s == 1 for s in geo.stride) and not any(geo.padding) \
+        and (not backward or geo.out[-1] < WIDE_BACKWARD_OW)
+
+
+_WIDE_ON = True
+#: the backward runs on wide columns below this output width
+WIDE_BACKWARD_OW = 16
+
+
+@lru_cache(maxsize=64)
+def _wide_args(geo):
+    """(H*W, W, OW, dh, dw) of a conv1d/conv2d, the wide columns' bounds checked."""
+    p = _planes(geo)
+    h, w, kh, kw, oh, ow = p[:6]
+    dh, dw = p[10:12]
+    pw = _conv.wide_positions(geo)
+    if (kh - 1) * dh * w + (kw - 1) * dw + pw != h * w or pw != (oh - 1) * w + ow:
+        raise AssertionError("wide columns out of bounds")  # stride 1, no padding: never
+    return h * w, w, ow, dh, dw
+
+
+def _im2col_wide(x, geo, cols, clean) -> None:
+    """x (m, C, spatial...) into the wide cols (m, groups, rows, P)."""
+    hw, w, ow, dh, dw = _wide_args(geo)
+    planes = geo.n * geo.c
+    k = _planes(geo)[2:4]
+    _run("conv_im2col_wide", cols.size, x.reshape(planes, hw),
+         cols.reshape((planes,) + k + (cols.shape[-1],)), w, ow, dh, dw, clean)
+
+
+def _col2im_wide(cols, geo, dx) -> None:
+    """The wide cols (m, groups, rows, P) added back into dx (m, C, spatial...)."""
+    hw, w, ow, dh, dw = _wide_args(geo)
+    planes = geo.n * geo.c
+    k = _planes(geo)[2:4]
+    _run("conv_col2im_wide", cols.size, cols.reshape((planes,) + k + (cols.shape[-1],)),
+         dx.reshape(planes, hw), w, dh, dw)
+
+
+def _wide_out(res, b, out) -> None:
+    """The wide product's outputs (m, O, P) into out (m, O, OH, OW) (+ the bias)."""
+    has_b = b is not None
+    _run("conv_wide_out", out.size, res, b if has_b else res[0, 0, :1], has_b, out)
+
+
+def _wide_in(g, wide) -> None:
+    """A block's gradient (m, O, OH, OW) into the wide layout (m, O, P)."""
+    _run("conv_wide_in", wide.size, g, wide)
 
 
 def _built_on_first_call(name: str, make):

@@ -442,23 +442,104 @@ def conv_col2im(cols, dx, sh, sw, ph, pw, dh, dw):
                                 dx[pl, ih, iw] += cols[pl, kh, kw, oh, ow]
 
 
+# Stride 1 without padding: the "wide" columns run over the positions q = oh * W + ow of the
+# input's full width (q < (OH - 1) * W + OW; the columns with ow >= OW are not outputs), so
+# each tap's columns are ONE contiguous run of the input plane: long copies and adds that
+# vectorise, instead of rows of OW elements (8 in LeNet's conv2).
+def conv_im2col_wide(x, out, w_, ow_, dh, dw, clean):
+    """out[p, kh, kw, q] = x[p, kh*dh*W + kw*dw + q] for q < P; with ``clean`` the columns
+    q % W >= OW (not outputs) are zeroed. x (planes, H*W), out (planes, KH, KW, P), P =
+    (OH-1)*W + OW, (KH-1)*dh*W + (KW-1)*dw + P == H*W checked by the caller."""
+    planes = x.shape[0]
+    _, kh_, kw_, pp = out.shape
+    for pl in prange(planes):
+        for kh in range(kh_):
+            for kw in range(kw_):
+                base = kh * dh * w_ + kw * dw
+                if base < 0:  # never (dh, dw >= 1): tells LLVM the indices are not negative
+                    continue
+                for q in range(pp):
+                    out[pl, kh, kw, q] = x[pl, base + q]
+                if clean:
+                    for r in range(ow_, pp, w_):
+                        for q in range(r, r + w_ - ow_):
+                            out[pl, kh, kw, q] = 0
+
+
+def conv_col2im_wide(cols, dx, w_, dh, dw):
+    """The adjoint of conv_im2col_wide (without ``clean``): dx = 0, then dx[p, kh*dh*W +
+    kw*dw + q] += cols[p, kh, kw, q], taps in conv_col2im's order, a plane per thread."""
+    planes, hw = dx.shape
+    _, kh_, kw_, pp = cols.shape
+    for pl in prange(planes):
+        for i in range(hw):
+            dx[pl, i] = 0
+        for kh in range(kh_):
+            for kw in range(kw_):
+                base = kh * dh * w_ + kw * dw
+                if base < 0:  # never (as above)
+                    continue
+                for q in range(pp):
+                    dx[pl, base + q] += cols[pl, kh, kw, q]
+
+
+def conv_wide_out(res, b, has_b, out):
+    """out[n, o, oh, ow] = res[n, o, oh*W + ow] (+ b[o]): the outputs out of the wide
+    product (m, O, P); W = (P - OW) / (OH - 1) is passed as out's row pitch ``w_``."""
+    m, o_, oh_, ow_ = out.shape
+    w_ = (res.shape[2] - ow_) // (oh_ - 1) if oh_ > 1 else ow_
+    for n in prange(m):
+        for o in range(o_):
+            for oh in range(oh_):
+                r = oh * w_
+                if r < 0:  # never: tells LLVM the indices are not negative
+                    continue
+                if has_b:
+                    for ow in range(ow_):
+                        out[n, o, oh, ow] = res[n, o, r + ow] + b[o]
+                else:
+                    for ow in range(ow_):
+                        out[n, o, oh, ow] = res[n, o, r + ow]
+
+
+def conv_wide_in(g, wide):
+    """wide[n, o, oh*W + ow] = g[n, o, oh, ow], and 0 at the columns that are no outputs
+    (ow >= OW): the gradient in the wide products' layout."""
+    m, o_, oh_, ow_ = g.shape
+    pp = wide.shape[2]
+    w_ = (pp - ow_) // (oh_ - 1) if oh_ > 1 else ow_
+    for n in prange(m):
+        for o in range(o_):
+            for oh in range(oh_):
+                r = oh * w_
+                if r < 0:  # never
+                    continue
+                for ow in range(ow_):
+                    wide[n, o, r + ow] = g[n, o, oh, ow]
+                for q in range(r + ow_, min(r + w_, pp)):
+                    wide[n, o, q] = 0
+
+
+_WIDE = [conv_im2col_wide, conv_col2im_wide, conv_wide_out, conv_wide_in]
+
+
 # -- max pooling: each window's first maximum (NaN first, as argmax) ----------------------------
 def max_pool_taps(x, plane, out, idx):
-    """x (planes, hw); plane (planes * n_out, taps): in-plane offsets, checked in [0, hw);
-    out/idx (planes, n_out): each window's value and in-plane index of its first maximum
-    (a NaN wins at once: NumPy's argmax)."""
+    """x (planes, hw); plane (n_out, taps): the in-plane offsets of each window's taps, the
+    same for every plane (a few KiB, read from cache), checked in [0, hw); out/idx (planes,
+    n_out): each window's value and in-plane index of its first maximum (a NaN wins at
+    once: NumPy's argmax)."""
     planes = x.shape[0]
     n_out = out.shape[1]
     k = plane.shape[1]
     for p in prange(planes):
         for o in range(n_out):
-            row = p * n_out + o
-            best = plane[row, 0]
+            best = plane[o, 0]
             v = x[p, best]
             for t in range(1, k):
                 if v != v:
                     break
-                off = plane[row, t]
+                off = plane[o, t]
                 u = x[p, off]
                 if u > v or u != u:
                     v = u
@@ -785,7 +866,7 @@ def _generated():
 
 _BODIES = [outer_f, add_scaled_f, sum_f, sum_rows_f, sum_last_f, softmax_rows,
            log_softmax_rows, logsumexp_rows, softmax_rows_b, log_softmax_rows_b, take_rows,
-           scatter_add_rows, copy_f, conv_im2col, conv_col2im, gelu_b_f32, layer_norm_rows,
+           scatter_add_rows, copy_f, conv_im2col, conv_col2im, *_WIDE, gelu_b_f32, layer_norm_rows,
            layer_norm_rows_b, softmax_shift_rows, softmax_norm_rows,
            max_pool_taps, max_pool_scatter] + _generated()
 
