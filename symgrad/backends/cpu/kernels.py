@@ -685,6 +685,126 @@ def gelu_b_f32(g, x, e, ex, out):
         out[i] = g[i] * (c + xi * (_F32_GELU_PDF * ex[i]))
 
 
+# -- attention: the fused CPU node's softmax (scaled_dot_product_flash_attention_for_cpu) --------
+# backend.py runs the matmuls in batched BLAS on contiguous operands and the exponentials in
+# NumPy (SIMD: libm's scalar exp costs ~7 ns here, 5x NumPy's); these kernels do the rest of
+# each softmax in one pass over the C-contiguous scores, viewed as (rows, S), rows = (b, h, i)
+# in order. Scores as the op: s * scale [+ mask] (mask: a (B, H, L, S) view, stride 0 where
+# broadcast), -inf at columns j > i when causal. ninf is -inf in the dtype, so the
+# arithmetic stays in it (as the NumPy path's).
+@_scalar
+def _sum4(r, n):
+    """sum(r[:n]) in r's dtype, in four interleaved partial sums (a fixed order: the same at
+    any thread count, without fastmath; a single running sum costs an add's latency per
+    element)."""
+    if n < 8:
+        a = r[0]
+        for j in range(1, n):
+            a += r[j]
+        return a
+    a0, a1, a2, a3 = r[0], r[1], r[2], r[3]
+    j = 4
+    while j + 3 < n:
+        a0 += r[j]
+        a1 += r[j + 1]
+        a2 += r[j + 2]
+        a3 += r[j + 3]
+        j += 4
+    while j < n:
+        a0 += r[j]
+        j += 1
+    return (a0 + a1) + (a2 + a3)
+
+
+@_scalar
+def _max4(r, n):
+    """max(r[:n]) (NaN ignored) in four interleaved partial maxima."""
+    a0 = a1 = a2 = a3 = r[0]
+    j = 1
+    while j + 3 < n:
+        a1 = max(a1, r[j])
+        a2 = max(a2, r[j + 1])
+        a3 = max(a3, r[j + 2])
+        a0 = max(a0, r[j + 3])
+        j += 4
+    while j < n:
+        a0 = max(a0, r[j])
+        j += 1
+    return max(max(a0, a1), max(a2, a3))
+
+
+def attn_shift(s, mask, has_mask, nh, nl, causal, factor, ninf, m):
+    """Forward, part 1: s <- scores - rowmax, m <- rowmax; a row with no finite score and
+    no NaN gets m = 0 (its exponentials are then all 0: attn_norm's dead row)."""
+    n, ns = s.shape
+    for t in prange(n):
+        i = t % nl
+        b = t // (nh * nl)
+        h = (t // nl) % nh
+        r = s[t]
+        for j in range(ns):
+            x = r[j] * factor
+            if has_mask:
+                x = x + mask[b, h, i, j]
+            r[j] = ninf if causal and j > i else x
+        mx = _max4(r, ns)
+        if mx == ninf or mx != mx:
+            mx = ninf
+            for j in range(ns):
+                if r[j] != r[j]:
+                    mx = r[j]  # NaN: the whole row becomes NaN, as NumPy's max gives
+            if mx == ninf:
+                m[t] = 0
+                mx = m[t]  # 0 in the dtype
+        for j in range(ns):
+            r[j] = r[j] - mx
+        m[t] = mx
+
+
+def attn_norm(e, m, lse):
+    """Forward, part 3 (e = exp(part 1)): e <- e / rowsum, lse <- log(rowsum) + m; a dead
+    row (sum 0) stays zeros with a logsumexp of 0 (torch)."""
+    n, ns = e.shape
+    for t in prange(n):
+        r = e[t]
+        tot = _sum4(r, ns)
+        if tot == 0:
+            lse[t] = 0
+            continue
+        for j in range(ns):
+            r[j] = r[j] / tot
+        lse[t] = math.log(tot) + m[t]
+
+
+def attn_logits(s, mask, has_mask, nh, nl, causal, factor, ninf, lse):
+    """Backward, part 1 (exp in NumPy then gives the probabilities from the saved
+    logsumexp): s <- scores - lse (fully masked rows: -inf - 0)."""
+    n, ns = s.shape
+    for t in prange(n):
+        i = t % nl
+        b = t // (nh * nl)
+        h = (t // nl) % nh
+        r = s[t]
+        m = lse[t]
+        for j in range(ns):
+            x = r[j] * factor
+            if has_mask:
+                x = x + mask[b, h, i, j]
+            r[j] = ninf if causal and j > i else x - m
+
+
+def attn_dscores(dp, p, go, factor):
+    """dp <- (dp - rowsum(g * o)) * p * factor: the scores' gradient times the scale, with
+    dp = dO v^T (rows, S), p the probabilities, go = dO * O (rows, Ev)."""
+    n, ns = dp.shape
+    for t in prange(n):
+        rs = _sum4(go[t], go.shape[1])
+        r = dp[t]
+        pr = p[t]
+        for j in range(ns):
+            r[j] = (r[j] - rs) * pr[j] * factor
+
+
 # -- loops generated from the op stanzas (symgrad/ops/scalar.py) ----------------------------
 # Operands of length 1 stand for scalars in binary forwards: the loops are versioned on that
 # outside the loop (an index like ``b[i * sb]`` inside it stops LLVM from vectorizing: 4.6x
@@ -784,7 +904,8 @@ _BODIES = [outer_f, add_scaled_f, sum_f, sum_rows_f, sum_last_f, softmax_rows,
            log_softmax_rows, logsumexp_rows, softmax_rows_b, log_softmax_rows_b, take_rows,
            scatter_add_rows, copy_f, conv_im2col, conv_col2im, gelu_b_f32, layer_norm_rows,
            layer_norm_rows_b, softmax_shift_rows, softmax_norm_rows,
-           max_pool_taps, max_pool_scatter] + _generated()
+           max_pool_taps, max_pool_scatter, attn_shift, attn_norm,
+           attn_logits, attn_dscores] + _generated()
 
 #: name -> (serial dispatcher, parallel dispatcher); nothing compiles until first called
 K: dict[str, tuple] = {f.__name__: twin(f) for f in _BODIES}
