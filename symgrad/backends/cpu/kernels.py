@@ -693,72 +693,76 @@ def gelu_b_f32(g, x, e, ex, out):
 # broadcast), -inf at columns j > i when causal. ninf is -inf in the dtype, so the
 # arithmetic stays in it (as the NumPy path's).
 @_scalar
-def _sum4(r, n):
-    """sum(r[:n]) in r's dtype, in four interleaved partial sums (a fixed order: the same at
-    any thread count, without fastmath; a single running sum costs an add's latency per
+def _sum4(r, t, n):
+    """sum(r[t, :n]) in r's dtype, in four interleaved partial sums (a fixed order: the same
+    at any thread count, without fastmath; one running sum costs an add's latency per
     element)."""
     if n < 8:
-        a = r[0]
+        a = r[t, 0]
         for j in range(1, n):
-            a += r[j]
+            a += r[t, j]
         return a
-    a0, a1, a2, a3 = r[0], r[1], r[2], r[3]
+    a0, a1, a2, a3 = r[t, 0], r[t, 1], r[t, 2], r[t, 3]
     j = 4
     while j + 3 < n:
-        a0 += r[j]
-        a1 += r[j + 1]
-        a2 += r[j + 2]
-        a3 += r[j + 3]
+        a0 += r[t, j]
+        a1 += r[t, j + 1]
+        a2 += r[t, j + 2]
+        a3 += r[t, j + 3]
         j += 4
     while j < n:
-        a0 += r[j]
+        a0 += r[t, j]
         j += 1
     return (a0 + a1) + (a2 + a3)
 
 
 @_scalar
-def _max4(r, n):
-    """max(r[:n]) (NaN ignored) in four interleaved partial maxima."""
-    a0 = a1 = a2 = a3 = r[0]
+def _max4(r, t, n):
+    """max(r[t, :n]) in four interleaved partial maxima; NaN is skipped (exact in any order:
+    the caller looks for NaN itself)."""
+    a0 = a1 = a2 = a3 = r[t, 0]
     j = 1
     while j + 3 < n:
-        a1 = max(a1, r[j])
-        a2 = max(a2, r[j + 1])
-        a3 = max(a3, r[j + 2])
-        a0 = max(a0, r[j + 3])
+        x0, x1, x2, x3 = r[t, j], r[t, j + 1], r[t, j + 2], r[t, j + 3]
+        a1 = x0 if x0 > a1 else a1
+        a2 = x1 if x1 > a2 else a2
+        a3 = x2 if x2 > a3 else a3
+        a0 = x3 if x3 > a0 else a0
         j += 4
     while j < n:
-        a0 = max(a0, r[j])
+        a0 = r[t, j] if r[t, j] > a0 else a0
         j += 1
-    return max(max(a0, a1), max(a2, a3))
+    a0 = a1 if a1 > a0 else a0
+    a2 = a3 if a3 > a2 else a2
+    return a2 if a2 > a0 else a0
 
 
 def attn_shift(s, mask, has_mask, nh, nl, causal, factor, ninf, m):
     """Forward, part 1: s <- scores - rowmax, m <- rowmax; a row with no finite score and
     no NaN gets m = 0 (its exponentials are then all 0: attn_norm's dead row)."""
-    n, ns = s.shape
-    for t in prange(n):
-        i = t % nl
-        b = t // (nh * nl)
-        h = (t // nl) % nh
-        r = s[t]
-        for j in range(ns):
-            x = r[j] * factor
-            if has_mask:
-                x = x + mask[b, h, i, j]
-            r[j] = ninf if causal and j > i else x
-        mx = _max4(r, ns)
-        if mx == ninf or mx != mx:
-            mx = ninf
+    ns = s.shape[1]
+    for bh in prange(s.shape[0] // nl):
+        b = bh // nh
+        h = bh % nh
+        for i in range(nl):
+            t = bh * nl + i
             for j in range(ns):
-                if r[j] != r[j]:
-                    mx = r[j]  # NaN: the whole row becomes NaN, as NumPy's max gives
-            if mx == ninf:
-                m[t] = 0
-                mx = m[t]  # 0 in the dtype
-        for j in range(ns):
-            r[j] = r[j] - mx
-        m[t] = mx
+                x = s[t, j] * factor
+                if has_mask:
+                    x = x + mask[b, h, i, j]
+                s[t, j] = ninf if causal and j > i else x
+            mx = _max4(s, t, ns)
+            if mx == ninf or mx != mx:
+                mx = ninf
+                for j in range(ns):
+                    if s[t, j] != s[t, j]:
+                        mx = s[t, j]  # NaN: the whole row becomes NaN, as NumPy's max
+                if mx == ninf:
+                    m[t] = 0
+                    mx = m[t]  # 0 in the dtype
+            for j in range(ns):
+                s[t, j] = s[t, j] - mx
+            m[t] = mx
 
 
 def attn_norm(e, m, lse):
@@ -766,31 +770,30 @@ def attn_norm(e, m, lse):
     row (sum 0) stays zeros with a logsumexp of 0 (torch)."""
     n, ns = e.shape
     for t in prange(n):
-        r = e[t]
-        tot = _sum4(r, ns)
+        tot = _sum4(e, t, ns)
         if tot == 0:
             lse[t] = 0
             continue
         for j in range(ns):
-            r[j] = r[j] / tot
+            e[t, j] = e[t, j] / tot
         lse[t] = math.log(tot) + m[t]
 
 
 def attn_logits(s, mask, has_mask, nh, nl, causal, factor, ninf, lse):
     """Backward, part 1 (exp in NumPy then gives the probabilities from the saved
     logsumexp): s <- scores - lse (fully masked rows: -inf - 0)."""
-    n, ns = s.shape
-    for t in prange(n):
-        i = t % nl
-        b = t // (nh * nl)
-        h = (t // nl) % nh
-        r = s[t]
-        m = lse[t]
-        for j in range(ns):
-            x = r[j] * factor
-            if has_mask:
-                x = x + mask[b, h, i, j]
-            r[j] = ninf if causal and j > i else x - m
+    ns = s.shape[1]
+    for bh in prange(s.shape[0] // nl):
+        b = bh // nh
+        h = bh % nh
+        for i in range(nl):
+            t = bh * nl + i
+            m = lse[t]
+            for j in range(ns):
+                x = s[t, j] * factor
+                if has_mask:
+                    x = x + mask[b, h, i, j]
+                s[t, j] = ninf if causal and j > i else x - m
 
 
 def attn_dscores(dp, p, go, factor):
@@ -798,11 +801,9 @@ def attn_dscores(dp, p, go, factor):
     dp = dO v^T (rows, S), p the probabilities, go = dO * O (rows, Ev)."""
     n, ns = dp.shape
     for t in prange(n):
-        rs = _sum4(go[t], go.shape[1])
-        r = dp[t]
-        pr = p[t]
+        rs = _sum4(go, t, go.shape[1])
         for j in range(ns):
-            r[j] = (r[j] - rs) * pr[j] * factor
+            dp[t, j] = (dp[t, j] - rs) * p[t, j] * factor
 
 
 # -- loops generated from the op stanzas (symgrad/ops/scalar.py) ----------------------------
