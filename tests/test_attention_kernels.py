@@ -98,6 +98,33 @@ def test_kernels_match_the_numpy_path_and_torch(torch, dtype, case):
         assert_close(a, c, terms=3 * terms + E, scale=magnitude(c, out, q, k, v) * f)
 
 
+@pytest.mark.parametrize("scale", [0.5, -0.5])
+def test_scores_spanning_far_more_than_exp_s_range(torch, scale):
+    """Scores spread over hundreds: only subtracting the true row max keeps exp finite
+    (the kernel takes the max on the raw q k^T where that is exact: no mask, scale > 0).
+    The oracle is the NumPy path, and torch for scale > 0 (torch 2.13's kernel overflows
+    to NaN here with a negative scale)."""
+    rng = np.random.default_rng(6)
+    q, k, v = _qkv(rng, (1, 2, 2, 6, 7, 4), np.float32, True)
+    q = q * np.float32(40)
+    out, lse = CpuBackend.flash_attention(q, k, v, None, True, scale)
+    g = rng.standard_normal(out.shape).astype(np.float32)
+    grads = CpuBackend.flash_attention_backward(g, (True,) * 3, None, 0.0, True, k, lse, out,
+                                                q, scale, v)
+    assert np.isfinite(out).all() and np.isfinite(lse).all()
+    r_out, r_lse = ref.flash_attention(q, k, v, None, True, scale)
+    want = [(r_out, r_lse, ref.flash_attention_backward(g, (True,) * 3, None, 0.0, True, k,
+                                                          r_lse, r_out, q, scale, v))]
+    if scale > 0:
+        t_out, t_lse, *t_grads = _torch(torch, q, k, v, None, True, scale, g)
+        want.append((t_out, t_lse, t_grads))
+    for w_out, w_lse, w_grads in want:
+        assert_close(out, w_out, terms=4 + 7 + 8, scale=magnitude(w_out, v))
+        assert_close(lse, w_lse, terms=4 + 7 + 8, scale=magnitude(w_lse) + 1.0)
+        for a, c in zip(grads, w_grads):
+            assert_close(a, c, terms=3 * 19 + 4, scale=magnitude(c, out, q, k, v) * 1.5)
+
+
 def test_only_the_needed_gradients():
     rng = np.random.default_rng(2)
     q, k, v = _qkv(rng, (1, 2, 2, 5, 5, 3), np.float32, False)

@@ -739,29 +739,37 @@ def _max4(r, t, n):
 
 def attn_shift(s, mask, has_mask, nh, nl, causal, factor, ninf, m):
     """Forward, part 1: s <- scores - rowmax, m <- rowmax; a row with no finite score and
-    no NaN gets m = 0 (its exponentials are then all 0: attn_norm's dead row)."""
+    no NaN gets m = 0 (its exponentials are then all 0: attn_norm's dead row). Without a
+    mask and with factor > 0 the max is taken on the raw q k^T: max(x * factor) equals
+    max(x) * factor exactly (rounding is monotonic), and one pass then writes the row."""
     ns = s.shape[1]
+    raw = not has_mask and factor > 0
     for bh in prange(s.shape[0] // nl):
         b = bh // nh
         h = bh % nh
         for i in range(nl):
             t = bh * nl + i
-            for j in range(ns):
-                x = s[t, j] * factor
-                if has_mask:
-                    x = x + mask[b, h, i, j]
-                s[t, j] = ninf if causal and j > i else x
-            mx = _max4(s, t, ns)
+            jn = min(i + 1, ns) if causal else ns
+            if raw:
+                mx = _max4(s, t, jn) * factor
+            else:
+                for j in range(jn):
+                    x = s[t, j] * factor
+                    if has_mask:
+                        x = x + mask[b, h, i, j]
+                    s[t, j] = x
+                mx = _max4(s, t, jn)
             if mx == ninf or mx != mx:
                 mx = ninf
-                for j in range(ns):
+                for j in range(jn):
                     if s[t, j] != s[t, j]:
                         mx = s[t, j]  # NaN: the whole row becomes NaN, as NumPy's max
                 if mx == ninf:
                     m[t] = 0
                     mx = m[t]  # 0 in the dtype
             for j in range(ns):
-                s[t, j] = s[t, j] - mx
+                x = s[t, j] * factor - mx if raw else s[t, j] - mx
+                s[t, j] = ninf if j >= jn else x
             m[t] = mx
 
 
