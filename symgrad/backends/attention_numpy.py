@@ -1,5 +1,9 @@
 """The fused CPU attention node's backward on NumPy arrays (batched BLAS matmuls).
 
+The cpu backend runs its softmax passes as Numba kernels (backend.py, kernels.attn_*) and
+falls back to this module where those do not apply (a mask of another dtype, Hk not
+dividing H, empty inputs); the kernels' tests compare against it.
+
 ScaledDotProductFlashAttentionForCpuBackward0 in one pass, as torch's kernel does it: the
 probabilities come back from the saved logsumexp (``P = exp(q k^T * scale + mask - lse)``,
 zero on fully masked rows), then ``dv = P^T dO``, ``dS = P * (dO v^T - rowsum(dO * O))``,

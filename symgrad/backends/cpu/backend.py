@@ -28,6 +28,7 @@ does not cover (broadcasting, mixed dtypes, integers) goes to NumPy or to the fo
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import threading
@@ -41,6 +42,7 @@ from ...ops._ints import s64 as s64_of
 from ...ops.elementwise import grad_mask_args, grad_mask_name, grad_masks
 from ...ops.scalar import define
 from .. import conv_numpy as _conv
+from ..attention_numpy import _unheads
 from ..attention_numpy import flash_attention as _flash_attention
 from ..attention_numpy import flash_attention_backward as _flash_attention_backward
 from ..base import column_major, fused_from_stanza, scalar_kernels
@@ -139,6 +141,44 @@ def _run(name: str, n: int, *args):
         with _parallel_lock:
             return parallel(*args)
     return serial(*args)
+
+
+def _attn_shapes(qkv, attn_mask):
+    """(dtype, mask as a (B, H, L, S) view or a dummy) when the attention kernels
+    apply: float32/float64 ndarrays, q (B, H, L, E), k (B, Hk, S, E), v (B, Hk, S, Ev) with
+    Hk dividing H, nothing empty, an additive mask of the dtype broadcastable to the
+    scores; else None."""
+    q, k, v = qkv
+    dt = q.dtype
+    if dt not in _FLOATS or any(type(x) is not np.ndarray or x.dtype != dt or x.ndim != 4
+                                for x in qkv):
+        return None
+    b, h, n, e = q.shape
+    hk, s = k.shape[1], k.shape[2]
+    if q.size == 0 or k.size == 0 or v.size == 0 or k.shape[0] != b or v.shape[:3] != \
+            k.shape[:3] or k.shape[3] != e or h % hk:
+        return None
+    if attn_mask is None:
+        mask = np.empty((1, 1, 1, 1), dt)
+    else:
+        if type(attn_mask) is not np.ndarray or attn_mask.dtype != dt or attn_mask.ndim > 4:
+            return None
+        try:
+            mask = np.broadcast_to(attn_mask, (b, h, n, s))
+        except ValueError:
+            return None
+    return dt, mask
+
+
+def _attn_heads(x, heads: int):
+    """Key/value heads repeated for grouped-query attention."""
+    r = heads // x.shape[1]
+    return x if r == 1 else np.repeat(x, r, axis=1)
+
+
+def _attn_factor(scale, query):
+    """The scores' factor in the dtype: ``scale`` or ``1/sqrt(E)`` (as the op)."""
+    return query.dtype.type(scale if scale is not None else 1.0 / math.sqrt(query.shape[-1]))
 
 
 # -- buffer pool: large outputs reuse freed buffers instead of page-faulting fresh ones ------
@@ -756,9 +796,66 @@ class CpuBackend(NumpyBackend):
              rstd.reshape(n))
         return y, mean, rstd
 
-    #: ScaledDotProductFlashAttentionForCpuBackward0 in batched BLAS (attention_numpy.py)
-    flash_attention_backward = staticmethod(_flash_attention_backward)
-    flash_attention = staticmethod(_flash_attention)
+    # -- the fused attention node: BLAS matmuls on contiguous operands around one Numba pass
+    # per softmax (kernels.attn_*); attention_numpy.py where the kernels do not apply
+    @staticmethod
+    def flash_attention(query, key, value, attn_mask, is_causal, scale):
+        """The fused node's forward, (output, logsumexp), or None to decline."""
+        a = _attn_shapes((query, key, value), attn_mask)
+        if a is None:
+            return _flash_attention(query, key, value, attn_mask, is_causal, scale)
+        dt, mask = a
+        b, h, n, _ = query.shape
+        k, v = _attn_heads(key, h), _attn_heads(value, h)
+        s = np.matmul(query, np.ascontiguousarray(k.swapaxes(-1, -2)))
+        rows = s.reshape(-1, s.shape[-1])
+        m, lse = np.empty((b, h, n), dt), np.empty((b, h, n), dt)
+        _run("attn_shift", s.size, rows, mask, attn_mask is not None, h, n, bool(is_causal),
+             _attn_factor(scale, query), dt.type(-np.inf), m.reshape(-1))
+        np.exp(s, out=s)
+        _run("attn_norm", s.size, rows, m.reshape(-1), lse.reshape(-1))
+        out = np.empty_like(query, shape=query.shape[:3] + value.shape[3:])
+        np.matmul(s, v, out=out)  # torch's output is in the query's memory order
+        return out, lse
+
+    @staticmethod
+    def flash_attention_backward(grad, needed, attn_mask, dropout_p, is_causal, key,
+                                 logsumexp, output, query, scale, value):
+        """ScaledDotProductFlashAttentionForCpuBackward0, (dq, dk, dv) with None where not
+        needed, or None (decline) for what neither path covers."""
+        a = None if dropout_p else _attn_shapes((query, key, value), attn_mask)
+        if a is not None:
+            lead = query.shape[:3]
+            for x, shape in ((grad, lead + value.shape[3:]), (output, lead + value.shape[3:]),
+                             (logsumexp, lead)):
+                if type(x) is not np.ndarray or x.dtype != a[0] or x.shape != shape:
+                    a = None
+        if a is None:
+            return _flash_attention_backward(grad, needed, attn_mask, dropout_p, is_causal,
+                                             key, logsumexp, output, query, scale, value)
+        mask = a[1]
+        h = query.shape[1]
+        k, v = _attn_heads(key, h), _attn_heads(value, h)
+        factor = _attn_factor(scale, query)
+        p = np.matmul(query, np.ascontiguousarray(k.swapaxes(-1, -2)))
+        rows = p.reshape(-1, p.shape[-1])
+        _run("attn_logits", p.size, rows, mask, attn_mask is not None, h, query.shape[2],
+             bool(is_causal), factor, p.dtype.type(-np.inf), np.ascontiguousarray(logsumexp)
+             .reshape(-1))
+        np.exp(p, out=p)
+        dq = dk = dv = None
+        if needed[2]:
+            dv = _unheads(np.matmul(p.swapaxes(-1, -2), grad), value.shape[1])
+        if needed[0] or needed[1]:
+            ds = np.matmul(grad, np.ascontiguousarray(v.swapaxes(-1, -2)))
+            go = np.multiply(grad, output, out=np.empty(grad.shape, grad.dtype))
+            _run("attn_dscores", ds.size, ds.reshape(rows.shape), rows,
+                 go.reshape(-1, go.shape[-1]), factor)
+            if needed[0]:
+                dq = np.matmul(ds, k)
+            if needed[1]:
+                dk = _unheads(np.matmul(ds.swapaxes(-1, -2), query), key.shape[1])
+        return dq, dk, dv
 
     @staticmethod
     def native_layer_norm_backward(grad, needed, bias, input, normalized_shape,  # noqa: A002

@@ -769,6 +769,137 @@ def gelu_b_f32(g, x, e, ex, out):
         out[i] = g[i] * (c + xi * (_F32_GELU_PDF * ex[i]))
 
 
+# -- attention: the fused CPU node's softmax (scaled_dot_product_flash_attention_for_cpu) --------
+# backend.py runs the matmuls in batched BLAS on contiguous operands (a per-(batch, head) Numba
+# kernel doing them as loops measured 3-5x slower at T = 32, D = 16: LLVM leaves 16- to
+# 32-long inner loops scalar) and the exponentials in NumPy (SIMD: libm's scalar exp costs
+# ~7 ns an element here, 5x NumPy's); these kernels do the rest of
+# each softmax in one pass over the C-contiguous scores, viewed as (rows, S), rows = (b, h, i)
+# in order. Scores as the op: s * scale [+ mask] (mask: a (B, H, L, S) view, stride 0 where
+# broadcast), -inf at columns j > i when causal. ninf is -inf in the dtype, so the
+# arithmetic stays in it (as the NumPy path's).
+@_scalar
+def _sum4(r, t, n):
+    """sum(r[t, :n]) in r's dtype, in four interleaved partial sums (a fixed order: the same
+    at any thread count, without fastmath; one running sum costs an add's latency per
+    element)."""
+    if n < 8:
+        a = r[t, 0]
+        for j in range(1, n):
+            a += r[t, j]
+        return a
+    a0, a1, a2, a3 = r[t, 0], r[t, 1], r[t, 2], r[t, 3]
+    j = 4
+    while j + 3 < n:
+        a0 += r[t, j]
+        a1 += r[t, j + 1]
+        a2 += r[t, j + 2]
+        a3 += r[t, j + 3]
+        j += 4
+    while j < n:
+        a0 += r[t, j]
+        j += 1
+    return (a0 + a1) + (a2 + a3)
+
+
+@_scalar
+def _max4(r, t, n):
+    """max(r[t, :n]) in four interleaved partial maxima; NaN is skipped (exact in any order:
+    the caller looks for NaN itself)."""
+    a0 = a1 = a2 = a3 = r[t, 0]
+    j = 1
+    while j + 3 < n:
+        x0, x1, x2, x3 = r[t, j], r[t, j + 1], r[t, j + 2], r[t, j + 3]
+        a1 = x0 if x0 > a1 else a1
+        a2 = x1 if x1 > a2 else a2
+        a3 = x2 if x2 > a3 else a3
+        a0 = x3 if x3 > a0 else a0
+        j += 4
+    while j < n:
+        a0 = r[t, j] if r[t, j] > a0 else a0
+        j += 1
+    a0 = a1 if a1 > a0 else a0
+    a2 = a3 if a3 > a2 else a2
+    return a2 if a2 > a0 else a0
+
+
+def attn_shift(s, mask, has_mask, nh, nl, causal, factor, ninf, m):
+    """Forward, part 1: s <- scores - rowmax, m <- rowmax; a row with no finite score and
+    no NaN gets m = 0 (its exponentials are then all 0: attn_norm's dead row). Without a
+    mask and with factor > 0 the max is taken on the raw q k^T: max(x * factor) equals
+    max(x) * factor exactly (rounding is monotonic), and one pass then writes the row."""
+    ns = s.shape[1]
+    raw = not has_mask and factor > 0
+    for bh in prange(s.shape[0] // nl):
+        b = bh // nh
+        h = bh % nh
+        for i in range(nl):
+            t = bh * nl + i
+            jn = min(i + 1, ns) if causal else ns
+            if raw:
+                mx = _max4(s, t, jn) * factor
+            else:
+                for j in range(jn):
+                    x = s[t, j] * factor
+                    if has_mask:
+                        x = x + mask[b, h, i, j]
+                    s[t, j] = x
+                mx = _max4(s, t, jn)
+            if mx == ninf or mx != mx:
+                mx = ninf
+                for j in range(jn):
+                    if s[t, j] != s[t, j]:
+                        mx = s[t, j]  # NaN: the whole row becomes NaN, as NumPy's max
+                if mx == ninf:
+                    m[t] = 0
+                    mx = m[t]  # 0 in the dtype
+            for j in range(ns):
+                x = s[t, j] * factor - mx if raw else s[t, j] - mx
+                s[t, j] = ninf if j >= jn else x
+            m[t] = mx
+
+
+def attn_norm(e, m, lse):
+    """Forward, part 3 (e = exp(part 1)): e <- e / rowsum, lse <- log(rowsum) + m; a dead
+    row (sum 0) stays zeros with a logsumexp of 0 (torch)."""
+    n, ns = e.shape
+    for t in prange(n):
+        tot = _sum4(e, t, ns)
+        if tot == 0:
+            lse[t] = 0
+            continue
+        for j in range(ns):
+            e[t, j] = e[t, j] / tot
+        lse[t] = math.log(tot) + m[t]
+
+
+def attn_logits(s, mask, has_mask, nh, nl, causal, factor, ninf, lse):
+    """Backward, part 1 (exp in NumPy then gives the probabilities from the saved
+    logsumexp): s <- scores - lse (fully masked rows: -inf - 0)."""
+    ns = s.shape[1]
+    for bh in prange(s.shape[0] // nl):
+        b = bh // nh
+        h = bh % nh
+        for i in range(nl):
+            t = bh * nl + i
+            m = lse[t]
+            for j in range(ns):
+                x = s[t, j] * factor
+                if has_mask:
+                    x = x + mask[b, h, i, j]
+                s[t, j] = ninf if causal and j > i else x - m
+
+
+def attn_dscores(dp, p, go, factor):
+    """dp <- (dp - rowsum(g * o)) * p * factor: the scores' gradient times the scale, with
+    dp = dO v^T (rows, S), p the probabilities, go = dO * O (rows, Ev)."""
+    n, ns = dp.shape
+    for t in prange(n):
+        rs = _sum4(go, t, go.shape[1])
+        for j in range(ns):
+            dp[t, j] = (dp[t, j] - rs) * p[t, j] * factor
+
+
 # -- loops generated from the op stanzas (symgrad/ops/scalar.py) ----------------------------
 # Operands of length 1 stand for scalars in binary forwards: the loops are versioned on that
 # outside the loop (an index like ``b[i * sb]`` inside it stops LLVM from vectorizing: 4.6x
@@ -868,7 +999,8 @@ _BODIES = [outer_f, add_scaled_f, sum_f, sum_rows_f, sum_last_f, softmax_rows,
            log_softmax_rows, logsumexp_rows, softmax_rows_b, log_softmax_rows_b, take_rows,
            scatter_add_rows, copy_f, conv_im2col, conv_col2im, *_WIDE, gelu_b_f32, layer_norm_rows,
            layer_norm_rows_b, softmax_shift_rows, softmax_norm_rows,
-           max_pool_taps, max_pool_scatter] + _generated()
+           max_pool_taps, max_pool_scatter, attn_shift, attn_norm,
+           attn_logits, attn_dscores] + _generated()
 
 #: name -> (serial dispatcher, parallel dispatcher); nothing compiles until first called
 K: dict[str, tuple] = {f.__name__: twin(f) for f in _BODIES}
