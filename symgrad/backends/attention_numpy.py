@@ -25,6 +25,11 @@ def _heads(x: np.ndarray, heads: int) -> np.ndarray:
     return x if r == 1 else np.repeat(x, r, axis=1)
 
 
+def _factor(scale, query: np.ndarray):
+    """The scores' factor in the query's dtype: ``scale``, else ``1/sqrt(E)``."""
+    return query.dtype.type(scale if scale is not None else 1.0 / math.sqrt(query.shape[-1]))
+
+
 def _unheads(g: np.ndarray, heads: int) -> np.ndarray:
     b, h, s, e = g.shape
     return g if h == heads else g.reshape(b, heads, h // heads, s, e).sum(2)
@@ -35,7 +40,7 @@ def _scores(query, key, value, attn_mask, is_causal, scale):
     what the forward and the backward (which recomputes the probabilities) both start from."""
     heads = query.shape[1]
     k, v = _heads(key, heads), _heads(value, heads)
-    factor = query.dtype.type(scale if scale is not None else 1.0 / math.sqrt(query.shape[-1]))
+    factor = _factor(scale, query)
     s = np.matmul(query, k.swapaxes(-1, -2))
     s *= factor
     if attn_mask is not None:

@@ -28,7 +28,6 @@ does not cover (broadcasting, mixed dtypes, integers) goes to NumPy or to the fo
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 import threading
@@ -42,6 +41,8 @@ from ...ops._ints import s64 as s64_of
 from ...ops.elementwise import grad_mask_args, grad_mask_name, grad_masks
 from ...ops.scalar import define
 from .. import conv_numpy as _conv
+from ..attention_numpy import _factor as _attn_factor
+from ..attention_numpy import _heads as _attn_heads
 from ..attention_numpy import _unheads
 from ..attention_numpy import flash_attention as _flash_attention
 from ..attention_numpy import flash_attention_backward as _flash_attention_backward
@@ -168,17 +169,6 @@ def _attn_shapes(qkv, attn_mask):
         except ValueError:
             return None
     return dt, mask
-
-
-def _attn_heads(x, heads: int):
-    """Key/value heads repeated for grouped-query attention."""
-    r = heads // x.shape[1]
-    return x if r == 1 else np.repeat(x, r, axis=1)
-
-
-def _attn_factor(scale, query):
-    """The scores' factor in the dtype: ``scale`` or ``1/sqrt(E)`` (as the op)."""
-    return query.dtype.type(scale if scale is not None else 1.0 / math.sqrt(query.shape[-1]))
 
 
 # -- buffer pool: large outputs reuse freed buffers instead of page-faulting fresh ones ------
@@ -848,7 +838,7 @@ class CpuBackend(NumpyBackend):
             dv = _unheads(np.matmul(p.swapaxes(-1, -2), grad), value.shape[1])
         if needed[0] or needed[1]:
             ds = np.matmul(grad, np.ascontiguousarray(v.swapaxes(-1, -2)))
-            go = np.multiply(grad, output, out=np.empty(grad.shape, grad.dtype))
+            go = grad * output
             _run("attn_dscores", ds.size, ds.reshape(rows.shape), rows,
                  go.reshape(-1, go.shape[-1]), factor)
             if needed[0]:
