@@ -373,6 +373,16 @@ def test_single_op_loops_keep_eagers_special_values():
         got_w = mod.log_softmax_fin(got_w, np.exp(got_w))
     assert np.array_equal(np.isnan(got_w), np.isnan(want_w))
     assert_close(got_w[~np.isnan(want_w)], want_w[~np.isnan(want_w)], terms=40)
+    mid = wide.copy()  # NaN and infinities away from the first column (the row max runs in
+    mid[0, 17], mid[4, 30], mid[5, 38] = nan, inf, -inf  # four interleaved partial maxima)
+    with np.errstate(invalid="ignore"):
+        want_m = F.log_softmax(sg.tensor(mid), dim=1).numpy()
+        got_m = mod.log_softmax_shift(mid, np.empty_like(mid))
+        got_m = mod.log_softmax_fin(got_m, np.exp(got_m))
+    assert np.isnan(want_m[0]).all() and np.isnan(want_m[4]).all()
+    assert np.array_equal(np.isnan(got_m), np.isnan(want_m))
+    assert np.array_equal(np.isinf(got_m), np.isinf(want_m))
+    assert_close(got_m[~np.isnan(want_m)], want_m[~np.isnan(want_m)], terms=40)
     gw = np.linspace(-1, 1, wide.size, dtype=np.float32).reshape(wide.shape)
     ok = np.isfinite(want_w).all(axis=1)
     y = want_w[ok]
