@@ -42,8 +42,8 @@ from ...ops.elementwise import grad_mask_args, grad_mask_name, grad_masks
 from ...ops.scalar import define
 from .. import conv_numpy as _conv
 from ..attention_numpy import _factor as _attn_factor
+from ..attention_numpy import _grad_into as _attn_grad
 from ..attention_numpy import _heads as _attn_heads
-from ..attention_numpy import _unheads
 from ..attention_numpy import flash_attention as _flash_attention
 from ..attention_numpy import flash_attention_backward as _flash_attention_backward
 from ..base import column_major, fused_from_stanza, scalar_kernels
@@ -835,17 +835,17 @@ class CpuBackend(NumpyBackend):
         np.exp(p, out=p)
         dq = dk = dv = None
         if needed[2]:
-            dv = _unheads(np.matmul(p.swapaxes(-1, -2), grad), value.shape[1])
+            dv = _attn_grad(p.swapaxes(-1, -2), grad, value.shape[1])
         if needed[0] or needed[1]:
             ds = np.matmul(grad, np.ascontiguousarray(v.swapaxes(-1, -2)))
             go = grad * output
             _run("attn_dscores", ds.size, ds.reshape(rows.shape), rows,
                  go.reshape(-1, go.shape[-1]), factor)
             if needed[0]:
-                dq = np.matmul(ds, k)
+                dq = _attn_grad(ds, k, h)
             if needed[1]:
-                dk = _unheads(np.matmul(ds.swapaxes(-1, -2), query), key.shape[1])
-        return dq, dk, dv
+                dk = _attn_grad(ds.swapaxes(-1, -2), query, key.shape[1])
+        return dq, dk, dv  # in torch's layout, (B, L, H, E) memory (attention_numpy._laid)
 
     @staticmethod
     def native_layer_norm_backward(grad, needed, bias, input, normalized_shape,  # noqa: A002
