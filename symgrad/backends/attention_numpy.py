@@ -120,7 +120,8 @@ def flash_attention(query, key, value, attn_mask, is_causal, scale):
     total = s.sum(-1, keepdims=True)
     total[dead] = 1
     s /= total
-    out = np.empty_like(query)  # torch's output is in the query's memory order
+    out = np.empty_like(query, shape=query.shape[:3] + value.shape[3:])  # in the query's
+    # memory order, as torch's
     np.matmul(s, v, out=out)
     lse = np.log(total, out=total)
     lse += m

@@ -813,6 +813,7 @@ class CpuBackend(NumpyBackend):
                                  logsumexp, output, query, scale, value):
         """ScaledDotProductFlashAttentionForCpuBackward0, (dq, dk, dv) with None where not
         needed, or None (decline) for what neither path covers."""
+        attn_mask = getattr(attn_mask, "_data", attn_mask)  # the node keeps the Tensor
         a = None if dropout_p else _attn_shapes((query, key, value), attn_mask)
         if a is not None:
             lead = query.shape[:3]
