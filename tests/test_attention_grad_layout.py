@@ -15,7 +15,7 @@ import importlib
 
 import numpy as np
 import pytest
-from _tolerance import assert_close, magnitude
+from _tolerance import assert_close, magnitude, tolerance
 
 import symgrad as sg
 from symgrad.backends import attention_numpy as ref
@@ -59,21 +59,25 @@ def _arrays(layout: str, rng) -> dict:
     return {n: rng.standard_normal(s).astype(np.float32) for n, s in shapes.items()}
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_gradient_strides_are_torch_s(torch, layout):
+@pytest.mark.parametrize("layout,dtype", [(x, "float32") for x in LAYOUTS] + [
+    ("gpt-split", "float16"), ("contiguous", "bfloat16")])
+def test_gradient_strides_are_torch_s(torch, layout, dtype):
     """What hooks on q, k, v see: torch's strides ((B, L, H, E) memory order for every
-    input layout) and its values, through the fused node in both libraries."""
+    input layout and dtype: half gradients are rounded in the float32 kernel's layout)
+    and its values, through the fused node in both libraries."""
     arrays = _arrays(layout, np.random.default_rng(3))
     w = np.random.default_rng(4).standard_normal((B, H, T, E)).astype(np.float32)
     seen = {}
     for L in (torch, sg):
         leaf, q, k, v, kw = _inputs(L, layout, arrays)
+        if dtype != "float32":
+            q, k, v = (t.to(getattr(L, dtype)) for t in (q, k, v))
         got = seen[L.__name__] = {}
         for n, t in zip("qkv", (q, k, v)):
             t.register_hook(lambda g, n=n, got=got: got.__setitem__(n, (g.stride(), g)))
         y = L.nn.functional.scaled_dot_product_attention(q, k, v, **kw)
         assert type(y.grad_fn).__name__ == "ScaledDotProductFlashAttentionForCpuBackward0"
-        (y * L.tensor(w)).sum().backward()
+        (y.float() * L.tensor(w)).sum().backward()
     hk = 1 if layout == "gqa" else H
     want = {"q": (T * C, E, C, 1), "k": (T * hk * E, E, hk * E, 1)}
     want["v"] = want["k"]
@@ -82,9 +86,13 @@ def test_gradient_strides_are_torch_s(torch, layout):
         (t_stride, t_grad), (s_stride, s_grad) = seen["torch"][n], seen["symgrad"][n]
         assert t_stride == want[n]  # torch's layout, whatever the inputs'
         assert s_stride == t_stride, (n, s_stride, t_stride)
-        expected = t_grad.numpy()
-        assert_close(s_grad.numpy(), expected, terms=terms,
-                     scale=magnitude(expected, *arrays.values(), w))
+        expected, got = t_grad.float().numpy(), s_grad.float().numpy()
+        bound = tolerance(expected, terms=terms, dtype=np.float32,
+                          scale=magnitude(expected, *arrays.values(), w))
+        if dtype != "float32":  # torch's kernel rounds its intermediates (P, dS) to the
+            # half type before its matmuls: a half-precision rounding per term
+            bound *= torch.finfo(getattr(torch, dtype)).eps / np.finfo(np.float32).eps
+        assert (np.abs(got - expected) <= bound).all(), (n, np.abs(got - expected).max())
 
 
 def _previous(a, b, heads):
@@ -196,3 +204,42 @@ def test_compiled_gpt_step_joins_contiguous_pieces_with_the_same_bits(monkeypatc
     for mode in ("compiled", "eager"):
         for a, b in zip(grads["torch's", mode], grads["previous", mode]):
             np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_a_masked_backward_runs_the_kernel(monkeypatch, compiled):
+    """The node keeps attn_mask as a Tensor: the kernel takes its array instead of
+    declining (which sent every masked backward down the tensor-op formulas)."""
+    calls = []
+    kernel = CpuBackend.flash_attention_backward
+
+    def spy(*args):
+        r = kernel(*args)
+        calls.append(r is not None)
+        return r
+
+    monkeypatch.setattr(CpuBackend, "flash_attention_backward", staticmethod(spy))
+    rng = np.random.default_rng(5)
+    arrays = _arrays("masked", rng)
+    leaf, q, k, v, kw = _inputs(sg, "masked", arrays)
+    w = sg.tensor(rng.standard_normal((B, H, T, E)).astype(np.float32))
+
+    def step(qkv):
+        q, k, v = (t.view(B, T, H, E).transpose(1, 2) for t in qkv.split(C, dim=2))
+        loss = (sg.nn.functional.scaled_dot_product_attention(q, k, v, **kw) * w).sum()
+        loss.backward()
+        return loss
+
+    x = leaf["qkv"]
+    fn = sg.compile(step) if compiled else step
+    fn(x)
+    if compiled:
+        assert fn.stats["fallbacks"] == []
+    got, x.grad = x.grad.numpy().copy(), None
+    assert calls and all(calls)
+    monkeypatch.setattr(CpuBackend, "flash_attention_backward", staticmethod(
+        lambda *args: None))  # the formulas
+    step(x)
+    want = x.grad.numpy()
+    assert_close(got, want, terms=3 * (E + T + 8) + E, scale=magnitude(want, *arrays.values(),
+                                                                         w.numpy()))
