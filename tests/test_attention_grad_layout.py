@@ -60,7 +60,7 @@ def _arrays(layout: str, rng) -> dict:
 
 
 @pytest.mark.parametrize("layout,dtype", [(x, "float32") for x in LAYOUTS] + [
-    ("gpt-split", "float16"), ("contiguous", "bfloat16")])
+    ("gpt-split", "float16"), ("contiguous", "bfloat16"), ("masked", "float16")])
 def test_gradient_strides_are_torch_s(torch, layout, dtype):
     """What hooks on q, k, v see: torch's strides ((B, L, H, E) memory order for every
     input layout and dtype: half gradients are rounded in the float32 kernel's layout)
@@ -72,6 +72,8 @@ def test_gradient_strides_are_torch_s(torch, layout, dtype):
         leaf, q, k, v, kw = _inputs(L, layout, arrays)
         if dtype != "float32":
             q, k, v = (t.to(getattr(L, dtype)) for t in (q, k, v))
+            if "attn_mask" in kw:
+                kw["attn_mask"] = kw["attn_mask"].to(getattr(L, dtype))
         got = seen[L.__name__] = {}
         for n, t in zip("qkv", (q, k, v)):
             t.register_hook(lambda g, n=n, got=got: got.__setitem__(n, (g.stride(), g)))

@@ -36,6 +36,7 @@ from math import prod
 
 import numpy as np
 
+from ...dtypes import HALF_NP as _HALF_NP
 from ...ops import OPS
 from ...ops._ints import s64 as s64_of
 from ...ops.elementwise import grad_mask_args, grad_mask_name, grad_masks
@@ -814,6 +815,9 @@ class CpuBackend(NumpyBackend):
         """ScaledDotProductFlashAttentionForCpuBackward0, (dq, dk, dv) with None where not
         needed, or None (decline) for what neither path covers."""
         attn_mask = getattr(attn_mask, "_data", attn_mask)  # the node keeps the Tensor
+        if type(attn_mask) is np.ndarray and attn_mask.dtype in _HALF_NP and \
+                query.dtype == np.float32:  # a half node's operands come upcast, not its mask
+            attn_mask = attn_mask.astype(np.float32)  # exact
         a = None if dropout_p else _attn_shapes((query, key, value), attn_mask)
         if a is not None:
             lead = query.shape[:3]
