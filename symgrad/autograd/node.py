@@ -523,8 +523,10 @@ class OpNode(Node):
         half = grad._data.dtype
         if half in _HALF_NP:  # computed in float32 and rounded once, as torch's kernels
             outs = kernel(*_upcast_halves([grad._data], be), needed, *_upcast_halves(args, be))
-            if outs is not None:
-                outs = tuple([o if o is None or o.dtype != np.float32 else be.cast(o, half)
+            if outs is not None:  # rounded in the kernel's layout (astype keeps it), as
+                # torch's half kernels lay out their results as their float32 ones
+                outs = tuple([o if o is None or o.dtype != np.float32 else
+                              o.astype(half) if type(o) is np.ndarray else be.cast(o, half)
                               for o in outs])
         else:
             outs = kernel(grad._data, needed, *args)

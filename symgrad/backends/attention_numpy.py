@@ -8,6 +8,8 @@ ScaledDotProductFlashAttentionForCpuBackward0 in one pass, as torch's kernel doe
 probabilities come back from the saved logsumexp (``P = exp(q k^T * scale + mask - lse)``,
 zero on fully masked rows), then ``dv = P^T dO``, ``dS = P * (dO v^T - rowsum(dO * O))``,
 ``dq = dS k * scale``, ``dk = dS^T q * scale``. Tested equal to the op's tensor-op formulas.
+The gradients come back in torch's layout: (B, H, L, E) views of (B, L, H, E) memory, as
+torch's kernel allocates them whatever its inputs' strides (_grad_into).
 """
 
 from __future__ import annotations
@@ -33,6 +35,24 @@ def _factor(scale, query: np.ndarray):
 def _unheads(g: np.ndarray, heads: int) -> np.ndarray:
     b, h, s, e = g.shape
     return g if h == heads else g.reshape(b, heads, h // heads, s, e).sum(2)
+
+
+def _grad_into(a: np.ndarray, b: np.ndarray, heads: int) -> np.ndarray:
+    """``_unheads(a @ b, heads)`` for 4-D ``a`` (B, H, L, S), ``b`` (B, H, S, E) of one
+    dtype, with the same bits, as a (B, heads, L, E) view of (B, L, heads, E) memory: the
+    layout torch's CPU flash backward gives dq, dk and dv whatever its inputs' strides (it
+    fills zeros of the transposed sizes and transposes them back). A GPT's heads are
+    transposed views of a split, so the view backward then needs no copy and the split
+    backward copies whole rows instead of E-element runs. The product goes straight in
+    (BLAS writes with a leading dimension); with grouped-query heads the summed product
+    is copied in."""
+    b0, h, n, _ = a.shape
+    out = np.empty((b0, n, heads, b.shape[3]), a.dtype).swapaxes(1, 2)
+    if h == heads:
+        np.matmul(a, b, out=out)
+    else:
+        np.copyto(out, _unheads(np.matmul(a, b), heads))
+    return out
 
 
 def _scores(query, key, value, attn_mask, is_causal, scale):
@@ -67,16 +87,16 @@ def flash_attention_backward(grad, needed, attn_mask, dropout_p, is_causal, key,
     p = np.exp(s, out=s)  # fully masked rows: exp(-inf - 0) = 0
     dq = dk = dv = None
     if needed[2]:
-        dv = _unheads(np.matmul(p.swapaxes(-1, -2), grad), value.shape[1])
+        dv = _grad_into(p.swapaxes(-1, -2), grad, value.shape[1])
     if needed[0] or needed[1]:
         ds = np.matmul(grad, v.swapaxes(-1, -2))
         ds -= np.einsum("bhle,bhle->bhl", grad, output)[..., None]
         ds *= p
         ds *= factor
         if needed[0]:
-            dq = np.matmul(ds, k)
+            dq = _grad_into(ds, k, query.shape[1])
         if needed[1]:
-            dk = _unheads(np.matmul(ds.swapaxes(-1, -2), query), key.shape[1])
+            dk = _grad_into(ds.swapaxes(-1, -2), query, key.shape[1])
     return dq, dk, dv
 
 
@@ -100,7 +120,8 @@ def flash_attention(query, key, value, attn_mask, is_causal, scale):
     total = s.sum(-1, keepdims=True)
     total[dead] = 1
     s /= total
-    out = np.empty_like(query)  # torch's output is in the query's memory order
+    out = np.empty_like(query, shape=query.shape[:3] + value.shape[3:])  # in the query's
+    # memory order, as torch's
     np.matmul(s, v, out=out)
     lse = np.log(total, out=total)
     lse += m

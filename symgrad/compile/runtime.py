@@ -30,7 +30,15 @@ def cat_into(out: np.ndarray, axis: int, parts: tuple) -> np.ndarray:
     """``np.concatenate([a.reshape(shape) for a, shape in parts], axis)`` written into
     ``out``: each array goes straight into its slice of ``out``, viewed in the array's own
     shape where that needs no copy (a split's backward gets its pieces as transposed views:
-    the reshape would copy each, then the concatenate again)."""
+    the reshape would copy each, then the concatenate again). Pieces all C-contiguous (the
+    attention backward's dq, dk, dv seen through their heads' transpose) reshape as views
+    and go in with one concatenate: a row copy per piece, no per-piece slicing."""
+    for a, _ in parts:
+        if not a.flags.c_contiguous:
+            break
+    else:
+        if parts:
+            return np.concatenate([a.reshape(shape) for a, shape in parts], axis, out=out)
     start = 0
     lead = (slice(None),) * axis
     for a, shape in parts:

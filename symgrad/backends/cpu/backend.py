@@ -36,14 +36,15 @@ from math import prod
 
 import numpy as np
 
+from ...dtypes import HALF_NP as _HALF_NP
 from ...ops import OPS
 from ...ops._ints import s64 as s64_of
 from ...ops.elementwise import grad_mask_args, grad_mask_name, grad_masks
 from ...ops.scalar import define
 from .. import conv_numpy as _conv
 from ..attention_numpy import _factor as _attn_factor
+from ..attention_numpy import _grad_into as _attn_grad
 from ..attention_numpy import _heads as _attn_heads
-from ..attention_numpy import _unheads
 from ..attention_numpy import flash_attention as _flash_attention
 from ..attention_numpy import flash_attention_backward as _flash_attention_backward
 from ..base import column_major, fused_from_stanza, scalar_kernels
@@ -813,6 +814,10 @@ class CpuBackend(NumpyBackend):
                                  logsumexp, output, query, scale, value):
         """ScaledDotProductFlashAttentionForCpuBackward0, (dq, dk, dv) with None where not
         needed, or None (decline) for what neither path covers."""
+        attn_mask = getattr(attn_mask, "_data", attn_mask)  # the node keeps the Tensor
+        if type(attn_mask) is np.ndarray and attn_mask.dtype in _HALF_NP and \
+                query.dtype == np.float32:  # a half node's operands come upcast, not its mask
+            attn_mask = attn_mask.astype(np.float32)  # exact
         a = None if dropout_p else _attn_shapes((query, key, value), attn_mask)
         if a is not None:
             lead = query.shape[:3]
@@ -835,17 +840,17 @@ class CpuBackend(NumpyBackend):
         np.exp(p, out=p)
         dq = dk = dv = None
         if needed[2]:
-            dv = _unheads(np.matmul(p.swapaxes(-1, -2), grad), value.shape[1])
+            dv = _attn_grad(p.swapaxes(-1, -2), grad, value.shape[1])
         if needed[0] or needed[1]:
             ds = np.matmul(grad, np.ascontiguousarray(v.swapaxes(-1, -2)))
             go = grad * output
             _run("attn_dscores", ds.size, ds.reshape(rows.shape), rows,
                  go.reshape(-1, go.shape[-1]), factor)
             if needed[0]:
-                dq = np.matmul(ds, k)
+                dq = _attn_grad(ds, k, h)
             if needed[1]:
-                dk = _unheads(np.matmul(ds.swapaxes(-1, -2), query), key.shape[1])
-        return dq, dk, dv
+                dk = _attn_grad(ds.swapaxes(-1, -2), query, key.shape[1])
+        return dq, dk, dv  # in torch's layout, (B, L, H, E) memory (attention_numpy._laid)
 
     @staticmethod
     def native_layer_norm_backward(grad, needed, bias, input, normalized_shape,  # noqa: A002
