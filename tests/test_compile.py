@@ -139,7 +139,7 @@ def test_gelu_mlp_with_adam_matches_eager_and_fuses():
     src = step.source()
     # x ** 3 as products in the fused loop, tanh as NumPy's ufunc, one fused backward loop
     assert "fused_0_0(" in src and "np.tanh(" in src and "fused_0_b" in src
-    assert "adam_update(" in src
+    assert "adam_group(" in src
 
 
 _MORE = {
