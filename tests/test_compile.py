@@ -942,7 +942,7 @@ _LOOPS_CHILD = textwrap.dedent("""
     step(x, y)
     assert not step.stats["fallbacks"], step.stats["fallbacks"]
     mod = loops()
-    used = ("relu_rows", "relu_rows_b", "log_softmax_rows", "nll_rows", "sgd_update")
+    used = ("relu_rows", "relu_rows_b", "log_softmax_rows", "nll_rows", "sgd_group")
     print(json.dumps({"file": mod.__file__, "source": step.source(), **{
         n: [sum(getattr(mod, n).stats.cache_misses.values()),
             sum(getattr(mod, n).stats.cache_hits.values())] for n in used}}))
@@ -962,7 +962,7 @@ def test_shared_loops_are_not_compiled_again_for_an_empty_compile_cache(tmp_path
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     second = json.loads(out.stdout.strip().splitlines()[-1])
-    for name in ("relu_rows", "relu_rows_b", "log_softmax_rows", "nll_rows", "sgd_update"):
+    for name in ("relu_rows", "relu_rows_b", "log_softmax_rows", "nll_rows", "sgd_group"):
         assert name + "(" in second["source"]
         assert second[name][0] == 0 and second[name][1] >= 1, (name, second[name])
     assert first["file"] == second["file"] and not first["file"].startswith(str(tmp_path))

@@ -204,36 +204,34 @@ def test_betas_that_are_not_python_numbers_take_the_per_parameter_update():
     assert _calls(latest, "adam_group") == 1 and _calls(latest, "adam_update") == 0
 
 
-def test_bias_corrections_in_the_loop_are_pythons():
-    """adam_group computes ``np.float32(-(lr / (1 - beta1 ** t)))`` and
-    ``np.float32((1 - beta2 ** t) ** 0.5)`` per parameter in the loop: the same bits as
-    Python's for step counts 1..10^6 (every one for the default betas, a spread for
-    others), as the float32 update sees them."""
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_bias_corrections_in_the_loop_are_pythons(dtype):
+    """adam_group computes ``dt(-(lr / (1 - beta1 ** t)))`` and ``dt((1 - beta2 ** t) **
+    0.5)`` per parameter in the loop: the same bits as Python's (eager's) for step counts
+    1..10^6 (every one for the default betas, a spread for others). float64 parameters see
+    the float64 values unrounded: libm's pow(x, 0.5) is not sqrt(x) for ~0.1% of x, so this
+    fails if the loop's pow became a sqrt."""
     from symgrad.compile.fuse import loops
 
     mod = loops()
     n = 1_000_000
+    dt = dtype
     for lr, b1, b2, every in ((1e-3, 0.9, 0.999, 1), (3e-4, 0.9, 0.95, 101),
                               (0.1, 0.8, 0.9999, 101), (1e-2, 0.5, 0.99, 101)):
         counts = np.arange(1, n + 1, every, dtype=np.float32)
         k = counts.size
-        p, m, v = np.zeros(k, np.float32), np.zeros(k, np.float32), np.ones(k, np.float32)
-        g = np.zeros(k, np.float32)
+        # one element per "parameter" (g = 0, m = 1, v = 1, eps = 0, no decay): the update
+        # writes p = p + (m * neg_step) / (sqrt(v) / bc2 + eps) = 0 + neg_step / (1 / bc2)
+        p, g, m, v = np.zeros(k, dt), np.zeros(k, dt), np.ones(k, dt), np.ones(k, dt)
         steps = counts - 1  # the loop increments them first
-        # one element per "parameter": with g = m = 0 and v = 1 (eps = 0, no decay) the
-        # update writes p = 0 + (0 * neg_step) / ...; the corrections are read back from
-        # a parameter of value 1 whose m is 1: p = 1 + neg_step / (1 / bc2)
-        p[:], m[:] = 1, 1
         # the table runtime.update_table makes, one row per element (each its own
         # "parameter" of size 1): data addresses, then the size
         table = np.empty((k, 6), np.int64)
         for j, a in enumerate((p, g, m, v, steps)):
             table[:, j] = a.ctypes.data + a.itemsize * np.arange(k)
         table[:, 5] = 1
-        f32 = np.float32
-        mod.adam_group(table, f32(0), f32(1), f32(0), lr, b1, b2, 0.5, f32(0), f32(0), 0,
-                       f32(1))
+        mod.adam_group(table, dt(0), dt(1), dt(0), lr, b1, b2, 0.5, dt(0), dt(0), 0, dt(1))
         assert np.array_equal(steps, counts)
-        want = np.array([f32(1) + f32(-(lr / (1 - b1 ** t))) / (f32(1) / f32(
-            (1 - b2 ** t) ** 0.5)) for t in counts.tolist()], np.float32)
+        want = np.array([dt(0) + dt(-(lr / (1 - b1 ** t))) / (dt(1) / dt(
+            (1 - b2 ** t) ** 0.5)) for t in counts.tolist()], dt)
         assert p.tobytes() == want.tobytes(), (lr, b1, b2)
