@@ -232,6 +232,9 @@ def test_bias_corrections_in_the_loop_are_pythons(dtype):
         table[:, 5] = 1
         mod.adam_group(table, dt(0), dt(1), dt(0), lr, b1, b2, 0.5, dt(0), dt(0), 0, dt(1))
         assert np.array_equal(steps, counts)
-        want = np.array([dt(0) + dt(-(lr / (1 - b1 ** t))) / (dt(1) / dt(
-            (1 - b2 ** t) ** 0.5)) for t in counts.tolist()], dt)
+        ts = counts.tolist()  # Python's float arithmetic, then rounded to dt as dt(x)
+        neg = np.array([-(lr / (1 - b1 ** t)) for t in ts]).astype(dt)
+        bc2 = np.array([(1 - b2 ** t) ** 0.5 for t in ts]).astype(dt)
+        assert all(dt(-(lr / (1 - b1 ** t))) == x for t, x in zip(ts[:1000], neg))
+        want = dt(0) + (dt(1) * neg) / (np.sqrt(dt(1)) / bc2 + dt(0))
         assert p.tobytes() == want.tobytes(), (lr, b1, b2)
