@@ -373,6 +373,16 @@ def test_single_op_loops_keep_eagers_special_values():
         got_w = mod.log_softmax_fin(got_w, np.exp(got_w))
     assert np.array_equal(np.isnan(got_w), np.isnan(want_w))
     assert_close(got_w[~np.isnan(want_w)], want_w[~np.isnan(want_w)], terms=40)
+    mid = wide.copy()  # NaN and infinities away from the first column (the row max runs in
+    mid[0, 17], mid[4, 30], mid[5, 38] = nan, inf, -inf  # four interleaved partial maxima)
+    with np.errstate(invalid="ignore"):
+        want_m = F.log_softmax(sg.tensor(mid), dim=1).numpy()
+        got_m = mod.log_softmax_shift(mid, np.empty_like(mid))
+        got_m = mod.log_softmax_fin(got_m, np.exp(got_m))
+    assert np.isnan(want_m[0]).all() and np.isnan(want_m[4]).all()
+    assert np.array_equal(np.isnan(got_m), np.isnan(want_m))
+    assert np.array_equal(np.isinf(got_m), np.isinf(want_m))
+    assert_close(got_m[~np.isnan(want_m)], want_m[~np.isnan(want_m)], terms=40)
     gw = np.linspace(-1, 1, wide.size, dtype=np.float32).reshape(wide.shape)
     ok = np.isfinite(want_w).all(axis=1)
     y = want_w[ok]
@@ -1164,3 +1174,44 @@ def test_a_code_generation_crash_falls_back_with_a_warning(monkeypatch):
         got = step(*_data(4))
     assert_close(got, eager(*_data(4)))
     _assert_same_state(c, e, 1, (4, 16, 3))
+
+
+@pytest.mark.parametrize("cut", ["split", "split_sizes", "chunk"])
+def test_split_transpose_and_permute_compile_to_numpy_views(cut):
+    """split / split_with_sizes / chunk, transpose and permute (negative dims too) are
+    NumPy views in the generated code, not the op's call per step: the pieces alias the
+    input as eager's do, and values and gradients are eager's bit for bit."""
+    sg.manual_seed(3)
+    w = sg.randn(6, 12, requires_grad=True)
+    w_e = sg.tensor(w.detach().numpy().copy(), requires_grad=True)
+
+    def make(w):
+        def fn(x):
+            w.grad = None
+            h = (x @ w).reshape(2, 3, 12)
+            if cut == "split":
+                a, b, c = h.split(4, dim=-1)
+            elif cut == "split_sizes":
+                a, b, c = h.split([4, 4, 4], dim=2)
+            else:
+                a, b, c = h.chunk(3, dim=-1)
+            q = a.reshape(2, 3, 2, 2).transpose(1, -2)      # (2, 2, 3, 2)
+            k = b.reshape(2, 3, 2, 2).permute(0, 2, -1, 1)  # (2, 2, 2, 3)
+            loss = ((q @ k) * c.reshape(2, 3, 2, 2).permute(0, 2, 1, 3).sum()).sum()
+            loss.backward()
+            return loss
+        return fn
+
+    step, eager = sg.compile(make(w)), make(w_e)
+    x = sg.randn(6, 6)
+    for _ in range(2):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            got = step(x)
+        want = eager(x)
+        np.testing.assert_array_equal(got.detach().numpy(), want.detach().numpy())
+        np.testing.assert_array_equal(w.grad.numpy(), w_e.grad.numpy())
+    src = step.source()
+    assert not re.search(r"fwd_(split|transpose|permute|chunk)", src), src
+    assert ".transpose((0, 2, 1, 3))" in src and ".transpose((0, 2, 3, 1))" in src
+    assert re.search(r"= v\d+\[:, :, 0:4\]", src) and re.search(r"= v\d+\[:, :, 8:12\]", src)

@@ -113,6 +113,9 @@ def forward_code(call: OpCall, ctx) -> list[str]:
     view = _view_code(call, ins[0] if ins else "")
     if view is not None:
         return [f"{out.name} = {view}"]
+    pieces = _split_code(call, ins[0] if ins else "")
+    if pieces is not None:
+        return pieces
     if name == "gelu" and gelu_saves(call, ctx):
         # the loop also keeps the backward's (1 + erf) / 2 and exp(-(x * x) / 2)
         b, c, a = f"gl{out.index}", f"gc{out.index}", f"ga{out.index}"
@@ -178,7 +181,52 @@ def _view_code(call: OpCall, x: str) -> str | None:
         return f"{x}.reshape({out.shape!r})"
     if name == "expand":
         return f"np.broadcast_to({x}, {out.shape!r})"
+    if name in ("transpose", "permute"):  # the backend's x.transpose(axes), axes fixed
+        axes = _axes(call)
+        return None if axes is None else f"{x}.transpose({axes!r})"
     return None
+
+
+def _axes(call: OpCall) -> tuple | None:
+    """The NumPy axes of a traced transpose / permute (its dims on the traced rank)."""
+    from ..ops._ints import norm
+    from ..ops.movement import _swap
+
+    n = len(call.inputs[0].shape)
+    p = call.params
+    try:
+        if call.spec.name == "transpose":
+            return _swap(n, norm(p["dim0"], n), norm(p["dim1"], n))
+        return tuple(norm(d, n) for d in p["dims"])
+    except (KeyError, TypeError, IndexError, ValueError):
+        return None
+
+
+def _split_code(call: OpCall, x: str) -> list[str] | None:
+    """split / split_with_sizes as NumPy slices of the input (eager's pieces: the same
+    basic-indexing views), without the op's call per step."""
+    from ..ops._ints import norm
+    from ..ops.split import piece_sizes
+
+    name, src = call.spec.name, call.inputs[0]
+    if name not in ("split", "split_with_sizes") or not isinstance(src, Value) or any(
+            o.dtype != src.dtype for o in call.outputs):
+        return None
+    p = call.params
+    try:
+        d = norm(p["dim"], len(src.shape))
+        sizes = (piece_sizes(src.shape[d], p["split_size"]) if name == "split"
+                 else tuple(p["split_sizes"]))
+    except (KeyError, TypeError, IndexError, ValueError):
+        return None
+    if len(sizes) != len(call.outputs):
+        return None
+    lines, start = [], 0
+    for o, size in zip(call.outputs, sizes):
+        key = ", ".join([":"] * d + [f"{start}:{start + size}"])
+        lines.append(f"{o.name} = {x}[{key}]")
+        start += size
+    return lines
 
 
 # -- backward rules: (call, ctx, g) -> {input position: expression} ------------------------

@@ -73,7 +73,7 @@ def self_check(entry, args: tuple, result, after: dict | None = None) -> str | N
         state.append(_copy(old))
     grads = [before[("argrad", s[1]) if type(s) is tuple else ("grad", s)]
              for s in layout.entry_grads]
-    _, _, hyper = entry._gather()
+    _, _, hyper, _ = entry._gather()
     run, buffers = entry.module.make(entry.generated.constants)
     tensors = [a._data for a in args if isinstance(a, Tensor)]
     try:

@@ -64,6 +64,13 @@ class Entry:
                               for slot, name in self.layout.final_grads.items() if name}
         self._opts = {k: e.opt for k, e in enumerate(program.events) if isinstance(e, Step)}
         self._bound: list = []
+        #: layout.state as runs of one parameter's keys, in order (one state lookup each)
+        self._state_runs: list = []
+        for k, slot, key in self.layout.state:
+            if self._state_runs and self._state_runs[-1][:2] == (k, slot):
+                self._state_runs[-1][2].append(key)
+            else:
+                self._state_runs.append((k, slot, [key]))
         self._result = program.result
         #: how many of run's outputs are fn's results (the arguments' gradients follow)
         self._n_results = len(_values_of(program.result))
@@ -82,30 +89,43 @@ class Entry:
             raise _Stale("a parameter was freed")
         return t
 
-    def _gather(self) -> tuple[list, list, list]:
+    def _gather(self) -> tuple[list, list, list, dict]:
+        """This call's arrays (parameters, then optimizer state), the incoming grads, the
+        hyperparameters, and the leaf tensors by slot; each weakref and each parameter's
+        state dict is looked up once (the GPT step has 28 parameters and 84 state arrays)."""
         constants = self._constants
         if constants is not None:
             changed = constants.changed()
             if changed is not None:
                 raise _Stale(changed)
+        opts = {}
         for k, lists in self._param_lists.items():
-            opt = self._opts[k]()
+            opt = opts[k] = self._opts[k]()
             if opt is None or len(opt.param_groups) != len(lists) or any(
                     id(g["params"]) != ps or len(g["params"]) != n
                     for g, (ps, n) in zip(opt.param_groups, lists)):
                 raise _Stale("the optimizer's param groups changed")
+        refs = self.program.leaves
+        tensors = {}
         arrays = []
         for v in self._leaf_values:
-            t = self._leaf(v.slot)
+            t = tensors[v.slot] = refs[v.slot]()
+            if t is None:
+                raise _Stale("a parameter was freed")
             if t._requires_grad is not v.requires_grad:
                 raise _Stale("a parameter's requires_grad changed")
             arrays.append(t._data)
-        for k, slot, key in self.layout.state:
-            opt = self._opts[k]()
-            st = opt.state.get(self._leaf(slot)) if opt is not None else None
-            if st is None or key not in st:
+        for k, slot, keys in self._state_runs:
+            opt = opts[k] if k in opts else self._opts[k]()
+            t = tensors[slot] if slot in tensors else self._leaf(slot)
+            st = opt.state.get(t) if opt is not None else None
+            if st is None:
                 raise _Stale("the optimizer state changed")
-            arrays.append(st[key]._data)
+            for key in keys:
+                s = st.get(key)
+                if s is None:
+                    raise _Stale("the optimizer state changed")
+                arrays.append(s._data)
         bound = self._bound
         if len(bound) != len(arrays) or any(a is not b for a, b in zip(arrays, bound)):
             self._check_shapes(arrays)
@@ -117,16 +137,16 @@ class Entry:
             if type(slot) is tuple:  # an argument's .grad: filled in by arg_entry
                 entry.append(None)
                 continue
-            g = self._leaf(slot)._grad
+            g = (tensors[slot] if slot in tensors else self._leaf(slot))._grad
             entry.append(None if g is None else g._data)
         hyper = []
         for (k, gi, keys), (_, _, names, flags) in zip(self.layout.hyper, self.layout.flags):
-            group = self._opts[k]().param_groups[gi]
+            group = (opts[k] if k in opts else self._opts[k]()).param_groups[gi]
             values = tuple(group[n] for n in keys)
             if tuple(_flag(group, n) for n in names) != flags:
                 raise _Stale(f"optimizer option {names} changed")
             hyper.append(values)
-        return arrays, entry, hyper
+        return arrays, entry, hyper, tensors
 
     def _check_shapes(self, arrays: list) -> None:
         for a, v in zip(arrays, self._leaf_values):
@@ -169,19 +189,20 @@ class Entry:
             entry[k] = d
 
     def __call__(self, args: tuple):
-        leaves, entry, hyper = self._gather()
+        leaves, entry, hyper, by_slot = self._gather()
         arg_grads = self.layout.arg_grads
         if arg_grads:
             self.arg_entry(args, entry)
         tensors = [a._data for a in args if isinstance(a, Tensor)]
-        written = [self._leaf(slot) for slot in self.layout.written]
+        written = [by_slot[s] if s in by_slot else self._leaf(s) for s in self.layout.written]
         for t in written:  # as eager's optimizer step: graphs recorded before see old values
             before_write(t)
         outs = self.run(tensors, leaves, entry, hyper)
         for t in written:
             t._storage.version += 1
         for slot, name in self.layout.final_grads.items():
-            self._leaf(slot)._grad = self._grad_tensors[slot] if name else None
+            t = by_slot[slot] if slot in by_slot else self._leaf(slot)
+            t._grad = self._grad_tensors[slot] if name else None
         if arg_grads:
             got = iter(outs[self._n_results:])
             for i, name in arg_grads:
@@ -510,7 +531,7 @@ class CompiledStep:
         kwargs.setdefault("names", names)
         kwargs.setdefault("namespace", {})
         report = sys.modules["symgrad"].verify(root, **kwargs)
-        arrays, _, hyper = entry._gather()
+        arrays, _, hyper, _ = entry._gather()
         problems = check_generated(entry.program, entry.example, entry.module.make,
                                    entry.generated.constants, entry.layout, arrays, hyper)
         rows = [_disagreement_row(p, entry.generated.text) for p in problems]
