@@ -139,7 +139,7 @@ def test_gelu_mlp_with_adam_matches_eager_and_fuses():
     src = step.source()
     # x ** 3 as products in the fused loop, tanh as NumPy's ufunc, one fused backward loop
     assert "fused_0_0(" in src and "np.tanh(" in src and "fused_0_b" in src
-    assert "adam_update(" in src
+    assert "adam_group(" in src
 
 
 _MORE = {
@@ -952,7 +952,7 @@ _LOOPS_CHILD = textwrap.dedent("""
     step(x, y)
     assert not step.stats["fallbacks"], step.stats["fallbacks"]
     mod = loops()
-    used = ("relu_rows", "relu_rows_b", "log_softmax_rows", "nll_rows", "sgd_update")
+    used = ("relu_rows", "relu_rows_b", "log_softmax_rows", "nll_rows", "sgd_group")
     print(json.dumps({"file": mod.__file__, "source": step.source(), **{
         n: [sum(getattr(mod, n).stats.cache_misses.values()),
             sum(getattr(mod, n).stats.cache_hits.values())] for n in used}}))
@@ -972,7 +972,7 @@ def test_shared_loops_are_not_compiled_again_for_an_empty_compile_cache(tmp_path
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     second = json.loads(out.stdout.strip().splitlines()[-1])
-    for name in ("relu_rows", "relu_rows_b", "log_softmax_rows", "nll_rows", "sgd_update"):
+    for name in ("relu_rows", "relu_rows_b", "log_softmax_rows", "nll_rows", "sgd_group"):
         assert name + "(" in second["source"]
         assert second[name][0] == 0 and second[name][1] >= 1, (name, second[name])
     assert first["file"] == second["file"] and not first["file"].startswith(str(tmp_path))

@@ -41,7 +41,7 @@ from .rules import (
     ufunc_forward,
 )
 
-__all__ = ["Generated", "Unsupported", "generate"]
+__all__ = ["Generated", "Unsupported", "generate", "group_flag"]
 
 
 @dataclass
@@ -66,6 +66,9 @@ class Layout:
     #: new array, or the old .grad's array added into in place); an incoming ``.grad`` the
     #: code reads is ``("arg", position)`` in ``entry_grads``
     arg_grads: list = field(default_factory=list)
+    #: indices into ``state`` of Adam's step counts the group loops read as float32 arrays
+    #: of one element (step.py checks them so)
+    f32_steps: list = field(default_factory=list)
 
 
 @dataclass
@@ -113,6 +116,8 @@ class _Ctx:
         self.gelu_saved: dict[int, tuple] = {}
         self._ids: dict[int, str] = {}
         self._arrays: dict[tuple, str] = {}
+        #: how many optimizer update tables (``_update_table``) the module keeps
+        self.tables = 0
 
     def ref(self, x) -> str:
         """Code for an operand: a value's name, a literal, or a bound constant (dtypes,
@@ -161,10 +166,10 @@ class _Ctx:
             self.constants[name] = obj
         return name
 
-    def update_kernel(self, kind: str, dtype: str) -> str:
-        """The optimizer loop for ``kind`` (sgd/adam), registered once per dtype."""
-        name = f"{kind}_update"
-        codes = fuse.UPDATE_CODES[kind]
+    def update_kernel(self, name: str, dtype: str) -> str:
+        """An optimizer loop of fuse.UPDATE_KERNELS (sgd_update, adam_update, sgd_group,
+        adam_group), registered once per dtype."""
+        codes = fuse.UPDATE_CODES[name]
         if name not in self.plan.helpers:
             self.plan.helpers[name] = fuse.loop_import(name)
         if (name, dtype, codes) not in self.plan.kernels:
@@ -520,8 +525,12 @@ def _grad_of(slot: int, v: Value, ctx: _Ctx, grad_state: dict, layout: Layout) -
 
 def _step(k: int, event: Step, opt, leaves: dict, ctx: _Ctx, lines: list, grad_state: dict,
           layout: Layout) -> None:
-    """The optimizer update as one generated loop per parameter (fuse.UPDATE_KERNELS: the
-    eager update's operations in its order and dtype, so the results are eager's)."""
+    """The optimizer update: per param group and dtype, one call of a loop over its
+    parameters (fuse.UPDATE_KERNELS' sgd_group / adam_group) that runs the per-parameter
+    update loop on each (the eager update's operations in its order and dtype, so the
+    results are eager's). Adam takes the per-parameter path where its bias corrections
+    could not be computed in the loop as eager computes them (a step count that is not a
+    float32 scalar, betas that are not Python numbers)."""
     decoupled = bool(event.kind == "adam" and opt.param_groups[0].get("decoupled_weight_decay"))
     for gi, (group, slots) in enumerate(zip(opt.param_groups, event.groups)):
         h = len(layout.hyper)
@@ -532,41 +541,92 @@ def _step(k: int, event: Step, opt, leaves: dict, ctx: _Ctx, lines: list, grad_s
             layout.flags.append((k, gi, ("momentum", "weight_decay"), (mom, wd)))
             lines.append(f"lr, momentum, wd = H[{h}]")
         else:
-            layout.flags.append((k, gi, ("weight_decay", "decoupled_weight_decay"),
-                                 (wd, decoupled)))
+            float_betas = group_flag(group, "float_betas")
+            layout.flags.append((k, gi, ("weight_decay", "decoupled_weight_decay",
+                                         "float_betas"), (wd, decoupled, float_betas)))
             lines.append(f"lr, (beta1, beta2), eps, wd = H[{h}]")
-        hoisted: set = set()  # the group's scalars, converted once per dtype (not per param)
-        for slot in slots:
+        by_dtype: dict[str, list] = {}  # dtype -> the group loop's rows
+        single: list = []  # Adam's parameters updated one call each
+        for p_t, slot in zip(group["params"], slots):
             v = leaves[slot]
             g = _grad_of(slot, v, ctx, grad_state, layout)
             if g is None:
                 continue
-            p, dt, d = v.name, f"np.{v.dtype.name}", v.dtype.name
             if slot not in layout.written:
                 layout.written.append(slot)
-            kernel = ctx.update_kernel(event.kind, v.dtype.name)
             if event.kind == "sgd":
-                if d not in hoisted:
-                    hoisted.add(d)
-                    lines.append(f"nlr_{d}, mom_{d}, wd_{d} = {dt}(-lr), {dt}(momentum), "
-                                 f"{dt}(wd)")
-                buf = _state_ref(layout, k, slot, "momentum_buffer") if mom else p
-                lines.append(f"{kernel}({p}.reshape(-1), {_flat(ctx, g)}, {buf}.reshape(-1), "
-                             f"nlr_{d}, mom_{d}, wd_{d}, {wd}, {mom})")
+                buf = _state_ref(layout, k, slot, "momentum_buffer") if mom else v.name
+                by_dtype.setdefault(v.dtype.name, []).append((v.name, _flat(ctx, g), buf))
                 continue
-            if d not in hoisted:
-                hoisted.add(d)
+            s, m, sq = (_state_ref(layout, k, slot, key)
+                        for key in ("step", "exp_avg", "exp_avg_sq"))
+            refs = (m, sq, s)
+            if float_betas and _f32_step(opt, p_t):
+                layout.f32_steps.append(layout.state.index((k, slot, "step")))
+                by_dtype.setdefault(v.dtype.name, []).append((v.name, _flat(ctx, g), *refs))
+            else:
+                single.append((v, _flat(ctx, g), *refs))
+        dtypes = list(dict.fromkeys([d for d in by_dtype] + [v.dtype.name
+                                                             for v, *_ in single]))
+        for d in dtypes:  # the group's scalars, converted once per dtype
+            dt = f"np.{d}"
+            if event.kind == "sgd":
+                lines.append(f"nlr_{d}, mom_{d}, wd_{d} = {dt}(-lr), {dt}(momentum), {dt}(wd)")
+            else:
                 lines.append(f"c1_{d}, b2_{d}, c2_{d}, eps_{d}, wd_{d}, dec_{d} = "
                              f"{dt}(1 - beta1), {dt}(beta2), {dt}(1 - beta2), {dt}(eps), "
                              f"{dt}(wd), {dt}(1 - lr * wd)")
-            s, m, sq = (_state_ref(layout, k, slot, key)
-                        for key in ("step", "exp_avg", "exp_avg_sq"))
-            mode = 0 if not wd else (2 if decoupled else 1)
+        mode = 0 if not wd else (2 if decoupled else 1)
+        if event.kind == "adam" and by_dtype:
+            lines.append("lr_f, beta1_f, beta2_f = float(lr), float(beta1), float(beta2)")
+        for d, rows in by_dtype.items():
+            kernel = ctx.update_kernel(f"{event.kind}_group", d)
+            table = _update_table(ctx, rows, event.kind == "adam", lines)
+            if event.kind == "sgd":
+                lines.append(f"{kernel}({table}, nlr_{d}, mom_{d}, wd_{d}, {wd}, {mom})")
+            else:
+                lines.append(f"{kernel}({table}, c1_{d}, b2_{d}, c2_{d}, lr_f, beta1_f, "
+                             f"beta2_f, 0.5, eps_{d}, wd_{d}, {mode}, dec_{d})")
+        for v, g, m, sq, s in single:
+            p, dt, d = v.name, f"np.{v.dtype.name}", v.dtype.name
+            kernel = ctx.update_kernel(f"{event.kind}_update", d)
             lines += [f"np.add({s}, 1, out={s})", "t = float(" + s + ")",
-                      f"{kernel}({p}.reshape(-1), {_flat(ctx, g)}, {m}.reshape(-1), "
+                      f"{kernel}({p}.reshape(-1), {g}, {m}.reshape(-1), "
                       f"{sq}.reshape(-1), c1_{d}, b2_{d}, c2_{d}, "
                       f"{dt}(-(lr / (1 - beta1 ** t))), {dt}((1 - beta2 ** t) ** 0.5), "
                       f"eps_{d}, wd_{d}, {mode}, dec_{d})"]
+
+
+def group_flag(group: dict, name: str) -> bool:
+    """A structural flag of a param group (``Layout.flags``; step.py checks them per call):
+    ``float_betas``: Adam's betas are Python numbers (adam_group computes the bias
+    corrections from them as Python does)."""
+    if name == "float_betas":
+        return all(type(b) in (float, int) for b in group["betas"])
+    return bool(group.get(name)) if name == "decoupled_weight_decay" else group[name] != 0
+
+
+def _f32_step(opt, p) -> bool:
+    """Is ``p``'s Adam step count a float32 array of one element (what adam_group reads)?"""
+    st = opt.state.get(p)
+    s = st.get("step") if st else None
+    a = getattr(s, "_data", None)
+    return isinstance(a, np.ndarray) and a.dtype == np.float32 and a.size == 1
+
+
+def _update_table(ctx: _Ctx, rows: list, steps: bool, lines: list) -> str:
+    """Code for a group loop's table of addresses (runtime.update_table), made again only
+    when the step gets a new list of leaf and state arrays ``L`` (step.py passes the same
+    list while they are the same arrays); the table keeps ``L``, so its arrays, alive."""
+    ctx.helpers["update_table"] = "from symgrad.compile.runtime import update_table\n"
+    name = f"U{ctx.tables}"
+    ctx.tables += 1
+    ctx.alloc(f"{name} = [None]")
+    arrays = ", ".join("(" + ", ".join(r) + ")" for r in rows)
+    lines += [f"u = {name}[0]",
+              "if u is None or u[0] is not L:",
+              f"    u = {name}[0] = (L, update_table(({arrays},), {steps}))"]
+    return "u[1]"
 
 
 def _flat(ctx: _Ctx, buf: str) -> str:

@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 __all__ = ["sum_to", "nll_grad", "as_out", "flat", "cat_into", "scalar_names", "view_grad",
-           "view_grad_ok", "MATH"]
+           "view_grad_ok", "MATH", "update_table"]
 
 
 def sum_to(g: np.ndarray, shape: tuple) -> np.ndarray:
@@ -128,3 +128,24 @@ def scalar_names(scalar) -> set:
         bound = {t.id for n in ast.walk(tree) if isinstance(n, ast.Assign) for t in n.targets}
         names |= {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} - bound
     return names - set(scalar.inputs) - set(scalar.params) - {"g", "y"}
+
+
+def update_table(rows: tuple, steps: bool) -> np.ndarray:
+    """The table of fuse.UPDATE_KERNELS' group loops: per parameter, the data address of
+    each of its arrays (parameter, gradient, state), then its size. The loops write through
+    these addresses, so every array is checked here to be what they assume: C-contiguous,
+    writable, the parameter's size and dtype (Adam's step last: float32, one element).
+    The caller keeps the arrays alive while it uses the table."""
+    out = np.empty((len(rows), len(rows[0]) + 1), np.int64)
+    for i, row in enumerate(rows):
+        p = row[0]
+        for j, a in enumerate(row):
+            step = steps and j == len(row) - 1
+            ok = a.dtype == np.float32 and a.size == 1 if step else \
+                a.dtype == p.dtype and a.size == p.size
+            if not (ok and a.flags.c_contiguous and a.flags.writeable):
+                raise ValueError(f"an optimizer update's array {j} of parameter {i} does not "
+                                 "fit the update loop (a sg.compile bug)")
+            out[i, j] = a.ctypes.data
+        out[i, -1] = p.size
+    return out

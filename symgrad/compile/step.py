@@ -28,7 +28,7 @@ from ..device import device as _device
 from ..dtypes import HALF_NP
 from ..tensor import Tensor
 from . import fuse, loader, prove
-from .codegen import Generated, Unsupported, generate
+from .codegen import Generated, Unsupported, generate, group_flag
 from .cuda_step import generate_cuda
 from .graph import Program, Step
 from .guards import signature
@@ -130,6 +130,8 @@ class Entry:
         if len(bound) != len(arrays) or any(a is not b for a, b in zip(arrays, bound)):
             self._check_shapes(arrays)
             self._bound = arrays
+        else:  # the same list while they are the same arrays: the generated code keeps
+            arrays = bound  # what it derived from them (codegen._update_table) for it
         entry = []
         for slot in self.layout.entry_grads:
             if type(slot) is tuple:  # an argument's .grad: filled in by arg_entry
@@ -154,6 +156,10 @@ class Entry:
             leaf = self._leaf(slot)._data
             if key != "step" and (a.shape != leaf.shape or a.dtype != leaf.dtype):
                 raise _Stale("optimizer state changed shape")
+        n = len(self._leaf_values)
+        for i in self.layout.f32_steps:  # read by the group update loops as such
+            if arrays[n + i].dtype != np.float32 or arrays[n + i].size != 1:
+                raise _Stale("an optimizer step count changed dtype")
         for a in arrays:
             if not (a.flags.writeable and a.flags.c_contiguous):
                 raise _Stale("a parameter or optimizer state array that is not a writable "
@@ -214,8 +220,7 @@ class Entry:
         return _rebuild(self._result, iter(outs), args, self)
 
 
-def _flag(group: dict, name: str) -> bool:
-    return bool(group.get(name)) if name == "decoupled_weight_decay" else group[name] != 0
+_flag = group_flag
 
 
 def _values_of(structure) -> list:
