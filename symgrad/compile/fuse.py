@@ -479,12 +479,17 @@ def bias_relu_rows(h, b, out):
 # backward's c + x * (...) must not contract).
 LOOPS["gelu_save"] = """@njit(**_JC)
 def gelu_save(x, out, c, a):
-    for i in range(x.size):
-        xi = x[i]
-        e = np.float32(_erf_f64(np.float64(xi * _GELU_H)))
-        out[i] = xi / _GELU_2 * (_GELU_1 + e)
-        c[i] = (_GELU_1 + e) / _GELU_2
-        a[i] = -(xi * xi) / _GELU_2
+    n = x.size
+    for g in range((n + _ERF_GROUP - 1) // _ERF_GROUP):
+        lo = np.uint64(g * _ERF_GROUP)
+        hi = np.uint64(min(g * _ERF_GROUP + _ERF_GROUP, n))
+        _erf_f32_rows(x, _GELU_H, lo, hi, c)
+        for i in range(lo, hi):
+            xi = x[i]
+            e = c[i]
+            out[i] = xi / _GELU_2 * (_GELU_1 + e)
+            c[i] = (_GELU_1 + e) / _GELU_2
+            a[i] = -(xi * xi) / _GELU_2
 """
 LOOPS["gelu_saved_b"] = """@njit(**_J)
 def gelu_saved_b(g, x, c, ex, out):
@@ -495,16 +500,19 @@ def gelu_saved_b(g, x, c, ex, out):
 
 def _gelu_prelude(kernels) -> list[str]:
     """The backend's erf and GELU constants for the GELU loops; the hash of erf's source
-    (erf_f64 and the two polynomials it selects from) names the module (Numba's cache of
-    the loops does not see a change in a callee)."""
+    (``erf_f32_rows`` and every helper it inlines) names the module (Numba's cache of the
+    loops does not see a change in a callee)."""
     import hashlib
     import inspect
 
     text = "".join(inspect.getsource(f.py_func)
-                   for f in (kernels.erf_f64, kernels.erf_small, kernels.erf_tail))
+                   for f in (kernels.erf_f32_rows, kernels.erf_small, kernels.erf_mid,
+                             kernels.erf_tail, kernels.erf_full, kernels.erf_near))
+    text += f"{kernels.ERF_GROUP} {kernels._NEAR}"
     digest = hashlib.sha1(text.encode()).hexdigest()
-    return [f"# erf_f64: {digest[:16]}",
-            "from symgrad.backends.cpu.kernels import erf_f64 as _erf_f64",
+    return [f"# erf_f32_rows: {digest[:16]}",
+            "from symgrad.backends.cpu.kernels import erf_f32_rows as _erf_f32_rows",
+            "from symgrad.backends.cpu.kernels import ERF_GROUP as _ERF_GROUP",
             "from symgrad.backends.cpu.kernels import _F32_GELU_PDF as _GELU_PDF",
             "from symgrad.backends.cpu.kernels import _F32_HALF_SQRT2 as _GELU_H",
             "from symgrad.backends.cpu.kernels import _F32_ONE as _GELU_1",
