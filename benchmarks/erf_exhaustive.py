@@ -42,14 +42,14 @@ def _loops(fastmath):
     """(fill, compare, errors) compiled with ``fastmath`` (the flag the kernels inherit)."""
     from symgrad.backends.cpu import kernels
 
-    rows, group = kernels.erf_f32_rows, kernels.ERF_GROUP
+    rows, group, only = kernels.erf_f32_rows, kernels.ERF_GROUP, kernels.ERF_ONLY
     polys = (kernels.erf_small, kernels.erf_mid, kernels.erf_full)
 
     @njit(fastmath=fastmath, error_model="numpy")
     def fill(t, out):
         for g in range((t.size + group - 1) // group):
             lo = np.uint64(g * group)
-            rows(t, ONE, lo, np.uint64(min(g * group + group, t.size)), out)
+            rows(t, ONE, lo, np.uint64(min(g * group + group, t.size)), only, out, out, out)
 
     @njit(error_model="numpy")
     def compare(t, out, bad):

@@ -759,14 +759,39 @@ def erf_f64(t):
 ERF_GROUP = 128
 
 
+#: what ``erf_f32_rows`` writes for each e = float32(erf(t)) (its ``mode``): e; GELU's
+#: forward x / 2 * (1 + e); GELU's backward prep e and -(x * x) / 2; the compiled steps'
+#: gelu_save x / 2 * (1 + e), (1 + e) / 2 and -(x * x) / 2 (the stanza's float32 operations)
+ERF_ONLY, GELU_F, GELU_PREP, GELU_SAVE = 0, 1, 2, 3
+
+
 @_scalar
-def erf_f32_rows(x, s, lo, hi, e):
-    """e[i] = float32(erf(float32(x[i] * s))) for lo <= i < hi (uint64 indices: no
-    wraparound checks), the C library's erf rounded to float32: the cheapest polynomial
-    covering the group's arguments (|t| < 1, < 2, any), in a vectorised loop that also
-    flags a result near a float32 rounding boundary; if one is (or an argument is
-    float32-subnormal, whose erf rounds on the coarser subnormal grid), the group takes
-    the C library's erf (rare: about 1 group of 128 in 2,000)."""
+def _erf_put(mode, x, i, e, o1, o2, o3):
+    """Write element i of ``erf_f32_rows``'s outputs (``mode`` is a constant where it is
+    inlined: one branch is left)."""
+    if mode == ERF_ONLY:
+        o1[i] = e
+    elif mode == GELU_F:
+        o1[i] = x[i] / _F32_TWO * (_F32_ONE + e)
+    elif mode == GELU_PREP:
+        o1[i] = e
+        o2[i] = -(x[i] * x[i]) / _F32_TWO
+    else:
+        xi = x[i]
+        o1[i] = xi / _F32_TWO * (_F32_ONE + e)
+        o2[i] = (_F32_ONE + e) / _F32_TWO
+        o3[i] = -(xi * xi) / _F32_TWO
+
+
+@_scalar
+def erf_f32_rows(x, s, lo, hi, mode, o1, o2, o3):
+    """e = float32(erf(float32(x[i] * s))), the C library's erf rounded to float32, for
+    lo <= i < hi (uint64 indices: no wraparound checks), written as ``mode`` says (the
+    GELU loops' own float32 work in the same loop: no second pass over the group). The
+    cheapest polynomial covering the group's arguments (|t| < 1, < 2, any) in one
+    vectorised loop that also flags a result near a float32 rounding boundary; if one is
+    (or an argument is float32-subnormal, whose erf rounds on the coarser subnormal grid),
+    the group is written again from the C library's erf (rare: about 1 group in 2,000)."""
     top = np.uint32(0)  # the largest |t|, and the smallest nonzero one, by their bits
     low = np.uint32(0xFFFFFFFF)
     for i in range(lo, hi):
@@ -778,20 +803,20 @@ def erf_f32_rows(x, s, lo, hi, e):
         for i in range(lo, hi):
             p = erf_small(np.float64(x[i] * s))
             near |= erf_near(p)
-            e[i] = np.float32(p)
+            _erf_put(mode, x, i, np.float32(p), o1, o2, o3)
     elif top < np.uint32(0x80000000):  # |t| < 2
         for i in range(lo, hi):
             p = erf_mid(np.float64(x[i] * s))
             near |= erf_near(p)
-            e[i] = np.float32(p)
+            _erf_put(mode, x, i, np.float32(p), o1, o2, o3)
     else:
         for i in range(lo, hi):
             p = erf_full(np.float64(x[i] * s))
             near |= erf_near(p)
-            e[i] = np.float32(p)
+            _erf_put(mode, x, i, np.float32(p), o1, o2, o3)
     if near:
         for i in range(lo, hi):
-            e[i] = np.float32(math.erf(np.float64(x[i] * s)))
+            _erf_put(mode, x, i, np.float32(math.erf(np.float64(x[i] * s))), o1, o2, o3)
 
 
 _F32_HALF_SQRT2 = np.float32(math.sqrt(2) / 2)
@@ -802,14 +827,12 @@ _F32_ONE, _F32_TWO = np.float32(1), np.float32(2)
 
 def gelu_f32(x, out):
     """out = x / 2 * (1 + erf(x * sqrt(2)/2)) in float32 arithmetic (flat float32 arrays),
-    erf by ``erf_f32_rows`` into out, group by group."""
+    by ``erf_f32_rows``, group by group."""
     n = x.size
     for g in prange((n + ERF_GROUP - 1) // ERF_GROUP):
         lo = np.uint64(g * ERF_GROUP)
         hi = np.uint64(min(g * ERF_GROUP + ERF_GROUP, n))
-        erf_f32_rows(x, _F32_HALF_SQRT2, lo, hi, out)
-        for i in range(lo, hi):
-            out[i] = x[i] / _F32_TWO * (_F32_ONE + out[i])
+        erf_f32_rows(x, _F32_HALF_SQRT2, lo, hi, GELU_F, out, out, out)
 
 
 def gelu_b_prep_f32(x, e, a):
@@ -819,9 +842,7 @@ def gelu_b_prep_f32(x, e, a):
     for g in prange((n + ERF_GROUP - 1) // ERF_GROUP):
         lo = np.uint64(g * ERF_GROUP)
         hi = np.uint64(min(g * ERF_GROUP + ERF_GROUP, n))
-        erf_f32_rows(x, _F32_HALF_SQRT2, lo, hi, e)
-        for i in range(lo, hi):
-            a[i] = -(x[i] * x[i]) / _F32_TWO
+        erf_f32_rows(x, _F32_HALF_SQRT2, lo, hi, GELU_PREP, e, a, a)
 
 
 def gelu_b_f32(g, x, e, ex, out):
