@@ -795,7 +795,8 @@ def erf_f32_rows(x, s, lo, hi, mode, o1, o2, o3):
     cheapest polynomial covering the group's arguments (|t| < 1, < 2, any) in one
     vectorised loop that also flags a result near a float32 rounding boundary; if one is
     (or an argument is float32-subnormal, whose erf rounds on the coarser subnormal grid),
-    the group is written again from the C library's erf (rare: about 1 group in 2,000)."""
+    the group is written again from the C library's erf (rare: about 1 group in 2,000), so
+    the outputs must not alias x."""
     top = np.uint32(0)  # the largest |t|, and the smallest nonzero one, by their bits
     low = np.uint32(0xFFFFFFFF)
     for i in range(lo, hi):
