@@ -733,10 +733,11 @@ def test_kernel_gelu_float32_loops_equal_the_stanza_and_torch(mode, monkeypatch,
 
 
 def test_kernel_erf_rounds_to_the_c_librarys_erf_in_float32():
-    """The GELU loops' erf (two float64 polynomials by Estrin's scheme) rounded to float32
-    is the C library's erf rounded to float32 on an even sample of every float32 in
-    (0, 4.2) (erf is odd; from 3.92 it rounds to 1): a polynomial with a wrong coefficient
-    or a broken evaluation order would differ on many of them."""
+    """The kernels' one-argument erf (``erf_f64``: float64 polynomials, the C library's erf
+    near a float32 rounding boundary) rounded to float32 is the C library's erf rounded to
+    float32 on an even sample of every float32 in (0, 4.2) (erf is odd; from 3.92 it rounds
+    to 1): a polynomial with a wrong coefficient or a broken evaluation order would differ
+    on many of them (benchmarks/erf_exhaustive.py checks every float32, in the loops)."""
     import math
 
     from numba import njit
