@@ -673,8 +673,9 @@ def layer_norm_rows_b(g, x, mean, rstd, w, has_w, nf, need_dx, dx, need_wb, gw, 
 # |t| < 2 polynomial and the tail's (degree 17) and selects lane by lane (a vectorised select
 # pays for both sides; SIMD gathers from a table, the other way to one piecewise polynomial,
 # are slower still here). GELU's arguments are mostly small: on 65,536 float32 (one thread,
-# loaded 2-vCPU Cascade Lake) gelu_f32 went from 145 to 71 us for x ~ N(0, 0.16^2) (the GPT
-# benchmark's), 150 to 120 us for N(0, 1) and stayed at ~150 us (0.95-1x) for N(0, 9).
+# loaded 2-vCPU Cascade Lake) gelu_f32 went from 145 to 71 µs for x ~ N(0, 0.16^2) (the GPT
+# benchmark's), from 150 to 120 µs for N(0, 1), and takes 0.9-1x its old time for N(0, 9)
+# (most groups then need both polynomials, plus the choice's overhead).
 # The kernels that evaluate it may contract its polynomials into FMAs (``_CONTRACT``); they do
 # no other float32 multiply-add, so the stanza's float32 roundings stay as they are.
 def erf_small(t):
