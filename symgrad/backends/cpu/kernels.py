@@ -673,9 +673,10 @@ def layer_norm_rows_b(g, x, mean, rstd, w, has_w, nf, need_dx, dx, need_wb, gw, 
 # |t| < 2 polynomial and the tail's (degree 17) and selects lane by lane (a vectorised select
 # pays for both sides; SIMD gathers from a table, the other way to one piecewise polynomial,
 # are slower still here). GELU's arguments are mostly small: on 65,536 float32 (one thread,
-# loaded 2-vCPU Cascade Lake) gelu_f32 went from 145 to 71 µs for x ~ N(0, 0.16^2) (the GPT
-# benchmark's), from 150 to 120 µs for N(0, 1), and takes 0.9-1x its old time for N(0, 9)
-# (most groups then need both polynomials, plus the choice's overhead).
+# loaded 2-vCPU Cascade Lake) gelu_f32 went from 146 to 69 µs for x ~ N(0, 0.16^2) (the GPT
+# benchmark's) and from 144 to 126 µs for N(0, 1); for N(0, 9) most groups need both
+# polynomials and it takes about its old time (152 against 149 µs). Groups of 128 did
+# better on N(0, 1) (1.2x) but worse on N(0, 9) (0.93x): the choice costs per group.
 # The kernels that evaluate it may contract its polynomials into FMAs (``_CONTRACT``); they do
 # no other float32 multiply-add, so the stanza's float32 roundings stay as they are.
 def erf_small(t):
@@ -761,7 +762,7 @@ def erf_f64(t):
 
 #: elements per group of ``erf_f32_rows``: the unit of the choice of polynomial and of the
 #: C library fallback
-ERF_GROUP = 128
+ERF_GROUP = 256
 
 
 #: what ``erf_f32_rows`` writes for each e = float32(erf(t)) (its ``mode``): e; GELU's
@@ -796,7 +797,7 @@ def erf_f32_rows(x, s, lo, hi, mode, o1, o2, o3):
     cheapest polynomial covering the group's arguments (|t| < 1, < 2, any) in one
     vectorised loop that also flags a result near a float32 rounding boundary; if one is
     (or an argument is float32-subnormal, whose erf rounds on the coarser subnormal grid),
-    the group is written again from the C library's erf (rare: about 1 group in 2,000), so
+    the group is written again from the C library's erf (rare: about 1 group in 1,000), so
     the outputs must not alias x."""
     top = np.uint32(0)  # the largest |t|, and the smallest nonzero one, by their bits
     low = np.uint32(0xFFFFFFFF)
