@@ -557,18 +557,18 @@ def bias_relu_rows(h, b, out):
 # exact GELU (float32, from FUSED_MIN elements: where eager runs the CPU backend's loops):
 # the forward also keeps what the backward needs, so the backward is one cheap pass instead
 # of eager's three (erf again, NumPy's exp, the combination). Same float32 operations in the
-# same order as the backend's gelu_f32 / gelu_b_prep_f32 / gelu_b_f32 (bit for bit): c is
-# the backward's (1 + erf) / 2, a becomes exp(-(x * x) / 2) by NumPy's exp in place.
+# same order as the backend's gelu_f32 / gelu_b_prep_f32 / gelu_b_f32 (bit for bit; the
+# forward is the backend's own erf_f32_rows in its GELU_SAVE mode): c is the backward's
+# (1 + erf) / 2, a becomes exp(-(x * x) / 2) by NumPy's exp in place.
 # FMA contraction only where the backend allows it (the forward: erf's polynomials; the
 # backward's c + x * (...) must not contract).
 LOOPS["gelu_save"] = """@njit(**_JC)
 def gelu_save(x, out, c, a):
-    for i in range(x.size):
-        xi = x[i]
-        e = np.float32(_erf_f64(np.float64(xi * _GELU_H)))
-        out[i] = xi / _GELU_2 * (_GELU_1 + e)
-        c[i] = (_GELU_1 + e) / _GELU_2
-        a[i] = -(xi * xi) / _GELU_2
+    n = x.size
+    for g in range((n + _ERF_GROUP - 1) // _ERF_GROUP):
+        lo = np.uint64(g * _ERF_GROUP)
+        hi = np.uint64(min(g * _ERF_GROUP + _ERF_GROUP, n))
+        _erf_f32_rows(x, _GELU_H, lo, hi, _GELU_SAVE, out, c, a)
 """
 LOOPS["gelu_saved_b"] = """@njit(**_J)
 def gelu_saved_b(g, x, c, ex, out):
@@ -579,20 +579,23 @@ def gelu_saved_b(g, x, c, ex, out):
 
 def _gelu_prelude(kernels) -> list[str]:
     """The backend's erf and GELU constants for the GELU loops; the hash of erf's source
-    (erf_f64 and the two polynomials it selects from) names the module (Numba's cache of
-    the loops does not see a change in a callee)."""
+    (``erf_f32_rows`` and every helper it inlines) names the module (Numba's cache of the
+    loops does not see a change in a callee)."""
     import hashlib
     import inspect
 
     text = "".join(inspect.getsource(f.py_func)
-                   for f in (kernels.erf_f64, kernels.erf_small, kernels.erf_tail))
+                   for f in (kernels.erf_f32_rows, kernels._erf_put, kernels.erf_small,
+                             kernels.erf_mid, kernels.erf_tail, kernels.erf_full,
+                             kernels.erf_near))
+    text += f"{kernels.ERF_GROUP} {kernels._NEAR} {kernels.GELU_SAVE}"
     digest = hashlib.sha1(text.encode()).hexdigest()
-    return [f"# erf_f64: {digest[:16]}",
-            "from symgrad.backends.cpu.kernels import erf_f64 as _erf_f64",
+    return [f"# erf_f32_rows: {digest[:16]}",
+            "from symgrad.backends.cpu.kernels import erf_f32_rows as _erf_f32_rows",
+            "from symgrad.backends.cpu.kernels import ERF_GROUP as _ERF_GROUP",
+            "from symgrad.backends.cpu.kernels import GELU_SAVE as _GELU_SAVE",
             "from symgrad.backends.cpu.kernels import _F32_GELU_PDF as _GELU_PDF",
             "from symgrad.backends.cpu.kernels import _F32_HALF_SQRT2 as _GELU_H",
-            "from symgrad.backends.cpu.kernels import _F32_ONE as _GELU_1",
-            "from symgrad.backends.cpu.kernels import _F32_TWO as _GELU_2",
             "_JC = dict(_J, fastmath={'contract'})", ""]
 
 

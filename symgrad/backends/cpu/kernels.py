@@ -661,81 +661,170 @@ def layer_norm_rows_b(g, x, mean, rstd, w, has_w, nf, need_dx, dx, need_wb, gw, 
 # The stanza's float32 arithmetic (x / 2 * (1 + erf(x * sqrt(2)/2)), erf rounded to float32)
 # with erf from straight-line polynomials in float64: the loops vectorise (glibc's erf through
 # Numba is a scalar call costing ~30 ns an element: a GPT step spent most of its time there).
-# Rounded to float32, erf_f64 equals the C library's erf except where the exact value lies
-# within ~1e-13 of a float32 rounding boundary (1 ulp then; 0 of 4M values tested, and 0
-# of every 97th float32 in (0, 4.2) after the polynomials moved to Estrin's scheme).
-# Estrin instead of Horner: the loops are bound by float64 FMAs (8 lanes), and shorter
-# dependency chains keep more of them in flight: 210 -> 160 µs on 65,536 elements.
-# The kernels that evaluate it may contract its polynomials into FMAs (``_CONTRACT``: 2x);
-# they do no other float32 multiply-add, so the stanza's float32 roundings stay as they are.
+# Rounded to float32 the result is the C library's erf rounded to float32, for every float32
+# argument: each polynomial is within 2.1e-14 (relative) of erf, and where that leaves the
+# float32 rounding in doubt (the float64 value within 2^-43 of a float32 rounding boundary:
+# ``erf_near``, about 1 argument in 260,000) the C library's erf decides. Checked on all
+# 4.3e9 float32 arguments, with and without FMA contraction, by benchmarks/erf_exhaustive.py
+# (which also refits the polynomials); the earlier two-polynomial erf (1e-13 from erf, no
+# fallback) rounded 8 of them the other way.
+# The loops take their arguments in groups of ``ERF_GROUP``: a group within |t| < 1 or
+# |t| < 2 evaluates that range's polynomial only (degree 9 or 14 in t * t), another one the
+# |t| < 2 polynomial and the tail's (degree 17) and selects lane by lane (a vectorised select
+# pays for both sides; SIMD gathers from a table, the other way to one piecewise polynomial,
+# are slower still here). GELU's arguments are mostly small: on 65,536 float32 (one thread,
+# loaded 2-vCPU Cascade Lake) gelu_f32 went from 146 to 69 µs for x ~ N(0, 0.16^2) (the GPT
+# benchmark's) and from 144 to 126 µs for N(0, 1); for N(0, 9) most groups need both
+# polynomials and it takes about its old time (152 against 149 µs). Groups of 128 did
+# better on N(0, 1) (1.2x) but worse on N(0, 9) (0.93x): the choice costs per group.
+# The kernels that evaluate it may contract its polynomials into FMAs (``_CONTRACT``); they do
+# no other float32 multiply-add, so the stanza's float32 roundings stay as they are.
 def erf_small(t):
-    """erf(t) for |t| < 1 in float64: t * a(t * t), relative error below 1e-15 (a polynomial
-    fitted to erf, evaluated by Estrin's scheme: short dependency chains)."""
+    """erf(t) for |t| < 1 in float64: t * a(t * t), relative error below 2.1e-14 (a Chebyshev
+    interpolant of erf(t) / t in t * t; even and odd coefficients in two Horner chains)."""
     u = t * t
-    u2 = u * u
-    u4 = u2 * u2
-    a0 = 1.1283791670955126 - 0.37612638903182555 * u
-    a1 = 0.11283791670921807 - 0.02686617064065291 * u
-    a2 = 0.005223977589944378 - 0.0008548325240140652 * u
-    a3 = 0.00012055274106706558 - 1.4924347244305265e-05 * u
-    a4 = 1.6442662310499805e-06 - 1.617208097855699e-07 * u
-    a5 = 1.3562333707932556e-08 - 7.500449717012092e-10 * u
-    a0 = a0 + a1 * u2
-    a2 = a2 + a3 * u2
-    a4 = a4 + a5 * u2
-    a = a0 + a2 * u4 + a4 * (u4 * u4)
-    return t * a
+    v = u * u
+    ae = 1.128379167095494 + v * (0.11283791658548713 + v * (
+        0.0052239671935439 + v * (0.00012046261269779797 + v * 1.5306373163641084e-06)))
+    ao = -0.37612638902808615 + v * (-0.026866169050599326 + v * (
+        -0.0008547933736519633 + v * (-1.4795031400662045e-05 + v * -1.0469110332151208e-07)))
+    return t * (ae + u * ao)
+
+
+def erf_mid(t):
+    """erf(t) for |t| < 2 in float64: t * a(t * t) as ``erf_small``, degree 14, relative
+    error below 1.9e-14."""
+    u = t * t
+    v = u * u
+    ae = 1.1283791670955023 + v * (0.11283791668815009 + v * (0.005223977009212117 + v * (
+        0.00012055110432033607 + v * (1.6444360511654216e-06 + v * (1.4421430322661158e-08 + v * (
+            7.059651976010553e-11 + v * 7.31037517137807e-14))))))
+    ao = -0.37612638903069434 + v * (-0.026866170486638145 + v * (-0.0008548312553260771 + v * (
+        -1.4923292814259704e-05 + v * (-1.626901353669879e-07 + v * (
+            -1.116838519729602e-09 + v * -3.16496812027159e-12)))))
+    return t * (ae + u * ao)
 
 
 def erf_tail(t):
-    """erf(t) for |t| >= 1 in float64: absolute error below 1e-13 up to 4 (a polynomial
-    fitted to erf), then +-1 (erf rounds to 1 in float32 from 3.92)."""
+    """erf(t) for 2 <= |t| in float64: a polynomial of degree 17 in |t| mapped from [2, 3.92]
+    to [-1, 1] (absolute error below 1.5e-14), then +-1 (erf rounds to 1 in float32 from
+    3.9192059); NaN stays NaN."""
     z = abs(t)
-    s = (z - 2.5) * (1.0 / 1.5)  # [1, 4] -> [-1, 1]
-    s2 = s * s
-    s4 = s2 * s2
-    s8 = s4 * s4
-    b0 = 0.9995930479825605 + 0.003267426347183057 * s
-    b1 = -0.012252848797332662 + 0.02818155208378491 * s
-    b2 = -0.043650773757030775 + 0.04645361683023411 * s
-    b3 = -0.03187655343315321 + 0.009267538009662441 * s
-    b4 = 0.00668070623522631 - 0.009621498421812388 * s
-    b5 = 0.004543994405701074 + 0.0004430477296979994 * s
-    b6 = -0.001826500246380904 + 0.0009163845756220209 * s
-    b7 = 5.2114125959394e-05 - 0.00028683004157619785 * s
-    b8 = 0.00011915713560307357 + 2.4731430304013603e-05 * s
-    b9 = -3.6781697837400996e-05 + 4.704847747100208e-06 * s
-    b10 = 5.118421473866761e-06 - 1.0775743986553623e-06 * s
-    b11 = -2.916085566273442e-07
-    b0 = b0 + b1 * s2
-    b2 = b2 + b3 * s2
-    b4 = b4 + b5 * s2
-    b6 = b6 + b7 * s2
-    b8 = b8 + b9 * s2
-    b10 = b10 + b11 * s2
-    b0 = b0 + b2 * s4
-    b4 = b4 + b6 * s4
-    b8 = b8 + b10 * s4
-    b = b0 + b4 * s8 + b8 * (s8 * s8)
-    if t < 0.0:
-        b = -b
-    if z >= 4.0:
-        b = 1.0 if t > 0.0 else -1.0
-    return b
+    s = (z - 2.96) * (1.0 / 0.96)
+    w = s * s
+    be = 0.999971617683007 + w * (-0.0004821417122178923 + w * (-0.00107554407743936 + w * (
+        -0.0006680883902602325 + w * (-9.993903799129584e-05 + w * (1.3740460136149053e-05 + w * (
+            1.7910877380897525e-06 + w * (-3.297786282662862e-07 + w * 1.1469269245600942e-08)))))))
+    bo = 0.00016967261752535144 + w * (0.0008612458269226446 + w * (0.0009843892510206576 + w * (
+        0.00032640770163826807 + w * (4.618381650868686e-06 + w * (-7.801649007166618e-06 + w * (
+            2.40079679198231e-07 + w * (8.942518046353007e-08 + w * -8.94993952819769e-09)))))))
+    b = be + s * bo
+    b = 1.0 if z >= 3.92 else b
+    return -b if t < 0.0 else b
 
 
 erf_small = _scalar(erf_small)
+erf_mid = _scalar(erf_mid)
 erf_tail = _scalar(erf_tail)
 
 
+@_scalar
+def erf_full(t):
+    """erf(t) in float64 within 1.9e-14 (relative) for any t: ``erf_mid`` or ``erf_tail``,
+    selected lane by lane in a vectorised loop (both are evaluated)."""
+    return erf_mid(t) if abs(t) < 2.0 else erf_tail(t)
+
+
+#: p's float32 rounding is in doubt when p lies within _NEAR float64 ulps (2^-43 of p, well
+#: above the polynomials' error) of a rounding boundary: bits 0-28, the ones float32 drops,
+#: within _NEAR of 2^28 (halfway). Only for a float32-normal result: see ``erf_f32_rows``.
+_NEAR = 1 << 10
+
+
+@_scalar
+def erf_near(p):
+    """Whether float32(p) may differ from float32(erf) for a p within 2.1e-14 of erf (the
+    C library's erf then decides)."""
+    b = np.float64(p).view(np.int64)
+    return ((b + (_NEAR - (1 << 28))) & ((1 << 29) - 1)) < 2 * _NEAR
+
+
+@_scalar
 def erf_f64(t):
-    """erf(t) in float64, for a float32 result (``erf_small`` below 1 in magnitude, else
-    ``erf_tail``); NaN stays NaN. Straight-line code and selects: loops calling it
-    vectorise."""
-    return erf_small(t) if abs(t) < 1.0 else erf_tail(t)
+    """erf(t) in float64 whose float32 rounding is the C library's erf's, for any float32 t
+    (one argument; loops use ``erf_f32_rows``): ``erf_full``, or the C library's erf where
+    the rounding is in doubt (and for float32-subnormal t, whose result is subnormal)."""
+    p = erf_full(t)
+    if erf_near(p) or 0.0 < abs(t) < 1.1754943508222875e-38:
+        p = math.erf(t)
+    return p
 
 
-erf_f64 = _scalar(erf_f64)
+#: elements per group of ``erf_f32_rows``: the unit of the choice of polynomial and of the
+#: C library fallback
+ERF_GROUP = 256
+
+
+#: what ``erf_f32_rows`` writes for each e = float32(erf(t)) (its ``mode``): e; GELU's
+#: forward x / 2 * (1 + e); GELU's backward prep e and -(x * x) / 2; the compiled steps'
+#: gelu_save x / 2 * (1 + e), (1 + e) / 2 and -(x * x) / 2 (the stanza's float32 operations)
+ERF_ONLY, GELU_F, GELU_PREP, GELU_SAVE = 0, 1, 2, 3
+
+
+@_scalar
+def _erf_put(mode, x, i, e, o1, o2, o3):
+    """Write element i of ``erf_f32_rows``'s outputs (``mode`` is a constant where it is
+    inlined: one branch is left)."""
+    if mode == ERF_ONLY:
+        o1[i] = e
+    elif mode == GELU_F:
+        o1[i] = x[i] / _F32_TWO * (_F32_ONE + e)
+    elif mode == GELU_PREP:
+        o1[i] = e
+        o2[i] = -(x[i] * x[i]) / _F32_TWO
+    else:
+        xi = x[i]
+        o1[i] = xi / _F32_TWO * (_F32_ONE + e)
+        o2[i] = (_F32_ONE + e) / _F32_TWO
+        o3[i] = -(xi * xi) / _F32_TWO
+
+
+@_scalar
+def erf_f32_rows(x, s, lo, hi, mode, o1, o2, o3):
+    """e = float32(erf(float32(x[i] * s))), the C library's erf rounded to float32, for
+    lo <= i < hi (uint64 indices: no wraparound checks), written as ``mode`` says (the
+    GELU loops' own float32 work in the same loop: no second pass over the group). The
+    cheapest polynomial covering the group's arguments (|t| < 1, < 2, any) in one
+    vectorised loop that also flags a result near a float32 rounding boundary; if one is
+    (or an argument is float32-subnormal, whose erf rounds on the coarser subnormal grid),
+    the group is written again from the C library's erf (rare: about 1 group in 1,000), so
+    the outputs must not alias x."""
+    top = np.uint32(0)  # the largest |t|, and the smallest nonzero one, by their bits
+    low = np.uint32(0xFFFFFFFF)
+    for i in range(lo, hi):
+        b = np.uint32(np.float32(x[i] * s).view(np.uint32) << np.uint32(1))
+        top = max(top, b)
+        low = min(low, np.uint32(b - np.uint32(1)))
+    near = low < np.uint32(0x00FFFFFF)  # 0 < |t| < 2^-126
+    if top < np.uint32(0x7F000000):  # |t| < 1
+        for i in range(lo, hi):
+            p = erf_small(np.float64(x[i] * s))
+            near |= erf_near(p)
+            _erf_put(mode, x, i, np.float32(p), o1, o2, o3)
+    elif top < np.uint32(0x80000000):  # |t| < 2
+        for i in range(lo, hi):
+            p = erf_mid(np.float64(x[i] * s))
+            near |= erf_near(p)
+            _erf_put(mode, x, i, np.float32(p), o1, o2, o3)
+    else:
+        for i in range(lo, hi):
+            p = erf_full(np.float64(x[i] * s))
+            near |= erf_near(p)
+            _erf_put(mode, x, i, np.float32(p), o1, o2, o3)
+    if near:
+        for i in range(lo, hi):
+            _erf_put(mode, x, i, np.float32(math.erf(np.float64(x[i] * s))), o1, o2, o3)
+
 
 _F32_HALF_SQRT2 = np.float32(math.sqrt(2) / 2)
 #: the stanza's pdf factor 2/sqrt(pi) * (sqrt(2)/2) / 2, folded as NumPy folds it
@@ -744,20 +833,23 @@ _F32_ONE, _F32_TWO = np.float32(1), np.float32(2)
 
 
 def gelu_f32(x, out):
-    """out = x / 2 * (1 + erf(x * sqrt(2)/2)) in float32 arithmetic (flat float32 arrays)."""
-    for i in prange(x.size):
-        xi = x[i]
-        e = np.float32(erf_f64(np.float64(xi * _F32_HALF_SQRT2)))
-        out[i] = xi / _F32_TWO * (_F32_ONE + e)
+    """out = x / 2 * (1 + erf(x * sqrt(2)/2)) in float32 arithmetic (flat float32 arrays),
+    by ``erf_f32_rows``, group by group."""
+    n = x.size
+    for g in prange((n + ERF_GROUP - 1) // ERF_GROUP):
+        lo = np.uint64(g * ERF_GROUP)
+        hi = np.uint64(min(g * ERF_GROUP + ERF_GROUP, n))
+        erf_f32_rows(x, _F32_HALF_SQRT2, lo, hi, GELU_F, out, out, out)
 
 
 def gelu_b_prep_f32(x, e, a):
     """GELU's backward, part 1: e = erf(x * sqrt(2)/2) (float32), a = -(x * x) / 2 (NumPy's
     SIMD exp then makes the pdf's exponential in place)."""
-    for i in prange(x.size):
-        xi = x[i]
-        e[i] = np.float32(erf_f64(np.float64(xi * _F32_HALF_SQRT2)))
-        a[i] = -(xi * xi) / _F32_TWO
+    n = x.size
+    for g in prange((n + ERF_GROUP - 1) // ERF_GROUP):
+        lo = np.uint64(g * ERF_GROUP)
+        hi = np.uint64(min(g * ERF_GROUP + ERF_GROUP, n))
+        erf_f32_rows(x, _F32_HALF_SQRT2, lo, hi, GELU_PREP, e, a, a)
 
 
 def gelu_b_f32(g, x, e, ex, out):
@@ -1004,6 +1096,6 @@ _BODIES = [outer_f, add_scaled_f, sum_f, sum_rows_f, sum_last_f, softmax_rows,
 
 #: name -> (serial dispatcher, parallel dispatcher); nothing compiles until first called
 K: dict[str, tuple] = {f.__name__: twin(f) for f in _BODIES}
-#: loops whose only float multiply-adds are erf_f64's polynomials: FMA contraction allowed
+#: loops whose only float multiply-adds are erf's polynomials: FMA contraction allowed
 _CONTRACT = dict(_OPTS, fastmath={"contract"})
 K.update({f.__name__: twin(f, _CONTRACT) for f in (gelu_f32, gelu_b_prep_f32)})
