@@ -97,8 +97,8 @@ def test_gradient_strides_are_torch_s(torch, layout, dtype):
         assert (np.abs(got - expected) <= bound).all(), (n, np.abs(got - expected).max())
 
 
-def _previous(a, b, heads):
-    """The path before: contiguous products, grouped heads summed."""
+def _previous(a, b, heads, out=None):
+    """The path before: contiguous products, grouped heads summed (``out`` ignored)."""
     return ref._unheads(np.matmul(a, b), heads)
 
 
@@ -169,20 +169,26 @@ def _gpt_step(model):
     return step
 
 
-def test_compiled_gpt_step_joins_contiguous_pieces_with_the_same_bits(monkeypatch):
-    """A small nanoGPT-shaped step compiled: the split backward's pieces reach cat_into
-    C-contiguous (whole rows), and compiled and eager gradients have the bits of the
-    contiguous products' path."""
+def test_compiled_gpt_step_joins_packed_pieces_without_a_copy_with_the_same_bits(
+        monkeypatch):
+    """A small nanoGPT-shaped step compiled: the attention backward writes dq, dk, dv
+    into one (B, L, 3, H, E) array (packed_grads), so the split backward's cat_into takes
+    that array as the concatenation instead of copying into its buffer; compiled and eager
+    gradients have the bits of the contiguous products' path."""
     from _nanogpt import gpt
+
+    from symgrad.backends.attention_numpy import PACKED
 
     runtime = importlib.import_module("symgrad.compile.runtime")  # sg.compile: a function
 
-    pieces = []
+    pieces, joined = [], []
     cat_into = runtime.cat_into
 
     def recording(out, axis, parts):
         pieces.extend(a for a, _ in parts)
-        return cat_into(out, axis, parts)
+        got = cat_into(out, axis, parts)
+        joined.append(got is not out)
+        return got
 
     monkeypatch.setattr(runtime, "cat_into", recording)
     sg.manual_seed(0)
@@ -202,7 +208,11 @@ def test_compiled_gpt_step_joins_contiguous_pieces_with_the_same_bits(monkeypatc
                 assert step.stats["fallbacks"] == []
             grads[layout, mode] = [p.grad.numpy().copy() for p in m.parameters()]
         if layout == "torch's":
-            assert len(pieces) == 3 and all(a.flags.c_contiguous for a in pieces)
+            assert len(pieces) == 3 and joined == [True]
+            base = pieces[0].base
+            assert PACKED.get(id(base)) is base and all(a.base is base for a in pieces)
+        else:
+            assert joined[-1] is False  # separate arrays: copied into the step's buffer
     for mode in ("compiled", "eager"):
         for a, b in zip(grads["torch's", mode], grads["previous", mode]):
             np.testing.assert_array_equal(a, b)
@@ -245,3 +255,35 @@ def test_a_masked_backward_runs_the_kernel(monkeypatch, compiled):
     want = x.grad.numpy()
     assert_close(got, want, terms=3 * (E + T + 8) + E, scale=magnitude(want, *arrays.values(),
                                                                          w.numpy()))
+
+
+def test_cat_into_takes_only_packed_arrays_in_their_order():
+    """cat_into returns a packed_grads array as the concatenation only when its pieces
+    come in their place (q, k, v); reordered pieces, or an array it did not pack (another
+    buffer that happens to hold the pieces in place), are copied into ``out``."""
+    from symgrad.backends.attention_numpy import packed_grads
+
+    runtime = importlib.import_module("symgrad.compile.runtime")
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal((2, 3, 4, 5)).astype(np.float32)
+    room = packed_grads(q, q, q)
+    for r in room:
+        r[...] = rng.standard_normal(r.shape)
+    parts = tuple((r.swapaxes(1, 2), (2, 4, 15)) for r in room)
+    want = np.concatenate([r.swapaxes(1, 2).reshape(2, 4, 15) for r in room], 2)
+    out = np.empty((2, 4, 45), np.float32)
+    got = runtime.cat_into(out, 2, parts)
+    assert got is not out and got.base is room[0].base
+    np.testing.assert_array_equal(got, want)
+    swapped = (parts[1], parts[0], parts[2])
+    got = runtime.cat_into(out, 2, swapped)
+    assert got is out
+    np.testing.assert_array_equal(got, np.concatenate([want[..., 15:30], want[..., :15],
+                                                       want[..., 30:]], 2))
+    other = np.empty_like(room[0].base)  # the same layout, not made by packed_grads
+    views = tuple(other[:, :, i].swapaxes(1, 2) for i in range(3))
+    for v, r in zip(views, room):
+        v[...] = r
+    got = runtime.cat_into(out, 2, tuple((v.swapaxes(1, 2), (2, 4, 15)) for v in views))
+    assert got is out
+    np.testing.assert_array_equal(got, want)

@@ -15,6 +15,7 @@ torch's kernel allocates them whatever its inputs' strides (_grad_into).
 from __future__ import annotations
 
 import math
+import weakref
 
 import numpy as np
 
@@ -37,7 +38,27 @@ def _unheads(g: np.ndarray, heads: int) -> np.ndarray:
     return g if h == heads else g.reshape(b, heads, h // heads, s, e).sum(2)
 
 
-def _grad_into(a: np.ndarray, b: np.ndarray, heads: int) -> np.ndarray:
+def packed_grads(query: np.ndarray, key: np.ndarray, value: np.ndarray) -> tuple | None:
+    """Room for (dq, dk, dv) as (B, H, L, E) views of one (B, L, 3, H, E) array, or None
+    where q, k and v differ in shape: the q|k|v concatenation a GPT's split backward
+    builds, already in place (sg.compile's step then joins them without a copy:
+    runtime.cat_into). Strides differ from torch's (rows 3HE apart), so only the compiled
+    step, where no hook sees them, asks for this."""
+    if key.shape != query.shape or value.shape != query.shape or \
+            key.dtype != query.dtype or value.dtype != query.dtype:
+        return None
+    b, h, n, e = query.shape
+    room = np.empty((b, n, 3, h, e), query.dtype)
+    PACKED[id(room)] = room
+    return tuple(room[:, :, i].swapaxes(1, 2) for i in range(3))
+
+
+#: the arrays packed_grads made, while they live: runtime.cat_into takes only these as an
+#: already joined concatenation (never a buffer something else may still read or write)
+PACKED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def _grad_into(a: np.ndarray, b: np.ndarray, heads: int, out=None) -> np.ndarray:
     """``_unheads(a @ b, heads)`` for 4-D ``a`` (B, H, L, S), ``b`` (B, H, S, E) of one
     dtype, with the same bits, as a (B, heads, L, E) view of (B, L, heads, E) memory: the
     layout torch's CPU flash backward gives dq, dk and dv whatever its inputs' strides (it
@@ -47,7 +68,8 @@ def _grad_into(a: np.ndarray, b: np.ndarray, heads: int) -> np.ndarray:
     (BLAS writes with a leading dimension); with grouped-query heads the summed product
     is copied in."""
     b0, h, n, _ = a.shape
-    out = np.empty((b0, n, heads, b.shape[3]), a.dtype).swapaxes(1, 2)
+    if out is None:
+        out = np.empty((b0, n, heads, b.shape[3]), a.dtype).swapaxes(1, 2)
     if h == heads:
         np.matmul(a, b, out=out)
     else:

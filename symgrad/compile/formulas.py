@@ -11,6 +11,9 @@ own (rules.py), so every op with a backward compiles.
 
 from __future__ import annotations
 
+import functools
+import inspect
+
 import numpy as np
 
 from .. import _tensor_layer as _tl
@@ -105,6 +108,15 @@ def _saved_getters(call: OpCall, needs: int) -> dict:
     return getters
 
 
+def _keywords(fn) -> frozenset:
+    """The keyword-only parameters of a backend's fused backward."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return frozenset()
+    return frozenset(p.name for p in params if p.kind is p.KEYWORD_ONLY)
+
+
 def op_backward(call: OpCall, be, dev):
     """fn(env, grad arrays per output) -> gradient arrays per input (None where none), as
     the engine's node apply + _fit_to_inputs give them."""
@@ -115,6 +127,10 @@ def op_backward(call: OpCall, be, dev):
     kernel = getattr(be, spec.fused_backward, None) if spec.fused_backward else None
     if not spec.grads.pristine:
         kernel = None
+    if kernel is not None and "packed" in _keywords(kernel):
+        # the attention gradients in one array, as a split backward joins them (no hook
+        # sees their strides here): runtime.cat_into then takes them without a copy
+        kernel = functools.partial(kernel, packed=True)
     ins = call.inputs
     out0 = call.outputs[0] if call.outputs else None
 

@@ -11,6 +11,8 @@ import math
 
 import numpy as np
 
+from ..backends.attention_numpy import PACKED as _PACKED
+
 __all__ = ["sum_to", "nll_grad", "as_out", "flat", "cat_into", "scalar_names", "view_grad",
            "view_grad_ok", "MATH", "update_table"]
 
@@ -33,6 +35,9 @@ def cat_into(out: np.ndarray, axis: int, parts: tuple) -> np.ndarray:
     the reshape would copy each, then the concatenate again). Pieces all C-contiguous (the
     attention backward's dq, dk, dv seen through their heads' transpose) reshape as views
     and go in with one concatenate: a row copy per piece, no per-piece slicing."""
+    joined = _joined_in_place(out, axis, parts)
+    if joined is not None:
+        return joined
     for a, _ in parts:
         if not a.flags.c_contiguous:
             break
@@ -51,6 +56,35 @@ def cat_into(out: np.ndarray, axis: int, parts: tuple) -> np.ndarray:
                 a = a.reshape(shape)
         np.copyto(dst, a)
     return out
+
+
+def _joined_in_place(out: np.ndarray, axis: int, parts: tuple) -> np.ndarray | None:
+    """The pieces' common memory viewed as the concatenation when every piece already lies
+    where the concatenation puts it in an array of attention_numpy.packed_grads (the
+    attention backward's dq, dk, dv: one fresh (B, L, 3, H, E) array), else None. ``out``
+    (a buffer of the step's own) then stays unused: the caller takes the returned array."""
+    if not parts:
+        return None
+    base = parts[0][0].base
+    if base is None or _PACKED.get(id(base)) is not base or base.dtype != out.dtype or \
+            base.size != out.size or not base.flags.c_contiguous:
+        return None
+    whole = base.reshape(out.shape)
+    lead = (slice(None),) * axis
+    start = 0
+    for a, shape in parts:
+        if a.base is not base:
+            return None
+        dst = whole[lead + (slice(start, start + shape[axis]),)]
+        start += shape[axis]
+        try:
+            dst = dst.reshape(a.shape, copy=False)
+        except ValueError:
+            return None
+        if dst.strides != a.strides or \
+                dst.__array_interface__["data"][0] != a.__array_interface__["data"][0]:
+            return None
+    return whole if start == out.shape[axis] else None
 
 
 def nll_grad(g: np.ndarray, x_shape: tuple, dtype, target: np.ndarray, reduction: int,

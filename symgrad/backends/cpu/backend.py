@@ -47,6 +47,7 @@ from ..attention_numpy import _grad_into as _attn_grad
 from ..attention_numpy import _heads as _attn_heads
 from ..attention_numpy import flash_attention as _flash_attention
 from ..attention_numpy import flash_attention_backward as _flash_attention_backward
+from ..attention_numpy import packed_grads as _packed_grads
 from ..base import column_major, fused_from_stanza, scalar_kernels
 from ..numpy_backend import NUMPY_MATH, NumpyBackend, numpy_rule, saved_layout
 from . import rules
@@ -811,9 +812,10 @@ class CpuBackend(NumpyBackend):
 
     @staticmethod
     def flash_attention_backward(grad, needed, attn_mask, dropout_p, is_causal, key,
-                                 logsumexp, output, query, scale, value):
+                                 logsumexp, output, query, scale, value, *, packed=False):
         """ScaledDotProductFlashAttentionForCpuBackward0, (dq, dk, dv) with None where not
-        needed, or None (decline) for what neither path covers."""
+        needed, or None (decline) for what neither path covers. ``packed`` (sg.compile's
+        step): all three in one (B, L, 3, H, E) array where they fit it (packed_grads)."""
         attn_mask = getattr(attn_mask, "_data", attn_mask)  # the node keeps the Tensor
         if type(attn_mask) is np.ndarray and attn_mask.dtype in _HALF_NP and \
                 query.dtype == np.float32:  # a half node's operands come upcast, not its mask
@@ -839,17 +841,20 @@ class CpuBackend(NumpyBackend):
              .reshape(-1))
         np.exp(p, out=p)
         dq = dk = dv = None
+        room = (None,) * 3
+        if packed and all(needed[:3]):
+            room = _packed_grads(query, key, value) or room
         if needed[2]:
-            dv = _attn_grad(p.swapaxes(-1, -2), grad, value.shape[1])
+            dv = _attn_grad(p.swapaxes(-1, -2), grad, value.shape[1], room[2])
         if needed[0] or needed[1]:
             ds = np.matmul(grad, np.ascontiguousarray(v.swapaxes(-1, -2)))
             go = grad * output
             _run("attn_dscores", ds.size, ds.reshape(rows.shape), rows,
                  go.reshape(-1, go.shape[-1]), factor)
             if needed[0]:
-                dq = _attn_grad(ds, k, h)
+                dq = _attn_grad(ds, k, h, room[0])
             if needed[1]:
-                dk = _attn_grad(ds.swapaxes(-1, -2), query, key.shape[1])
+                dk = _attn_grad(ds.swapaxes(-1, -2), query, key.shape[1], room[1])
         return dq, dk, dv  # in torch's layout, (B, L, H, E) memory (attention_numpy._laid)
 
     @staticmethod
