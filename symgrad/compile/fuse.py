@@ -460,7 +460,7 @@ LOOPS["log_softmax_shift"] = """@njit(**_J)
 def log_softmax_shift(x, out):
     n, c = x.shape
     for i in range(n):
-        mx = _row_max(x, i, c)
+        mx = _max4(x, i, c)
         for j in range(c):
             out[i, j] = x[i, j] - mx
     return out
@@ -485,28 +485,10 @@ def log_softmax_wide_b(g, e, out):
 """
 # the wide rows' reductions in four interleaved partial results (one running max or sum
 # waits a compare's or an add's latency per element: 26 and 2 x 35 µs on 256x65, these
-# 9 and 2 x 17). The max skips NaN: a NaN in the row still makes the row NaN through
-# its sum of exponentials; an infinite max gives NaN rows as before.
+# 9 and 2 x 17). The max is the attention kernels' _max4 (NaN skipped: a NaN in the row
+# still makes the row NaN through its sum of exponentials; an infinite max gives NaN rows
+# as before); the float64 sum is this module's, since _sum4 sums in the array's dtype.
 ROW_HELPERS = """@njit(inline='always', **_J)
-def _row_max(x, i, c):
-    a0 = a1 = a2 = a3 = x[i, 0]
-    j = 1
-    while j + 3 < c:
-        x0, x1, x2, x3 = x[i, j], x[i, j + 1], x[i, j + 2], x[i, j + 3]
-        a0 = x0 if x0 > a0 else a0
-        a1 = x1 if x1 > a1 else a1
-        a2 = x2 if x2 > a2 else a2
-        a3 = x3 if x3 > a3 else a3
-        j += 4
-    while j < c:
-        a0 = x[i, j] if x[i, j] > a0 else a0
-        j += 1
-    a0 = a1 if a1 > a0 else a0
-    a2 = a3 if a3 > a2 else a2
-    return a2 if a2 > a0 else a0
-
-
-@njit(inline='always', **_J)
 def _row_sum64(x, i, c):
     s0 = s1 = s2 = s3 = 0.0
     j = 0
@@ -578,8 +560,9 @@ def gelu_saved_b(g, x, c, ex, out):
 
 
 def _gelu_prelude(kernels) -> list[str]:
-    """The backend's erf and GELU constants for the GELU loops; the hash of erf's source
-    (``erf_f32_rows`` and every helper it inlines) names the module (Numba's cache of the
+    """The backend's erf and GELU constants for the GELU loops, and its row max; the hash
+    of their source (``erf_f32_rows`` and every helper it inlines, ``_max4``) names the
+    module (Numba's cache of the
     loops does not see a change in a callee)."""
     import hashlib
     import inspect
@@ -588,14 +571,16 @@ def _gelu_prelude(kernels) -> list[str]:
                    for f in (kernels.erf_f32_rows, kernels._erf_put, kernels.erf_small,
                              kernels.erf_mid, kernels.erf_tail, kernels.erf_full,
                              kernels.erf_near))
+    text += inspect.getsource(kernels._max4.py_func)  # log_softmax_shift's row max
     text += f"{kernels.ERF_GROUP} {kernels._NEAR} {kernels.GELU_SAVE}"
     digest = hashlib.sha1(text.encode()).hexdigest()
-    return [f"# erf_f32_rows: {digest[:16]}",
+    return [f"# backend callees: {digest[:16]}",
             "from symgrad.backends.cpu.kernels import erf_f32_rows as _erf_f32_rows",
             "from symgrad.backends.cpu.kernels import ERF_GROUP as _ERF_GROUP",
             "from symgrad.backends.cpu.kernels import GELU_SAVE as _GELU_SAVE",
             "from symgrad.backends.cpu.kernels import _F32_GELU_PDF as _GELU_PDF",
             "from symgrad.backends.cpu.kernels import _F32_HALF_SQRT2 as _GELU_H",
+            "from symgrad.backends.cpu.kernels import _max4",
             "_JC = dict(_J, fastmath={'contract'})", ""]
 
 
