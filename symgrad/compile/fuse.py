@@ -562,8 +562,7 @@ def gelu_saved_b(g, x, c, ex, out):
 def _gelu_prelude(kernels) -> list[str]:
     """The backend's erf and GELU constants for the GELU loops, and its row max; the hash
     of their source (``erf_f32_rows`` and every helper it inlines, ``_max4``) names the
-    module (Numba's cache of the
-    loops does not see a change in a callee)."""
+    module (Numba's cache of the loops does not see a change in a callee)."""
     import hashlib
     import inspect
 
