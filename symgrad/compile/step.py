@@ -143,7 +143,7 @@ class Entry:
         for (k, gi, keys), (_, _, names, flags) in zip(self.layout.hyper, self.layout.flags):
             group = (opts[k] if k in opts else self._opts[k]()).param_groups[gi]
             values = tuple(group[n] for n in keys)
-            if tuple(_flag(group, n) for n in names) != flags:
+            if tuple(group_flag(group, n) for n in names) != flags:
                 raise _Stale(f"optimizer option {names} changed")
             hyper.append(values)
         return arrays, entry, hyper, tensors
@@ -219,8 +219,6 @@ class Entry:
             outs = outs[:self._n_results]
         return _rebuild(self._result, iter(outs), args, self)
 
-
-_flag = group_flag
 
 
 def _values_of(structure) -> list:
