@@ -38,6 +38,16 @@ class Adam(Optimizer):
             raise ValueError(f"Invalid beta parameter at index 1: {betas[1]}")
         if weight_decay < 0.0:
             raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        if not (all(isinstance(b, float) for b in betas[:2])
+                or all(isinstance(b, Tensor) for b in betas[:2])):
+            raise ValueError("betas must be either both floats or both Tensors")
+        for i, b in enumerate(betas[:2]):
+            if isinstance(b, Tensor):
+                if not capturable and foreach:
+                    raise ValueError(f"betas[{i}] as a Tensor is not supported for "
+                                     "capturable=False and foreach=True")
+                if b.numel() != 1:
+                    raise ValueError(f"Tensor betas[{i}] must be 1-element")
         super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps,
                                   "weight_decay": weight_decay, "amsgrad": amsgrad,
                                   "maximize": maximize, "foreach": foreach,
@@ -59,9 +69,12 @@ class Adam(Optimizer):
         loss = self._loss_of(closure)
         for group in self.param_groups:
             lr = float(group["lr"])
-            beta1, beta2 = group["betas"]
-            eps = group["eps"]
-            wd = group["weight_decay"]
+            # as torch: hyperparameters meet the arrays as Python numbers do (weak scalars,
+            # rounded to the arrays' dtype); a NumPy float64 would make NumPy compute in
+            # float64, and a NumPy scalar meeting a 0-d array gives no array to write into
+            beta1, beta2 = (_number(b) for b in group["betas"])
+            eps = _number(group["eps"])
+            wd = _number(group["weight_decay"])
             amsgrad = group["amsgrad"]
             for p in group["params"]:
                 grad = p._grad
@@ -133,6 +146,14 @@ class AdamW(Adam):
             group["decoupled_weight_decay"] = True
 
 
+def _number(x):
+    """A hyperparameter as a Python number: NumPy scalars and one-element tensors (torch
+    takes both where it takes a float) become floats."""
+    if type(x) is float or type(x) is int:
+        return x
+    return float(x.item() if isinstance(x, Tensor) else x)
+
+
 #: backends whose arrays are NumPy arrays computed by NumPy's ufuncs below PARALLEL_MIN
 _NUMPY_BACKENDS = frozenset(("numpy", "cpu"))
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
@@ -153,6 +174,8 @@ def _update_numpy(p, g, m, v, step: float, lr: float, beta1: float, beta2: float
     backend calls (Python floats meet the arrays as NumPy's weak scalars either way), so
     the result is bit for bit the same, with ~13 ufunc calls instead of ~14 backend calls
     and their temporaries per parameter."""
+    if p.ndim == 0:  # ufuncs on 0-d arrays return scalars: one-element views instead
+        p, g, m, v = p.reshape(1), g.reshape(1), m.reshape(1), v.reshape(1)
     with np.errstate(all="ignore"):  # the backend's div and sqrt are quiet too
         if wd != 0:
             if decoupled:
