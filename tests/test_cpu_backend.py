@@ -733,32 +733,34 @@ def test_kernel_gelu_float32_loops_equal_the_stanza_and_torch(mode, monkeypatch,
 
 
 def test_kernel_erf_rounds_to_the_c_librarys_erf_in_float32():
-    """The kernels' one-argument erf (``erf_f64``: float64 polynomials, the C library's erf
-    near a float32 rounding boundary) rounded to float32 is the C library's erf rounded to
-    float32 on an even sample of every float32 in (0, 4.2) (erf is odd; from 3.92 it rounds
-    to 1): a polynomial with a wrong coefficient or a broken evaluation order would differ
-    on many of them (benchmarks/erf_exhaustive.py checks every float32, in the loops)."""
+    """The kernels' erf (``erf_f32_rows`` in its erf-only mode, in groups of ERF_GROUP as
+    the GELU loops call it) is the C library's erf rounded to float32 on an even sample of
+    every float32 in (0, 4.2) and its negatives (erf is odd; from 3.92 it rounds to 1): a
+    polynomial with a wrong coefficient or a broken evaluation order would differ on many
+    of them (benchmarks/erf_exhaustive.py checks every float32)."""
     import math
 
     from numba import njit
 
     from symgrad.backends.cpu import kernels
 
-    erf = kernels.erf_f64
+    rows, group, only = kernels.erf_f32_rows, kernels.ERF_GROUP, kernels.ERF_ONLY
 
     @njit
     def run(t, out):
-        for i in range(t.size):
-            out[i] = erf(t[i])
+        one = np.float32(1)
+        for lo in range(0, t.size, group):
+            rows(t, one, np.uint64(lo), np.uint64(min(lo + group, t.size)), only, out, out,
+                 out)
 
     lo, hi = np.array([0.0, 4.2], np.float32).view(np.int32)
-    t = np.arange(lo + 1, hi, 4099, dtype=np.int32).view(np.float32).astype(np.float64)
+    t = np.arange(lo + 1, hi, 4099, dtype=np.int32).view(np.float32)
     got = np.empty_like(t)
     run(t, got)
-    want = np.frompyfunc(math.erf, 1, 1)(t).astype(np.float64)
-    np.testing.assert_array_equal(got.astype(np.float32), want.astype(np.float32))
+    want = np.frompyfunc(math.erf, 1, 1)(t.astype(np.float64)).astype(np.float64)
+    np.testing.assert_array_equal(got, want.astype(np.float32))
     run(-t, got)
-    np.testing.assert_array_equal(got.astype(np.float32), -want.astype(np.float32))
+    np.testing.assert_array_equal(got, -want.astype(np.float32))
 
 
 def test_kernel_erf_rows_take_the_c_librarys_erf_near_a_float32_rounding_boundary():

@@ -1135,7 +1135,7 @@ for _op in fused_from_stanza():  # the fused backward rules OpSpec.fused_backwar
 _Self = CpuBackend
 
 
-# -- exact GELU in float32: erf without libm calls (kernels.erf_f64), SIMD exp from NumPy ------
+# -- exact GELU in float32: erf without libm calls (kernels.erf_f32_rows), SIMD exp from NumPy
 _F32 = np.dtype(np.float32)
 _gelu_reference = CpuBackend.gelu
 _gelu_backward_stanza = _stanza_backward("gelu").__func__

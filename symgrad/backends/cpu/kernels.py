@@ -749,17 +749,6 @@ def erf_near(p):
     return ((b + (_NEAR - (1 << 28))) & ((1 << 29) - 1)) < 2 * _NEAR
 
 
-@_scalar
-def erf_f64(t):
-    """erf(t) in float64 whose float32 rounding is the C library's erf's, for any float32 t
-    (one argument; loops use ``erf_f32_rows``): ``erf_full``, or the C library's erf where
-    the rounding is in doubt (and for float32-subnormal t, whose result is subnormal)."""
-    p = erf_full(t)
-    if erf_near(p) or 0.0 < abs(t) < 1.1754943508222875e-38:
-        p = math.erf(t)
-    return p
-
-
 #: elements per group of ``erf_f32_rows``: the unit of the choice of polynomial and of the
 #: C library fallback
 ERF_GROUP = 256
