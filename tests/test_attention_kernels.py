@@ -222,3 +222,78 @@ def test_kernels_decline_what_they_do_not_cover(what):
     else:
         q = q[:, :, :0]
     assert cpu._attn_shapes((q, k, v), mask) is None
+
+
+def _logits_calls(monkeypatch) -> list:
+    """Records each backward that recomputed the probabilities (kernel attn_logits)."""
+    calls = []
+    real = cpu._run
+    monkeypatch.setattr(cpu, "_run", lambda name, *a: (
+        calls.append(name) if name == "attn_logits" else None, real(name, *a))[1])
+    return calls
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_backward_takes_the_forwards_probabilities_only_from_that_forward(monkeypatch, dtype):
+    """The forward's probabilities are kept for its own backward (the same logsumexp,
+    query, key, value and mask objects, causal flag and scale); any other call recomputes
+    them from the logsumexp. Both agree to rounding with the NumPy path."""
+    rng = np.random.default_rng(9)
+    q, k, v = _qkv(rng, (2, 4, 2, 6, 7, 3), dtype, True)
+    mask = _mask(rng, (6, 7), dtype)
+    out, lse = CpuBackend.flash_attention(q, k, v, mask, False, 0.6)
+    g = rng.standard_normal(out.shape).astype(dtype)
+    calls = _logits_calls(monkeypatch)
+    kept = CpuBackend.flash_attention_backward(g, (True,) * 3, mask, 0.0, False, k, lse, out, q,
+                                               0.6, v)
+    assert calls == []
+    want = ref.flash_attention_backward(g, (True,) * 3, mask, 0.0, False, k, lse, out, q, 0.6,
+                                        v)
+    others = [(q.copy(), k, v, mask, 0.6), (q, k.copy(), v, mask, 0.6),
+              (q, k, v.copy(), mask, 0.6), (q, k, v, mask.copy(), 0.6), (q, k, v, mask, None)]
+    for i, (q2, k2, v2, m2, scale) in enumerate(others):
+        got = CpuBackend.flash_attention_backward(g, (True,) * 3, m2, 0.0, False, k2, lse, out,
+                                                  q2, scale, v2)
+        assert calls == ["attn_logits"] * (i + 1)
+        if scale is not None:
+            for a, b, c in zip(got, kept, want):
+                assert_close(a, c, terms=60, scale=magnitude(c, q, k, v))
+                assert_close(b, c, terms=60, scale=magnitude(c, q, k, v))
+    lse2 = lse.copy()  # another logsumexp object: recomputed
+    CpuBackend.flash_attention_backward(g, (True,) * 3, mask, 0.0, False, k, lse2, out, q,
+                                        0.6, v)
+    assert len(calls) == len(others) + 1
+
+
+def test_kept_probabilities_go_with_the_graph_and_stay_small(monkeypatch):
+    """No reference cycle keeps them (gc off): dropping the graph drops them; a retained
+    graph's second backward gives the first one's gradients; past KEEP_PROBS_MAX nothing is
+    kept."""
+    import gc
+
+    import symgrad as sg
+
+    F = sg.nn.functional
+    gc.disable()
+    try:
+        before = len(cpu._KEPT)
+        q, k, v = (sg.randn(2, 3, 8, 4, requires_grad=True) for _ in range(3))
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        assert len(cpu._KEPT) == before + 1
+        out.sum().backward(retain_graph=True)
+        first = [t.grad.numpy().copy() for t in (q, k, v)]
+        for t in (q, k, v):
+            t.grad = None
+        out.sum().backward()
+        for t, a in zip((q, k, v), first):
+            np.testing.assert_array_equal(t.grad.numpy(), a)
+        del out
+        assert len(cpu._KEPT) == before
+        monkeypatch.setattr(cpu, "KEEP_PROBS_MAX", 2 * 3 * 8 * 8 * 4 - 1)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        assert len(cpu._KEPT) == before
+        calls = _logits_calls(monkeypatch)
+        out.sum().backward()
+        assert calls == ["attn_logits"]
+    finally:
+        gc.enable()
