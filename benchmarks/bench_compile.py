@@ -2,6 +2,8 @@
 
     .venv/bin/python benchmarks/bench_compile.py [--quick] [--json] [--no-torch-compile]
     .venv/bin/python benchmarks/bench_compile.py --cold 5 --only chain_xg   # first call only
+    .venv/bin/python benchmarks/bench_compile.py --only gpt --variants torch_compile,sg_compile \
+        --rounds 9   # the two compilers, paired round by round
 
 Workloads (float32, one thread everywhere: OMP/OPENBLAS/MKL/NUMBA threads = 1 are set
 before any import in every worker):
@@ -254,6 +256,11 @@ def main() -> None:
                     help="skip torch.compile (its first call takes tens of seconds)")
     ap.add_argument("--only", default=",".join(WORKLOADS),
                     help="comma-separated workloads (default: all)")
+    ap.add_argument("--rounds", type=int, default=3, metavar="N",
+                    help="rounds of the variants (default 3; --quick: 1); with two or more, "
+                         "sg.compile and torch.compile are also compared round by round")
+    ap.add_argument("--variants", default=",".join(VARIANTS),
+                    help="comma-separated variants (default: all)")
     ap.add_argument("--cold", type=int, metavar="N", default=0,
                     help="only sg.compile's cold first call: N fresh processes, each with an "
                          "empty compile cache (the CPU backend's own kernels cached)")
@@ -270,9 +277,15 @@ def main() -> None:
     if args.cold:
         _cold(args.cold, only, args.json)
         return
-    variants = [v for v in VARIANTS if not (args.no_torch_compile and v == "torch_compile")]
-    rounds = 1 if args.quick else 3
+    chosen = [v for v in args.variants.split(",") if v]
+    bad = set(chosen) - set(VARIANTS)
+    if bad:
+        ap.error(f"unknown variants {sorted(bad)} (known: {', '.join(VARIANTS)})")
+    variants = [v for v in VARIANTS if v in chosen
+                and not (args.no_torch_compile and v == "torch_compile")]
+    rounds = 1 if args.quick else max(args.rounds, 1)
     results: dict[str, dict] = {v: {} for v in variants}
+    per_round: dict[str, dict] = {v: {} for v in variants}  # variant -> workload -> [ms]
     with tempfile.TemporaryDirectory(prefix="bench-compile-") as cache:
         cold = cold_own = None
         for r in range(rounds):
@@ -285,12 +298,15 @@ def main() -> None:
                     cold = {w: x.get("first_s") for w, x in res.items()}
                     cold_own = {w: x.get("compile_s") for w, x in res.items()}
                 _merge(results[v], res)
+                for w, x in res.items():
+                    per_round[v].setdefault(w, []).append(x.get("ms"))
         warm = (run_worker("sg_compile", True, cache, 900, only) if "sg_compile" in variants
                 else {})
         shutil.rmtree(cache + "-bg", ignore_errors=True)
     bg_cold = {w: (x.get("first_s"), x.get("ready_s")) for w, x in
                results.get("sg_compile_bg", {}).items()}
-    summary = {"results": results, "sg_compile_first_call_cold_s": cold,
+    summary = {"results": results, "per_round_ms": per_round,
+               "sg_compile_first_call_cold_s": cold,
                "sg_compile_bg_first_and_ready_s": bg_cold,
                "sg_compile_first_call_warm_s": {w: x.get("first_s") for w, x in warm.items()},
                "sg_compile_own_cold_s": cold_own,
@@ -361,6 +377,7 @@ def _print(summary: dict, variants: list, only: tuple = WORKLOADS) -> None:
             fallback = res[v].get(w, {}).get("fallback")
             if fallback:
                 print(f"{v} {w}: ran eagerly: {fallback}")
+    _print_paired(summary.get("per_round_ms") or {}, only)
     cold, warm = summary["sg_compile_first_call_cold_s"], summary["sg_compile_first_call_warm_s"]
     if cold:
         own, own_warm = summary["sg_compile_own_cold_s"], summary["sg_compile_own_warm_s"]
@@ -379,6 +396,29 @@ def _print(summary: dict, variants: list, only: tuple = WORKLOADS) -> None:
         for w in only:
             first, ready = bg.get(w, (None, None))
             print(f"  {w:6} {first or float('nan'):.3f} / {ready or float('nan'):.3f}")
+
+
+def _print_paired(per_round: dict, only: tuple) -> None:
+    """sg.compile against torch.compile round by round: the two ran in neighbouring
+    processes of one round, so a round's ratio sees the machine's load of that moment; on
+    a shared machine the median of the ratios says more than two best times measured
+    minutes apart."""
+    sg, tc = per_round.get("sg_compile", {}), per_round.get("torch_compile", {})
+    lines = []
+    for w in only:
+        pairs = [(a, b) for a, b in zip(sg.get(w, []), tc.get(w, [])) if a and b]
+        if len(pairs) < 2:
+            continue
+        ratios = sorted(a / b for a, b in pairs)
+        n = len(ratios)
+        median = (ratios[(n - 1) // 2] + ratios[n // 2]) / 2
+        wins = sum(r < 1 for r in ratios)
+        lines.append(f"  {w:8} median {median:.3f}  sg.compile faster in {wins} of {n} rounds"
+                     "   " + " ".join(f"{a / b:.3f}" for a, b in pairs))
+    if lines:
+        print("sg.compile / torch.compile per round (ms ratio, same round; < 1: sg.compile "
+              "faster):")
+        print("\n".join(lines))
 
 
 if __name__ == "__main__":
