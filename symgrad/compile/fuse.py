@@ -563,7 +563,9 @@ def gelu_saved_b(g, x, c, ex, out):
 # scatter_add_rows; called through the op's stanza and node they cost 74 and 72 µs on the
 # GPT's 256 rows of 64 under load. Here one check-then-copy pass, and zeros + the serial
 # scatter-add in index order (repeated rows add up in eager's order, the same float adds:
-# bit for bit). An index out of range raises eager's IndexError before anything is written.
+# bit for bit). An index out of range raises eager's IndexError before anything is written
+# (the forward's check; the backward checks again so that no index can write outside its
+# buffer, whatever reaches it).
 LOOPS["embedding_rows"] = """@njit(**_J)
 def embedding_rows(w, idx, out):
     n, m = w.shape
