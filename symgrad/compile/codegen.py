@@ -464,10 +464,16 @@ def _sum_to_code(expr: str, shape: tuple, to: tuple, ctx=None, dtype=None) -> st
 
 def _matmul_into(expr: str, out: str) -> str | None:
     """``np.matmul(a, b)`` / ``np.add.reduce(...)`` writing into ``out``, if ``expr`` is
-    exactly such a call."""
+    exactly such a call; embedding's backward loop (rules._embedding, its buffer the last
+    argument) writing into ``out`` instead of its buffer."""
     for head in ("np.matmul(", "np.add.reduce("):
         if expr.startswith(head) and _closing(expr, len(head) - 1) == len(expr) - 1:
             return f"{expr[:-1]}, out={out})"
+    head = "embedding_rows_b("
+    if expr.startswith(head) and _closing(expr, len(head) - 1) == len(expr) - 1:
+        rest, _, last = expr[:-1].rpartition(", ")
+        if last.isidentifier():
+            return f"{rest}, {out})"
     return None
 
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..ops._ints import norm, norms
+from ..ops._ints import norm, norms, s64
 from .graph import OpCall, Value
 from .runtime import MATH, scalar_names, view_grad_ok
 
@@ -147,6 +147,13 @@ def forward_code(call: OpCall, ctx) -> list[str]:
         return [f"{k}({ins[0]}, {ctx.ref(p['target'])}, {ctx.ref(p.get('ignore_index', -100))}, "
                 f"{p.get('reduction', 1) == 1}, {n})",
                 *(f"{v.name} = {n}_{j}" for j, v in enumerate(call.outputs))]
+    if name == "embedding" and embedding_ok(call):
+        # the rows as one checked copy into a buffer (fuse.LOOPS' embedding_rows)
+        idx, m = call.params["indices"], call.inputs[0].shape[1]
+        b = ctx.buf(out)
+        ctx.alloc(f"{b}r = {b}.reshape({_numel(idx.shape)}, {m})")
+        k = ctx.loop_kernel("embedding_rows", out.dtype.name)
+        return [f"{k}({ins[0]}, {ctx.ref(idx)}.reshape(-1), {b}r)", f"{out.name} = {b}"]
     if name == "mse_loss" and _same_dtype(call) and call.params.get("reduction", 1) == 1:
         # eager: be.mean(be.mul(d, d)); np.mean is add.reduce / n, spelled without its
         # Python wrapper
@@ -441,6 +448,35 @@ def _nll(c, ctx, g):
                f"{c.outputs[1].name})"}
 
 
+def embedding_ok(c) -> bool:
+    """F.embedding's plain case (no padding row, no frequency scaling, dense) of a 2-D
+    float32/float64 weight with int64 indices: its rows copied and its gradient scattered
+    by fuse.LOOPS' embedding_rows / embedding_rows_b (eager's bounds check, copy and
+    index-order scatter-add); anything else runs the op's forward and node backward."""
+    p, w, out = c.params, c.inputs[0], c.outputs[0]
+    idx = p.get("indices")
+    try:
+        plain = s64(p["padding_idx"]) < 0 and not p["scale_grad_by_freq"] and not p["sparse"]
+    except (KeyError, TypeError, ValueError):
+        return False
+    return plain and isinstance(w, Value) and isinstance(idx, Value) and len(w.shape) == 2 \
+        and w.dtype in (np.float32, np.float64) and out.dtype == w.dtype \
+        and idx.dtype == np.int64 and p.get("weight_sym_argsize_0") == w.shape[0] \
+        and tuple(out.shape) == tuple(idx.shape) + (w.shape[1],)
+
+
+def _embedding(c, ctx, g):
+    """EmbeddingBackward0 (plain case): zeros, then the gradient's rows added at the
+    indices in index order, as the CPU backend's kernel (one buffer per call site: two
+    calls' gradients may meet in a sum, as a tied weight's)."""
+    w, idx = c.inputs[0], c.params["indices"]
+    b = f"ge{c.outputs[0].index}"
+    ctx.alloc(f"{b} = np.empty({tuple(w.shape)!r}, np.{w.dtype.name})")
+    k = ctx.loop_kernel("embedding_rows_b", w.dtype.name)
+    rows = f"np.ascontiguousarray({g}).reshape({_numel(idx.shape)}, {w.shape[1]})"
+    return {0: f"{k}({rows}, {ctx.ref(idx)}.reshape(-1), {b})"}
+
+
 def _nll_ok(c) -> bool:
     return len(_shape_of(c)) == 2 and c.params.get("weight") is None and \
         isinstance(c.params.get("target"), Value)
@@ -553,6 +589,7 @@ RULES: dict[str, Callable] = {
     "expand": _expand, "clone": _identity, "alias": _identity, "to_copy": _to_copy,
     "mse_loss": _mse, "log_softmax": _log_softmax, "softmax": _softmax, "nll_loss": _nll,
     "mv": _mv, "dot": _dot, "bmm": _bmm, "clamp": _clamp, "relu": _relu,
+    "embedding": _embedding,
     "clamp_min": lambda c, ctx, g: {0: f"({g} * ({ctx.ref(c.inputs[0])} >= "
                                        f"{ctx.ref(c.params['min'])}))"},
     "clamp_max": lambda c, ctx, g: {0: f"({g} * ({ctx.ref(c.inputs[0])} <= "
@@ -656,6 +693,8 @@ def _own_backward(call: OpCall, backend=None) -> bool:
         return isinstance(call.inputs[0], Value)
     if spec.name == "nll_loss":
         return _nll_ok(call)
+    if spec.name == "embedding":
+        return embedding_ok(call)
     if spec.name in ("cat", "stack") or spec.name.startswith(("cat[", "stack[")):
         return all(isinstance(x, Value) for x in call.inputs)
     if spec.name in _VIEW_GRAD:
