@@ -234,7 +234,7 @@ def test_wide_layers_form_products_column_major_and_match_eager(act, loss, grads
     assert src.count("order='F'") >= 2 and "np.matmul(ONES_" in src
     assert ("bias_relu_rows(" in src) == (act is nn.ReLU)
     assert ("relu_rows_b(" in src) == (act is nn.ReLU)
-    assert ("log_softmax_rows(" in src and "nll_rows_b(" in src) == (loss == "ce")
+    assert ("log_softmax_sums(" in src and "nll_rows_b(" in src) == (loss == "ce")
 
 
 def test_a_product_copied_back_row_major_is_formed_as_written_below_tprod_copy_k():
@@ -340,9 +340,36 @@ def test_exact_gelu_loops_equal_the_backends_bit_for_bit():
     assert np.array_equal(got, want, equal_nan=True)
 
 
+def _log_softmax_loops(mod, x: np.ndarray) -> np.ndarray:
+    """log_softmax of rows as the generated forward does it (rules.forward_code)."""
+    z = mod.log_softmax_shift(x, np.empty_like(x))
+    e = np.exp(z)
+    sums = mod.log_softmax_sums(e, x.dtype.type(0), np.empty((x.shape[0], 1), x.dtype))
+    return np.subtract(z, np.log(sums), out=z)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_row_sums_are_numpys_pairwise_sums(dtype):
+    """The loops' row sum (fuse.ROW_HELPERS) is np.add.reduce's along the rows, bit for bit,
+    for every row length up to one pairwise block, on magnitudes spread over 12 decades
+    (where the order of the additions shows), and signed zeros (a row of -0.0 sums to 0.0
+    in NumPy: its sum starts from zero)."""
+    from symgrad.compile import fuse
+
+    mod = fuse.loops()
+    rng = np.random.default_rng(3)
+    for c in range(1, fuse.PAIRWISE_BLOCK + 1):
+        x = (rng.standard_normal((40, c)) * 10.0 ** rng.uniform(-6, 6, (40, c))).astype(dtype)
+        x[0] = -0.0
+        got = mod.log_softmax_sums(x, dtype(0), np.empty((40, 1), dtype))[:, 0]
+        np.testing.assert_array_equal(got.view(f"i{x.itemsize}"),
+                                      np.add.reduce(x, axis=-1).view(f"i{x.itemsize}"))
+
+
 def test_single_op_loops_keep_eagers_special_values():
     """fuse.LOOPS against eager's ops on NaN, infinities and signed zeros: relu (0 for
-    -0.0), its mask, log_softmax rows (a NaN or infinite max gives NaN), nll_loss."""
+    -0.0), its mask, log_softmax rows forward and backward (eager's bits; a NaN or infinite
+    max gives NaN rows), nll_loss."""
     from symgrad.compile import fuse
 
     mod = fuse.loops()
@@ -361,34 +388,24 @@ def test_single_op_loops_keep_eagers_special_values():
     rows = np.array([[1.0, 2.0, 3.0], [nan, 0.0, 1.0], [inf, 0.0, 1.0], [-inf, -inf, -inf],
                      [-inf, 0.0, 5.0], [-1e30, 1e30, 0.0]], np.float32)
     want = F.log_softmax(sg.tensor(rows), dim=1).numpy()
-    got = mod.log_softmax_rows(rows, np.empty_like(rows))
-    assert np.array_equal(np.isnan(got), np.isnan(want))
-    assert_close(got[~np.isnan(want)], want[~np.isnan(want)], terms=4)
-    wide = np.concatenate([rows, np.linspace(-3, 3, 6 * 37, dtype=np.float32).reshape(6, 37)],
-                          axis=1)  # the WIDE_ROWS loops: NumPy's exp between two passes
-    with np.errstate(invalid="ignore"):  # eager's inf - inf
-        want_w = F.log_softmax(sg.tensor(wide), dim=1).numpy()
-    got_w = mod.log_softmax_shift(wide, np.empty_like(wide))
-    with np.errstate(invalid="ignore"):
-        got_w = mod.log_softmax_fin(got_w, np.exp(got_w))
-    assert np.array_equal(np.isnan(got_w), np.isnan(want_w))
-    assert_close(got_w[~np.isnan(want_w)], want_w[~np.isnan(want_w)], terms=40)
-    mid = wide.copy()  # NaN and infinities away from the first column (the row max runs in
-    mid[0, 17], mid[4, 30], mid[5, 38] = nan, inf, -inf  # four interleaved partial maxima)
-    with np.errstate(invalid="ignore"):
-        want_m = F.log_softmax(sg.tensor(mid), dim=1).numpy()
-        got_m = mod.log_softmax_shift(mid, np.empty_like(mid))
-        got_m = mod.log_softmax_fin(got_m, np.exp(got_m))
-    assert np.isnan(want_m[0]).all() and np.isnan(want_m[4]).all()
-    assert np.array_equal(np.isnan(got_m), np.isnan(want_m))
-    assert np.array_equal(np.isinf(got_m), np.isinf(want_m))
-    assert_close(got_m[~np.isnan(want_m)], want_m[~np.isnan(want_m)], terms=40)
-    gw = np.linspace(-1, 1, wide.size, dtype=np.float32).reshape(wide.shape)
-    ok = np.isfinite(want_w).all(axis=1)
-    y = want_w[ok]
-    want_b = gw[ok] - np.exp(y) * gw[ok].sum(axis=1, keepdims=True)
-    got_b = mod.log_softmax_wide_b(gw[ok], np.exp(y), np.empty_like(y))
-    assert_close(got_b, want_b, terms=40)
+    for width in (0, 5, 37, 122):  # rows of 3 to 125: every form of the pairwise sum
+        wide = np.concatenate([rows, np.linspace(-3, 3, 6 * width, dtype=np.float32)
+                               .reshape(6, width)], axis=1)
+        if width > 30:  # NaN and infinities away from the first column (the row max runs
+            wide[0, 17], wide[4, 30], wide[5, width] = nan, inf, -inf  # in four partials)
+        with np.errstate(all="ignore"):  # eager's inf - inf
+            want_w = F.log_softmax(sg.tensor(wide), dim=1).numpy()
+            got_w = _log_softmax_loops(mod, wide)
+        assert np.isnan(want_w[1]).all()  # a NaN in the row: NaN everywhere
+        np.testing.assert_array_equal(got_w, want_w)  # eager's bits, NaN where eager's
+        gw = np.linspace(-1, 1, wide.size, dtype=np.float32).reshape(wide.shape)
+        gw[1, 2] = -0.0
+        t = sg.tensor(wide, requires_grad=True)
+        with np.errstate(all="ignore"):
+            F.log_softmax(t, dim=1).backward(sg.tensor(gw))
+            got_b = mod.log_softmax_rows_b(gw, np.exp(want_w), np.float32(0),
+                                           np.empty_like(gw))
+        np.testing.assert_array_equal(got_b, t.grad.numpy())
     t = np.array([2, 0, 1, -100, 0, 1], np.int64)
     out = np.empty(2, np.float32)
     fin = np.isfinite(want).all(axis=1)
@@ -952,7 +969,7 @@ _LOOPS_CHILD = textwrap.dedent("""
     step(x, y)
     assert not step.stats["fallbacks"], step.stats["fallbacks"]
     mod = loops()
-    used = ("relu_rows", "relu_rows_b", "log_softmax_rows", "nll_rows", "sgd_group")
+    used = ("relu_rows", "relu_rows_b", "log_softmax_sums", "nll_rows", "sgd_group")
     print(json.dumps({"file": mod.__file__, "source": step.source(), **{
         n: [sum(getattr(mod, n).stats.cache_misses.values()),
             sum(getattr(mod, n).stats.cache_hits.values())] for n in used}}))
@@ -972,7 +989,7 @@ def test_shared_loops_are_not_compiled_again_for_an_empty_compile_cache(tmp_path
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     second = json.loads(out.stdout.strip().splitlines()[-1])
-    for name in ("relu_rows", "relu_rows_b", "log_softmax_rows", "nll_rows", "sgd_group"):
+    for name in ("relu_rows", "relu_rows_b", "log_softmax_sums", "nll_rows", "sgd_group"):
         assert name + "(" in second["source"]
         assert second[name][0] == 0 and second[name][1] >= 1, (name, second[name])
     assert first["file"] == second["file"] and not first["file"].startswith(str(tmp_path))

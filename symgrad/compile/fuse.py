@@ -390,34 +390,26 @@ def _as(typingctx, x, like):
 # array, nll_loss), relu ---------------------------------------------------------------
 #: NumPy reduces 10-element rows at ~0.1 µs a row (64x10: max 7.5 µs, sum 4.4 µs), so
 #: eager's log_softmax forward (max, sub, exp, sum, log, sub) and nll_loss (eight array
-#: ops) took 50 µs of the 784-256-256-10 step; one pass per row here takes about 1 µs.
-#: Eager's formulas (the max subtracted; a NaN or infinite max gives NaN rows), with
-#: float64 sums and float64 arithmetic after them (eager: float32 throughout, so the
-#: results agree to rounding).
-LOOPS = {"log_softmax_rows": """@njit(**_J)
-def log_softmax_rows(x, out):
-    n, c = x.shape
+#: ops) took 50 µs of the 784-256-256-10 step. log_softmax here is eager's operations with
+#: eager's bits: the row max and the subtraction in one loop, NumPy's exp and log (SIMD,
+#: and the very functions eager calls), the row sums in NumPy's own pairwise order
+#: (ROW_HELPERS). Bit for bit matters beyond tidiness: Adam divides each gradient by its
+#: own size, so a rounding difference in a gradient that should be zero (a key bias's,
+#: which softmax cancels) moves the parameter by a whole learning rate, and the compiled
+#: step's self-check then (rightly) sees it differ from eager's.
+LOOPS = {"log_softmax_sums": """@njit(**_J)
+def log_softmax_sums(e, zero, s):
+    n, c = e.shape
     for i in range(n):
-        mx = x[i, 0]
-        for j in range(1, c):
-            if x[i, j] > mx or x[i, j] != x[i, j]:
-                mx = x[i, j]
-        s = 0.0
-        for j in range(c):
-            s += math.exp(x[i, j] - mx)
-        lse = math.log(s)
-        for j in range(c):
-            out[i, j] = (x[i, j] - mx) - lse
-    return out
+        s[i, 0] = _row_sum_pw(e, i, c, zero)
+    return s
 """, "log_softmax_rows_b": """@njit(**_J)
-def log_softmax_rows_b(g, y, out):
-    n, c = y.shape
+def log_softmax_rows_b(g, e, zero, out):
+    n, c = out.shape
     for i in range(n):
-        s = 0.0
+        s = _row_sum_pw(g, i, c, zero)
         for j in range(c):
-            s += g[i, j]
-        for j in range(c):
-            out[i, j] = g[i, j] - math.exp(y[i, j]) * s
+            out[i, j] = g[i, j] - e[i, j] * s
     return out
 """, "nll_rows": """@njit(**_J)
 def nll_rows(y, t, ignore_index, mean, out):
@@ -451,11 +443,11 @@ def nll_rows_b(g, t, ignore_index, mean, tw, out):
             out[i, k] = -g
     return out
 """}
-# log_softmax over wide rows (the GPT's 65-token vocabulary): the per-element libm exp of
-# log_softmax_rows / log_softmax_rows_b (a scalar call, ~15 ns) took 250 µs each way on
-# 256x65 under load; here the exponentials are NumPy's SIMD exp between two passes (shift
-# by the row max; float64 row sum, log, subtract), the same special values (a NaN or
-# infinite max gives NaN rows). Eager computes exp in the dtype too.
+# the row max in four interleaved partial maxima (one running max waits a compare's latency
+# per element: 26 µs on 256x65, this 9): the attention kernels' _max4, exact in any order.
+# It skips NaN, where eager's max gives NaN: the row's exp, sum and log then give NaN all
+# the same, and the output is that NaN minus ... NaN everywhere, as eager's; an infinite max
+# gives NaN rows as eager's.
 LOOPS["log_softmax_shift"] = """@njit(**_J)
 def log_softmax_shift(x, out):
     n, c = x.shape
@@ -465,43 +457,41 @@ def log_softmax_shift(x, out):
             out[i, j] = x[i, j] - mx
     return out
 """
-LOOPS["log_softmax_fin"] = """@njit(**_J)
-def log_softmax_fin(out, e):
-    n, c = out.shape
-    for i in range(n):
-        lse = math.log(_row_sum64(e, i, c))
-        for j in range(c):
-            out[i, j] = out[i, j] - lse
-    return out
-"""
-LOOPS["log_softmax_wide_b"] = """@njit(**_J)
-def log_softmax_wide_b(g, e, out):
-    n, c = out.shape
-    for i in range(n):
-        s = _row_sum64(g, i, c)
-        for j in range(c):
-            out[i, j] = g[i, j] - e[i, j] * s
-    return out
-"""
-# the wide rows' reductions in four interleaved partial results (one running max or sum
-# waits a compare's or an add's latency per element: 26 and 2 x 35 µs on 256x65, these
-# 9 and 2 x 17). The max is the attention kernels' _max4 (NaN skipped: a NaN in the row
-# still makes the row NaN through its sum of exponentials; an infinite max gives NaN rows
-# as before); the float64 sum is this module's, since _sum4 sums in the array's dtype.
+#: the longest row ROW_HELPERS sums (NumPy's pairwise block, PW_BLOCKSIZE): longer rows
+#: keep eager's NumPy calls in the generated code
+PAIRWISE_BLOCK = 128
+# NumPy's pairwise summation of one row (numpy/_core/src/umath/loops_utils.h.src), for a
+# row of at most PAIRWISE_BLOCK elements, in the row's dtype (``zero`` is 0 in it): under
+# eight elements one running sum from zero; else eight interleaved partial sums from the
+# first eight elements, combined as NumPy combines them, then the remaining elements one
+# by one, added to zero (the reduction's start: a sum of -0.0 is 0.0). np.add.reduce(x,
+# axis=-1)'s bits (tests/test_compile.py checks every row length).
 ROW_HELPERS = """@njit(inline='always', **_J)
-def _row_sum64(x, i, c):
-    s0 = s1 = s2 = s3 = 0.0
-    j = 0
-    while j + 3 < c:
-        s0 += x[i, j]
-        s1 += x[i, j + 1]
-        s2 += x[i, j + 2]
-        s3 += x[i, j + 3]
-        j += 4
+def _row_sum_pw(x, i, c, zero):
+    if c < 8:
+        res = zero
+        for j in range(c):
+            res += x[i, j]
+        return res
+    r0, r1, r2, r3 = x[i, 0], x[i, 1], x[i, 2], x[i, 3]
+    r4, r5, r6, r7 = x[i, 4], x[i, 5], x[i, 6], x[i, 7]
+    j = 8
+    end = c - c % 8
+    while j < end:
+        r0 += x[i, j]
+        r1 += x[i, j + 1]
+        r2 += x[i, j + 2]
+        r3 += x[i, j + 3]
+        r4 += x[i, j + 4]
+        r5 += x[i, j + 5]
+        r6 += x[i, j + 6]
+        r7 += x[i, j + 7]
+        j += 8
+    res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
     while j < c:
-        s0 += x[i, j]
+        res += x[i, j]
         j += 1
-    return (s0 + s1) + (s2 + s3)
+    return zero + res
 """
 # relu alone (no run of elementwise ops to fuse): NumPy's maximum(x, 0) and g * (y > 0)
 # take 7 and 6 µs on 64x256 float32, these loops 1.4 and 2 (the same values: -0.0 and 0
@@ -653,10 +643,10 @@ def loop_import(name: str) -> str:
 
 
 #: their argument kinds (A: 2-D array, I: 1-D int64 array, a: 1-D array)
-LOOP_CODES = {"log_softmax_rows": "AA", "log_softmax_rows_b": "AAA", "nll_rows": "AIiba",
+LOOP_CODES = {"log_softmax_sums": "AsA", "log_softmax_rows_b": "AAsA", "nll_rows": "AIiba",
               "nll_rows_b": "sIibsA", "relu_rows": "AA", "relu_rows_b": "AAA",
               "bias_relu_rows": "AaA", "gelu_save": "aaaa", "gelu_saved_b": "aaaaa",
-              "log_softmax_shift": "AA", "log_softmax_fin": "AA", "log_softmax_wide_b": "AAA",
+              "log_softmax_shift": "AA",
               "embedding_rows": "AIA", "embedding_rows_b": "AIA"}
 
 

@@ -127,16 +127,17 @@ def forward_code(call: OpCall, ctx) -> list[str]:
         k = ctx.loop_kernel("gelu_save", "float32")
         return [f"{k}(np.ascontiguousarray({ins[0]}).reshape(-1), {b}.reshape(-1), {c}, {a})",
                 f"np.exp({a}, out={a})", f"{out.name} = {b}"]
-    if name == "log_softmax" and _rows_ok(call) and _wide_rows(call):
-        dt, b, e = out.dtype.name, ctx.buf(out), f"le{out.index}"
+    if name == "log_softmax" and _rows_ok(call):  # eager's operations, eager's bits
+        dt, b = out.dtype.name, ctx.buf(out)
+        e, sums, zero = f"le{out.index}", f"ls{out.index}", f"lz{out.index}"
         ctx.alloc(f"{e} = np.empty({out.shape!r}, np.{dt})")
-        shift, fin = ctx.loop_kernel("log_softmax_shift", dt), ctx.loop_kernel(
-            "log_softmax_fin", dt)
+        ctx.alloc(f"{sums} = np.empty(({out.shape[0]}, 1), np.{dt})")
+        ctx.alloc(f"{zero} = np.{dt}(0)")
+        shift, total = ctx.loop_kernel("log_softmax_shift", dt), ctx.loop_kernel(
+            "log_softmax_sums", dt)
         return [f"{shift}({ins[0]}, {b})", f"np.exp({b}, out={e})",
-                f"{out.name} = {fin}({b}, {e})"]
-    if name == "log_softmax" and _rows_ok(call):
-        k = ctx.loop_kernel("log_softmax_rows", out.dtype.name)
-        return [f"{out.name} = {k}({ins[0]}, {ctx.buf(out)})"]
+                f"{total}({e}, {zero}, {sums})", f"np.log({sums}, out={sums})",
+                f"{out.name} = np.subtract({b}, {sums}, out={b})"]
     if name == "nll_loss" and _nll_rows_ok(call):
         k = ctx.loop_kernel("nll_rows", out.dtype.name)
         p = call.params
@@ -385,19 +386,13 @@ def _rows_small(x) -> bool:
 
 
 def _rows_ok(c) -> bool:
-    """log_softmax over the last dim of a small 2-D array: fuse.LOOPS' row loops."""
+    """log_softmax over the last dim of a small 2-D array, rows of at most one pairwise
+    block: fuse.LOOPS' row loops."""
+    from .fuse import PAIRWISE_BLOCK
+
     x, out = c.inputs[0], c.outputs[0]
-    return _rows_small(x) and out.dtype == x.dtype and norm(c.params["dim"], 2) == 1
-
-
-#: row length from which log_softmax's exponentials are NumPy's SIMD exp between two
-#: loops (fuse.LOOPS' log_softmax_shift / _fin / _wide_b) rather than a libm call per
-#: element inside one loop (two extra calls; 64x10 rows stay on the one-loop form)
-WIDE_ROWS = 32
-
-
-def _wide_rows(c) -> bool:
-    return c.inputs[0].shape[1] >= WIDE_ROWS
+    return _rows_small(x) and out.dtype == x.dtype and norm(c.params["dim"], 2) == 1 and \
+        x.shape[1] <= PAIRWISE_BLOCK
 
 
 def _nll_rows_ok(c) -> bool:
@@ -413,14 +408,13 @@ def _log_softmax(c, ctx, g):
         return {0: f"({g} * 0)"}
     if _rows_ok(c):  # one buffer per call site (two calls' gradients may meet in a sum)
         out = c.outputs[0]
-        b = f"gl{out.index}"
-        ctx.alloc(f"{b} = np.empty({out.shape!r}, np.{out.dtype.name})")
-        if _wide_rows(c):
-            e = f"lb{out.index}"
-            ctx.alloc(f"{e} = np.empty({out.shape!r}, np.{out.dtype.name})")
-            k = ctx.loop_kernel("log_softmax_wide_b", out.dtype.name)
-            return {0: f"{k}({g}, np.exp({y}, out={e}), {b})"}
-        return {0: f"{ctx.loop_kernel('log_softmax_rows_b', out.dtype.name)}({g}, {y}, {b})"}
+        dt = out.dtype.name
+        b, e, zero = f"gl{out.index}", f"lb{out.index}", f"lbz{out.index}"
+        ctx.alloc(f"{b} = np.empty({out.shape!r}, np.{dt})")
+        ctx.alloc(f"{e} = np.empty({out.shape!r}, np.{dt})")
+        ctx.alloc(f"{zero} = np.{dt}(0)")
+        k = ctx.loop_kernel("log_softmax_rows_b", dt)
+        return {0: f"{k}({g}, np.exp({y}, out={e}), {zero}, {b})"}
     d = norm(c.params["dim"], len(c.outputs[0].shape))
     return {0: f"({g} - np.exp({y}) * {g}.sum(axis={d}, keepdims=True))"}
 
