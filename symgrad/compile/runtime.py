@@ -62,29 +62,45 @@ def _joined_in_place(out: np.ndarray, axis: int, parts: tuple) -> np.ndarray | N
     """The pieces' common memory viewed as the concatenation when every piece already lies
     where the concatenation puts it in an array of attention_numpy.packed_grads (the
     attention backward's dq, dk, dv: one fresh (B, L, 3, H, E) array), else None. ``out``
-    (a buffer of the step's own) then stays unused: the caller takes the returned array."""
+    (a buffer of the step's own) then stays unused: the caller takes the returned array.
+
+    A piece lies in its place when it has the shape and strides of its slice of the
+    concatenation (viewed in the piece's shape) and starts at that slice's address. The
+    slice's strides do not depend on where it starts, so pieces of one shape share one
+    slice to compare with; addresses come from _address (a Numba read of the pointer)."""
     if not parts:
         return None
     base = parts[0][0].base
     if base is None or _PACKED.get(id(base)) is not base or base.dtype != out.dtype or \
-            base.size != out.size or not base.flags.c_contiguous:
+            base.size != out.size or not base.size or not base.flags.c_contiguous:
         return None
+    global _address
+    if _address is None:
+        from ._address import address as _address
     whole = base.reshape(out.shape)
+    step = whole.strides[axis]  # C-contiguous: slice [start:] begins start * step on
+    at = _address(base)
     lead = (slice(None),) * axis
     start = 0
+    strides = key = None
     for a, shape in parts:
-        if a.base is not base:
+        if a.base is not base or type(a) is not np.ndarray:
             return None
-        dst = whole[lead + (slice(start, start + shape[axis]),)]
+        if (shape, a.shape) != key:
+            key = (shape, a.shape)
+            try:
+                strides = whole[lead + (slice(0, shape[axis]),)].reshape(
+                    a.shape, copy=False).strides
+            except ValueError:
+                return None
+        if a.strides != strides or _address(a) != at + start * step:
+            return None
         start += shape[axis]
-        try:
-            dst = dst.reshape(a.shape, copy=False)
-        except ValueError:
-            return None
-        if dst.strides != a.strides or \
-                dst.__array_interface__["data"][0] != a.__array_interface__["data"][0]:
-            return None
     return whole if start == out.shape[axis] else None
+
+
+#: _address.address once a step first asks (it compiles with Numba)
+_address = None
 
 
 def nll_grad(g: np.ndarray, x_shape: tuple, dtype, target: np.ndarray, reduction: int,
