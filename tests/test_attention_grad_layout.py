@@ -316,3 +316,23 @@ def test_cat_into_rejects_pieces_of_a_packed_array_out_of_their_place():
         got = runtime.cat_into(out, 2, parts)
         assert got is out
         np.testing.assert_array_equal(got, want)
+
+
+def test_cat_into_joins_packed_arrays_of_each_dtype_and_shape_in_turn():
+    """The slice layouts cat_into keeps per shapes and itemsize: float32 and float64
+    arrays of one shape, then another shape, each joined in place with the right values."""
+    from symgrad.backends.attention_numpy import packed_grads
+
+    runtime = importlib.import_module("symgrad.compile.runtime")
+    rng = np.random.default_rng(6)
+    for shape, dtype in [((2, 3, 4, 5), np.float32), ((2, 3, 4, 5), np.float64),
+                         ((1, 2, 6, 3), np.float32), ((2, 3, 4, 5), np.float32)]:
+        q = np.zeros(shape, dtype)
+        room = packed_grads(q, q, q)
+        room[0].base[...] = rng.standard_normal(room[0].base.shape)
+        b, h, n, e = shape
+        parts = tuple((r.swapaxes(1, 2), (b, n, h * e)) for r in room)
+        out = np.empty((b, n, 3 * h * e), dtype)
+        got = runtime.cat_into(out, 2, parts)
+        assert got is not out and got.base is room[0].base
+        np.testing.assert_array_equal(got, np.concatenate([a.reshape(s) for a, s in parts], 2))

@@ -65,9 +65,10 @@ def _joined_in_place(out: np.ndarray, axis: int, parts: tuple) -> np.ndarray | N
     (a buffer of the step's own) then stays unused: the caller takes the returned array.
 
     A piece lies in its place when it has the shape and strides of its slice of the
-    concatenation (viewed in the piece's shape) and starts at that slice's address. The
-    slice's strides do not depend on where it starts, so pieces of one shape share one
-    slice to compare with; addresses come from _address (a Numba read of the pointer)."""
+    concatenation (viewed in the piece's shape) and starts at that slice's address. Those
+    strides, and the step between slice starts, follow from the shapes and the itemsize
+    alone (the concatenation is C-contiguous), so they are kept per shapes (_SLICES);
+    addresses come from _address (a Numba read of the pointer)."""
     if not parts:
         return None
     base = parts[0][0].base
@@ -77,30 +78,42 @@ def _joined_in_place(out: np.ndarray, axis: int, parts: tuple) -> np.ndarray | N
     global _address
     if _address is None:
         from ._address import address as _address
-    whole = base.reshape(out.shape)
-    step = whole.strides[axis]  # C-contiguous: slice [start:] begins start * step on
+    whole = out.shape
     at = _address(base)
-    lead = (slice(None),) * axis
     start = 0
-    strides = key = None
     for a, shape in parts:
         if a.base is not base or type(a) is not np.ndarray:
             return None
-        if (shape, a.shape) != key:
-            key = (shape, a.shape)
-            try:
-                strides = whole[lead + (slice(0, shape[axis]),)].reshape(
-                    a.shape, copy=False).strides
-            except ValueError:
-                return None
-        if a.strides != strides or _address(a) != at + start * step:
+        key = (whole, base.itemsize, axis, shape, a.shape)
+        got = _SLICES.get(key)
+        if got is None:
+            got = _slice_layout(base, whole, axis, shape, a.shape)
+            if len(_SLICES) > 64:
+                _SLICES.clear()
+            _SLICES[key] = got
+        if not got or a.strides != got[0] or _address(a) != at + start * got[1]:
             return None
         start += shape[axis]
-    return whole if start == out.shape[axis] else None
+    return base.reshape(whole) if start == whole[axis] else None
+
+
+def _slice_layout(base: np.ndarray, whole: tuple, axis: int, shape: tuple,
+                  seen: tuple) -> tuple:
+    """(strides of the concatenation's slice for a piece of ``shape`` viewed in the piece's
+    own shape ``seen``, bytes from one slice start to the next along ``axis``), or () where
+    that view needs a copy."""
+    w = base.reshape(whole)
+    try:
+        view = w[(slice(None),) * axis + (slice(0, shape[axis]),)].reshape(seen, copy=False)
+    except ValueError:
+        return ()
+    return view.strides, w.strides[axis]
 
 
 #: _address.address once a step first asks (it compiles with Numba)
 _address = None
+#: _slice_layout per (concatenation's shape, itemsize, axis, piece shape, piece's own shape)
+_SLICES: dict = {}
 
 
 def nll_grad(g: np.ndarray, x_shape: tuple, dtype, target: np.ndarray, reduction: int,
