@@ -287,3 +287,52 @@ def test_cat_into_takes_only_packed_arrays_in_their_order():
     got = runtime.cat_into(out, 2, tuple((v.swapaxes(1, 2), (2, 4, 15)) for v in views))
     assert got is out
     np.testing.assert_array_equal(got, want)
+
+
+def test_cat_into_rejects_pieces_of_a_packed_array_out_of_their_place():
+    """Pieces of a packed_grads array with the shapes and strides of their slices but
+    another start (one element on), one piece twice, or the right start with other strides
+    (two axes of one size swapped) are copied into ``out``: each such check missing would
+    return the packed array as a wrong concatenation."""
+    from symgrad.backends.attention_numpy import packed_grads
+
+    runtime = importlib.import_module("symgrad.compile.runtime")
+    rng = np.random.default_rng(5)
+    q = rng.standard_normal((2, 4, 4, 3)).astype(np.float32)  # heads == length: 4
+    room = packed_grads(q, q, q)
+    base = room[0].base
+    base[...] = rng.standard_normal(base.shape)
+    pieces = [r.swapaxes(1, 2) for r in room]  # (2, 4, 4, 3) each, in their place
+    flat = base.reshape(2, 4, 36)
+    shifted = flat[:, :, 1:13].reshape(2, 4, 4, 3)  # dq's shape and strides, one element on
+    assert shifted.base is base and shifted.strides == pieces[0].strides
+    turned = pieces[0].swapaxes(1, 2)  # dq's start and shape, other strides
+    assert turned.base is base and turned.shape == pieces[0].shape
+    out = np.empty((2, 4, 36), np.float32)
+    assert runtime.cat_into(out, 2, tuple((p, (2, 4, 12)) for p in pieces)) is not out
+    for first, second in ((shifted, pieces[1]), (pieces[0], pieces[0]), (turned, pieces[1])):
+        parts = ((first, (2, 4, 12)), (second, (2, 4, 12)), (pieces[2], (2, 4, 12)))
+        want = np.concatenate([a.reshape(s) for a, s in parts], 2)
+        got = runtime.cat_into(out, 2, parts)
+        assert got is out
+        np.testing.assert_array_equal(got, want)
+
+
+def test_cat_into_joins_packed_arrays_of_each_dtype_and_shape_in_turn():
+    """The slice layouts cat_into keeps per shapes and itemsize: float32 and float64
+    arrays of one shape, then another shape, each joined in place with the right values."""
+    from symgrad.backends.attention_numpy import packed_grads
+
+    runtime = importlib.import_module("symgrad.compile.runtime")
+    rng = np.random.default_rng(6)
+    for shape, dtype in [((2, 3, 4, 5), np.float32), ((2, 3, 4, 5), np.float64),
+                         ((1, 2, 6, 3), np.float32), ((2, 3, 4, 5), np.float32)]:
+        q = np.zeros(shape, dtype)
+        room = packed_grads(q, q, q)
+        room[0].base[...] = rng.standard_normal(room[0].base.shape)
+        b, h, n, e = shape
+        parts = tuple((r.swapaxes(1, 2), (b, n, h * e)) for r in room)
+        out = np.empty((b, n, 3 * h * e), dtype)
+        got = runtime.cat_into(out, 2, parts)
+        assert got is not out and got.base is room[0].base
+        np.testing.assert_array_equal(got, np.concatenate([a.reshape(s) for a, s in parts], 2))

@@ -65,47 +65,51 @@ def _device_formula(spec, call: OpCall, input_name: str, dev):
     return spec.grads[input_name]
 
 
-def _const(value):
-    return lambda env: value
+#: how a saved operand is read from the env (_saved_plan)
+_SLOT, _CONST, _CALL = 0, 1, 2
 
 
-def _slot(index: int):
-    return lambda env: env[index]
-
-
-def _saved_getters(call: OpCall, needs: int) -> dict:
-    """name -> function(env) giving the saved operand as the fused kernel receives it."""
+def _saved_plan(call: OpCall, needs: int) -> dict:
+    """name -> (how, what) giving the saved operand as the fused kernel receives it:
+    ``(_SLOT, index)`` is ``env[index]``, ``(_CONST, value)`` a value fixed at tracing,
+    ``(_CALL, fn)`` is ``fn(env)``. Plain pairs, so the per-call read is one comprehension
+    (no closure call per operand)."""
     spec = call.spec
-    getters = {}
+    plan = {}
     for name, how, j in _fn._save_plan(spec, needs):
         if how is _fn._PARAM:
             v = call.params.get(name)
-            getters[name] = (_slot(v.index) if isinstance(v, Value)
-                             else _const(v))
+            plan[name] = (_SLOT, v.index) if isinstance(v, Value) else (_CONST, v)
         elif how is _fn._INPUT:
             x = call.inputs[j]
-            getters[name] = (_slot(x.index) if isinstance(x, Value)
-                             else _const(x))
+            plan[name] = (_SLOT, x.index) if isinstance(x, Value) else (_CONST, x)
         elif how is _fn._OUTPUT:
-            getters[name] = _slot(call.outputs[j].index)
+            plan[name] = (_SLOT, call.outputs[j].index)
         elif how is _fn._UNUSED:
-            getters[name] = lambda env: None
+            plan[name] = (_CONST, None)
         elif how is _fn._SIZES:
-            getters[name] = _const(tuple(call.inputs[j].shape))
+            plan[name] = (_CONST, tuple(call.inputs[j].shape))
         elif how is _fn._STRIDES:
-            getters[name] = (lambda i: lambda env: tuple(
-                s // env[i].itemsize for s in env[i].strides))(call.inputs[j].index)
+            plan[name] = (_CALL, (lambda i: lambda env: tuple(
+                s // env[i].itemsize for s in env[i].strides))(call.inputs[j].index))
         else:
             kind, detail = spec.saved_kind(name)
             if kind == "meta" and detail == "_sym_numel":
                 x = call.inputs[spec.inputs.index(name[: -len(detail)])]
-                getters[name] = _const(int(np.prod(x.shape)))
+                plan[name] = (_CONST, int(np.prod(x.shape)))
             elif kind == "output":
-                getters[name] = _slot(
-                    call.outputs[spec.outputs.index(name)].index)
+                plan[name] = (_SLOT, call.outputs[spec.outputs.index(name)].index)
             else:
-                getters[name] = _const(call.params.get(name))
-    return getters
+                plan[name] = (_CONST, call.params.get(name))
+    return plan
+
+
+def _getter(how: int, what):
+    if how == _SLOT:
+        return lambda env: env[what]
+    if how == _CONST:
+        return lambda env: what
+    return what
 
 
 def _keywords(fn) -> frozenset:
@@ -123,7 +127,8 @@ def op_backward(call: OpCall, be, dev):
     spec = call.spec
     needed = tuple(isinstance(x, Value) and x.requires_grad for x in call.inputs)
     needs = sum(1 << i for i, n in enumerate(needed) if n)
-    getters = _saved_getters(call, needs)
+    plan = _saved_plan(call, needs)
+    getters = {name: _getter(how, what) for name, (how, what) in plan.items()}
     kernel = getattr(be, spec.fused_backward, None) if spec.fused_backward else None
     if not spec.grads.pristine:
         kernel = None
@@ -161,11 +166,17 @@ def op_backward(call: OpCall, be, dev):
 
     rule = _ARRAY_RULES.get(spec.name) if spec.grads.pristine else None
     in_shape = tuple(ins[0].shape) if ins and isinstance(ins[0], Value) else None
+    variadic = spec.variadic_outputs
+    #: the kernel's saved operands in its order, as (how, what) pairs
+    saved = [plan[p] for p in spec.saved] if kernel is not None else []
+    #: per input: (shape, dtype) its gradient is fitted to, None for a constant
+    fit = [(x.shape, x.dtype) if isinstance(x, Value) else None for x in ins]
+    ndarray = np.ndarray
 
     def run(env, grads):
         if rule is not None and grads[0] is not None:
             outs = [_fn.as_array(rule(be, grads[0], in_shape))]
-        elif spec.variadic_outputs:
+        elif variadic:
             grad = [None if gr is None else Tensor._wrap(gr, dev) for gr in grads]
             outs = formulas(env, grad)
         else:
@@ -174,25 +185,28 @@ def op_backward(call: OpCall, be, dev):
                 grad = be.full(out0.shape, 0, out0.dtype)
             outs = None
             if kernel is not None:
-                outs = kernel(grad, needed, *[getters[p](env) for p in spec.saved])
-                if outs is not None:
-                    outs = [None if o is None else _fn.as_array(o) for o in outs]
+                outs = kernel(grad, needed, *[env[what] if how == _SLOT else what if how ==
+                                              _CONST else what(env) for how, what in saved])
+                if outs is not None:  # as_array, which keeps an ndarray as it is
+                    outs = [o if type(o) is ndarray or o is None else _fn.as_array(o)
+                            for o in outs]
             if outs is None:
                 outs = formulas(env, grad)
         fitted = []
-        for x, g in zip(ins, outs):
-            if g is None or not isinstance(x, Value):
+        for f, g in zip(fit, outs):
+            if g is None or f is None:
                 fitted.append(None)
                 continue
-            if g.shape != x.shape:
-                lead = len(g.shape) - len(x.shape)
-                if lead > 0 and tuple(g.shape[lead:]) == tuple(x.shape):
+            shape, dtype = f
+            if g.shape != shape:
+                lead = len(g.shape) - len(shape)
+                if lead > 0 and tuple(g.shape[lead:]) == tuple(shape):
                     g = be.sum(g, tuple(range(lead)), False)
                 else:
                     with no_grad():
-                        g = Tensor._wrap(g, dev).sum_to_size(x.shape)._data
-            if g.dtype != x.dtype:
-                g = be.cast(g, x.dtype)
+                        g = Tensor._wrap(g, dev).sum_to_size(shape)._data
+            if g.dtype != dtype:
+                g = be.cast(g, dtype)
             fitted.append(g)
         return fitted
     return run

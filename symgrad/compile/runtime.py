@@ -62,29 +62,58 @@ def _joined_in_place(out: np.ndarray, axis: int, parts: tuple) -> np.ndarray | N
     """The pieces' common memory viewed as the concatenation when every piece already lies
     where the concatenation puts it in an array of attention_numpy.packed_grads (the
     attention backward's dq, dk, dv: one fresh (B, L, 3, H, E) array), else None. ``out``
-    (a buffer of the step's own) then stays unused: the caller takes the returned array."""
+    (a buffer of the step's own) then stays unused: the caller takes the returned array.
+
+    A piece lies in its place when it has the shape and strides of its slice of the
+    concatenation (viewed in the piece's shape) and starts at that slice's address. Those
+    strides, and the step between slice starts, follow from the shapes and the itemsize
+    alone (the concatenation is C-contiguous), so they are kept per shapes (_SLICES);
+    addresses come from _address (a Numba read of the pointer)."""
     if not parts:
         return None
     base = parts[0][0].base
     if base is None or _PACKED.get(id(base)) is not base or base.dtype != out.dtype or \
-            base.size != out.size or not base.flags.c_contiguous:
+            base.size != out.size or not base.size or not base.flags.c_contiguous:
         return None
-    whole = base.reshape(out.shape)
-    lead = (slice(None),) * axis
+    global _address
+    if _address is None:
+        from ._address import address as _address
+    whole = out.shape
+    at = _address(base)
     start = 0
     for a, shape in parts:
-        if a.base is not base:
+        if a.base is not base or type(a) is not np.ndarray:
             return None
-        dst = whole[lead + (slice(start, start + shape[axis]),)]
+        key = (whole, base.itemsize, axis, shape, a.shape)
+        got = _SLICES.get(key)
+        if got is None:
+            got = _slice_layout(base, whole, axis, shape, a.shape)
+            if len(_SLICES) > 64:
+                _SLICES.clear()
+            _SLICES[key] = got
+        if not got or a.strides != got[0] or _address(a) != at + start * got[1]:
+            return None
         start += shape[axis]
-        try:
-            dst = dst.reshape(a.shape, copy=False)
-        except ValueError:
-            return None
-        if dst.strides != a.strides or \
-                dst.__array_interface__["data"][0] != a.__array_interface__["data"][0]:
-            return None
-    return whole if start == out.shape[axis] else None
+    return base.reshape(whole) if start == whole[axis] else None
+
+
+def _slice_layout(base: np.ndarray, whole: tuple, axis: int, shape: tuple,
+                  seen: tuple) -> tuple:
+    """(strides of the concatenation's slice for a piece of ``shape`` viewed in the piece's
+    own shape ``seen``, bytes from one slice start to the next along ``axis``), or () where
+    that view needs a copy."""
+    w = base.reshape(whole)
+    try:
+        view = w[(slice(None),) * axis + (slice(0, shape[axis]),)].reshape(seen, copy=False)
+    except ValueError:
+        return ()
+    return view.strides, w.strides[axis]
+
+
+#: _address.address once a step first asks (it compiles with Numba)
+_address = None
+#: _slice_layout per (concatenation's shape, itemsize, axis, piece shape, piece's own shape)
+_SLICES: dict = {}
 
 
 def nll_grad(g: np.ndarray, x_shape: tuple, dtype, target: np.ndarray, reduction: int,
