@@ -37,6 +37,8 @@ from .rules import (
     formulas_rule,
     forward_code,
     has_backward,
+    layer_norm_operands,
+    layer_norm_rows,
     multi_backward_code,
     ufunc_forward,
 )
@@ -271,7 +273,11 @@ def _backward(ops: list, root: Value, ctx: _Ctx, lines: list, grad_state: dict,
         if not has_backward(call, ctx.backend):
             raise Unsupported(f"no compile rule for the backward of {call.spec.name}")
         if formulas_rule(call, ctx.backend):
-            _formulas_backward(call, need, grads, values, ctx, lines)
+            rows = layer_norm_rows(call, ctx)
+            if rows is not None and not any(o.index in grads for o in call.outputs[1:]):
+                _layer_norm_backward(call, need, grads, values, ctx, lines, *rows)
+            else:
+                _formulas_backward(call, need, grads, values, ctx, lines)
             continue
         if call.spec.name != "to_copy" and any(
                 x.dtype != out.dtype for x in call.tensor_inputs if x.index in need):
@@ -325,6 +331,54 @@ def _gelu_backward(call: OpCall, need: set, grads: dict, values: dict, ctx: _Ctx
         grads[x.index] = f"g{x.index}"
     else:
         grads[x.index] = b
+
+
+def _layer_norm_backward(call: OpCall, need: set, grads: dict, values: dict, ctx: _Ctx,
+                         lines: list, n: int, m: int) -> None:
+    """native_layer_norm's backward as the CPU backend's row kernel straight from the
+    generated code (rules.layer_norm_rows): the call, arguments and conversions of its
+    ``native_layer_norm_backward``, into buffers of ``make``."""
+    x, w, b = call.inputs
+    y, mean, rstd = call.outputs
+    dt, i = x.dtype.name, y.index
+    run, weight, k = layer_norm_operands(call, ctx, n, m)
+    wanted = [isinstance(v, Value) and v.index in need for v in (x, w, b)]
+    dx = ctx.buf(x, f"lndx{i}_") if wanted[0] else f"lndx{i}"
+    if wanted[0]:
+        ctx.alloc(f"{dx}r = {dx}.reshape({n}, {m})")
+    else:
+        ctx.alloc(f"{dx}r = np.empty((1, 1), np.{dt})")
+    gw, gb, tmp = f"lngw{i}", f"lngb{i}", f"lnt{i}"
+    for name in (gw, gb):  # float64 sums, as the backend's
+        ctx.alloc(f"{name} = np.zeros({m})")
+    ctx.alloc(f"{tmp} = np.empty(2, np.{dt})")
+    need_wb = wanted[1] or wanted[2]
+    if need_wb:
+        lines += [f"{gw}.fill(0)", f"{gb}.fill(0)"]
+    g = grads[y.index]
+    lines.append(f"{run}('layer_norm_rows_b', 0, np.ascontiguousarray({g}).reshape({n}, {m}), "
+                 f"np.ascontiguousarray({x.name}).reshape({n}, {m}), "
+                 f"np.ascontiguousarray({mean.name}).reshape({n}), "
+                 f"np.ascontiguousarray({rstd.name}).reshape({n}), {weight}, "
+                 f"{isinstance(w, Value)}, {k}[0], {wanted[0]}, {dx}r, {need_wb}, {gw}, {gb}, "
+                 f"{tmp})")
+    shape = tuple(call.params["normalized_shape"])
+    exprs = {0: dx}
+    for pos, acc in ((1, gw), (2, gb)):
+        if wanted[pos]:  # rounded to the dtype as the backend's astype
+            c = f"{acc}c"
+            ctx.alloc(f"{c} = np.empty({shape!r}, np.{dt})")
+            lines.append(f"np.copyto({c}, {acc}.reshape({shape!r}), casting='same_kind')")
+            exprs[pos] = c
+    for pos, v in enumerate((x, w, b)):
+        if not wanted[pos]:
+            continue
+        values[v.index] = v
+        if v.index in grads:
+            lines.append(f"g{v.index} = {grads[v.index]} + {exprs[pos]}")
+            grads[v.index] = f"g{v.index}"
+        else:
+            grads[v.index] = exprs[pos]
 
 
 def _formulas_backward(call: OpCall, need: set, grads: dict, values: dict, ctx: _Ctx,
