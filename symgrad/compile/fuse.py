@@ -465,8 +465,16 @@ PAIRWISE_BLOCK = 128
 # eight elements one running sum from zero; else eight interleaved partial sums from the
 # first eight elements, combined as NumPy combines them, then the remaining elements one
 # by one, added to zero (the reduction's start: a sum of -0.0 is 0.0). np.add.reduce(x,
-# axis=-1)'s bits (tests/test_compile.py checks every row length).
+# axis=-1)'s bits (tests/test_compile.py checks every row length). And the embedding loops'
+# bounds check of their indices (eager's IndexError).
 ROW_HELPERS = """@njit(inline='always', **_J)
+def _rows_in_range(idx, n):
+    for k in range(idx.size):
+        if idx[k] < 0 or idx[k] >= n:
+            raise IndexError("index out of range in self")
+
+
+@njit(inline='always', **_J)
 def _row_sum_pw(x, i, c, zero):
     if c < 8:
         res = zero
@@ -559,9 +567,7 @@ def gelu_saved_b(g, x, c, ex, out):
 LOOPS["embedding_rows"] = """@njit(**_J)
 def embedding_rows(w, idx, out):
     n, m = w.shape
-    for k in range(idx.size):
-        if idx[k] < 0 or idx[k] >= n:
-            raise IndexError("index out of range in self")
+    _rows_in_range(idx, n)
     for k in range(idx.size):
         r = idx[k]
         for j in range(m):
@@ -571,9 +577,7 @@ def embedding_rows(w, idx, out):
 LOOPS["embedding_rows_b"] = """@njit(**_J)
 def embedding_rows_b(g, idx, out):
     n, m = out.shape
-    for k in range(idx.size):
-        if idx[k] < 0 or idx[k] >= n:
-            raise IndexError("index out of range in self")
+    _rows_in_range(idx, n)
     for r in range(n):
         for j in range(m):
             out[r, j] = 0
