@@ -104,26 +104,29 @@ def layer_norm_operands(call: OpCall, ctx, n: int, m: int) -> tuple[str, str, st
     the dtype) for layer_norm_rows' code, forward and backward."""
     from ..backends.cpu import backend as cpu
 
-    x, w = call.inputs[0], call.inputs[1]
-    dt, i = x.dtype.name, call.outputs[0].index
+    x, i = call.inputs[0], call.outputs[0].index
+    dt = x.dtype.name
     k = f"lnk{i}"
     ctx.alloc(f"{k} = (np.{dt}({m}), np.{dt}({float(call.params['eps'])!r}), np.{dt}(1))")
-    if isinstance(w, Value):
-        weight = f"np.ascontiguousarray({w.name}).reshape({m})"
-    else:
-        weight = f"lnz{i}"
-        ctx.alloc(f"{weight} = np.zeros(1, np.{dt})")
-    return ctx.bind(cpu._run, "krun"), weight, k
+    return ctx.bind(cpu._run, "krun"), _row_param(call, 1, ctx, m), k
+
+
+def _row_param(call: OpCall, pos: int, ctx, m: int) -> str:
+    """Layer norm's weight (pos 1) or bias (2) as the kernels read it (the backend's
+    _row_param): flat and C-contiguous, or a dummy of one zero when absent."""
+    p = call.inputs[pos]
+    if isinstance(p, Value):
+        return f"np.ascontiguousarray({p.name}).reshape({m})"
+    name = f"lnz{call.outputs[0].index}"
+    ctx.alloc(f"{name} = np.zeros(1, np.{call.inputs[0].dtype.name})")
+    return name
 
 
 def _layer_norm_forward(call: OpCall, ctx, n: int, m: int) -> list[str]:
     x, w, b = call.inputs
     y, mean, rstd = call.outputs
     run, weight, k = layer_norm_operands(call, ctx, n, m)
-    bias = f"np.ascontiguousarray({b.name}).reshape({m})" if isinstance(b, Value) else \
-        f"lnz{y.index}"
-    if not isinstance(b, Value):
-        ctx.alloc(f"{bias} = np.zeros(1, np.{x.dtype.name})")
+    bias = _row_param(call, 2, ctx, m)
     yb, mb, rb = ctx.buf(y), ctx.buf(mean), ctx.buf(rstd)
     for name, shape in ((yb, f"{n}, {m}"), (mb, f"{n}"), (rb, f"{n}")):
         ctx.alloc(f"{name}r = {name}.reshape({shape})")
